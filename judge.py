@@ -1,0 +1,894 @@
+"""judge.py: the AI feedback of MASCOT stage 1. Which of two replies is better, and how good is one?
+
+Where it sits in MASCOT (arXiv 2601.14230, Phase I, RLAIF): for every (context, persona) the base
+speaker samples several candidate replies; a judge scores them for persona adherence and fit to
+the conversation; replies whose scores differ clearly become preference pairs for the reward model
+(reward.py), which GRPO then optimises (grpo.py). Stage 2 reuses `score_many` as the coherence term
+of the director's reward (director.py).
+
+One interface, four backends (pick one with `--judge`):
+
+    offline            OfflineJudge  the default: sentence-encoder features, no LLM, seconds per
+                                     hundred pairs on a 2-core CPU, ~0.8-0.9 accuracy on our pairs
+    hf:<id-or-folder>  HFJudge       a local chat LLM: reads the probabilities of the labels A / B
+    openai:<base-url>  OpenAIJudge   any OpenAI-compatible /chat/completions server (urllib only);
+                                     model from --judge-model or MASCOT_JUDGE_MODEL, key from the
+                                     environment variable MASCOT_JUDGE_API_KEY
+    rm:<folder>        a reward model trained by reward.py, loaded by reward.load_rm_judge
+
+    class Judge:  score(state, reply) -> float in [0, 1]      pointwise quality
+                  compare(state, a, b) -> Verdict             pairwise: which reply is better
+                  score_many / compare_many                   the same, batched
+                  complete(prompt) -> str                     greedy text (LLM backends only)
+
+Every backend goes through a JudgeCache (an append-only JSON-lines file) when a cache path is
+given, so a crashed or repeated run never pays twice for the same judgement.
+
+What we simplify or decide where the paper is silent (see /work/shared/paper/NOTES.md):
+  - The paper's judges are GPT-4o, Gemma-3-27B-IT and Phi-4 with unpublished prompts. Our judging
+    prompts are written below (PAIRWISE_SYSTEM, PAIRWISE_TEMPLATE, POINTWISE_TEMPLATE).
+  - LLM judges prefer whichever reply they read first (position bias; Zheng et al. 2023, "Judging
+    LLM-as-a-Judge with MT-Bench and Chatbot Arena", section 3.3). Every pairwise question is asked
+    in both orders, and a verdict counts only when both orders agree.
+  - The offline judge is not an LLM at all. A 135M chat model asked "A or B?" answers "A" whatever
+    the replies say (below chance on our pairs), so the default judge is a handful of measured
+    features over MiniLM sentence embeddings (see OfflineJudge, and bench/judge_speed.py for the
+    measurements behind every weight). It is a stand-in that lets the whole pipeline run on a
+    laptop, not a replacement for a strong judge.
+
+Run it to measure a judge on labelled pairs (data/judge_pairs_*.jsonl):
+
+    python judge.py data/judge_pairs_support.jsonl data/judge_pairs_meeting.jsonl
+    python judge.py --judge hf:HuggingFaceTB/SmolLM2-1.7B-Instruct data/judge_pairs_blind.jsonl
+    python judge.py --judge openai:http://localhost:8000/v1 --judge-model qwen3 --cache runs/j.jsonl \\
+        data/judge_pairs_support.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import data
+from data import UserError
+
+
+# ----------------------------------------------------------------------------------------------
+# What a judge sees, and what a pairwise judgement returns
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class JudgeState:
+    """What a judge sees besides the reply: who speaks, and the conversation so far."""
+    persona_name: str
+    persona_desc: str
+    context: str                                        # the latest user message
+    history: list[dict] = field(default_factory=list)   # [{"speaker", "text"}], oldest first
+    situation: str = ""
+
+
+@dataclass
+class Verdict:
+    """The outcome of one pairwise comparison."""
+    preferred: int | None      # 0 = first reply, 1 = second, None = no verdict / order flip
+    p_first: float             # probability that the first reply is better, averaged over both orders
+    detail: dict = field(default_factory=dict)
+
+
+def state_from_pair(pair: dict) -> JudgeState:
+    """The JudgeState of one labelled judge pair (schema in notes/CONVENTIONS.md)."""
+    return JudgeState(persona_name=pair["persona"], persona_desc=pair["persona_desc"],
+                      context=pair["context"], history=list(pair["history"]),
+                      situation=pair.get("situation", ""))
+
+
+# ----------------------------------------------------------------------------------------------
+# The cache: an append-only JSON-lines file of {"key": sha256, "value": ...}
+# ----------------------------------------------------------------------------------------------
+
+class JudgeCache:
+    """Judgements already paid for, on disk, so a re-run (or a resumed crash) never asks twice.
+
+    Every record is one line {"key", "value"} appended with flush + fsync (data.append_jsonl), so
+    after a crash at most the line being written is lost. Reading is forgiving on purpose:
+      - a garbled LAST line is what a crash mid-write leaves: ignored with a warning;
+      - a garbled line in the middle is real damage (an editor, a disk error): skipped with a
+        warning and counted in `skipped`; the judgement it held is simply asked again.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.hits = 0
+        self.misses = 0
+        self.skipped = 0
+        self._values: dict[str, object] = self._load()
+
+    @staticmethod
+    def make_key(judge_name: str, method: str, inputs: object) -> str:
+        """sha256 of (judge name, method, canonical JSON of the inputs): equal inputs, equal key."""
+        canonical = json.dumps([judge_name, method, inputs], sort_keys=True, ensure_ascii=False,
+                               separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def _load(self) -> dict[str, object]:
+        if not self.path.exists():
+            return {}
+        lines = self.path.read_bytes().decode("utf-8", errors="replace").split("\n")
+        numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+        values = {}
+        for i, (number, line) in enumerate(numbered):
+            try:
+                record = json.loads(line)
+                key, value = record["key"], record["value"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                if i == len(numbered) - 1:
+                    data.warn(f"{self.path}: ignoring line {number}, cut off mid-write")
+                else:
+                    self.skipped += 1
+                    data.warn(f"{self.path}: skipping garbled line {number} "
+                              f"({self.skipped} so far); its judgement will be asked again")
+                continue
+            values[key] = value
+        return values
+
+    def get(self, key: str):
+        """The stored value, or None (a miss). Stored values are never None."""
+        value = self._values.get(key)
+        if value is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return value
+
+    def put(self, key: str, value) -> None:
+        if value is None:
+            raise ValueError("JudgeCache stores no None values: None means 'not cached'")
+        self._values[key] = value
+        data.append_jsonl(self.path, {"key": key, "value": value})
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+# ----------------------------------------------------------------------------------------------
+# The interface every backend shares
+# ----------------------------------------------------------------------------------------------
+
+class Judge:
+    """Base class: caching and batching live here; backends implement the `_..._uncached` methods.
+
+    A backend returns None for a judgement it could not make (an unreadable LLM answer). None is
+    never cached, so a later run asks again; `score` turns it into a neutral 0.5 and `compare`
+    into a Verdict with preferred=None.
+
+    `backend_calls` counts the requests that actually reached the backend (HTTP requests, model
+    prompts, featurised replies): the tests use it to check that a cached judgement is never
+    asked twice.
+    """
+    name = "judge"
+    can_generate = False
+
+    def __init__(self, cache_path: str | Path | None = None):
+        self.cache = JudgeCache(cache_path) if cache_path else None
+        self.backend_calls = 0
+
+    # --- the cache --------------------------------------------------------------------------
+    def _cached_batch(self, method: str, inputs: list[dict], compute) -> list:
+        """Look every input up in the cache, compute only the misses (in one batch), store them."""
+        if self.cache is None:
+            return compute(list(range(len(inputs))))
+        keys = [JudgeCache.make_key(self.name, method, x) for x in inputs]
+        values = [self.cache.get(k) for k in keys]
+        todo = [i for i, v in enumerate(values) if v is None]
+        if todo:
+            for i, value in zip(todo, compute(todo)):
+                values[i] = value
+                if value is not None:
+                    self.cache.put(keys[i], value)
+        return values
+
+    # --- the public interface ---------------------------------------------------------------
+    def score(self, state: JudgeState, reply: str) -> float:
+        """How good `reply` is for this persona and conversation, in [0, 1]."""
+        return self.score_many([state], [reply])[0]
+
+    def score_many(self, states: list[JudgeState], replies: list[str]) -> list[float]:
+        """score() for many (state, reply) rows at once; unjudgeable rows get a neutral 0.5."""
+        if len(states) != len(replies):
+            raise ValueError(f"score_many: {len(states)} states but {len(replies)} replies")
+        inputs = [{"state": asdict(s), "reply": r} for s, r in zip(states, replies)]
+        values = self._cached_batch(
+            "score", inputs,
+            lambda todo: self._score_uncached([states[i] for i in todo], [replies[i] for i in todo]))
+        return [0.5 if v is None else float(v) for v in values]
+
+    def compare(self, state: JudgeState, a: str, b: str) -> Verdict:
+        """Is `a` (first) or `b` (second) the better reply? Asked in both orders by LLM backends."""
+        return self.compare_many([state], [a], [b])[0]
+
+    def compare_many(self, states: list[JudgeState], firsts: list[str],
+                     seconds: list[str]) -> list[Verdict]:
+        if not len(states) == len(firsts) == len(seconds):
+            raise ValueError("compare_many: states, firsts and seconds must have the same length")
+        inputs = [{"state": asdict(s), "a": a, "b": b} for s, a, b in zip(states, firsts, seconds)]
+
+        def compute(todo):
+            verdicts = self._compare_uncached([states[i] for i in todo], [firsts[i] for i in todo],
+                                              [seconds[i] for i in todo])
+            # An unreadable answer is not a judgement: not cached (None), asked again next run.
+            return [None if v.detail.get("unparseable") else asdict(v) for v in verdicts]
+
+        values = self._cached_batch("compare", inputs, compute)
+        return [Verdict(None, 0.5, {"unparseable": True}) if v is None else Verdict(**v)
+                for v in values]
+
+    def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
+        """Greedy (temperature 0) text from an LLM judge; the offline judge cannot generate."""
+        if not self.can_generate:
+            raise UserError(f"--judge {self.name}: this judge cannot generate text; "
+                            "use an hf:<model> or openai:<base-url> judge for this step")
+        inputs = [{"prompt": prompt, "max_new_tokens": max_new_tokens}]
+        return self._cached_batch("complete", inputs,
+                                  lambda todo: [self._complete_uncached(prompt, max_new_tokens)])[0]
+
+    # --- what a backend implements ----------------------------------------------------------
+    def _score_uncached(self, states: list[JudgeState], replies: list[str]) -> list[float | None]:
+        raise NotImplementedError
+
+    def _compare_uncached(self, states: list[JudgeState], firsts: list[str],
+                          seconds: list[str]) -> list[Verdict]:
+        raise NotImplementedError
+
+    def _complete_uncached(self, prompt: str, max_new_tokens: int) -> str:
+        raise NotImplementedError
+
+
+def combine_orders(p_ab: float | None, p_ba: float | None) -> Verdict:
+    """One Verdict from the two orders of a pairwise question.
+
+    p_ab: P(first reply better) when shown as (A = first, B = second);
+    p_ba: P(first reply better) when shown swapped (A = second, B = first), i.e. P("B").
+    The verdict counts only when both orders agree; otherwise the judge was following the
+    position, not the content, and we return no verdict. None means the answer was unreadable.
+    """
+    if p_ab is None or p_ba is None:
+        known = [p for p in (p_ab, p_ba) if p is not None]
+        return Verdict(None, sum(known) / len(known) if known else 0.5,
+                       {"p_ab": p_ab, "p_ba": p_ba, "unparseable": True})
+    preferred = 0 if p_ab > 0.5 and p_ba > 0.5 else 1 if p_ab < 0.5 and p_ba < 0.5 else None
+    return Verdict(preferred, (p_ab + p_ba) / 2, {"p_ab": p_ab, "p_ba": p_ba})
+
+
+# ----------------------------------------------------------------------------------------------
+# The judging prompts of the LLM backends (our own text: the paper does not publish its prompts).
+# Kept short and explicit because the local judges are small; the answer labels are single
+# tokens ("A"/"B", "1".."5") so that HFJudge can read their probabilities directly.
+# ----------------------------------------------------------------------------------------------
+
+PAIRWISE_SYSTEM = (
+    "You judge replies written by one member of a group of AI companions. A good reply stays in "
+    "the companion's persona and fits the conversation: it responds to the specifics of the "
+    "user's latest message, adds something not already said, and avoids generic comfort, "
+    "flattery and agreeing with everything.")
+
+PAIRWISE_TEMPLATE = """Companion: {name}
+Persona: {desc}
+
+Conversation so far:
+{conversation}
+
+Reply A: {a}
+
+Reply B: {b}
+
+Which reply is better? Answer with A or B."""
+
+POINTWISE_TEMPLATE = """Companion: {name}
+Persona: {desc}
+
+Conversation so far:
+{conversation}
+
+Reply: {reply}
+
+How well does this reply stay in the persona and fit the conversation? Rate it from 1 (poor) to 5 (excellent). Answer with a single digit."""
+
+MAX_HISTORY_TURNS = 8      # older turns are dropped: small judges have short context windows
+MAX_TURN_CHARS = 600       # one runaway turn must not crowd out the rest of the prompt
+
+
+def render_conversation(state: JudgeState) -> str:
+    """'Speaker: text' lines for the recent history, then the user's latest message."""
+    lines = [f"Situation: {state.situation}"] if state.situation else []
+    for turn in state.history[-MAX_HISTORY_TURNS:]:
+        lines.append(f"{turn['speaker']}: {turn['text'][:MAX_TURN_CHARS]}")
+    lines.append(f"user: {state.context[:MAX_TURN_CHARS]}")
+    return "\n".join(lines)
+
+
+def pairwise_messages(state: JudgeState, a: str, b: str) -> list[dict]:
+    text = PAIRWISE_TEMPLATE.format(name=state.persona_name, desc=state.persona_desc,
+                                    conversation=render_conversation(state), a=a, b=b)
+    return [{"role": "system", "content": PAIRWISE_SYSTEM}, {"role": "user", "content": text}]
+
+
+def pointwise_messages(state: JudgeState, reply: str) -> list[dict]:
+    text = POINTWISE_TEMPLATE.format(name=state.persona_name, desc=state.persona_desc,
+                                     conversation=render_conversation(state), reply=reply)
+    return [{"role": "system", "content": PAIRWISE_SYSTEM}, {"role": "user", "content": text}]
+
+
+SCORE_LABELS = ("1", "2", "3", "4", "5")
+
+
+def rubric_to_unit(score: float) -> float:
+    """Map a 1-5 rubric score to [0, 1]: 1 -> 0.0, 3 -> 0.5, 5 -> 1.0."""
+    return (score - 1.0) / 4.0
+
+
+# ----------------------------------------------------------------------------------------------
+# HFJudge: a local chat LLM, read through its next-token probabilities
+# ----------------------------------------------------------------------------------------------
+
+def label_token_ids(tokenizer, label: str) -> list[int]:
+    """Token ids that spell `label` as ONE token: "A" and " A" are different tokens in BPE
+    vocabularies, and which one a model emits after the assistant header depends on its chat
+    template, so the probability of the label is the sum over both."""
+    ids = []
+    for variant in (label, " " + label):
+        pieces = tokenizer.encode(variant, add_special_tokens=False)
+        if len(pieces) == 1 and pieces[0] not in ids:
+            ids.append(pieces[0])
+    if not ids:
+        raise UserError(f"judge: the tokenizer has no single token for the label {label!r}, so "
+                        "its probability cannot be read; use an openai:<base-url> judge instead")
+    return ids
+
+
+def label_distribution(probs, label_ids: list[list[int]]):
+    """Probabilities of a few labels, renormalised among themselves.
+
+    probs: (N, V) next-token distribution; label_ids: per label, the token ids that spell it.
+    Returns (N, L): each row sums to 1, so P("A") + P("B") = 1 however much mass the model put
+    on other tokens ("Reply", "The", ...).
+    """
+    import torch
+    mass = torch.stack([probs[:, ids].sum(-1) for ids in label_ids], dim=-1)   # (N, L)
+    return mass / mass.sum(-1, keepdim=True).clamp(min=1e-12)                   # (N, L)
+
+
+class HFJudge(Judge):
+    """A local causal LM as judge, at temperature 0: we read P(label) instead of sampling text.
+
+    compare(): the pairwise prompt in both orders; p_first = mean over the orders of P(first
+    reply better); the verdict counts only when both orders agree (combine_orders).
+    score(): the 1-5 rubric prompt; the expected score sum_k k * P("k") mapped to [0, 1], which
+    is smoother than the single most likely digit.
+    """
+    can_generate = True
+
+    def __init__(self, model_or_path: str, cache_path: str | Path | None = None,
+                 batch_size: int = 8, device: str = "cpu"):
+        import models
+        super().__init__(cache_path)
+        self.name = f"hf:{model_or_path}"
+        self.model, self.tokenizer = models.load_model(model_or_path, device=device)
+        self.batch_size = batch_size
+        self.ab_ids = [label_token_ids(self.tokenizer, "A"), label_token_ids(self.tokenizer, "B")]
+        self.digit_ids = [label_token_ids(self.tokenizer, d) for d in SCORE_LABELS]
+
+    def __repr__(self) -> str:
+        return f"HFJudge({self.name!r})"
+
+    def label_probs(self, conversations: list[list[dict]], label_ids: list[list[int]]):
+        """(N, L) probabilities of the labels as the next token after each chat prompt."""
+        import torch
+        import models
+        rows = []
+        for start in range(0, len(conversations), self.batch_size):
+            prompt_rows = models.chat_prompt_ids(self.tokenizer, conversations[start:start + self.batch_size])
+            ids, mask = models.left_pad(prompt_rows, self.tokenizer.pad_token_id)       # (B, P)
+            device = next(self.model.parameters()).device
+            ids, mask = ids.to(device), mask.to(device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)                              # (B, P)
+            with torch.no_grad():
+                logits = self.model(input_ids=ids, attention_mask=mask,
+                                    position_ids=positions).logits[:, -1, :]            # (B, V)
+            probs = torch.softmax(logits.float(), dim=-1)                               # (B, V)
+            rows.append(label_distribution(probs, label_ids).cpu())                     # (B, L)
+            self.backend_calls += len(prompt_rows)
+        return torch.cat(rows)                                                          # (N, L)
+
+    def _compare_uncached(self, states, firsts, seconds):
+        conversations = []
+        for s, a, b in zip(states, firsts, seconds):
+            conversations += [pairwise_messages(s, a, b), pairwise_messages(s, b, a)]
+        p = self.label_probs(conversations, self.ab_ids)                    # (2N, 2): P(A), P(B)
+        # Row 2i shows (first, second): P(first better) = P("A").
+        # Row 2i+1 shows (second, first): P(first better) = P("B").
+        return [combine_orders(float(p[2 * i, 0]), float(p[2 * i + 1, 1])) for i in range(len(states))]
+
+    def _score_uncached(self, states, replies):
+        import torch
+        p = self.label_probs([pointwise_messages(s, r) for s, r in zip(states, replies)],
+                             self.digit_ids)                                # (N, 5)
+        expected = (p * torch.arange(1, 6, dtype=p.dtype)).sum(-1)         # (N,) in [1, 5]
+        return [rubric_to_unit(float(e)) for e in expected]
+
+    def _complete_uncached(self, prompt, max_new_tokens):
+        import models
+        self.backend_calls += 1
+        chat = [{"role": "user", "content": prompt}]
+        return models.generate(self.model, self.tokenizer, [chat], max_new_tokens=max_new_tokens,
+                               seeds=None).texts[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# OpenAIJudge: any OpenAI-compatible /chat/completions endpoint, with urllib only
+# ----------------------------------------------------------------------------------------------
+
+_LEADING_LABEL = re.compile(r"^[\s\"'*`(\[]*([AB])(?![A-Za-z])")
+_NAMED_LABEL = re.compile(r"\b(?:reply|response|answer|option|choice)\b[\s:*\"'`(\[-]*([AB])(?![A-Za-z])",
+                          re.IGNORECASE)
+_ANY_LABEL = re.compile(r"(?<![A-Za-z])([AB])(?![A-Za-z])")
+
+
+def parse_ab(text: str) -> int | None:
+    """Read the judge's choice from free text: 0 for "A", 1 for "B", None if there is none.
+
+    Tried in order: the answer starts with the label ("B", "**A**", "(B) because..."); a named
+    label anywhere ("Reply B is better", "Answer: A"); then the first standalone capital A/B.
+    Only capitals count, and the last rule would misread a sentence that starts with the article
+    "A", which is why the two stricter rules come first.
+    """
+    if not isinstance(text, str):
+        return None
+    for pattern in (_LEADING_LABEL, _NAMED_LABEL, _ANY_LABEL):
+        match = pattern.search(text)
+        if match:
+            return "AB".index(match.group(1).upper())
+    return None
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    """The Retry-After header in seconds, or None when absent or an HTTP date (not supported)."""
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+class OpenAIJudge(Judge):
+    """A remote (or local server) chat model behind the OpenAI /chat/completions protocol.
+
+    Temperature 0. The API key is read from the environment variable named by `api_key_env` at
+    the moment of each request and is never stored on the object, so it cannot leak into reprs,
+    logs, cache files or error messages. Without the variable no Authorization header is sent
+    (local servers such as vLLM or llama.cpp usually need none).
+
+    Failures: HTTP 429, 5xx, connection errors and timeouts are retried with exponential backoff
+    plus jitter (base * 2^attempt * U(0.5, 1.5), capped at max_backoff), honouring Retry-After;
+    after max_retries retries, or at once for any other 4xx, a one-line UserError names the
+    endpoint. An answer we cannot read is not an error: it is counted in `unparseable` and gives
+    no verdict.
+    """
+    can_generate = True
+    LABEL_MAX_TOKENS = 16    # room for "Reply A" or "**B**", not for an essay
+
+    def __init__(self, base_url: str, model: str | None, api_key_env: str = "MASCOT_JUDGE_API_KEY",
+                 timeout: float = 60, max_retries: int = 5, backoff: float = 1.0,
+                 max_backoff: float = 60.0, cache_path: str | Path | None = None):
+        if not model:
+            raise UserError(f"--judge openai:{base_url}: no model name; pass --judge-model NAME "
+                            "or set MASCOT_JUDGE_MODEL")
+        super().__init__(cache_path)
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + "/chat/completions"
+        self.model = model
+        self.api_key_env = api_key_env          # the NAME of the variable, never its value
+        self.timeout, self.max_retries = timeout, max_retries
+        self.backoff, self.max_backoff = backoff, max_backoff
+        self.name = f"openai:{self.base_url}:{model}"
+        self.unparseable = 0
+        self.sleep = time.sleep                 # tests replace it to record the waits
+        self._jitter = random.Random()
+
+    def __repr__(self) -> str:
+        return f"OpenAIJudge(base_url={self.base_url!r}, model={self.model!r})"
+
+    def _fail(self, reason: str) -> UserError:
+        return UserError(f"--judge openai:{self.base_url}: {reason}")
+
+    def chat(self, messages: list[dict], max_tokens: int) -> str:
+        """One chat completion at temperature 0, with retries; returns the reply text."""
+        body = json.dumps({"model": self.model, "messages": messages, "temperature": 0,
+                           "max_tokens": max_tokens}).encode("utf-8")
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(self.api_key_env, "")
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        last_error = ""
+        for attempt in range(self.max_retries + 1):
+            self.backend_calls += 1
+            wait = None
+            request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    raw = response.read()
+            except urllib.error.HTTPError as err:
+                if err.code != 429 and err.code < 500:
+                    # A bad URL, model name or key: retrying cannot help.
+                    raise self._fail(f"HTTP {err.code} ({err.reason}) from {self.url}; check the "
+                                     f"URL, the model name {self.model!r} and ${self.api_key_env}") from None
+                last_error, wait = f"HTTP {err.code}", _retry_after_seconds(err.headers.get("Retry-After"))
+            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as err:
+                reason = getattr(err, "reason", err)
+                last_error = f"{type(err).__name__}: {reason}".splitlines()[0]
+            else:
+                return self._reply_text(raw)
+            if attempt < self.max_retries:
+                if wait is None:
+                    wait = self.backoff * 2 ** attempt * self._jitter.uniform(0.5, 1.5)
+                self.sleep(min(wait, self.max_backoff))
+        raise self._fail(f"no answer from {self.url} after {self.max_retries + 1} attempts "
+                         f"(last: {last_error}); check that the server is running and reachable")
+
+    def _reply_text(self, raw: bytes) -> str:
+        try:
+            return json.loads(raw.decode("utf-8"))["choices"][0]["message"]["content"] or ""
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise self._fail(f"{self.url} did not return a chat completion "
+                             "(no choices[0].message.content); is the base URL right?") from None
+
+    def _compare_uncached(self, states, firsts, seconds):
+        verdicts = []
+        for s, a, b in zip(states, firsts, seconds):
+            answers = [self.chat(pairwise_messages(s, a, b), self.LABEL_MAX_TOKENS),
+                       self.chat(pairwise_messages(s, b, a), self.LABEL_MAX_TOKENS)]
+            picks = [parse_ab(t) for t in answers]
+            self.unparseable += sum(p is None for p in picks)
+            # Order (a, b): "A" means the first is better; order (b, a): "B" does.
+            p_ab = None if picks[0] is None else float(picks[0] == 0)
+            p_ba = None if picks[1] is None else float(picks[1] == 1)
+            verdict = combine_orders(p_ab, p_ba)
+            verdict.detail["answers"] = answers
+            verdicts.append(verdict)
+        return verdicts
+
+    def _score_uncached(self, states, replies):
+        # The rubric-answer parser of the evaluation, so both read judges the same way. Imported
+        # here, not at the top, because evaluate.py is the heavier module and may import judge.
+        from evaluate import parse_rubric_score
+        scores = []
+        for s, r in zip(states, replies):
+            value = parse_rubric_score(self.chat(pointwise_messages(s, r), self.LABEL_MAX_TOKENS))
+            if value is None:
+                self.unparseable += 1
+            scores.append(None if value is None else rubric_to_unit(value))
+        return scores
+
+    def _complete_uncached(self, prompt, max_new_tokens):
+        return self.chat([{"role": "user", "content": prompt}], max_new_tokens)
+
+
+# ----------------------------------------------------------------------------------------------
+# OfflineJudge: four measured features over MiniLM sentence embeddings (the default judge)
+# ----------------------------------------------------------------------------------------------
+# How it was designed (numbers from bench/judge_speed.py on our 70 labelled pairs, 50 support +
+# 20 meeting; "alone" = how often the feature by itself prefers the better reply):
+#   persona     cos(reply, what the persona DOES)          alone 0.61, but 0.93 on wrong-role pairs
+#   context     cos(reply, the user's latest message)      alone 0.70, 1.00 on ignores-specifics
+#   repetition  -(max cos(reply, earlier turn) - 0.3)+     alone 0.61, 1.00 on repetition
+#   generic     -max cos(any sentence of reply, GENERIC_PHRASES)  alone 0.76, 1.00 generic, 0.86 sycophancy
+# Each feature catches one failure kind and is noise on the others, so the judge adds them up.
+# Measured and left out:
+#   - SmolLM2-135M as a pairwise A/B judge: picks the first reply whatever it says (below chance).
+#   - PMI, log p(reply | persona + conversation) - log p(reply), with SmolLM2-135M: 0.54 on the
+#     support pairs (0.00 on repetition: a model that has just read a sentence finds it likely
+#     again) and ~40x slower than all four features together on a 2-core CPU.
+#   - contrasting the persona with a bank of other roles, or with its "never ..." clauses: worse
+#     than the plain similarity (sentence embeddings do not understand negation).
+#   - shared content words with the message (0.75 alone) adds nothing on top of `context`, and
+#     it grows with reply length, which a policy trained on this reward would learn to exploit.
+# Weights: the inverse standard deviation of each feature's better-minus-worse difference gives
+# (2.4, 1, 0.9, 1.45) = 0.83 on the labelled pairs; rounded to (2, 1, 1, 2) it gives 0.86. No
+# finer search, to keep the weights readable and not fitted to 70 pairs. Both were then checked
+# once on data/judge_pairs_blind.jsonl, 24 pairs written before any of this was measured.
+
+OFFLINE_WEIGHTS = {"persona": 2.0, "context": 1.0, "repetition": 1.0, "generic": 2.0}
+
+# MiniLM cosines between two sentences on the same topic that say different things are typically
+# 0.2-0.4; only similarity to an earlier turn beyond REPEAT_FLOOR counts as repeating it, so a
+# reply is not penalised just for being in a conversation with history.
+REPEAT_FLOOR = 0.3
+
+# score = sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)), z = the weighted feature sum. The centre
+# and 1 / scale are the mean (-0.08) and standard deviation (0.45) of z over the 140 labelled
+# replies (bench/judge_speed.py prints them), so a typical reply scores 0.5 and one standard
+# deviation better scores 0.73. They do not change any comparison, only the absolute scores that
+# reward.py thresholds into pairs and the director averages.
+OFFLINE_CENTER = -0.08
+OFFLINE_SCALE = 2.2
+
+# The generic, agreeable assistant voice the paper calls persona collapse: comfort that fits any
+# message, flattery and agreement with whatever the user proposes, and meeting filler. Our own
+# phrasing of the clichés; a reply is as generic as its most generic sentence.
+GENERIC_PHRASES = (
+    # comfort that would fit any message
+    "I understand how you feel.", "You are not alone in this.", "It's okay to feel this way.",
+    "I'm so sorry you're going through this.", "That sounds really hard.", "Your feelings are valid.",
+    "Be gentle with yourself and take care.", "Everything happens for a reason.",
+    "Things will get better with time.", "Everyone goes through ups and downs.",
+    "It's important to take care of yourself.", "Remember that it's okay to not be okay.",
+    "Stay positive and believe in yourself.", "You are stronger than you think.",
+    # sycophancy: flattery and agreeing with whatever was proposed
+    "That's a great idea!", "What a fantastic plan, go for it!", "You're absolutely right.",
+    "I totally agree with you.", "You deserve it, treat yourself!", "You're doing amazing!",
+    "You're so brave and so smart.", "I'm sure it will all work out perfectly.",
+    "Whatever you decide will be the right choice.", "You've got this, no doubt about it!",
+    # meeting filler
+    "Great discussion, everyone!", "This has been a really productive meeting.",
+    "I think we're making good progress.", "Thanks everyone for your input.",
+    "Let's keep the conversation going.", "We'll figure it out together.",
+    "Good points all around.", "Let's circle back on this later.",
+)
+
+# Where a persona description turns from what the persona does to what it must not do.
+_NEGATION = re.compile(r"[;,.]?\s*\b(?:never|avoiding|instead of|without)\b", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def persona_does(desc: str) -> str:
+    """The part of a persona description that says what the persona does.
+
+    "Anchor: names feelings; never gives advice" -> "Anchor: names feelings". A sentence
+    embedding does not understand "never", so "never gives advice" would make advice look
+    in-role; we drop the never-part. A description that starts with "Never" is kept whole.
+    """
+    head = _NEGATION.split(desc, maxsplit=1)[0].strip()
+    return head or desc
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split at ., ! or ? followed by a space; a text without any stays one sentence."""
+    parts = [p for p in _SENTENCE_END.split(text.strip()) if p]
+    return parts or [text]
+
+
+def offline_features(reply, sentences, persona, context, history, bank) -> dict[str, float]:
+    """The four features of one reply, from unit vectors (a dot product is a cosine).
+
+    reply: (D,) the whole reply; sentences: (S, D) its sentences; persona: (D,) persona_does;
+    context: (D,) the user's latest message; history: (H, D) earlier turns (H may be 0);
+    bank: (K, D) GENERIC_PHRASES. Higher is better for every feature.
+    """
+    repeat = float((history @ reply).max()) if len(history) else 0.0          # (H,) -> max
+    return {
+        "persona": float(persona @ reply),
+        "context": float(context @ reply),
+        "repetition": -max(0.0, repeat - REPEAT_FLOOR),
+        "generic": -float((sentences @ bank.T).max()),                          # (S, K) -> max
+    }
+
+
+def weighted_sum(features: dict[str, float], weights: dict[str, float]) -> float:
+    return sum(weights[k] * features[k] for k in weights)
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+class OfflineJudge(Judge):
+    """The default judge: a weighted sum of four sentence-embedding features, no LLM.
+
+    score(state, reply) = sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)) with z the weighted sum of
+    offline_features. compare() derives from the two scores: P(first better) =
+    sigmoid(OFFLINE_SCALE * (z_first - z_second)), a Bradley-Terry comparison. It is symmetric by
+    construction: swapping the replies swaps the scores, so compare(b, a) mirrors compare(a, b)
+    and this judge has no position bias to cancel.
+    """
+
+    def __init__(self, cache_path: str | Path | None = None, encoder=None,
+                 weights: dict[str, float] | None = None):
+        import models
+        super().__init__(cache_path)
+        self.weights = dict(OFFLINE_WEIGHTS if weights is None else weights)
+        # The name carries everything that decides a score, so changing a weight or the phrase
+        # bank in this file never reads stale scores from an old cache.
+        recipe = json.dumps([self.weights, REPEAT_FLOOR, OFFLINE_CENTER, OFFLINE_SCALE,
+                             GENERIC_PHRASES], sort_keys=True)
+        self.name = "offline:" + hashlib.sha256(recipe.encode("utf-8")).hexdigest()[:12]
+        self.encoder = encoder if encoder is not None else models.SentenceEncoder()
+        self.bank = self.encoder.embed(list(GENERIC_PHRASES))                   # (K, D)
+
+    def __repr__(self) -> str:
+        return f"OfflineJudge(weights={self.weights})"
+
+    def features_many(self, states: list[JudgeState], replies: list[str]) -> list[dict[str, float]]:
+        """offline_features for every (state, reply), embedding each distinct text once."""
+        split = [split_sentences(r) for r in replies]
+        texts = set(replies)
+        for s, sentences in zip(states, split):
+            texts.update(sentences)
+            texts.update([persona_does(s.persona_desc), s.context] + [t["text"] for t in s.history])
+        # Sorted by length, so each batch of the encoder pads its texts to similar lengths
+        # (twice as fast as an arbitrary order on our pairs).
+        texts = sorted(texts, key=lambda t: (len(t), t))
+        vectors = self.encoder.embed(texts)                                     # (N, D)
+        row = {t: i for i, t in enumerate(texts)}
+
+        def vec(many):
+            return vectors[[row[t] for t in many]]                              # (len, D)
+
+        out = []
+        for s, reply, sentences in zip(states, replies, split):
+            out.append(offline_features(vectors[row[reply]], vec(sentences),
+                                        vectors[row[persona_does(s.persona_desc)]],
+                                        vectors[row[s.context]],
+                                        vec([t["text"] for t in s.history]), self.bank))
+        return out
+
+    def raw_score(self, features: dict[str, float]) -> float:
+        """z: the weighted feature sum, centred (0 = a typical reply of our labelled pairs)."""
+        return weighted_sum(features, self.weights) - OFFLINE_CENTER
+
+    def _score_uncached(self, states, replies):
+        self.backend_calls += len(replies)
+        return [sigmoid(OFFLINE_SCALE * self.raw_score(f)) for f in self.features_many(states, replies)]
+
+    def compare_many(self, states, firsts, seconds):
+        if not len(states) == len(firsts) == len(seconds):
+            raise ValueError("compare_many: states, firsts and seconds must have the same length")
+        scores = self.score_many(list(states) * 2, list(firsts) + list(seconds))  # cached per reply
+        n = len(states)
+        verdicts = []
+        for a, b in zip(scores[:n], scores[n:]):
+            # logit(score) = OFFLINE_SCALE * z, so this is sigmoid(OFFLINE_SCALE * (z_a - z_b)).
+            p_first = sigmoid(_logit(a) - _logit(b))
+            preferred = 0 if a > b else 1 if b > a else None
+            verdicts.append(Verdict(preferred, p_first, {"score_first": a, "score_second": b}))
+        return verdicts
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-12), 1 - 1e-12)
+    return math.log(p / (1 - p))
+
+
+# ----------------------------------------------------------------------------------------------
+# Choosing a judge from the --judge flag
+# ----------------------------------------------------------------------------------------------
+
+JUDGE_FORMS = ("'offline', 'hf:<model id or folder>', 'openai:<base url>' (model name from "
+               "--judge-model or MASCOT_JUDGE_MODEL) or 'rm:<reward model folder>'")
+
+
+def make_judge(spec: str = "offline", cache_path: str | Path | None = None,
+               model_name: str | None = None, **kw) -> Judge:
+    """Build the judge a `--judge` value names.
+
+    Args:
+        spec: "offline" | "hf:<id-or-folder>" | "openai:<base-url>" | "rm:<folder>".
+        cache_path: a JSON-lines file where judgements are kept across runs (None: no cache).
+        model_name: the model an openai: endpoint should run (default: $MASCOT_JUDGE_MODEL).
+        kw: passed on to the backend (e.g. timeout=, max_retries= for openai:).
+    """
+    spec = (spec or "offline").strip()
+    kind, _, arg = spec.partition(":")
+    arg = arg.strip()
+    if spec == "offline":
+        return OfflineJudge(cache_path=cache_path, **kw)
+    if kind == "hf" and arg:
+        return HFJudge(arg, cache_path=cache_path, **kw)
+    if kind == "openai" and arg:
+        model = model_name or os.environ.get("MASCOT_JUDGE_MODEL")
+        return OpenAIJudge(arg, model, cache_path=cache_path, **kw)
+    if kind == "rm" and arg:
+        import reward   # imported only here: it is the heavier module, and it imports this one
+        return reward.load_rm_judge(arg)
+    raise UserError(f"--judge {spec!r}: not a judge; use {JUDGE_FORMS}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Labelled pairs: how often does a judge prefer the better reply?
+# ----------------------------------------------------------------------------------------------
+
+PAIR_FIELDS = ("persona", "persona_desc", "context", "history", "better", "worse", "failure")
+
+
+def load_pairs(path: str | Path) -> list[dict]:
+    """Read a judge-pair JSON-lines file (schema in notes/CONVENTIONS.md), checking every field."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such judge-pair file; check the path")
+    pairs = []
+    for number, line in enumerate(path.read_text(encoding="utf-8-sig").split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {number}"
+        try:
+            pair = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{where} is not valid JSON ({err.msg}); fix or delete that line") from None
+        if not isinstance(pair, dict):
+            raise UserError(f"{where} is not a JSON object; each line must be one judge pair")
+        for key in PAIR_FIELDS:
+            if key not in pair:
+                raise UserError(f"{where}: field '{key}' is missing; every judge pair needs "
+                                + ", ".join(PAIR_FIELDS))
+            want_list = key == "history"
+            if want_list != isinstance(pair[key], list) or (not want_list and not isinstance(pair[key], str)):
+                raise UserError(f"{where}: field '{key}' must be {'a list' if want_list else 'text'}")
+        for turn in pair["history"]:
+            if not (isinstance(turn, dict) and isinstance(turn.get("speaker"), str)
+                    and isinstance(turn.get("text"), str)):
+                raise UserError(f"{where}: every 'history' turn must be "
+                                '{"speaker": "...", "text": "..."}')
+        pairs.append(pair)
+    return pairs
+
+
+def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
+    """Accuracy of a judge on labelled pairs: the fraction where it prefers `better`.
+
+    Even-numbered pairs are asked as (better, worse), odd ones as (worse, better), so a judge that
+    always picks the same position scores exactly 0.5 on an even number of pairs: position bias
+    cannot inflate the number. No verdict counts as wrong.
+    """
+    states = [state_from_pair(p) for p in pairs]
+    firsts = [p["better"] if i % 2 == 0 else p["worse"] for i, p in enumerate(pairs)]
+    seconds = [p["worse"] if i % 2 == 0 else p["better"] for i, p in enumerate(pairs)]
+    verdicts = judge.compare_many(states, firsts, seconds)
+    correct, no_verdict, per_persona = 0, 0, {}
+    for i, (pair, verdict) in enumerate(zip(pairs, verdicts)):
+        right = verdict.preferred == i % 2          # better is at position 0 for even i, 1 for odd
+        no_verdict += verdict.preferred is None
+        correct += right
+        c, n = per_persona.get(pair["persona"], (0, 0))
+        per_persona[pair["persona"]] = (c + right, n + 1)
+    return {"accuracy": correct / len(pairs) if pairs else 0.0, "n": len(pairs),
+            "no_verdict": no_verdict, "per_persona": per_persona}
+
+
+def format_eval_report(result: dict) -> str:
+    """'accuracy: 0.857' on the first line, then one line per persona."""
+    lines = [f"accuracy: {result['accuracy']:.3f}"]
+    for name, (c, n) in sorted(result["per_persona"].items()):
+        lines.append(f"  {name}: {c}/{n} = {c / n:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Measure a judge on labelled judge pairs.")
+    parser.add_argument("pairs", nargs="+", help="judge-pair JSON-lines files (data/judge_pairs_*.jsonl)")
+    parser.add_argument("--judge", default="offline", help=f"which judge: {JUDGE_FORMS}")
+    parser.add_argument("--judge-model", default=None, help="model name for an openai: judge")
+    parser.add_argument("--cache", default=None, help="JSON-lines cache of judgements (reused across runs)")
+    args = parser.parse_args(argv)
+    try:
+        pairs = [p for path in args.pairs for p in load_pairs(path)]
+        judge = make_judge(args.judge, cache_path=args.cache, model_name=args.judge_model)
+        result = evaluate_pairs(judge, pairs)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(format_eval_report(result))
+    print(f"n = {result['n']}, no verdict = {result['no_verdict']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

