@@ -337,6 +337,10 @@ class GRPOConfig:
     scale_rewards: bool = True      # False = Dr. GRPO's unscaled advantages
     num_iterations: int = 1         # optimisation passes over each sampled batch (mu in the paper)
     micro_batch: int = 8            # completions per forward/backward (gradient accumulation)
+    # Two GPU memory/speed switches, off by default (the CPU path is plain fp32). Neither changes
+    # what is optimised; tests/test_grpo_tricks.py checks each against the plain path.
+    autocast_bf16: bool = False     # forward passes in bfloat16; weights, grads and AdamW stay fp32
+    gradient_checkpointing: bool = False  # recompute each layer in backward: less memory, ~1/3 more compute
     max_new_tokens: int = 48
     temperature: float = 1.0
     top_p: float = 1.0
@@ -359,8 +363,43 @@ def sample_seeds(cfg: GRPOConfig, step: int, n: int) -> list[int]:
     return [(cfg.seed * 1_000_003 + step * 10_007 + r) % (2**31 - 1) for r in range(n)]
 
 
+def autocast(cfg: GRPOConfig, device: torch.device):
+    """bfloat16 autocast for forward passes when `cfg.autocast_bf16`, else a context that does nothing.
+
+    Mixed precision with fp32 master weights: inside torch.autocast the matmuls run in bf16 (2x
+    less memory traffic, tensor cores on a GPU) while the parameters themselves stay fp32, so the
+    gradients arrive in fp32 and AdamW updates fp32 weights. Why not bf16 weights: bf16 keeps only
+    8 significant bits, so an update of lr 5e-6 to a weight of size 1e-2 is far below its rounding
+    step and would be lost. bf16 has fp32's exponent range, so unlike fp16 it needs no loss scaling.
+    The price is rounding in the activations: log-probs move by about 1e-2 (the test measures it),
+    noise well below the sampling noise of a 4-completion group. completion_logprobs still does the
+    log-sum-exp in fp32 (it calls .float() on each logits chunk).
+    """
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
+
+
+def set_gradient_checkpointing(model, enabled: bool) -> None:
+    """Switch HF activation checkpointing on or off (does nothing if already in that state).
+
+    On: each decoder layer keeps only its input during the forward pass and is run again during
+    backward to rebuild its intermediates, so activation memory falls from every layer's
+    intermediates to one layer's plus L layer inputs, for one extra forward (~1/3 more compute).
+    HF applies it only in train mode, so generation and the no-grad passes are unaffected. The
+    non-reentrant variant (use_reentrant=False) is the one PyTorch recommends: it gives the same
+    gradients and needs no input that requires grad.
+    """
+    if enabled and not model.is_activation_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif not enabled and model.is_activation_checkpointing:
+        model.activation_checkpointing_disable()
+
+
 def batched_logprobs(model, ids, attn, n_prompt, micro_batch, temperature=1.0):
-    """Completion log-probs of a whole batch without gradient, micro-batch by micro-batch."""
+    """Completion log-probs of a whole batch without gradient, micro-batch by micro-batch.
+
+    Used for the reference and old-policy passes: their log-probs are constants of the loss, so no
+    autograd graph is built (no stored activations, no backward), only one micro-batch at a time.
+    """
     with torch.no_grad():
         return torch.cat([completion_logprobs(model, ids[i:i + micro_batch], attn[i:i + micro_batch],
                                               n_prompt, temperature=temperature) for i in range(0, ids.shape[0], micro_batch)])
@@ -382,11 +421,13 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
     P, B = gen.prompt_ids.shape[1], ids.shape[0]
     device = next(policy.parameters()).device
     ids, attn, mask, advantages = ids.to(device), attn.to(device), mask.to(device), advantages.to(device)
-    # The reference pass only exists for the KL term; with beta = 0 it is skipped entirely.
-    ref_logps = batched_logprobs(ref_model, ids, attn, P, cfg.micro_batch, cfg.temperature) if cfg.beta > 0 else None
-    # With one pass per batch pi_old == pi_theta numerically: grpo_loss uses logps.detach() for
-    # old_logps (ratio 1, gradient still flows through the numerator), so we skip that pass too.
-    old_logps = batched_logprobs(policy, ids, attn, P, cfg.micro_batch, cfg.temperature) if cfg.num_iterations > 1 else None
+    set_gradient_checkpointing(policy, cfg.gradient_checkpointing)
+    with autocast(cfg, device):
+        # The reference pass only exists for the KL term; with beta = 0 it is skipped entirely.
+        ref_logps = batched_logprobs(ref_model, ids, attn, P, cfg.micro_batch, cfg.temperature) if cfg.beta > 0 else None
+        # With one pass per batch pi_old == pi_theta numerically: grpo_loss uses logps.detach() for
+        # old_logps (ratio 1, gradient still flows through the numerator), so we skip that pass too.
+        old_logps = batched_logprobs(policy, ids, attn, P, cfg.micro_batch, cfg.temperature) if cfg.num_iterations > 1 else None
     # One denominator for the whole optimiser step, so accumulating micro-batches gives exactly
     # the gradient of the full batch: all real tokens ("dapo") or all sequences ("grpo").
     normalizer = int(mask.sum().item()) if cfg.loss_type == "dapo" else B
@@ -396,8 +437,10 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
         loss_sum, stats_sum = 0.0, {"kl": 0.0, "clip_frac": 0.0}
         for i in range(0, B, cfg.micro_batch):
             sl = slice(i, i + cfg.micro_batch)
-            logps = completion_logprobs(policy, ids[sl], attn[sl], P,
-                                        temperature=cfg.temperature)          # (b, C)
+            # Autocast wraps the forward only; backward replays the same casts by itself.
+            with autocast(cfg, device):
+                logps = completion_logprobs(policy, ids[sl], attn[sl], P,
+                                            temperature=cfg.temperature)      # (b, C)
             loss, st = grpo_loss(logps, None if old_logps is None else old_logps[sl],
                                  None if ref_logps is None else ref_logps[sl], advantages[sl],
                                  mask[sl], cfg.eps_low, cfg.eps_high, cfg.beta, cfg.loss_type,
@@ -489,6 +532,42 @@ def load_checkpoint(path: Path, policy, optimizer) -> dict:
 # The loop
 # ----------------------------------------------------------------------------------------------
 
+def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig, step: int,
+              ref_model=None):
+    """One GRPO step: sample G completions per prompt, score them, update the policy once.
+
+    All G x len(prompts) completions are sampled in ONE batched `generate` call (prompt-major:
+    rows g*G .. g*G+G-1 answer prompt g). bench/grpo_step.py times exactly this function.
+
+    Returns:
+        stats: the step's metrics row without "step" and "seconds" (train_grpo adds those).
+        gen, rewards: the sampled batch and its rewards, for the sample dumps.
+    """
+    G = cfg.group_size
+    device = next(policy.parameters()).device
+    rows_in = [p for p in prompts for _ in range(G)]                       # prompt-major groups
+    policy.eval()
+    with autocast(cfg, device):
+        gen = models.generate(policy, tokenizer, rows_in, cfg.max_new_tokens, cfg.temperature,
+                              cfg.top_p, seeds=sample_seeds(cfg, step, len(rows_in)))
+    # Rewards are constants of the loss: a reward model must never record an autograd graph.
+    with torch.no_grad():
+        rewards, components = reward_fn(meta, gen.texts, gen)
+    rewards_t = torch.tensor(rewards, dtype=torch.float32)                # (B,)
+    advantages, astats = group_advantages(rewards_t, G, scale=cfg.scale_rewards)
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(step - 1, cfg)
+    policy.train()
+    ustats = policy_update(policy, optimizer, gen, advantages, cfg, ref_model)
+    stats = {"reward_mean": astats["reward_mean"], "reward_std": astats["reward_std"],
+             "frac_zero_std": astats["frac_zero_std"],
+             **{f"r_{k}": sum(v) / len(v) for k, v in components.items() if v},
+             "loss": ustats["loss"], "kl": ustats["kl"], "clip_frac": ustats["clip_frac"],
+             "grad_norm": ustats["grad_norm"], "skipped": not ustats["finite"],
+             "length": float(gen.completion_mask.sum(1).float().mean()), "lr": lr_at(step - 1, cfg)}
+    return stats, gen, rewards
+
+
 def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, out_dir: Path,
                ref_model=None, resume: bool = False, log=print, describe=None) -> list[dict]:
     """Train `policy` with GRPO. Used by stage 1 (speakers) and stage 2 (director).
@@ -519,29 +598,13 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
     elif metrics_path.exists():
         metrics_path.unlink()
     rows, bad = [], 0
-    G = cfg.group_size
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.time()
         prompts, meta = sample_prompts(step)
-        rows_in = [p for p in prompts for _ in range(G)]                   # prompt-major groups
-        policy.eval()
-        gen = models.generate(policy, tokenizer, rows_in, cfg.max_new_tokens, cfg.temperature,
-                              cfg.top_p, seeds=sample_seeds(cfg, step, len(rows_in)))
-        rewards, components = reward_fn(meta, gen.texts, gen)
-        rewards_t = torch.tensor(rewards, dtype=torch.float32)            # (B,)
-        advantages, astats = group_advantages(rewards_t, G, scale=cfg.scale_rewards)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step - 1, cfg)
-        policy.train()
-        ustats = policy_update(policy, optimizer, gen, advantages, cfg, ref_model)
-        bad = 0 if ustats["finite"] else bad + 1
-        row = {"step": step, "reward_mean": astats["reward_mean"], "reward_std": astats["reward_std"],
-               "frac_zero_std": astats["frac_zero_std"],
-               **{f"r_{k}": sum(v) / len(v) for k, v in components.items() if v},
-               "loss": ustats["loss"], "kl": ustats["kl"], "clip_frac": ustats["clip_frac"],
-               "grad_norm": ustats["grad_norm"], "skipped": not ustats["finite"],
-               "length": float(gen.completion_mask.sum(1).float().mean()), "lr": lr_at(step - 1, cfg),
-               "seconds": time.time() - t0}
+        stats, gen, rewards = grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg,
+                                        step, ref_model)
+        row = {"step": step, **stats, "seconds": time.time() - t0}
+        bad = 0 if not row["skipped"] else bad + 1
         rows.append(row)
         with open(metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")

@@ -8,8 +8,9 @@ of the director's reward (director.py).
 
 One interface, four backends (pick one with `--judge`):
 
-    offline            OfflineJudge  the default: sentence-encoder features, no LLM, seconds per
-                                     hundred pairs on a 2-core CPU, ~0.8-0.9 accuracy on our pairs
+    offline            OfflineJudge  the default: four sentence-encoder features, no LLM; prefers
+                                     the better reply in 0.86 of our 70 labelled pairs and 0.92 of
+                                     24 blind ones, at seconds per hundred pairs on a 2-core CPU
     hf:<id-or-folder>  HFJudge       a local chat LLM: reads the probabilities of the labels A / B
     openai:<base-url>  OpenAIJudge   any OpenAI-compatible /chat/completions server (urllib only);
                                      model from --judge-model or MASCOT_JUDGE_MODEL, key from the
@@ -28,7 +29,7 @@ What we simplify or decide where the paper is silent (see /work/shared/paper/NOT
   - The paper's judges are GPT-4o, Gemma-3-27B-IT and Phi-4 with unpublished prompts. Our judging
     prompts are written below (PAIRWISE_SYSTEM, PAIRWISE_TEMPLATE, POINTWISE_TEMPLATE).
   - LLM judges prefer whichever reply they read first (position bias; Zheng et al. 2023, "Judging
-    LLM-as-a-Judge with MT-Bench and Chatbot Arena", section 3.3). Every pairwise question is asked
+    LLM-as-a-Judge with MT-Bench and Chatbot Arena"). Every pairwise question is asked
     in both orders, and a verdict counts only when both orders agree.
   - The offline judge is not an LLM at all. A 135M chat model asked "A or B?" answers "A" whatever
     the replies say (below chance on our pairs), so the default judge is a handful of measured
@@ -39,7 +40,7 @@ What we simplify or decide where the paper is silent (see /work/shared/paper/NOT
 Run it to measure a judge on labelled pairs (data/judge_pairs_*.jsonl):
 
     python judge.py data/judge_pairs_support.jsonl data/judge_pairs_meeting.jsonl
-    python judge.py --judge hf:HuggingFaceTB/SmolLM2-1.7B-Instruct data/judge_pairs_blind.jsonl
+    python judge.py --judge hf:smollm2-135m data/judge_pairs_blind.jsonl     # or hf:<model folder>
     python judge.py --judge openai:http://localhost:8000/v1 --judge-model qwen3 --cache runs/j.jsonl \\
         data/judge_pairs_support.jsonl
 """
@@ -185,18 +186,26 @@ class Judge:
         self.backend_calls = 0
 
     # --- the cache --------------------------------------------------------------------------
-    def _cached_batch(self, method: str, inputs: list[dict], compute) -> list:
-        """Look every input up in the cache, compute only the misses (in one batch), store them."""
-        if self.cache is None:
-            return compute(list(range(len(inputs))))
+    def _cached_batch(self, method: str, inputs: list[dict], compute, keep=lambda v: v is not None) -> list:
+        """Look every input up in the cache, compute only the misses (in one batch), store them.
+
+        compute(todo) returns JSON-able values for the inputs at the indices `todo`; only values
+        with keep(value) true are stored (an unreadable answer is not a judgement worth keeping).
+        An input repeated within one batch is computed once, with or without a cache file.
+        """
         keys = [JudgeCache.make_key(self.name, method, x) for x in inputs]
-        values = [self.cache.get(k) for k in keys]
-        todo = [i for i, v in enumerate(values) if v is None]
+        values = [self.cache.get(k) if self.cache else None for k in keys]
+        first_of = {}                                   # key -> index of its first missing input
+        for i, (k, v) in enumerate(zip(keys, values)):
+            if v is None:
+                first_of.setdefault(k, i)
+        todo = list(first_of.values())
         if todo:
-            for i, value in zip(todo, compute(todo)):
-                values[i] = value
-                if value is not None:
-                    self.cache.put(keys[i], value)
+            fresh = dict(zip(todo, compute(todo)))
+            for i in todo:
+                if self.cache is not None and keep(fresh[i]):
+                    self.cache.put(keys[i], fresh[i])
+            values = [fresh[first_of[k]] if v is None else v for k, v in zip(keys, values)]
         return values
 
     # --- the public interface ---------------------------------------------------------------
@@ -227,18 +236,18 @@ class Judge:
         def compute(todo):
             verdicts = self._compare_uncached([states[i] for i in todo], [firsts[i] for i in todo],
                                               [seconds[i] for i in todo])
-            # An unreadable answer is not a judgement: not cached (None), asked again next run.
-            return [None if v.detail.get("unparseable") else asdict(v) for v in verdicts]
+            return [asdict(v) for v in verdicts]
 
-        values = self._cached_batch("compare", inputs, compute)
-        return [Verdict(None, 0.5, {"unparseable": True}) if v is None else Verdict(**v)
-                for v in values]
+        # An unreadable answer is not a judgement: not cached, so the next run asks again.
+        values = self._cached_batch("compare", inputs, compute,
+                                    keep=lambda v: not v["detail"].get("unparseable"))
+        return [Verdict(**v) for v in values]
 
     def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
         """Greedy (temperature 0) text from an LLM judge; the offline judge cannot generate."""
         if not self.can_generate:
-            raise UserError(f"--judge {self.name}: this judge cannot generate text; "
-                            "use an hf:<model> or openai:<base-url> judge for this step")
+            raise UserError(f"judge {self.name!r} cannot generate text; use --judge hf:<model> "
+                            "or --judge openai:<base-url> for this step")
         inputs = [{"prompt": prompt, "max_new_tokens": max_new_tokens}]
         return self._cached_batch("complete", inputs,
                                   lambda todo: [self._complete_uncached(prompt, max_new_tokens)])[0]
@@ -384,7 +393,10 @@ class HFJudge(Judge):
         import models
         super().__init__(cache_path)
         self.name = f"hf:{model_or_path}"
-        self.model, self.tokenizer = models.load_model(model_or_path, device=device)
+        try:
+            self.model, self.tokenizer = models.load_model(model_or_path, device=device)
+        except UserError as err:    # its message names --model; here the flag is --judge
+            raise UserError(f"--judge hf:{model_or_path}: {err}") from None
         self.batch_size = batch_size
         self.ab_ids = [label_token_ids(self.tokenizer, "A"), label_token_ids(self.tokenizer, "B")]
         self.digit_ids = [label_token_ids(self.tokenizer, d) for d in SCORE_LABELS]
@@ -443,6 +455,9 @@ _LEADING_LABEL = re.compile(r"^[\s\"'*`(\[]*([AB])(?![A-Za-z])")
 _NAMED_LABEL = re.compile(r"\b(?:reply|response|answer|option|choice)\b[\s:*\"'`(\[-]*([AB])(?![A-Za-z])",
                           re.IGNORECASE)
 _ANY_LABEL = re.compile(r"(?<![A-Za-z])([AB])(?![A-Za-z])")
+# "A" followed by a lower-case word is the article ("A better reply is B"), unless the word says
+# something about reply A ("A is better", "A wins").
+_ARTICLE = re.compile(r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]")
 
 
 def parse_ab(text: str) -> int | None:
@@ -450,15 +465,14 @@ def parse_ab(text: str) -> int | None:
 
     Tried in order: the answer starts with the label ("B", "**A**", "(B) because..."); a named
     label anywhere ("Reply B is better", "Answer: A"); then the first standalone capital A/B.
-    Only capitals count, and the last rule would misread a sentence that starts with the article
-    "A", which is why the two stricter rules come first.
+    Only capitals count, and an "A" that reads as the article is skipped.
     """
     if not isinstance(text, str):
         return None
     for pattern in (_LEADING_LABEL, _NAMED_LABEL, _ANY_LABEL):
-        match = pattern.search(text)
-        if match:
-            return "AB".index(match.group(1).upper())
+        for match in pattern.finditer(text):
+            if not _ARTICLE.match(text, match.start(1)):
+                return "AB".index(match.group(1).upper())
     return None
 
 
@@ -479,7 +493,8 @@ class OpenAIJudge(Judge):
     (local servers such as vLLM or llama.cpp usually need none).
 
     Failures: HTTP 429, 5xx, connection errors and timeouts are retried with exponential backoff
-    plus jitter (base * 2^attempt * U(0.5, 1.5), capped at max_backoff), honouring Retry-After;
+    plus jitter (backoff * 2^attempt * U(0.5, 1.5), capped at max_backoff), or exactly as long
+    as the server's Retry-After header (in seconds) asks;
     after max_retries retries, or at once for any other 4xx, a one-line UserError names the
     endpoint. An answer we cannot read is not an error: it is counted in `unparseable` and gives
     no verdict.
@@ -539,9 +554,9 @@ class OpenAIJudge(Judge):
             else:
                 return self._reply_text(raw)
             if attempt < self.max_retries:
-                if wait is None:
-                    wait = self.backoff * 2 ** attempt * self._jitter.uniform(0.5, 1.5)
-                self.sleep(min(wait, self.max_backoff))
+                if wait is None:   # no Retry-After from the server: our own backoff, capped
+                    wait = min(self.max_backoff, self.backoff * 2 ** attempt * self._jitter.uniform(0.5, 1.5))
+                self.sleep(wait)
         raise self._fail(f"no answer from {self.url} after {self.max_retries + 1} attempts "
                          f"(last: {last_error}); check that the server is running and reachable")
 
@@ -589,8 +604,9 @@ class OpenAIJudge(Judge):
 # How it was designed (numbers from bench/judge_speed.py on our 70 labelled pairs, 50 support +
 # 20 meeting; "alone" = how often the feature by itself prefers the better reply):
 #   persona     cos(reply, what the persona DOES)          alone 0.61, but 0.93 on wrong-role pairs
+#               (the whole description, with its "never ..." clauses: 0.57 and 0.64)
 #   context     cos(reply, the user's latest message)      alone 0.70, 1.00 on ignores-specifics
-#   repetition  -(max cos(reply, earlier turn) - 0.3)+     alone 0.61, 1.00 on repetition
+#   repetition  -(max cos(reply, earlier turn) - 0.5)+     alone 0.59, 1.00 on repetition
 #   generic     -max cos(any sentence of reply, GENERIC_PHRASES)  alone 0.76, 1.00 generic, 0.86 sycophancy
 # Each feature catches one failure kind and is noise on the others, so the judge adds them up.
 # Measured and left out:
@@ -609,10 +625,11 @@ class OpenAIJudge(Judge):
 
 OFFLINE_WEIGHTS = {"persona": 2.0, "context": 1.0, "repetition": 1.0, "generic": 2.0}
 
-# MiniLM cosines between two sentences on the same topic that say different things are typically
-# 0.2-0.4; only similarity to an earlier turn beyond REPEAT_FLOOR counts as repeating it, so a
-# reply is not penalised just for being in a conversation with history.
-REPEAT_FLOOR = 0.3
+# Only similarity to an earlier turn beyond REPEAT_FLOOR counts as repeating it, so a reply is not
+# penalised just for staying on the topic of the conversation. In our labelled pairs a good
+# reply's closest earlier turn has cosine 0.25 (median; 0.57 at the 90th percentile), a reply
+# that repeats one has 0.89 (0.85 to 0.92). Any floor from 0.2 to 0.5 gives the same accuracy.
+REPEAT_FLOOR = 0.5
 
 # score = sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)), z = the weighted feature sum. The centre
 # and 1 / scale are the mean (-0.08) and standard deviation (0.45) of z over the 140 labelled

@@ -174,6 +174,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--turns", type=positive_int("--turns"), default=6, help="agent turns per conversation")
     s.add_argument("--user-every", type=int, default=2, help="the user answers after every N agent turns")
     s.add_argument("--out", default=None, help="transcript file (default RUN/simulate/<policy>.jsonl)")
+    import chat
+    import evaluate
+    e = sub.add_parser("evaluate", help="compare systems: rubric judges, redundancy, pairwise preference",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common(e)
+    evaluate.add_arguments(e)
+
+    c = sub.add_parser("chat", help="talk to the companion group in the terminal",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    chat.add_arguments(c)
+
+    r = sub.add_parser("report", help="write RUN/report.html: curves, tables, conversations",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    r.add_argument("--run", default="runs/default", help="run folder")
+
+    d = sub.add_parser("demo", help="the whole pipeline on the embedded model with a CPU budget",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d.add_argument("--run", default="runs/demo", help="run folder")
+    d.add_argument("--model", default="smollm2-135m", help="base model")
     return parser
 
 
@@ -406,8 +425,8 @@ def train_stage2(args) -> dict:
 
 def judge_eval(args) -> None:
     import judge as J
-    pairs = [p for path in args.pairs for p in J.load_pairs(path)]
     judge = J.make_judge(args.judge, cache_path=args.cache, model_name=args.judge_model)
+    pairs = [p for path in args.pairs for p in J.load_pairs(path)]
     t0 = time.time()
     result = J.evaluate_pairs(judge, pairs)
     print(J.format_eval_report(result))
@@ -447,6 +466,77 @@ def simulate_cmd(args) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# demo: every stage on the embedded model, sized for a 2-core CPU (make demo)
+# ----------------------------------------------------------------------------------------------
+
+# The budget flags of `make demo`. They are small on purpose: the point is to see every stage
+# run and print real numbers in minutes on a laptop. For a real run on a GPU, drop them (the
+# defaults of `train --help` are larger) and raise --steps, --states and --decision-points.
+DEMO_STAGE1 = ["--states", "24", "--heldout-states", "8", "--candidates", "4", "--steps", "8",
+               "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "40", "--lr", "5e-6",
+               "--save-every", "4", "--dump-every", "4"]
+DEMO_STAGE2 = ["--decision-points", "8", "--heldout-points", "4", "--steps", "6", "--prompts-per-step", "2",
+               "--group-size", "4", "--rollout-turns", "2", "--max-new-tokens", "40", "--lr", "5e-6",
+               "--beta", "0", "--save-every", "3", "--dump-every", "3"]
+DEMO_EVAL = ["--contexts", "6", "--turns", "4", "--max-new-tokens", "40"]
+
+
+def demo(args) -> None:
+    """Stage 1, stage 2, evaluation and the report, each skipped when already complete, each
+    resumed from its newest checkpoint when interrupted (re-run `make demo` to continue)."""
+    import grpo
+    import report
+    run = Path(args.run)
+    common = ["--model", args.model, "--run", str(run)]
+    t0 = time.time()
+    for stage, budget in ((1, DEMO_STAGE1), (2, DEMO_STAGE2)):
+        folder = run / f"stage{stage}"
+        if (folder / "summary.json").exists():
+            print(f"demo: stage {stage} already done in {folder}")
+            continue
+        resume = ["--resume"] if grpo.latest_checkpoint(folder / "checkpoints") else []
+        print(f"\n=== demo: stage {stage} ({time.time() - t0:.0f} s so far) ===", flush=True)
+        sub = build_parser().parse_args(["train", "--stage", str(stage), *common, *budget, *resume])
+        (train_stage1 if stage == 1 else train_stage2)(sub)
+    print(f"\n=== demo: evaluation ({time.time() - t0:.0f} s so far) ===", flush=True)
+    import evaluate
+    results = evaluate.run(build_parser().parse_args(["evaluate", *common, *DEMO_EVAL]))
+    path = report.build_report(run)
+    print_side_by_side(run / "eval" / "transcripts.jsonl")
+    print(f"\ndemo finished in {time.time() - t0:.0f} s; results in {run}/eval/results.md, report: {path}")
+    return results
+
+
+def print_side_by_side(transcripts: Path, width: int = 60) -> None:
+    """One conversation before (base speakers, round-robin) and after training (MASCOT), same context."""
+    import textwrap
+    if not transcripts.exists():
+        return
+    rows = [json.loads(l) for l in transcripts.read_text(encoding="utf-8").splitlines() if l.strip()]
+    by_system: dict[str, list[dict]] = {}
+    for r in rows:
+        by_system.setdefault(r.get("system", ""), []).append(r)
+    before = by_system.get("round-robin") or next(iter(by_system.values()), [])
+    after_name = next((n for n in ("MASCOT", "MASCOT-C", "MASCOT-P") if n in by_system), None)
+    if not before or not after_name:
+        return
+    a = before[0]
+    b = next((r for r in by_system[after_name] if r["context_id"] == a["context_id"]), by_system[after_name][0])
+
+    def lines(conv):
+        out = []
+        for t in conv["turns"]:
+            out += textwrap.wrap(f"{t['speaker']}: {t['text']}", width) + [""]
+        return out
+
+    left, right = lines(a), lines(b)
+    print(f"\n{'before: round-robin, base speakers':<{width}} | after: {after_name}")
+    print("-" * width + "-+-" + "-" * width)
+    for i in range(max(len(left), len(right))):
+        print(f"{(left[i] if i < len(left) else ''):<{width}} | {right[i] if i < len(right) else ''}")
+
+
+# ----------------------------------------------------------------------------------------------
 # main
 # ----------------------------------------------------------------------------------------------
 
@@ -460,6 +550,17 @@ def main(argv=None) -> int:
             judge_eval(args)
         elif args.command == "simulate":
             simulate_cmd(args)
+        elif args.command == "evaluate":
+            import evaluate
+            evaluate.run(args)
+        elif args.command == "chat":
+            import chat
+            return chat.run_chat(args)
+        elif args.command == "report":
+            import report
+            print(f"report written to {report.build_report(Path(args.run))}")
+        elif args.command == "demo":
+            demo(args)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

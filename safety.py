@@ -4,52 +4,77 @@ What it does
     `detect_crisis(text)` returns True when a user message signals a risk of suicide, self-harm,
     or immediate danger (to the user, from someone else right now, or to someone the user says is
     about to harm themselves). `crisis_check(text)` returns the same flag plus the name of the
-    category that fired, so a log can record *why*. When a message is flagged, the caller shows
-    `CRISIS_MESSAGE` instead of any agent reply.
+    layer/category that decided, so a log can record *why*. When a message is flagged, the
+    caller shows `CRISIS_MESSAGE` instead of any agent reply.
 
 Where it sits in the MASCOT pipeline
     chat, simulate and evaluate call it on every user message BEFORE any agent (director or
     persona) is asked to reply. The companions are 135M-parameter language models: they cannot be
-    trusted to notice a crisis, let alone respond to one, so the check is a fixed, readable rule
-    list rather than one more model. The MASCOT paper (arXiv 2601.14230) studies companion quality
-    and does not specify a safety layer; this module is our addition. `simulate.py` re-exports
+    trusted to notice a crisis, let alone respond to one, so the check is a fixed, readable
+    procedure outside them. The MASCOT paper (arXiv 2601.14230) studies companion quality and
+    does not specify a safety layer; this module is our addition. `simulate.py` re-exports
     `detect_crisis`.
 
-How it works (three steps, plain string processing, well under a millisecond per message)
-    1. `normalise`: lower-case, unify apostrophes, expand contractions (so "don't", "dont" and
-       "do not" all become "do not"), collapse stretched letters ("diiie" -> "die"), drop filler
-       words ("just", "really"), rewrite chat spellings and euphemisms ("kms" -> "kill myself",
-       "unalive" -> "kill", "sucide" -> "suicide").
-    2. Blank out idioms (`EXEMPTIONS`: "die of embarrassment", "cut myself shaving", "ending things
-       with him") and explicit denials ("I would never hurt myself"). Only the matched span is
-       blanked, never the whole message, so "this exam is killing me and I want to die" is still
-       caught by the second clause.
-    3. Search the remaining text for `RISK_PATTERNS`, grouped by category. The first hit wins.
+How it works: `normalise`, then four layers
+    `normalise` lower-cases, unifies apostrophes, expands contractions ("don't", "dont" -> "do
+    not"), collapses stretched letters ("diiie" -> "die"), drops filler words ("just", "really")
+    and maps chat spellings and euphemisms back to plain words ("kms" -> "kill myself",
+    "unalive" -> "kill", "sucide" -> "suicide").
+    a. Exemptions. Idioms (`EXEMPTIONS`: "die of embarrassment", "cut myself shaving", "ending
+       things with him") and explicit denials ("I would never hurt myself") are blanked. Only
+       the matched span goes, so "this exam is killing me and I want to die" keeps its second
+       clause.
+    b. Explicit patterns (`RISK_PATTERNS`, ~140 regexes in seven categories): whole risky phrases
+       such as "I want to go to sleep and never wake up". A hit always flags.
+    c. Broad net (`BROAD_NET`): single words and short phrases from warning-sign vocabulary
+       (die, kill, end it, not be here, disappear, goodbye, pills, rope, bridge, blade, bleed,
+       hurt myself, knife, not safe, no way out, can't go on, burden, ...) in a message about the
+       writer, after a second, longer list of everyday uses (`EVERYDAY_USES`: "my phone died",
+       "kill the lights", "the bridge walk") has been blanked. Over-inclusive on purpose.
+    d. Semantic similarity. The all-MiniLM-L6-v2 sentence encoder (`models.SentenceEncoder`)
+       embeds the message; its margin is the mean cosine to its 5 nearest RISKY_EXAMPLES minus
+       the same for SAFE_EXAMPLES (two banks of ~240 short messages we wrote). A broad-net hit
+       is kept unless the margin is below VETO_MARGIN; a message with no risk words at all is
+       flagged when the margin is above ALONE_MARGIN; one whose risk words were all explained
+       away by a or c needs EXPLAINED_MARGIN. `CrisisGuard.check_many` spells out the table.
+    The encoder is loaded lazily by `CrisisGuard` (module-level default: `default_guard()`), so
+    `import safety` loads no model. The first check costs ~6 s (transformers import, model load,
+    embedding the banks), later ones ~12 ms on one CPU thread. If the encoder wheel is missing,
+    the guard warns once and runs layers a-c alone, flagging every broad-net hit.
 
 Design choice: false positives are cheaper than misses. Showing crisis-line numbers to someone
 who was joking costs them a moment; missing someone at risk can cost far more. Where a phrase is
 ambiguous ("I'm going to kill myself if this meeting runs over") we flag it; each such choice is
-marked "CONSERVATIVE" in a comment below. The target the tests hold us to: on messages written
-separately from the tuning set, flag >= 90% of risky ones and <= 10% of near-misses.
+marked "CONSERVATIVE" in a comment below. The target: on messages written separately from the
+tuning set, flag >= 90% of risky ones and <= 10% of near-misses.
 
-Measured, honestly: it does NOT yet reach that target. Five successive blind lists (each written
-before the pattern changes that followed it, each run once, then folded into the tuning set)
-gave recall 0.84, 0.36, 0.67, 0.47 and 0.60, with near-miss flag rates of 0.00 to 0.08. On the
-tuning set it reaches 0.99 / 0.01. The gap is indirect phrasing ("please tell my mum I'm sorry",
-"I wrote a note and left it on my desk"), which a pattern list only covers one phrase at a time.
+Measured (tests/test_safety.py, 2026-11-29; recall / near-miss flag rate)
+    DEV (179 risky, 180 near-miss; tuned on): 0.97 / 0.04 with the encoder, 0.88 / 0.03 without.
+    BLIND v6 (60 + 60, written before this redesign, run once at the end): 0.87 / 0.18
+    (52/60, 11/60) with the encoder, 0.58 / 0.18 without. This MISSES the target on both
+    counts. Misses are understated goodbyes and plans with no risk word ("I made a plan and
+    picked a date", "I don't think I'll be around for Christmas"); 9 of the 11 false alarms
+    are broad-net words in errands and plans ("goodbye card", "heart pills from the pharmacy",
+    "I won't be here next week, I'm on holiday") that the semantic veto let through.
+    The old pattern-only version scored 0.17 / 0.02 on the same v6 list, and 0.36-0.84 recall on
+    five earlier blind lists.
 
 LIMITS, stated plainly
-    - It is a pattern list. It misses phrasing nobody wrote a pattern for (see the numbers
-      above), sarcasm, metaphor, slow escalation spread over several messages (each message is
-      checked alone), and risk that is only implied by context ("there's a rope in my closet and
-      I keep looking at it").
+    - English only: `normalise` drops every non-ASCII letter, so other languages are never
+      flagged.
+    - It is patterns plus nearest-neighbour similarity to ~480 messages we wrote. It misses
+      phrasing far from both (novel metaphors, coded or very understated messages), sarcasm,
+      risk implied only by earlier messages (each message is checked alone), and anything the
+      22M-parameter encoder cannot tell apart: it barely registers negation or who the subject
+      is, so it will sometimes flag a plot summary or a low-but-safe day and miss a flat,
+      matter-of-fact plan.
     - It flags some jokes on purpose ("I want to die lol"), and it reads a present-tense plot
       summary ("the character wants to kill himself") as a real report.
-    - English only. A message in any other language is never flagged.
-    - It is not a clinical screening tool and has not been validated on real users. Its numbers
-      come from small lists of messages we wrote ourselves (tests/test_safety.py).
+    - Its numbers come from small lists written by the same people who wrote the rules, so even
+      the blind rates are optimistic. It is not a clinical screening tool and has never been
+      validated on real users.
     - It must never be the only safeguard: a real deployment needs human escalation, trained
-      moderators and a proper risk model on top.
+      moderators and a proper, validated risk model on top.
 
 Run the tests:
     .venv/bin/python -m pytest -q tests/test_safety.py
@@ -89,7 +114,7 @@ CRISIS_MESSAGE = (
 )
 
 # ---------------------------------------------------------------------------------------------
-# Step 1: normalisation
+# Normalisation (every layer reads its output)
 # ---------------------------------------------------------------------------------------------
 
 # Curly quotes, primes and backticks all become a plain apostrophe before anything else.
@@ -225,7 +250,7 @@ _NOT_A_PLACE = (r"(?! (?:in|with|near|at|on|out|off|under|next|paycheck|here|the
 
 
 # ---------------------------------------------------------------------------------------------
-# Step 2: exemptions (idioms and explicit denials), blanked before the risk search
+# Layer a: exemptions (idioms and explicit denials), blanked before every other layer
 # ---------------------------------------------------------------------------------------------
 
 # Each exemption removes only its own span. A pattern here must be narrow enough that what it
@@ -309,7 +334,7 @@ def _blank(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Step 3: risk patterns, grouped by category, searched in this order
+# Layer b: explicit risk patterns, grouped by category, searched in this order
 # ---------------------------------------------------------------------------------------------
 
 RISK_PATTERNS = {
@@ -687,7 +712,7 @@ def explicit_category(searchable: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 # The explicit patterns need a whole risky phrase, and people at risk rarely use one: "I've been
-# stockpiling my pills", "there's no way out anymore". The broad net looks instead for single
+# saving my prescriptions for a while now", "I feel trapped". The broad net looks instead for single
 # words and short phrases from the usual warning-sign lists (talk of death, ending, absence,
 # goodbyes, means, heights, self-injury, feeling trapped or a burden, a plan, danger from
 # someone) and fires when one survives the blanking of everyday uses in a message about the
@@ -834,73 +859,96 @@ EVERYDAY_USES = [
     r"and (?:well|kicking)\b",
 ]
 
-# The vocabulary itself, grouped so that a log can say which kind of word fired. Written
-# against normalise()'s output ("do not", "can not", "i am").
+# The vocabulary itself, grouped so that a log can say which kind of word fired. Each group is
+# a list of alternatives, written against normalise()'s output ("do not", "can not", "i am");
+# a group fires when any alternative matches as whole words.
 BROAD_NET = {
-    "death": r"\b(?:die|dies|died|dying|dead|death|suicide|suicidal|kill|kills|killed|"
-             r"killing|funeral|grave|coffin|overdose|overdosed|overdosing|od|noose|"
-             r"hang myself|hanging myself|alive|not exist|not existing|stop existing|"
-             r"stop living|lethal|fatal)\b",
-    "ending": r"\b(?:end|ending|ended) (?:it|things|everything|it all|my life|my existence)\b|"
-              r"\b(?:be|is|all) over (?:for me|soon|forever|for good)\b|\b(?:want|wants|need|"
-              r"needs) (?:everything|it all) (?:to )?(?:be over|end|stop)\b|\bmake it (?:all )?"
-              r"stop\b",
-    "absence": r"\b(?:if i (?:was|were) not|when i am not|i will not be|not be) (?:here|"
-               r"around|alive)\b|\bdisappear\w*\b|\b(?:if|when) i (?:am|was|were) gone\b|"
-               r"\bgone (?:forever|for good)\b|\bnot (?:come|coming) back\b|\bnever (?:come|"
-               r"coming) back\b|\b(?:be|better) without me\b",
-    "goodbye": r"\b(?:goodbye|goodbyes|farewell|farewells|last (?:message|words|note|letter|"
-               r"time)|final (?:message|words|note|goodbye)|suicide note|(?:letters?|notes?) "
-               r"(?:to|for) (?:my|each of my|everyone|all of)|my (?:will|affairs)|(?:gave|given|"
-               r"giving) (?:away )?my|(?:wrote|written|writing|left|leave|leaving) (?:a |my )?"
-               r"note)\b",
-    "means": r"\b(?:pills|tablets|meds|medication|paracetamol|tylenol|ibuprofen|insulin|"
-             r"sleeping pills|rope|noose|razor|razors|blade|blades|knife|knives|gun|guns|"
-             r"pistol|rifle|weapon|lighter|ligature|belt|cord|stockpil\w*|hoard\w*|bottle "
-             r"of|prescriptions|medicine cabinet|(?:drink|drank|drinking|swallow\w*) (?:\w+ )?"
-             r"bleach|swallow\w* (?:everything|all|them|the lot)|(?:saving|saved|stash\w*|"
-             r"collecting) (?:up )?(?:all )?(?:my )?(?:\w+ )?(?:pills|tablets|meds|medication|"
-             r"prescriptions?))\b",
-    "heights": r"\b(?:bridge|ledge|cliff|cliffs|rooftop|roof|balcony|tracks|railway|train "
-               r"station|platform|multi storey|car park roof|drown|drowning|in front of|into a "
-               r"(?:wall|tree)|find a wall|off the road|oncoming traffic)\b|\b(?:to|about|of) "
-               r"jump(?:ing)?\b|\bjump(?:ing)?(?= \.|\s*$| (?:off|from|in front|tonight|now|"
-               r"again))",
-    "self_harm": r"\b(?:cuts|cutting|cut myself|cut my|scars?|scarring|bleed|bleeding|bled|"
-                 r"bruises|sh|self harm|hurt myself|harm myself|punish myself|burn myself|"
-                 r"burning myself|hitting myself|hit myself|scratch\w* (?:my|myself)|"
-                 r"relapse\w*|relapsing|the pain|want\w* it to hurt|until it bled|until it "
-                 r"bleeds|until they bled|blood|i cut|punch\w* (?:the |a )?wall|hitting my (?:legs?|"
-                 r"arms?|thighs?|stomach|face|head)(?! on))\b",
-    "danger": r"\b(?:hurt me|kill me|kill us|beat me(?! (?:at|in|to|by))|beating me|hits me|"
-              r"hit me(?! up)|hitting me(?! (?:with (?:a |the )?pillows?|up))|choke\w* me|"
-              r"chok\w* me|strangl\w*|rape\w*|attack\w* me|follow\w* me|stalk\w*|"
-              r"threaten\w*|break in|broke in|breaking in|banging on|smashing|hiding|locked "
-              r"(?:me |in)|not safe|unsafe|in danger|for my life|scared (?:of him|of her|of "
-              r"them|he|she|they|for)|afraid (?:of him|of her|he|she|they|for)|terrified|"
-              r"call the police|outside my (?:door|house|flat)|(?:he|she|they) will find me|"
-              r"coming back|coming for me|pushed me|grabbed me|(?:he|she|they) (?:has|have|had|"
-              r"got|is holding|grabbed|took out|pulled out) (?:a |the |his |her |their )?"
-              r"(?:gun|knife|knives|weapon|machete|axe))\b",
-    "trapped": r"\b(?:no way out|no escape|no other way|one way out|only way out|trapped|"
-               r"can not (?:go on|do this|take (?:it|this|any)|keep (?:going|doing|living)|"
-               r"cope|carry on)" + _NOT_A_PLACE + r"|give up|giving up|given up|no future|"
-               r"no point|pointless|hopeless|worthless|no reason|burden|better off|waste of "
-               r"space|let go|letting go|(?:scared|afraid|terrified) of myself|(?:tired|sick|exhausted|done) (?:of|with) (?:living|"
-               r"life|existing|being|everything|it all|trying|pretending)" + _NOT_A_PLACE +
-               r"|done living" + _NOT_A_PLACE + r"|(?:living|life|existing|being alive|"
-               r"everything) (?:is|feels) (?:\w+ )?(?:too painful|unbearable|too hard|too "
-               r"much)|do not care (?:what happens|if i (?:live|die|wake))|(?:be with|join) "
-               r"(?:her|him|them) (?:again|soon|in heaven)|(?:planning|plan|decided|figured "
-               r"out|worked out) (?:how|when|where) (?:to|i will|i am going to) do it|do it "
-               r"(?:tonight|tomorrow|soon|this weekend)|want out|stop the pain|not worth|do "
-               r"not deserve|deserve to die|should have died|nobody would|no one would|no one "
-               r"will|nobody will|do not belong|will to live|reason to live|take me|weight "
-               r"around|rest forever|sleep forever|never wake|not wake up|not to wake up|not "
-               r"get up|never face|not exist)\b",
-    "plan": r"\b(?:(?:have|got) (?:a|the|my) plan|have everything ready|got everything|"
-            r"everything (?:is )?ready|made (?:my|up my) (?:decision|mind)|tonight is the night|"
-            r"how many|how much would|wrote my will)\b",
+    "death": [
+        r"die|dies|died|dying|dead|death|suicide|suicidal|kill|kills|killed|killing",
+        r"funeral|grave|coffin|overdose|overdosed|overdosing|od|noose|hang myself|hanging myself",
+        r"alive|not exist|not existing|stop existing|stop living|lethal|fatal",
+    ],
+    "ending": [
+        r"(?:end|ending|ended) (?:it|things|everything|it all|my life|my existence)",
+        r"(?:be|is|all) over (?:for me|soon|forever|for good)",
+        r"(?:want|wants|need|needs) (?:everything|it all) (?:to )?(?:be over|end|stop)",
+        r"make it (?:all )?stop",
+    ],
+    "absence": [
+        r"(?:if i (?:was|were) not|when i am not|i will not be|not be) (?:here|around|alive)",
+        r"disappear\w*|(?:if|when) i (?:am|was|were) gone|gone (?:forever|for good)",
+        r"(?:not|never) (?:come|coming) back|(?:be|better) without me",
+    ],
+    "goodbye": [
+        r"goodbye|goodbyes|farewell|farewells|suicide note",
+        r"last (?:message|words|note|letter|time)|final (?:message|words|note|goodbye)",
+        r"(?:letters?|notes?) (?:to|for) (?:my|each of my|everyone|all of)",
+        r"(?:wrote|written|writing|left|leave|leaving) (?:a |my )?note",
+        r"my (?:will|affairs)|(?:gave|given|giving) (?:away )?my",
+    ],
+    "means": [
+        r"pills|tablets|meds|medication|paracetamol|tylenol|ibuprofen|insulin|sleeping pills",
+        r"prescriptions|medicine cabinet|bottle of|stockpil\w*|hoard\w*",
+        r"(?:saving|saved|stash\w*|collecting) (?:up )?(?:all )?(?:my )?(?:\w+ )?(?:pills|"
+        r"tablets|meds|medication|prescriptions?)",
+        r"(?:drink|drank|drinking|swallow\w*) (?:\w+ )?bleach|swallow\w* (?:everything|all|them|"
+        r"the lot)",
+        r"rope|noose|ligature|belt|cord|razor|razors|blade|blades|lighter",
+        r"knife|knives|gun|guns|pistol|rifle|weapon",
+    ],
+    "heights": [
+        r"bridge|ledge|cliff|cliffs|rooftop|roof|balcony|multi storey|car park roof",
+        r"tracks|railway|train station|platform|in front of|drown|drowning",
+        r"into a (?:wall|tree)|find a wall|off the road|oncoming traffic",
+        r"(?:to|about|of) jump(?:ing)?",
+        r"jump(?:ing)?(?= \.|\s*$| (?:off|from|in front|tonight|now|again))",
+    ],
+    "self_harm": [
+        r"cuts|cutting|cut myself|cut my|i cut|scars?|scarring|bruises|sh|self harm",
+        r"bleed|bleeding|bled|blood|until it bled|until it bleeds|until they bled",
+        r"hurt myself|harm myself|punish myself|burn myself|burning myself|hitting myself",
+        r"hit myself|scratch\w* (?:my|myself)|relapse\w*|relapsing",
+        r"the pain|want\w* it to hurt|punch\w* (?:the |a )?wall",
+        r"hitting my (?:legs?|arms?|thighs?|stomach|face|head)(?! on)",
+    ],
+    "danger": [
+        r"hurt me|kill me|kill us|beat me(?! (?:at|in|to|by))|beating me|hits me|hit me(?! up)",
+        r"hitting me(?! (?:with (?:a |the )?pillows?|up))|choke\w* me|chok\w* me|strangl\w*",
+        r"rape\w*|attack\w* me|follow\w* me|stalk\w*|threaten\w*|pushed me|grabbed me",
+        r"break in|broke in|breaking in|banging on|smashing|hiding|locked (?:me |in)",
+        r"not safe|unsafe|in danger|for my life|terrified|call the police",
+        r"(?:scared|afraid) (?:of him|of her|of them|he|she|they|for)",
+        r"outside my (?:door|house|flat)|(?:he|she|they) will find me|coming back|coming for me",
+        r"(?:he|she|they) (?:has|have|had|got|is holding|grabbed|took out|pulled out) (?:a |the |"
+        r"his |her |their )?(?:gun|knife|knives|weapon|machete|axe)",
+    ],
+    "trapped": [
+        r"no way out|no escape|no other way|one way out|only way out|trapped",
+        r"can not (?:go on|do this|take (?:it|this|any)|keep (?:going|doing|living)|cope|"
+        r"carry on)" + _NOT_A_PLACE,
+        r"(?:tired|sick|exhausted|done) (?:of|with) (?:living|life|existing|being|everything|"
+        r"it all|trying|pretending)" + _NOT_A_PLACE,
+        r"done living" + _NOT_A_PLACE,
+        r"give up|giving up|given up|no future|no point|pointless|hopeless|worthless|no reason",
+        r"burden|better off|waste of space|let go|letting go|(?:scared|afraid|terrified) of "
+        r"myself",
+        r"(?:living|life|existing|being alive|everything) (?:is|feels) (?:\w+ )?(?:too painful|"
+        r"unbearable|too hard|too much)",
+        r"do not care (?:what happens|if i (?:live|die|wake))",
+        r"(?:be with|join) (?:her|him|them) (?:again|soon|in heaven)",
+        r"(?:planning|plan|decided|figured out|worked out) (?:how|when|where) (?:to|i will|"
+        r"i am going to) do it|do it (?:tonight|tomorrow|soon|this weekend)",
+        r"want out|stop the pain|not worth|do not deserve|deserve to die|should have died",
+        r"nobody would|no one would|no one will|nobody will|do not belong",
+        r"will to live|reason to live|take me|weight around",
+        r"rest forever|sleep forever|never wake|not wake up|not to wake up|not get up",
+        r"never face|not exist",
+    ],
+    "plan": [
+        r"(?:have|got) (?:a|the|my) plan|have everything ready|got everything",
+        r"everything (?:is )?ready|made (?:my|up my) (?:decision|mind)|tonight is the night",
+        r"how many|how much would|wrote my will",
+    ],
 }
 
 # "The writer is talking about themselves (or about us, or is saying goodbye)": the frame that
@@ -937,7 +985,8 @@ _RISK_WORDS = re.compile(
     r"disappear\w*|goodbye|farewell|ending|drown\w*|hang\w*|weapon)\b")
 
 _EVERYDAY = [re.compile(p) for p in EVERYDAY_USES]
-_BROAD = [(group, re.compile(p)) for group, p in BROAD_NET.items()]
+_BROAD = [(group, re.compile(r"\b(?:" + "|".join(words) + r")\b"))
+          for group, words in BROAD_NET.items()]
 EXPLAINED = "explained"      # broad_net's answer when all the vocabulary was explained away
 
 
@@ -945,7 +994,7 @@ def broad_net(searchable: str) -> str:
     """Layer c: which broad-net group fires on `_blank(normalise(text))`.
 
     Returns:
-        a group name ("means" for " i have been stockpiling my pills ");
+        a group name ("means" for " i have the rope ready ");
         EXPLAINED when risk words are present but every one is an everyday use or sits in a
         story (" my phone died ", " the hero dies at the end of the book ");
         "" when the message has no risk vocabulary at all (" what a lovely day ").
@@ -985,7 +1034,8 @@ def broad_net(searchable: str) -> str:
 # (same topic) but closer still to "this homework is killing me".
 # The thresholds below were chosen on the DEV lists of tests/test_safety.py, which share no
 # message with the banks; see the module docstring for the measured rates.
-TOP_K = 5              # neighbours averaged per bank: k = 1 was noisier on DEV, k = 8 no better
+TOP_K = 5              # neighbours averaged per bank; best DEV recall at <= 5% near-misses:
+                       # k=3 0.97, k=5 0.98, k=8 0.97 (a single neighbour is too easily a fluke)
 VETO_MARGIN = -0.1     # a broad-net hit is kept unless the margin is below this
 ALONE_MARGIN = 0.04    # a message with no risk vocabulary is flagged above this
 EXPLAINED_MARGIN = 0.15  # a message whose risk words were all explained away, above this
@@ -1024,8 +1074,8 @@ class CrisisGuard:
         veto_margin, alone_margin, explained_margin: see the constants above.
     Example:
         guard = CrisisGuard()
-        guard.check("I've been stockpiling my pills")        # (True, "broad_means")
-        guard.check_many(["my phone died", "kms"])            # [(False, ""), (True, "explicit_intent")]
+        guard.check("I have the rope ready")                 # (True, "broad_means")
+        guard.check_many(["my phone died", "kms"])  # [(False, ""), (True, "explicit_intent")]
     """
 
     def __init__(self, encoder="default", veto_margin: float = VETO_MARGIN,
@@ -1045,7 +1095,7 @@ class CrisisGuard:
             except (ImportError, UserError) as err:
                 warnings.warn(f"safety.py: sentence encoder unavailable ({err}); the crisis "
                               "guard is running on patterns only, which misses more indirect "
-                              "messages", RuntimeWarning, stacklevel=3)
+                              "messages", RuntimeWarning, stacklevel=2)
                 self._encoder = None
         if self._encoder is not None and self._banks is None:
             self._banks = (self._embed(RISKY_EXAMPLES), self._embed(SAFE_EXAMPLES))
@@ -1107,21 +1157,20 @@ class CrisisGuard:
                 hit = group not in ("", EXPLAINED)
                 results[i] = (hit, f"broad_{group}" if hit else "")
             return results
-        has_words = [p for p in pending if re.search(r"[a-z]", _semantic_text(p[2]))]
-        margins = similarity_margin(self._embed([texts[i] for i, _, _ in has_words]),
-                                    *self._banks) if has_words else []
-        for i, _, _ in pending:
-            results[i] = (False, "")                  # no letters left: nothing to judge
-        for (i, group, _), margin in zip(has_words, margins):
-            margin = float(margin)
+        # Messages with no letters left after blanking have nothing to judge: margin -inf.
+        judged = [i for i, _, searchable in pending if re.search(r"[a-z]", searchable)]
+        margin = dict.fromkeys((i for i, _, _ in pending), float("-inf"))
+        if judged:
+            scores = similarity_margin(self._embed([texts[i] for i in judged]), *self._banks)
+            margin.update(zip(judged, scores.tolist()))
+        for i, group, _ in pending:
             if group == "":
-                results[i] = (margin > self.alone_margin, "semantic")
+                flagged, category = margin[i] > self.alone_margin, "semantic"
             elif group == EXPLAINED:
-                results[i] = (margin > self.explained_margin, "semantic")
+                flagged, category = margin[i] > self.explained_margin, "semantic"
             else:
-                results[i] = (margin > self.veto_margin, f"broad_{group}")
-            if not results[i][0]:
-                results[i] = (False, "")
+                flagged, category = margin[i] > self.veto_margin, f"broad_{group}"
+            results[i] = (flagged, category if flagged else "")
         return results
 
 
@@ -1146,7 +1195,7 @@ def crisis_check(text: str) -> tuple[bool, str]:
         text: one user message, any length, any characters.
     Returns:
         (True, "passive_death_wish") for "I want to go to sleep and never wake up";
-        (True, "broad_means") for "I've been stockpiling my pills";
+        (True, "broad_means") for "I have the rope ready";
         (False, "") for "this exam is killing me".
     """
     return default_guard().check(text)
@@ -1431,10 +1480,10 @@ SAFE_EXAMPLES = [
     "this week is going to be the death of me",
     "ugh, what a long week at uni",
     "my manager will murder me if I miss the deadline",
-    "I'm sick to death of this weather",
+    "I'm bored to tears by this weather",
     "kill me now, another boring meeting",
     # success slang, games, sport
-    "we killed it on stage tonight",
+    "our band smashed the set tonight",
     "she slayed that presentation",
     "I keep dying on the final boss",
     "my character died in the game",

@@ -19,6 +19,13 @@ evaluation and stage-2 rollouts affordable on a CPU.
 Simplifications vs the paper: one speaker model conditioned on the persona plays every agent
 (the paper also shares one backbone); the simulated user is a small LLM, not GPT-4o.
 
+Prompt styles (`Cast.style`, used by evaluate.py to build the paper's prompting baselines):
+    "persona"      the full persona card (the default; what MASCOT's speakers are trained with)
+    "plain"        zero-shot: only "You are {name}, {role}. Reply briefly." and the conversation
+    "fewshot-cot"  few-shot + chain of thought: worked examples from data/fewshot.json (situation,
+                   user message, the companion's one-sentence thinking, its reply); the model
+                   writes "Thinking: ..." then "Reply: ...", and only the reply is kept
+
 Run (writes transcripts as JSONL):
 
     python mascot.py simulate --contexts 4 --policy round-robin --profile average
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import asdict, dataclass, field
 
 import models
@@ -120,26 +128,72 @@ def persona_card(persona: Persona) -> str:
             f"Style: {persona.style} Examples of your voice: {examples}")
 
 
+STYLES = ("persona", "plain", "fewshot-cot")
+
+
+def fewshot_block(examples: list[dict]) -> str:
+    """Worked examples for the few-shot + chain-of-thought prompt (data/fewshot.json entries)."""
+    return "\n\n".join(f"Situation: {e['situation']}\nUser: {e['user']}\nCompanion: {e['persona']}\n"
+                       f"Thinking: {e['thinking']}\nReply: {e['reply']}" for e in examples)
+
+
 def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, turns: list[Turn],
-                     directive: Directive | None = None) -> list[dict]:
+                     directive: Directive | None = None, style: str = "persona",
+                     examples: list[dict] = ()) -> list[dict]:
     """The chat prompt for one agent's next reply.
 
-    The system message holds the persona card (this is what "conditioned on the persona" means:
-    one shared model, a different card per agent); the user message holds the conversation so far
-    and, when the director gave one, its instruction. We put the whole transcript in ONE user
-    message rather than alternating roles because several speakers share the conversation and the
-    chat template only knows two roles.
+    style "persona" (default): the system message holds the persona card (this is what
+    "conditioned on the persona" means: one shared model, a different card per agent).
+    style "plain": the zero-shot baseline, name and role only, no card.
+    style "fewshot-cot": name and role, then `examples` (data/fewshot.json entries, one per
+    companion, with their thinking) and the instruction to think in one sentence first; the
+    examples stand in for the card. `reply_text` keeps only what follows "Reply:".
+    The user message holds the conversation so far and, when the director gave one, its
+    instruction. We put the whole transcript in ONE user message rather than alternating roles
+    because several speakers share the conversation and the chat template only knows two roles.
     """
-    others = ", ".join(f"{p.name} ({p.role})" for p in personas.personas if p.name != persona.name)
-    system = (f"{persona_card(persona)}\nYou are one of several companions in a group chat with one "
-              f"person. The others are {others}. Stay in your own role and do not repeat them. "
-              "Reply with one short message of one to three sentences, in your own voice. "
-              "Do not write your name or anyone else's lines.")
+    if style == "persona":
+        others = ", ".join(f"{p.name} ({p.role})" for p in personas.personas if p.name != persona.name)
+        system = (f"{persona_card(persona)}\nYou are one of several companions in a group chat with one "
+                  f"person. The others are {others}. Stay in your own role and do not repeat them. "
+                  "Reply with one short message of one to three sentences, in your own voice. "
+                  "Do not write your name or anyone else's lines.")
+    elif style == "plain":
+        system = f"You are {persona.name}, {persona.role}. Reply briefly."
+    elif style == "fewshot-cot":
+        if not examples:
+            raise ValueError("speaker_messages: style 'fewshot-cot' needs examples (data/fewshot.json)")
+        system = (f"You are {persona.name}, {persona.role}, one of several companions in a group chat. "
+                  f"Examples of companions thinking, then replying:\n\n{fewshot_block(examples)}\n\n"
+                  "First write one sentence of thinking after 'Thinking:', then your short reply "
+                  "after 'Reply:'.")
+    else:
+        raise ValueError(f"speaker_messages: unknown style {style!r}; use one of {', '.join(STYLES)}")
     task = f"Situation: {context.situation}\n\nConversation so far:\n{render_history(turns)}\n\n"
     if directive is not None and (directive.action or directive.tone):
         task += f"Your director asks you to: {directive.action or 'respond'} (tone: {directive.tone or 'natural'}).\n"
     task += f"Write {persona.name}'s next message."
     return [{"role": "system", "content": system}, {"role": "user", "content": task}]
+
+
+_REPLY_LABEL = re.compile(r"\breply\s*\**\s*:\s*\**", re.IGNORECASE)
+_NEXT_EXAMPLE = re.compile(r"\b(?:thinking|situation|companion)\s*\**\s*:", re.IGNORECASE)
+
+
+def reply_text(raw: str, style: str = "persona") -> str:
+    """For "fewshot-cot", the text after the first "Reply:" (the thinking is dropped), cut where
+    the model starts another example ("Thinking:", "Situation:", "Companion:"). A reply without
+    the label is kept whole, so a model that ignores the format is judged on what it said.
+    Other styles: unchanged.
+
+    >>> reply_text("Thinking: they are proud. Reply: That took nerve! Thinking: more", "fewshot-cot")
+    'That took nerve! '
+    """
+    if style == "fewshot-cot":
+        parts = _REPLY_LABEL.split(raw, maxsplit=1)
+        if len(parts) == 2:
+            return _NEXT_EXAMPLE.split(parts[1], maxsplit=1)[0]
+    return raw
 
 
 def user_messages(profile: Profile, context: Context, turns: list[Turn]) -> list[dict]:
@@ -168,6 +222,8 @@ class Cast:
     max_new_tokens: int = 48
     temperature: float = 0.8
     top_p: float = 0.95
+    style: str = "persona"               # speaker prompt style: persona | plain | fewshot-cot
+    examples: list = field(default_factory=list)   # data/fewshot.json entries for "fewshot-cot"
 
 
 def turn_seed(conv: Conversation, salt: int = 0) -> int:
@@ -186,15 +242,18 @@ def agents_speak(convs: list[Conversation], directives: list[Directive], cast: C
         if conv.ended:
             continue
         persona = cast.personas.find(d.agent) or cast.personas.personas[0]
-        prompts.append(speaker_messages(persona, cast.personas, conv.context, conv.turns, d))
+        prompts.append(speaker_messages(persona, cast.personas, conv.context, conv.turns, d,
+                                        cast.style, cast.examples))
         live.append((conv, d, persona))
     if not prompts:
         return
-    gen = models.generate(cast.speaker_model, cast.speaker_tok, prompts, cast.max_new_tokens,
+    # Chain of thought gets twice the budget, so the one-sentence thinking does not eat the reply.
+    budget = cast.max_new_tokens * (2 if cast.style == "fewshot-cot" else 1)
+    gen = models.generate(cast.speaker_model, cast.speaker_tok, prompts, budget,
                           cast.temperature, cast.top_p, seeds=[turn_seed(c) for c, _, _ in live])
     names = cast.personas.names()
     for (conv, d, persona), raw in zip(live, gen.texts):
-        text = models.clean_reply(raw, persona.name, names) or "..."
+        text = models.clean_reply(reply_text(raw, cast.style), persona.name, names) or "..."
         conv.turns.append(Turn(persona.name, text, d))
 
 

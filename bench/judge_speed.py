@@ -89,15 +89,17 @@ def reply_logprobs(model, tok, conversations: list[list[dict]], replies: list[st
 def measure_lm(pairs: list[dict]) -> None:
     import models
     print("\n--lm: SmolLM2-135M as a pairwise A/B judge (both orders, verdict only when they agree)")
-    t0 = time.perf_counter()
     hf = judge.HFJudge(models.EMBEDDED)
-    result = judge.evaluate_pairs(hf, pairs)
+    t0 = time.perf_counter()
+    # HFJudge asks both orders itself, so (better, worse) for every pair is already position-fair.
     verdicts = hf.compare_many([judge.state_from_pair(p) for p in pairs],
                                [p["better"] for p in pairs], [p["worse"] for p in pairs])
-    first = sum(v.detail["p_ab"] > 0.5 for v in verdicts) / len(verdicts)
-    print(f"  accuracy {result['accuracy']:.3f}, no verdict {result['no_verdict']}/{result['n']}, "
-          f"says 'A' (the first reply) in {first:.0%} of (better, worse) prompts, "
-          f"{time.perf_counter() - t0:.0f} s")
+    accuracy = sum(v.preferred == 0 for v in verdicts) / len(verdicts)
+    no_verdict = sum(v.preferred is None for v in verdicts)
+    # p_ab = P("A") with better shown first; p_ba = P("B") with better shown second.
+    says_a = sum((v.detail["p_ab"] > 0.5) + (v.detail["p_ba"] < 0.5) for v in verdicts) / (2 * len(verdicts))
+    print(f"  accuracy {accuracy:.3f}, no verdict {no_verdict}/{len(verdicts)}, answers 'A' (the "
+          f"first position) in {says_a:.0%} of prompts, {len(pairs) / (time.perf_counter() - t0):.2f} pairs/s")
 
     print("--lm: PMI = log p(reply | persona + conversation) - log p(reply | 'Say something.')")
     model, tok = hf.model, hf.tokenizer
@@ -131,11 +133,14 @@ def main(argv=None) -> int:
     print(f"loading the sentence encoder: {time.perf_counter() - t0:.1f} s")
 
     # --- speed: a cold judge (no cache) over all labelled pairs, both replies of each ---------
-    t0 = time.perf_counter()
+    # Wall time depends on what else the machine is running; CPU time (all threads together)
+    # does not, so both are printed. On an otherwise idle machine wall ~ CPU / cores.
+    t0, c0 = time.perf_counter(), time.process_time()
     result = judge.evaluate_pairs(j, labelled)
-    seconds = time.perf_counter() - t0
-    print(f"speed: {len(labelled)} pairs in {seconds:.1f} s = {len(labelled) / seconds:.1f} pairs/s "
-          f"({os.cpu_count()} CPU cores)")
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(f"speed: {len(labelled)} pairs in {seconds:.1f} s wall = {len(labelled) / seconds:.1f} pairs/s; "
+          f"{cpu:.1f} CPU-seconds = {len(labelled) / cpu:.1f} pairs per CPU-second "
+          f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})")
 
     lab_b, lab_w = features_of(j, labelled)
     bl_b, bl_w = features_of(j, blind)

@@ -19,7 +19,10 @@ History, told straight (first-run recall / near-miss flag rate):
     scored 0.40 / 0.28 with patterns + broad net only, which is why the semantic layer decides
     so much). Both are now DEV. v1-v4 moved out of this file into safety.RISKY_EXAMPLES /
     SAFE_EXAMPLES, the semantic layer's neighbour banks, so DEV shares no message with them.
-    Final v6 run of the redesign: see test_blind_rates.
+    Final v6 run of the finished redesign, once, 2026-11-29: 0.87 / 0.18 (52 of 60 risky
+    flagged, 11 of 60 near-misses), 0.58 / 0.18 with the encoder switched off. Below target on
+    both counts, so `test_blind_rates` FAILS; the assertion stays at the target and v6 was not
+    tuned against. v6 is now burned: the next change needs a new blind list, written first.
 Caveat: the helper who redesigned safety.py also wrote v6 (and knew it while working), and
 v6 contains several messages quoted from the task brief, whose layer-c vocabulary came from
 the same brief. Even BLIND is not independent data.
@@ -568,7 +571,8 @@ def test_dev_rates():
 
 
 def test_blind_rates():
-    # BLIND v6, single run of the finished redesign on 2026-11-29: see the module docstring.
+    # Single run of the finished redesign, 2026-11-29: recall 0.87 (52/60), near-miss flag rate
+    # 0.18 (11/60). FAILS on both counts; the target is kept (see the module docstring).
     assert _flag_rate(BLIND6_RISKY) >= 0.90
     assert _flag_rate(BLIND6_NEAR_MISS) <= 0.10
 

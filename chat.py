@@ -1,0 +1,253 @@
+"""chat.py: talk to the companion group yourself, in the terminal.
+
+Where it sits in the MASCOT pipeline: after training, this is the place to meet the agents. You
+play the person; the rest is the same machinery the simulations use (simulate.py, director.py):
+
+    you type a message
+      -> the crisis guard reads it first (safety.py, via simulate.add_user_turn); if it fires,
+         the fixed crisis message is shown and NO companion answers that message
+      -> otherwise, `--agents-per-turn` times: the director picks who answers and how
+         (`policy.choose`), and that agent's reply is generated (`simulate.agents_speak`)
+
+Models: the speakers come from RUN/stage1/speakers when stage 1 has run, else from --model (base
+speakers); with --policy director the director comes from RUN/stage2/director when stage 2 has
+run, else --model is prompted to direct. Both persona sets work (--set support | meeting).
+
+Simplification vs the paper: the paper's users are simulated; here the user is you, and the chat
+has no situation description beyond your own messages (the context's situation is "a live chat").
+A crisis message does not end the chat the way it ends a simulated conversation: you may keep
+talking, and every later message is checked again.
+
+Commands inside the chat: /who (the agents and their roles), /reset (start over), /save FILE
+(the transcript as JSON), /quit. Ctrl-D and Ctrl-C leave too.
+
+Run:
+    python mascot.py chat                          # embedded model, trained checkpoints if present
+    python mascot.py chat --set meeting --show-directives
+    python chat.py --model tiny --max-new-tokens 8 # the same, without mascot.py (tests use this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+POLICIES = ["director", "round-robin", "random", "least-spoken"]
+CHAT_SITUATION = "a live chat"
+COMMANDS = "/who  /reset  /save FILE  /quit   (Ctrl-D or Ctrl-C also leave)"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The chat's flags (mascot.py's `chat` subcommand and `python chat.py` share them)."""
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="base model: smollm2-135m (embedded), tiny (random, tests), a folder, or a hub id")
+    parser.add_argument("--speakers", default=None,
+                        help="speaker model (default: RUN/stage1/speakers if it exists, else --model)")
+    parser.add_argument("--director", default=None,
+                        help="director model for --policy director "
+                             "(default: RUN/stage2/director if it exists, else --model, prompted)")
+    parser.add_argument("--policy", choices=POLICIES, default="director",
+                        help="who answers: the LLM director, or a fixed rule")
+    parser.add_argument("--set", default="support", help="persona set in the persona file (support | meeting)")
+    parser.add_argument("--personas", default=str(ROOT / "personas.json"), help="persona file")
+    parser.add_argument("--run", default="runs/default", help="run folder holding trained checkpoints")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (same seed + same messages = same replies)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=48, help="longest agent reply, in tokens")
+    parser.add_argument("--show-directives", action="store_true",
+                        help="print the director's [Agent / Action / Tone] before each reply")
+    parser.add_argument("--agents-per-turn", type=_positive_int, default=2,
+                        help="how many agents answer each of your messages")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda")
+
+
+def trained_or(folder: Path, fallback: str) -> str:
+    """A checkpoint folder written by `train` (it has config.json), else the fallback model."""
+    return str(folder) if (folder / "config.json").exists() else fallback
+
+
+def load_chat(args, say):
+    """Personas, the speaker Cast and the turn-taking policy, as the flags ask."""
+    import director as dr
+    import models
+    from data import load_personas
+    from simulate import Cast
+
+    personas = load_personas(args.personas, args.set)
+    run = Path(args.run)
+    speakers = args.speakers or trained_or(run / "stage1" / "speakers", args.model)
+    say(f"loading speakers: {speakers}")
+    speaker_model, speaker_tok = models.load_model(speakers, device=args.device)
+    director_model, director_name = None, args.policy
+    if args.policy == "director":
+        director_name = args.director or trained_or(run / "stage2" / "director", args.model)
+        if director_name == speakers:                 # one model can play both parts: load it once
+            director_model = (speaker_model, speaker_tok)
+        else:
+            say(f"loading director: {director_name}")
+            director_model = models.load_model(director_name, device=args.device)
+    policy = dr.make_policy(args.policy, personas, director_model, args.seed)
+    # No simulated user in a chat (you are the user), so the Cast has no user model.
+    cast = Cast(personas, speaker_model, speaker_tok, None, None, args.max_new_tokens)
+    return personas, cast, policy, speakers, director_name
+
+
+def banner(personas, speakers: str, director_name: str, args) -> str:
+    width = max(len(p.name) for p in personas.personas)
+    lines = [f"MASCOT group chat ({personas.name}): {personas.description}",
+             f"speakers: {speakers}   turn-taking: "
+             + (f"director {director_name}" if args.policy == "director" else args.policy)
+             + f"   {args.agents_per_turn} agent(s) answer each message"]
+    lines += [f"  {p.name:<{width}}  {p.role}" for p in personas.personas]
+    lines += [f"commands: {COMMANDS}",
+              "The companions are small language models: not people, not therapists, not a crisis service."]
+    return "\n".join(lines)
+
+
+def who(personas, conv) -> str:
+    counts = Counter(t.speaker for t in conv.agent_turns()) if conv else Counter()
+    return "\n".join(f"{p.name} ({p.role}): {p.description}  [spoke {counts.get(p.name, 0)}x]"
+                     for p in personas.personas)
+
+
+def directive_line(d) -> str:
+    text = f"[Agent: {d.agent} / Action: {d.action or '-'} / Tone: {d.tone or '-'}]"
+    return text if d.valid else text + " (director's answer unparsable: least-spoken fallback)"
+
+
+def respond(conv, policy, cast, args, say) -> None:
+    """Answer the person's latest message (already added, and checked by the crisis guard):
+    the fixed crisis message if the guard fired, else `--agents-per-turn` directed agent replies."""
+    from simulate import SAFETY, agents_speak
+    if conv.ended:                                # the guard fired: show the fixed message, nothing else
+        say(f"{SAFETY}: {conv.turns[-1].text}")
+        # In a simulation a crisis ends the conversation; here the person decides whether to go on,
+        # and their next message is checked again like every other.
+        conv.ended = False
+        return
+    for _ in range(args.agents_per_turn):
+        directive = policy.choose([conv])[0]
+        if args.show_directives:
+            say(directive_line(directive))
+        agents_speak([conv], [directive], cast)
+        turn = conv.turns[-1]
+        say(f"{turn.speaker}: {turn.text}")
+
+
+def save(conv, target: str, say) -> None:
+    if conv is None:
+        say("nothing to save yet: type a message first")
+        return
+    path = Path(target).expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(conv.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    except OSError as err:
+        say(f"could not write {path}: {err.strerror}; pick another file")
+        return
+    say(f"saved {len(conv.turns)} turns to {path}")
+
+
+def read_line(stdin, stdout, interactive: bool) -> str | None:
+    """The next line the person typed, without its newline; None at end of input (Ctrl-D)."""
+    if interactive and stdin is sys.stdin and stdout is sys.stdout:
+        try:
+            return input("you> ")                 # input() gives line editing on a real terminal
+        except EOFError:
+            return None
+    if interactive:
+        stdout.write("you> ")
+        stdout.flush()
+    line = stdin.readline()
+    return None if line == "" else line.rstrip("\r\n")
+
+
+def run_chat(args, stdin=None, stdout=None) -> int:
+    """The chat loop. Returns the exit status: 0 however the person leaves (/quit, Ctrl-D, Ctrl-C).
+    stdin/stdout default to the process's own (looked up at call time, not at import).
+    Bad flags or files raise data.UserError (mascot.py prints it as one line)."""
+    from data import Context
+    from simulate import add_user_turn, start_conversation
+
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+
+    def say(text: str = "") -> None:
+        print(text, file=stdout, flush=True)
+
+    interactive = stdin.isatty()
+    try:
+        personas, cast, policy, speakers, director_name = load_chat(args, say)
+        from safety import crisis_check
+        # Load the guard's sentence encoder now, so the wait is here and not after your first message.
+        crisis_check("hello")
+        say(banner(personas, speakers, director_name, args))
+        conv = None
+        while True:
+            line = read_line(stdin, stdout, interactive)
+            if line is None:
+                if interactive:
+                    say()                         # end the prompt line before saying goodbye
+                break
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                command, _, rest = line.partition(" ")
+                if command == "/quit":
+                    break
+                if command == "/who":
+                    say(who(personas, conv))
+                elif command == "/reset":
+                    conv = None
+                    say("(conversation cleared: your next message starts a new one)")
+                elif command == "/save" and rest.strip():
+                    save(conv, rest.strip(), say)
+                elif command == "/save":
+                    say("usage: /save FILE   (writes the transcript as JSON)")
+                else:
+                    say(f"unknown command {command}; commands: {COMMANDS}")
+                continue
+            # Both paths run the crisis guard on the message (simulate.add_user_turn).
+            if conv is None:
+                # The chat's context is made from the first message, so the conversation opens
+                # exactly like a simulated one.
+                context = Context(id="chat", persona_set=personas.name, situation=CHAT_SITUATION,
+                                  first_message=line, source="chat")
+                conv = start_conversation(context, personas.name, "human", policy.name, args.seed)
+            else:
+                add_user_turn(conv, line)
+            respond(conv, policy, cast, args, say)
+    except KeyboardInterrupt:
+        say()
+    say("Goodbye.")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="chat with the MASCOT companion group",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    from data import UserError
+    try:
+        return run_chat(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

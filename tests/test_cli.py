@@ -1,0 +1,100 @@
+"""The command line, run as a real subprocess: help, one-line errors, and stages 1-2 end to end
+on the tiny model (a plumbing test: the tiny model is random, so no learning is claimed here)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mascot(*args, timeout=900):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, str(ROOT / "mascot.py"), *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def test_help_lists_the_subcommands():
+    out = mascot("--help")
+    assert out.returncode == 0
+    for command in ("train", "judge-eval", "simulate"):
+        assert command in out.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "--stage", "1", "--group-size", "1"], "--group-size"),
+    (["train", "--stage", "2", "--rollout-turns", "0"], "--rollout-turns"),
+    (["train", "--stage", "1", "--held-out", "1.5"], "--held-out"),
+    (["train", "--stage", "1", "--model", "tiny", "--personas", "no/such/file.json"], "no/such/file.json"),
+    (["train", "--stage", "1", "--model", "tiny", "--set", "pirates"], "pirates"),
+    (["train", "--stage", "1", "--model", "tiny", "--data", "no/such/dataset"], "no/such/dataset"),
+    (["simulate", "--model", "tiny", "--profile", "grumpy"], "grumpy"),
+    (["judge-eval", "--pairs", "no/such/pairs.jsonl"], "no/such/pairs.jsonl"),
+    (["judge-eval", "--pairs", "personas.json", "--judge", "magic:thing"], "--judge"),
+])
+def test_bad_input_is_one_line_without_traceback(args, needle):
+    out = mascot(*args)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert any(needle in l for l in lines), out.stderr
+    assert len([l for l in lines if l.startswith("error") or "error:" in l]) == 1
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
+    out = mascot("train", "--stage", "2", "--model", "tiny", "--run", str(tmp_path), "--resume",
+                 "--decision-points", "2", "--heldout-points", "1", "--steps", "1", "--max-new-tokens", "4",
+                 "--rollout-turns", "1", "--prompts-per-step", "1", "--group-size", "2")
+    assert out.returncode == 2 and "--resume" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
+    run = str(tmp_path / "run")
+    s1 = mascot("train", "--stage", "1", "--model", "tiny", "--run", run, "--states", "8",
+                "--heldout-states", "4", "--steps", "2", "--prompts-per-step", "2", "--max-new-tokens", "8",
+                "--save-every", "1", "--dump-every", "1")
+    assert s1.returncode == 0, s1.stdout[-2000:] + s1.stderr[-2000:]
+    assert "reward model held-out accuracy" in s1.stdout
+    assert "held-out mean reward before GRPO" in s1.stdout and "after GRPO" in s1.stdout
+    stage1 = tmp_path / "run" / "stage1"
+    for name in ("states.jsonl", "candidates.jsonl", "pairs.jsonl", "metrics.jsonl", "summary.json",
+                 "judge_cache.jsonl", "speakers/config.json", "reward_model/reward_config.json"):
+        assert (stage1 / name).exists(), name
+    assert len((stage1 / "metrics.jsonl").read_text().splitlines()) == 2
+    summary = json.loads((stage1 / "summary.json").read_text())
+    assert summary["pairs"] > 0 and summary["heldout_after"]["n"] == 8
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(stage1 / "speakers")       # loadable by plain transformers
+
+    # Re-running reuses every artifact: the judge cache answers, nothing is judged twice.
+    cache_lines = len((stage1 / "judge_cache.jsonl").read_text().splitlines())
+    again = mascot("train", "--stage", "1", "--model", "tiny", "--run", run, "--states", "8",
+                   "--heldout-states", "4", "--steps", "2", "--prompts-per-step", "2", "--max-new-tokens", "8",
+                   "--resume")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert len((stage1 / "judge_cache.jsonl").read_text().splitlines()) == cache_lines
+
+    s2 = mascot("train", "--stage", "2", "--model", "tiny", "--run", run, "--steps", "2",
+                "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
+                "--decision-points", "4", "--heldout-points", "2", "--rollout-turns", "2")
+    assert s2.returncode == 0, s2.stdout[-2000:] + s2.stderr[-2000:]
+    assert "held-out mean group reward before" in s2.stdout and "after" in s2.stdout
+    stage2 = tmp_path / "run" / "stage2"
+    rows = [json.loads(l) for l in (stage2 / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    for key in ("r_coherence", "r_nonredundancy", "r_contribution", "r_balance", "r_format"):
+        assert key in rows[0]
+    assert (stage2 / "director" / "config.json").exists()
+
+    sim = mascot("simulate", "--model", "tiny", "--run", run, "--policy", "director", "--contexts", "2",
+                 "--turns", "2", "--max-new-tokens", "6", "--profile", "all")
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    lines = (tmp_path / "run" / "simulate" / "director.jsonl").read_text().splitlines()
+    conv = json.loads(lines[0])
+    assert conv["policy"] == "director" and "seed" in conv
+    agent_turns = [t for t in conv["turns"] if t["speaker"] not in ("User", "Safety")]
+    assert agent_turns and all(t["directive"] for t in agent_turns)

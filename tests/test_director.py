@@ -1,0 +1,193 @@
+"""director.py and simulate.py: directive parsing, prompts, reproducible rollouts, and GRPO on a
+tiny director raising a programmatic group reward."""
+
+import random
+import string
+
+import pytest
+import torch
+
+import data
+import director as dr
+import grpo
+import models
+from data import Persona, PersonaSet
+from simulate import USER, Cast, Conversation, Turn, run_conversations, user_messages
+
+
+@pytest.fixture(scope="module")
+def support():
+    return data.load_personas("personas.json", "support")
+
+
+@pytest.fixture(scope="module")
+def context():
+    return data.load_contexts("bundled", persona_set="support")[0]
+
+
+def conv_with(ctx, speakers, seed=0):
+    c = Conversation(ctx, "support", "average", "test", seed)
+    c.turns = [Turn(USER, ctx.first_message)] + [Turn(s, "Some reply.") for s in speakers]
+    return c
+
+
+@pytest.mark.parametrize("text, agent, action, tone", [
+    ("Agent: Beacon\nAction: name a strength\nTone: upbeat", "Beacon", "name a strength", "upbeat"),
+    ("agent:beacon\naction:  name a strength  \ntone: upbeat", "Beacon", "name a strength", "upbeat"),
+    ("**Agent:** Catalyst\n**Action:** ask a probing question\n**Tone:** curious", "Catalyst",
+     "ask a probing question", "curious"),
+    ("Sure! Here is my choice.\nAgent: Guide\nAction: suggest one small step\nTone: practical\nHope it helps",
+     "Guide", "suggest one small step", "practical"),
+    ("Agent: the emotional validator\nAction: validate\nTone: warm", "Anchor", "validate", "warm"),
+    ("Speaker: action guide\nStrategy: plan\nTone: calm", "Guide", "plan", "calm"),
+    ("Agent: I think Beacon should go next\nAction: affirm\nTone: warm", "Beacon", "affirm", "warm"),
+])
+def test_parse_well_formed_and_messy_directives(support, text, agent, action, tone):
+    d = dr.parse_directive(text, support, fallback_agent="Anchor")
+    assert (d.agent, d.action, d.tone, d.valid) == (agent, action, tone, True)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "Agent: Bob\nAction: x", "blah blah", "Action: validate only",
+                                  "Agent:\nTone: warm", None, "A" * 10_000])
+def test_unusable_directives_fall_back_and_are_marked(support, text):
+    d = dr.parse_directive(text, support, fallback_agent="Catalyst")
+    assert d.agent == "Catalyst" and not d.valid
+
+
+def test_directive_parser_never_raises_on_fuzz(support):
+    rng = random.Random(0)
+    alphabet = string.printable + "äöüß€🙂\u200b\u0000:*#-–—"
+    pieces = ["Agent:", "Action:", "Tone:", "Anchor", "guide", "\n", "**", ":", "Speaker", " "]
+    for _ in range(3000):
+        if rng.random() < 0.5:
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80)))
+        else:
+            text = "".join(rng.choice(pieces + [rng.choice(alphabet)]) for _ in range(rng.randint(0, 30)))
+        d = dr.parse_directive(text, support, fallback_agent="Anchor")
+        assert d.agent in support.names()
+
+
+def test_fallback_is_the_least_spoken_agent_never_the_last(support, context):
+    assert dr.least_spoken_agent(support, conv_with(context, [])) == "Anchor"
+    assert dr.least_spoken_agent(support, conv_with(context, ["Anchor", "Catalyst", "Beacon"])) == "Guide"
+    # Everyone spoke once and Guide spoke last: the roster order decides, Guide is avoided.
+    assert dr.least_spoken_agent(support, conv_with(context, ["Anchor", "Catalyst", "Beacon", "Guide"])) == "Anchor"
+
+
+def test_policies(support, context):
+    convs = [conv_with(context, ["Anchor"] * k, seed=k) for k in range(4)]
+    assert [d.agent for d in dr.RoundRobin(support).choose(convs)] == ["Anchor", "Catalyst", "Beacon", "Guide"]
+    random_picks = [d.agent for d in dr.RandomOrder(support, seed=1).choose(convs)]
+    assert random_picks == [d.agent for d in dr.RandomOrder(support, seed=1).choose(convs)]
+    assert all(p in support.names() for p in random_picks)
+    with pytest.raises(data.UserError, match="--policy"):
+        dr.make_policy("psychic", support)
+
+
+def test_big_five_profiles_give_distinct_user_prompts(context):
+    profiles = data.load_profiles("data/profiles.json")
+    assert len(profiles) == 11
+    prompts = {p.id: user_messages(p, context, [Turn(USER, context.first_message)])[0]["content"]
+               for p in profiles}
+    assert len(set(prompts.values())) == 11
+
+
+def test_block_reward_components(support, context):
+    from judge import make_judge
+    enc = models.SentenceEncoder()
+    judge = make_judge("offline")
+    weights = dr.RewardWeights()
+    base = conv_with(context, ["Anchor"])
+    base.turns[1].text = "That sounds really painful, and it makes sense you feel shaken."
+    repeat = conv_with(context, ["Anchor", "Anchor"])
+    repeat.turns[1].text = repeat.turns[2].text = base.turns[1].text
+    fresh = conv_with(context, ["Anchor", "Guide"])
+    fresh.turns[1].text = base.turns[1].text
+    fresh.turns[2].text = "Could you write down the three tasks due first and pick one for tonight?"
+    bad = dr.Directive("Anchor", valid=False)
+    r_rep, c_rep = dr.block_reward(repeat, 2, bad, support, enc, judge, weights)
+    r_new, c_new = dr.block_reward(fresh, 2, dr.Directive("Guide"), support, enc, judge, weights)
+    assert c_rep["nonredundancy"] < 0.05 and c_new["nonredundancy"] > 0.4
+    assert c_rep["format"] == 0.0 and c_new["format"] == 1.0
+    assert c_new["balance"] > c_rep["balance"]
+    assert c_new["contribution"] > c_rep["contribution"]
+    assert r_new > r_rep
+    assert set(c_new) == {"coherence", "nonredundancy", "contribution", "balance", "format"}
+
+
+def test_rollouts_are_reproducible_with_a_fixed_seed(support):
+    model, tok = models.load_model("tiny")
+    profiles = {p.id: p for p in data.load_profiles("data/profiles.json")}
+    ctxs = data.load_contexts("bundled", persona_set="support")[:2]
+    cast = Cast(support, model, tok, model, tok, max_new_tokens=6)
+
+    def once():
+        convs = run_conversations(ctxs, dr.RandomOrder(support, 3), cast, profiles, ["average", "openness-high"],
+                                  n_agent_turns=3, user_every=2, seed=5)
+        return [[(t.speaker, t.text) for t in c.turns] for c in convs]
+
+    a, b = once(), once()
+    assert a == b
+    assert [s for s, _ in a[0]].count(USER) == 2          # opening + one answer after 2 agent turns
+
+
+def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, context):
+    """Group reward: 1 when the directive is valid and picks the agent who has spoken least (Dan,
+    who has not spoken at any decision point), else 0. A random tiny model cannot write
+    'Agent: Dan' at all, so it is first taught the format with 60 supervised steps on
+    uniformly random names (a warm start, as any small director would get); then GRPO alone
+    must shift its choice towards the least-spoken agent."""
+    torch.manual_seed(0)
+    names = ["Amy", "Bob", "Cal", "Dan"]                   # one token each in SmolLM2's vocabulary
+    base = data.load_personas("personas.json", "support")
+    personas = PersonaSet("test", "", [Persona(n, r, "d", "s", ["e"]) for n, r in
+                                       zip(names, ["listener", "analyst", "encourager", "planner"])],
+                          base.strategies, base.tones)
+    ctxs = data.load_contexts("bundled", persona_set="support")[:6]
+    points = []
+    for i, ctx in enumerate(ctxs):
+        c = conv_with(ctx, ["Amy", "Bob", "Cal"], seed=i)
+        c.turns.append(Turn(USER, "ok"))
+        points.append(c)
+    prompts = [dr.director_messages(personas, p) for p in points]
+    model, tok = models.load_model("tiny")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(60):                                  # supervised warm start on the format
+        rows = []
+        for j in range(8):
+            k = step * 8 + j
+            prompt = tok.apply_chat_template(prompts[k % 6], tokenize=False, add_generation_prompt=True)
+            target = f"Agent: {names[random.Random(k).randrange(4)]}<|im_end|>"
+            rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
+                         tok(target, add_special_tokens=False)["input_ids"]))
+        p_ids, p_mask = models.left_pad([a for a, _ in rows], tok.pad_token_id)
+        width = max(len(b) for _, b in rows)
+        c_ids = torch.full((8, width), tok.pad_token_id)
+        c_mask = torch.zeros((8, width), dtype=torch.long)
+        for r, (_, b) in enumerate(rows):
+            c_ids[r, :len(b)] = torch.tensor(b)
+            c_mask[r, :len(b)] = 1
+        logps = grpo.completion_logprobs(model, torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1),
+                                         p_ids.shape[1])
+        loss = -(logps * c_mask).sum() / c_mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    def sample_prompts(step):
+        idx = [(step * 2 + j) % 6 for j in range(2)]
+        return [prompts[i] for i in idx], [points[i] for i in idx]
+
+    def reward_fn(meta, texts, gen):
+        picks = [dr.parse_directive(t, personas, "Amy") for t in texts]
+        wanted = [dr.least_spoken_agent(personas, m) for m in meta for _ in range(8)]
+        r = [float(d.valid and d.agent == w) for d, w in zip(picks, wanted)]
+        return r, {"least_spoken": r}
+
+    cfg = grpo.GRPOConfig(steps=10, prompts_per_step=2, group_size=8, lr=3e-3, warmup_steps=0,
+                          max_new_tokens=8, save_every=100, dump_every=0, seed=0)
+    rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, cfg, tmp_path, log=lambda s: None)
+    first = sum(r["reward_mean"] for r in rows[:3]) / 3
+    last = sum(r["reward_mean"] for r in rows[-4:]) / 4
+    print(f"group reward first 3 steps {first:.3f}, last 4 steps {last:.3f}")
+    assert last > first + 0.15

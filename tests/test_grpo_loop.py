@@ -1,0 +1,150 @@
+"""The GRPO training loop (grpo.train_grpo) on the tiny model: it learns, and it resumes exactly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import grpo
+import models
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def low_id_task(tok, n_prompts=8):
+    """A programmatic reward a random tiny model can learn: the share of completion tokens whose
+    id is in the lower half of the vocabulary. At temperature 0.1 the random model's choices are
+    peaked enough that GRPO can shift them within a few steps."""
+    V = len(tok)
+    prompts = [[{"role": "user", "content": f"Say something number {i}."}] for i in range(n_prompts)]
+
+    def sample_prompts(step):
+        i = (step * 2) % n_prompts
+        return prompts[i:i + 2], [i, i + 1]
+
+    def reward_fn(meta, texts, gen):
+        rewards = []
+        for row in range(gen.completion_ids.shape[0]):
+            ids = gen.completion_ids[row][gen.completion_mask[row].bool()]
+            rewards.append(float((ids < V // 2).float().mean()) if len(ids) else 0.0)
+        return rewards, {"low": rewards}
+
+    return sample_prompts, reward_fn
+
+
+def config(**kw):
+    base = dict(steps=10, prompts_per_step=2, group_size=8, lr=3e-3, warmup_steps=0, max_new_tokens=8,
+                temperature=0.1, save_every=100, dump_every=0, seed=0)
+    base.update(kw)
+    return grpo.GRPOConfig(**base)
+
+
+def test_grpo_raises_a_programmatic_reward_on_the_tiny_model(tmp_path):
+    model, tok = models.load_model("tiny")
+    sample_prompts, reward_fn = low_id_task(tok)
+    rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(), tmp_path, log=lambda s: None)
+    first = sum(r["reward_mean"] for r in rows[:2]) / 2
+    last = sum(r["reward_mean"] for r in rows[-3:]) / 3
+    print(f"reward first 2 steps {first:.3f}, last 3 steps {last:.3f}")
+    assert first < 0.7                     # starts near chance (0.5)
+    assert last > 0.85 and last > first + 0.2
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 10 and json.loads(lines[-1])["step"] == 10
+
+
+def test_checkpoint_round_trip_and_resume_refuses_without_one(tmp_path):
+    from data import UserError
+    model, tok = models.load_model("tiny")
+    sample_prompts, reward_fn = low_id_task(tok)
+    with pytest.raises(UserError, match="--resume"):
+        grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=2), tmp_path, resume=True,
+                        log=lambda s: None)
+    grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=2, save_every=1), tmp_path,
+                    log=lambda s: None)
+    ckpt = grpo.latest_checkpoint(tmp_path / "checkpoints")
+    assert ckpt.name == "ckpt-000002" and not list((tmp_path / "checkpoints").glob("*.tmp"))
+    # Every file of a checkpoint is safetensors or JSON: nothing needs pickle to load.
+    suffixes = {p.suffix for p in ckpt.rglob("*") if p.is_file()}
+    assert suffixes <= {".safetensors", ".json", ".jinja"}
+
+
+RUNNER = """
+import os, sys, json
+sys.path.insert(0, {root!r})
+os.environ.setdefault("MASCOT_CACHE", {cache!r})
+import torch
+torch.set_num_threads(1)
+from pathlib import Path
+import grpo, models
+sys.path.insert(0, {tests!r})
+from test_grpo_loop import low_id_task, config
+model, tok = models.load_model("tiny")
+sample_prompts, reward_fn = low_id_task(tok)
+out = Path(sys.argv[1])
+def log(line):
+    print(line, flush=True)
+grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=6, save_every=2), out,
+                resume=sys.argv[2] == "resume", log=log)
+from safetensors.torch import save_file
+save_file({{k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}},
+          str(out / "final.safetensors"))
+"""
+
+
+def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
+    """Kill a real training process with SIGKILL after step 3, resume it, compare with a clean run."""
+    from safetensors.torch import load_file
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER.format(root=str(ROOT), cache=os.environ["MASCOT_CACHE"],
+                                    tests=str(ROOT / "tests")))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    subprocess.run([sys.executable, str(script), str(clean), "fresh"], check=True, env=env,
+                   capture_output=True, timeout=600)
+    proc = subprocess.Popen([sys.executable, str(script), str(killed), "fresh"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:                       # wait until step 3 is logged (checkpoint at 2)
+        if line.startswith("step    3/"):
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "final.safetensors").exists()
+    done = subprocess.run([sys.executable, str(script), str(killed), "resume"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resumed from" in done.stdout
+    a, b = load_file(str(clean / "final.safetensors")), load_file(str(killed / "final.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    rows_a = [json.loads(x) for x in (clean / "metrics.jsonl").read_text().splitlines()]
+    rows_b = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
+    drop = {"seconds"}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in rows_a] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in rows_b]
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
+    from data import UserError
+    model, tok = models.load_model("tiny")
+    sample_prompts, _ = low_id_task(tok)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def nan_reward(meta, texts, gen):
+        r = [float("nan")] * len(texts)
+        return r, {"nan": r}
+
+    with pytest.raises(UserError, match="non-finite"):
+        grpo.train_grpo(model, tok, sample_prompts, nan_reward, config(steps=5), tmp_path, log=lambda s: None)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["skipped"] for r in rows)
+    for k, v in model.state_dict().items():            # no NaN update was ever applied
+        assert torch.equal(v, before[k]), k
+    assert grpo.latest_checkpoint(tmp_path / "checkpoints") is not None

@@ -1,0 +1,237 @@
+"""The speed and memory tricks of grpo.policy_update change nothing they should not.
+
+Each trick is run against the plain computation on a tiny random Llama (2 layers, SmolLM2's
+49k vocabulary) and a hand-made batch of 6 completions with ragged prompts and completions:
+
+    gradient checkpointing      same loss and gradients (1e-6): it only re-runs the forward pass
+    micro-batching              same loss and gradients as one big batch (the global normaliser)
+    log-prob chunk size         same log-probs and gradients (the chunks are independent rows)
+    beta = 0 skips the reference        same loss as computing it, and the reference never runs
+    num_iterations = 1 skips the old-policy pass    same loss and gradients as computing it
+    bf16 autocast               close, within a bound derived from bf16's precision (see the test)
+    rewards                     computed without autograd
+
+Run: .venv/bin/python -m pytest -q tests/test_grpo_tricks.py
+"""
+
+import copy
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import grpo  # noqa: E402
+import models  # noqa: E402
+
+B, P, C = 6, 6, 5                         # 2 prompts x G = 3, prompt width 6, completion width 5
+PROMPT_LENS = [6, 4, 6, 3, 5, 6]          # left padding differs per row
+COMPLETION_LENS = [5, 3, 5, 1, 4, 2]      # right padding differs per row
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """(policy, reference, tokenizer): two differently seeded tiny Llamas, so the KL is not 0."""
+    policy, tok = models.load_model("tiny")
+    ref = models.tiny_model(tok, seed=1).eval()
+    return policy, ref, tok
+
+
+def make_batch(vocab: int) -> tuple[models.Generation, torch.Tensor]:
+    """A fixed sampled batch in the shape models.generate returns, and one advantage per row."""
+    g = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(0, vocab, (B, P), generator=g)
+    completion_ids = torch.randint(0, vocab, (B, C), generator=g)
+    prompt_mask = torch.zeros(B, P, dtype=torch.long)
+    completion_mask = torch.zeros(B, C, dtype=torch.long)
+    for i, (p, c) in enumerate(zip(PROMPT_LENS, COMPLETION_LENS)):
+        prompt_mask[i, P - p:] = 1
+        completion_mask[i, :c] = 1
+    gen = models.Generation([""] * B, prompt_ids, prompt_mask, completion_ids, completion_mask, [True] * B)
+    advantages, _ = grpo.group_advantages(torch.tensor([0.1, 0.9, 0.5, 0.3, 0.2, 0.8]), group_size=3)
+    return gen, advantages
+
+
+def config(**kw) -> grpo.GRPOConfig:
+    # max_grad_norm huge: clipping would rescale the gradients we compare. lr 0: the optimiser
+    # step leaves the weights alone, so one model can be reused across runs.
+    base = dict(lr=0.0, warmup_steps=0, max_grad_norm=1e9, beta=0.1, loss_type="dapo", micro_batch=B)
+    base.update(kw)
+    return grpo.GRPOConfig(**base)
+
+
+def run_update(policy, ref, gen, advantages, cfg):
+    """policy_update on a copy of `policy`; returns (loss, {name: gradient})."""
+    model = copy.deepcopy(policy).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    stats = grpo.policy_update(model, optimizer, gen, advantages, cfg, ref_model=ref)
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return stats["loss"], grads, model
+
+
+def assert_same_grads(a: dict, b: dict, atol: float):
+    assert a.keys() == b.keys() and len(a) > 0
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=atol, rtol=0), name
+
+
+def full_batch_tensors(gen):
+    """ids, attention mask and loss mask as policy_update builds them (all completions are real here)."""
+    ids = torch.cat([gen.prompt_ids, gen.completion_ids], dim=1)              # (B, P + C)
+    attn = torch.cat([gen.prompt_mask, gen.completion_mask], dim=1)           # (B, P + C)
+    return ids, attn, gen.completion_mask                                     # mask (B, C)
+
+
+def count_calls(module) -> list:
+    """Attach a forward hook that records every call of `module`; returns the record list."""
+    calls = []
+    module.register_forward_hook(lambda mod, inp, out: calls.append(1))
+    return calls
+
+
+# ------------------------------------------------------------------------------------------
+
+def test_gradient_checkpointing_gives_identical_loss_and_gradients(tiny):
+    policy, ref, tok = tiny
+    gen, adv = make_batch(len(tok))
+    loss_plain, grads_plain, _ = run_update(policy, ref, gen, adv, config())
+    loss_ckpt, grads_ckpt, model = run_update(policy, ref, gen, adv, config(gradient_checkpointing=True))
+    assert model.is_activation_checkpointing                 # the switch really was on
+    assert loss_ckpt == pytest.approx(loss_plain, abs=1e-6)
+    assert_same_grads(grads_plain, grads_ckpt, atol=1e-6)
+    grpo.set_gradient_checkpointing(model, False)
+    assert not model.is_activation_checkpointing
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+@pytest.mark.parametrize("micro_batch", [1, 4])            # 4 leaves an uneven last micro-batch of 2
+def test_micro_batching_gives_the_full_batch_gradient(tiny, loss_type, micro_batch):
+    policy, ref, tok = tiny
+    gen, adv = make_batch(len(tok))
+    loss_full, grads_full, _ = run_update(policy, ref, gen, adv, config(loss_type=loss_type))
+    loss_micro, grads_micro, _ = run_update(policy, ref, gen, adv,
+                                            config(loss_type=loss_type, micro_batch=micro_batch))
+    assert loss_micro == pytest.approx(loss_full, abs=1e-6)
+    assert_same_grads(grads_full, grads_micro, atol=1e-6)
+
+
+def test_logprob_chunk_size_does_not_change_logprobs_or_gradients(tiny):
+    policy, _, tok = tiny
+    gen, _ = make_batch(len(tok))
+    ids, attn, mask = full_batch_tensors(gen)
+    results = []
+    for chunk_size in (1, 7, B * C, 4096):                  # one row, ragged chunks, exact, larger
+        model = copy.deepcopy(policy)
+        logps = grpo.completion_logprobs(model, ids, attn, P, chunk_size=chunk_size)  # (B, C)
+        (logps * mask).sum().backward()
+        results.append((logps.detach(), model.get_output_embeddings().weight.grad.clone()))
+    # Log-probs (~ -10.8) agree to 1e-6. The LM-head gradient sums B*C outer products; chunking
+    # changes the order of that fp32 sum (and chunk 1 uses a matrix-vector kernel), so it agrees
+    # to fp32 rounding relative to its largest entry (~4.6 here; we see ~3e-5, i.e. 6e-6 relative).
+    scale = results[0][1].abs().max().item()
+    for logps, grad in results[1:]:
+        assert torch.allclose(logps, results[0][0], atol=1e-6, rtol=0)
+        assert torch.allclose(grad, results[0][1], atol=1e-5 * scale, rtol=0)
+
+
+def test_beta_zero_skips_the_reference_pass_without_changing_the_loss(tiny):
+    policy, ref, tok = tiny
+    gen, adv = make_batch(len(tok))
+    ref_copy = copy.deepcopy(ref)
+    ref_calls = count_calls(ref_copy)
+    loss_skip, grads_skip, _ = run_update(policy, ref_copy, gen, adv, config(beta=0.0))
+    assert ref_calls == []                                   # the reference never ran
+
+    # The same loss with the reference pass computed explicitly and handed to grpo_loss.
+    ids, attn, mask = full_batch_tensors(gen)
+    model = copy.deepcopy(policy).train()
+    ref_logps = grpo.batched_logprobs(ref, ids, attn, P, micro_batch=B)        # (B, C)
+    logps = grpo.completion_logprobs(model, ids, attn, P)                      # (B, C)
+    loss, stats = grpo.grpo_loss(logps, None, ref_logps, adv, mask, beta=0.0, loss_type="dapo")
+    loss.backward()
+    assert stats["kl"] > 0                                   # the reference does differ ...
+    assert loss.item() == pytest.approx(loss_skip, abs=1e-6)  # ... yet with beta 0 nothing changes
+    assert_same_grads(grads_skip, {n: p.grad for n, p in model.named_parameters()}, atol=1e-6)
+
+
+def test_one_iteration_skips_the_old_policy_pass_without_changing_the_loss(tiny):
+    policy, ref, tok = tiny
+    gen, adv = make_batch(len(tok))
+    loss_skip, grads_skip, _ = run_update(policy, ref, gen, adv, config(micro_batch=4))
+    # The policy's transformer body runs once per micro-batch (the forwards that get a backward),
+    # not once more for an old-policy pass.
+    model = copy.deepcopy(policy).train()
+    body_calls = count_calls(model.get_decoder())
+    grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=0.0), gen, adv,
+                       config(micro_batch=4), ref_model=ref)
+    assert len(body_calls) == math.ceil(B / 4)
+
+    # Explicit old-policy pass: pi_old = pi_theta, computed without gradient, then the loss.
+    ids, attn, mask = full_batch_tensors(gen)
+    fresh = copy.deepcopy(policy).train()
+    old_logps = grpo.batched_logprobs(fresh, ids, attn, P, micro_batch=B)      # (B, C)
+    ref_logps = grpo.batched_logprobs(ref, ids, attn, P, micro_batch=B)        # (B, C)
+    logps = grpo.completion_logprobs(fresh, ids, attn, P)                      # (B, C)
+    loss, stats = grpo.grpo_loss(logps, old_logps, ref_logps, adv, mask, beta=0.1, loss_type="dapo")
+    loss.backward()
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert loss.item() == pytest.approx(loss_skip, abs=1e-6)
+    assert_same_grads(grads_skip, {n: p.grad for n, p in fresh.named_parameters()}, atol=1e-6)
+
+
+def test_bf16_autocast_stays_close_to_fp32(tiny):
+    """Tolerance, derived rather than tuned:
+
+    bf16 keeps 8 significant bits, so each rounding is off by at most 2^-8 = 0.4% relative. On
+    this model every log-prob is about -ln(49152) = -10.8 (near-uniform random model) and its
+    bf16 error stays below 1e-2: the logits are ~0.16 in size, so a 0.4% error in them is ~1e-3
+    (we measure ~1.3e-3). Asserted: |logp_bf16 - logp_fp32| < 1e-2.
+    With one iteration the policy-gradient term of the loss is exactly -mean(A) in both runs
+    (ratio == 1), so the loss can only differ through beta * KL. The k3 KL moves by at most
+    |e^d - 1| per unit error in d = ref - logp, and d carries at most 2 log-prob errors:
+    |loss_bf16 - loss_fp32| <= beta * max|e^d - 1| * 2 * 1e-2.
+    The gradient goes through bf16 matmuls too: asserted only to point the same way (cosine
+    > 0.99), which is what an optimiser step needs.
+    """
+    policy, ref, tok = tiny
+    gen, adv = make_batch(len(tok))
+    ids, attn, mask = full_batch_tensors(gen)
+    real = mask.bool()
+    with torch.no_grad():
+        fp32 = grpo.completion_logprobs(policy, ids, attn, P)                  # (B, C)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = grpo.completion_logprobs(policy, ids, attn, P)              # (B, C)
+        d = grpo.completion_logprobs(ref, ids, attn, P) - fp32                 # (B, C)
+    assert bf16.dtype == torch.float32                       # log-sum-exp done in fp32
+    assert 0 < (bf16 - fp32)[real].abs().max().item() < 1e-2  # autocast really was active
+
+    beta = 0.1
+    loss_fp32, grads_fp32, _ = run_update(policy, ref, gen, adv, config(beta=beta))
+    loss_bf16, grads_bf16, _ = run_update(policy, ref, gen, adv, config(beta=beta, autocast_bf16=True))
+    bound = beta * (d[real].exp() - 1).abs().max().item() * 2 * 1e-2
+    assert abs(loss_bf16 - loss_fp32) <= bound
+    flat32 = torch.cat([g.flatten() for g in grads_fp32.values()])
+    flat16 = torch.cat([grads_bf16[n].flatten() for n in grads_fp32])
+    assert flat16.dtype == torch.float32                      # fp32 master weights get fp32 grads
+    assert torch.nn.functional.cosine_similarity(flat32, flat16, dim=0).item() > 0.99
+
+
+def test_grpo_step_scores_rewards_without_autograd(tiny):
+    policy, _, tok = tiny
+    model = copy.deepcopy(policy)
+    seen = []
+
+    def reward_fn(meta, texts, gen):
+        seen.append(torch.is_grad_enabled())
+        return [float(i % 2) for i in range(len(texts))], {"parity": [0.0]}
+
+    prompts = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "hello"}]]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
+    stats, gen, rewards = grpo.grpo_step(model, tok, optimizer, prompts, [0, 1], reward_fn,
+                                         config(group_size=2, max_new_tokens=3, beta=0.0), step=1)
+    assert seen == [False]
+    assert gen.completion_ids.shape[0] == 4 and rewards == [0.0, 1.0, 0.0, 1.0]
+    assert stats["reward_mean"] == pytest.approx(0.5) and stats["kl"] is None

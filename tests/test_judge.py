@@ -1,0 +1,406 @@
+"""Tests for judge.py: the cache, the three backends, the pair files and the report.
+
+The OpenAI judge is tested against a small HTTP server that each test starts on 127.0.0.1 (port 0)
+in a thread, with a scripted list of answers, so retries, timeouts and key handling are exercised
+over real sockets without any network. Backoff waits are recorded instead of slept.
+"""
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+import judge
+from data import UserError
+from judge import JudgeCache, JudgeState, Verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "sk-test-DO-NOT-LEAK-8f3a2c"
+
+STATE = JudgeState(persona_name="Anchor", persona_desc="An emotional validator; never gives advice.",
+                   context="I failed my driving test again today.",
+                   history=[{"speaker": "user", "text": "Big day tomorrow."}])
+
+
+# ----------------------------------------------------------------------------------------------
+# The cache
+# ----------------------------------------------------------------------------------------------
+
+def test_cache_round_trip(tmp_path):
+    path = tmp_path / "cache.jsonl"
+    cache = JudgeCache(path)
+    key = JudgeCache.make_key("offline:x", "score", {"reply": "hi", "state": {"a": 1}})
+    # Canonical JSON: the order of dict keys does not change the key.
+    assert key == JudgeCache.make_key("offline:x", "score", {"state": {"a": 1}, "reply": "hi"})
+    assert key != JudgeCache.make_key("offline:y", "score", {"reply": "hi", "state": {"a": 1}})
+    assert cache.get(key) is None and cache.misses == 1
+    cache.put(key, 0.25)
+    cache.put("other", {"preferred": 1, "p_first": 0.2, "detail": {}})
+    again = JudgeCache(path)
+    assert again.get(key) == 0.25 and again.hits == 1
+    assert again.get("other")["preferred"] == 1
+    assert len(again) == 2
+
+
+def test_cache_ignores_a_cut_off_last_line_and_skips_garbled_middle_lines(tmp_path, capsys):
+    path = tmp_path / "cache.jsonl"
+    good = [json.dumps({"key": f"k{i}", "value": i + 1}) for i in range(3)]
+    path.write_text(good[0] + "\n" + "{not json\n" + good[1] + "\n" + good[2] + "\n"
+                    + '{"key": "k9", "val', encoding="utf-8")
+    cache = JudgeCache(path)
+    assert [cache.get(f"k{i}") for i in range(3)] == [1, 2, 3]
+    assert cache.get("k9") is None
+    assert cache.skipped == 1                       # the middle line; the last one is not damage
+    err = capsys.readouterr().err
+    assert "line 2" in err and "line 5" in err and "cut off" in err
+    # Appending after a crash: the half-written line is dropped, so the new record stays readable.
+    cache.put("k9", 10)
+    assert JudgeCache(path).get("k9") == 10
+
+
+class CountingJudge(judge.Judge):
+    """A fake backend: the score is the reply's length mod 7, and every call is counted."""
+    name = "fake"
+
+    def _score_uncached(self, states, replies):
+        self.backend_calls += len(replies)
+        return [len(r) % 7 / 7 for r in replies]
+
+    def _compare_uncached(self, states, firsts, seconds):
+        self.backend_calls += len(firsts)
+        return [Verdict(0 if len(a) > len(b) else 1, 0.5, {}) for a, b in zip(firsts, seconds)]
+
+
+def test_a_cached_judgement_is_never_asked_again(tmp_path):
+    path = tmp_path / "cache.jsonl"
+    first = CountingJudge(cache_path=path)
+    scores = first.score_many([STATE] * 3, ["one", "three", "one"])
+    verdict = first.compare(STATE, "long reply", "short")
+    assert scores[0] == scores[2]
+    assert first.backend_calls == 3                  # two distinct scores + one compare
+    again = CountingJudge(cache_path=path)          # a new process reading the same file
+    assert again.score_many([STATE] * 3, ["one", "three", "one"]) == scores
+    assert again.compare(STATE, "long reply", "short") == verdict
+    assert again.backend_calls == 0
+    assert again.cache.hits == 4 and again.cache.misses == 0
+    again.score(STATE, "new reply")                 # only the new item reaches the backend
+    assert again.backend_calls == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# OpenAIJudge against a local server
+# ----------------------------------------------------------------------------------------------
+
+class FakeServer:
+    """An OpenAI-style /chat/completions endpoint answering from a script.
+
+    script: a list of steps, one per request, each (status, headers, body) or a callable
+    taking the request JSON and returning that tuple; the last step repeats.
+    """
+
+    def __init__(self, script):
+        self.script, self.requests = list(script), []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append({"path": self.path, "headers": dict(self.headers), "json": body})
+                step = server.script[min(len(server.requests), len(server.script)) - 1]
+                status, headers, payload = step(body) if callable(step) else step
+                raw = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass                             # the client gave up (timeout test)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+def completion(text):
+    return 200, {}, {"choices": [{"message": {"role": "assistant", "content": text}}]}
+
+
+def answer_good_one(body):
+    """Answer with the label of the reply that contains 'GOOD', as a sensible judge would."""
+    prompt = body["messages"][-1]["content"]
+    a = re.search(r"Reply A: (.*)", prompt).group(1)
+    return completion("Reply A is better." if "GOOD" in a else "**B**")
+
+
+def make_openai(url, tmp_path=None, **kw):
+    kw.setdefault("backoff", 0.001)
+    j = judge.OpenAIJudge(url, "test-model", cache_path=tmp_path / "c.jsonl" if tmp_path else None, **kw)
+    j.waits = []
+    j.sleep = j.waits.append                       # record the backoff instead of sleeping
+    return j
+
+
+@pytest.fixture
+def api_key(monkeypatch):
+    monkeypatch.setenv("MASCOT_JUDGE_API_KEY", KEY)
+
+
+def test_openai_asks_both_orders_and_parses_the_answers(api_key, tmp_path):
+    with FakeServer([answer_good_one]) as server:
+        j = make_openai(server.url, tmp_path)
+        v = j.compare(STATE, "a GOOD reply", "a bad reply")
+        assert (v.preferred, v.p_first) == (0, 1.0)
+        assert j.compare(STATE, "a bad reply", "the GOOD one").preferred == 1
+        assert len(server.requests) == 4                       # two orders per comparison
+        first, second = (r["json"]["messages"][-1]["content"] for r in server.requests[:2])
+        assert "Reply A: a GOOD reply" in first and "Reply A: a bad reply" in second
+        req = server.requests[0]
+        assert req["path"] == "/v1/chat/completions"
+        assert req["json"]["temperature"] == 0 and req["json"]["model"] == "test-model"
+        assert req["headers"]["Authorization"] == f"Bearer {KEY}"
+        # A re-created judge on the same cache file sends nothing.
+        again = make_openai(server.url, tmp_path)
+        assert again.compare(STATE, "a GOOD reply", "a bad reply").preferred == 0
+        assert len(server.requests) == 4 and again.backend_calls == 0
+
+
+def test_openai_position_bias_gives_no_verdict(tmp_path):
+    with FakeServer([completion("A")]) as server:              # always the first position
+        v = make_openai(server.url).compare(STATE, "x", "y")
+        assert v.preferred is None and v.p_first == 0.5
+
+
+def test_openai_scores_and_unreadable_answers(tmp_path):
+    with FakeServer([completion("Score: 4"), completion("I would rather not say."),
+                     completion("2")]) as server:
+        j = make_openai(server.url, tmp_path)
+        assert j.score(STATE, "r1") == 0.75                    # (4 - 1) / 4
+        assert j.score(STATE, "r2") == 0.5 and j.unparseable == 1   # no verdict: neutral, no raise
+        assert j.score(STATE, "r3") == 0.25
+        # An unreadable answer is not cached: asking again reaches the server again.
+        assert make_openai(server.url, tmp_path).score(STATE, "r2") == 0.25
+        assert len(server.requests) == 4
+
+
+def test_openai_unreadable_label_is_no_verdict(tmp_path):
+    with FakeServer([completion("Both are fine."), completion("B")]) as server:
+        j = make_openai(server.url)
+        v = j.compare(STATE, "x", "y")
+        assert v.preferred is None and j.unparseable == 1
+
+
+def test_openai_retries_429_with_retry_after_then_500_then_succeeds(tmp_path):
+    with FakeServer([(429, {"Retry-After": "7"}, "slow down"), (500, {}, "oops"),
+                     completion("Hello.")]) as server:
+        j = make_openai(server.url, backoff=0.5)
+        assert j.complete("Say hello.") == "Hello."
+        assert len(server.requests) == 3
+        assert j.waits[0] == 7.0                               # Retry-After honoured
+        assert 0.5 * 2 * 0.5 <= j.waits[1] <= 0.5 * 2 * 1.5    # 2nd retry: base * 2^1 * jitter
+
+
+def test_openai_gives_up_after_max_retries_without_leaking_the_key(api_key, tmp_path):
+    with FakeServer([(503, {}, f"unavailable, your key was {KEY}")]) as server:
+        j = make_openai(server.url, tmp_path, max_retries=3)
+        with pytest.raises(UserError) as err:
+            j.compare(STATE, "x", "y")
+        message = str(err.value)
+        assert len(server.requests) == 4 and len(j.waits) == 3
+        assert "\n" not in message and server.url in message and "4 attempts" in message
+        assert KEY not in message and KEY not in repr(j) and KEY not in str(vars(j))
+
+
+def test_openai_client_errors_are_not_retried(api_key, tmp_path):
+    with FakeServer([(401, {}, f"bad key {KEY}")]) as server:
+        j = make_openai(server.url, tmp_path)
+        with pytest.raises(UserError) as err:
+            j.score(STATE, "x")
+        assert len(server.requests) == 1
+        assert "401" in str(err.value) and KEY not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_openai_timeout_is_retried(tmp_path):
+    def slow(body):
+        threading.Event().wait(1.0)
+        return completion("too late")
+    with FakeServer([slow, completion("B")]) as server:
+        j = make_openai(server.url, timeout=0.2, max_retries=2)
+        assert j.complete("hi") == "B"
+        assert len(server.requests) == 2 and len(j.waits) == 1
+    with FakeServer([slow]) as server:
+        j = make_openai(server.url, timeout=0.2, max_retries=0)
+        with pytest.raises(UserError, match="1 attempts"):
+            j.complete("hi")
+
+
+def test_the_key_never_reaches_the_cache_file(api_key, tmp_path):
+    with FakeServer([answer_good_one]) as server:
+        j = make_openai(server.url, tmp_path)
+        j.compare(STATE, "a GOOD reply", "meh")
+        assert server.requests[0]["headers"]["Authorization"].endswith(KEY)
+    text = (tmp_path / "c.jsonl").read_text()
+    assert text.strip() and KEY not in text
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("A", 0), ("B", 1), ("**B**", 1), ("(A) because it is specific", 0), ("Reply B is better.", 1),
+    ("Answer: A", 0), ("A better reply is B", 1), ("A is better.", 0), ("I pick B.", 1),
+    ("reply b", 1), ("neither", None), ("", None)])
+def test_parse_ab(text, expected):
+    assert judge.parse_ab(text) == expected
+
+
+# ----------------------------------------------------------------------------------------------
+# HFJudge on the tiny random model: well-formed answers, no accuracy claim
+# ----------------------------------------------------------------------------------------------
+
+def test_hf_judge_on_the_tiny_model(tmp_path):
+    j = judge.HFJudge("tiny", cache_path=tmp_path / "hf.jsonl")
+    v = j.compare(STATE, "You sound exhausted.", "Book a lesson.")
+    assert v.preferred in (0, 1, None) and 0.0 <= v.p_first <= 1.0
+    assert 0.0 <= v.detail["p_ab"] <= 1.0 and 0.0 <= v.detail["p_ba"] <= 1.0
+    scores = j.score_many([STATE, STATE], ["You sound exhausted.", "Book a lesson."])
+    assert all(0.0 <= s <= 1.0 for s in scores)
+    assert isinstance(j.complete("Hello", max_new_tokens=4), str)
+    calls = j.backend_calls
+    assert calls == 2 + 2 + 1                                  # two orders, two scores, one text
+    j.compare(STATE, "You sound exhausted.", "Book a lesson.")
+    assert j.backend_calls == calls                            # cached
+
+
+def test_combine_orders():
+    assert judge.combine_orders(0.9, 0.7).preferred == 0
+    assert judge.combine_orders(0.2, 0.4).preferred == 1
+    flip = judge.combine_orders(0.9, 0.2)                      # each order prefers position A
+    assert flip.preferred is None and flip.p_first == pytest.approx(0.55)
+
+
+# ----------------------------------------------------------------------------------------------
+# OfflineJudge: the default must give a real signal
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def offline():
+    return judge.OfflineJudge()
+
+
+def test_offline_accuracy_on_the_labelled_pairs(offline):
+    files = [ROOT / "data" / "judge_pairs_support.jsonl", ROOT / "data" / "judge_pairs_meeting.jsonl"]
+    if not all(f.exists() for f in files):
+        pytest.skip("labelled judge pairs not written yet")
+    pairs = [p for f in files for p in judge.load_pairs(f)]
+    result = judge.evaluate_pairs(offline, pairs)
+    assert result["n"] == len(pairs) and result["no_verdict"] == 0
+    assert result["accuracy"] >= 0.80
+
+
+def test_offline_accuracy_on_the_blind_pairs(offline):
+    result = judge.evaluate_pairs(offline, judge.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl"))
+    assert result["n"] == 24 and result["accuracy"] >= 0.80
+
+
+def test_offline_compare_is_symmetric_and_scores_are_in_range(offline):
+    good = "Failing it twice hurts, especially when you'd built the day up so much."
+    bland = "I understand how you feel. You are not alone."
+    ab, ba = offline.compare(STATE, good, bland), offline.compare(STATE, bland, good)
+    assert ab.preferred == 0 and ba.preferred == 1
+    assert ab.p_first + ba.p_first == pytest.approx(1.0)
+    s = offline.score_many([STATE, STATE], [good, bland])
+    assert 0.0 < s[1] < s[0] < 1.0
+    with pytest.raises(UserError, match="cannot generate"):
+        offline.complete("hi")
+
+
+def test_offline_features_by_hand():
+    import torch
+    e = torch.eye(4)                                           # orthonormal "embeddings"
+    reply = torch.tensor([0.6, 0.8, 0.0, 0.0])
+    f = judge.offline_features(reply, reply[None], persona=e[0], context=e[1],
+                               history=torch.stack([reply, e[2]]), bank=e[2:])
+    assert f == pytest.approx({"persona": 0.6, "context": 0.8,
+                               "repetition": -(1.0 - judge.REPEAT_FLOOR), "generic": -0.0})
+    no_history = judge.offline_features(reply, reply[None], e[0], e[1], torch.zeros(0, 4), e[2:])
+    assert no_history["repetition"] == 0.0
+
+
+def test_persona_does_drops_the_never_part():
+    assert judge.persona_does("Anchor: names feelings; never gives advice.") == "Anchor: names feelings"
+    assert judge.persona_does("Never rushes.") == "Never rushes."
+
+
+# ----------------------------------------------------------------------------------------------
+# make_judge, pair files, evaluation and its report
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", ["gpt4", "hf:", "openai", "rm:", "offline:extra"])
+def test_make_judge_rejects_bad_specs(spec):
+    with pytest.raises(UserError, match="--judge") as err:
+        judge.make_judge(spec)
+    assert "offline" in str(err.value) and "openai:<base url>" in str(err.value)
+
+
+def test_make_judge_hf_with_a_missing_model_names_the_judge_flag(tmp_path):
+    (tmp_path / "not-a-model").mkdir()
+    with pytest.raises(UserError, match="--judge hf:"):
+        judge.make_judge(f"hf:{tmp_path / 'not-a-model'}")
+
+
+def test_make_judge_openai_needs_a_model_name(monkeypatch):
+    monkeypatch.delenv("MASCOT_JUDGE_MODEL", raising=False)
+    with pytest.raises(UserError, match="MASCOT_JUDGE_MODEL"):
+        judge.make_judge("openai:http://127.0.0.1:9/v1")
+    monkeypatch.setenv("MASCOT_JUDGE_MODEL", "m")
+    assert judge.make_judge("openai:http://127.0.0.1:9/v1").model == "m"
+
+
+def test_load_pairs_names_file_line_and_field(tmp_path):
+    good = json.loads((ROOT / "data" / "judge_pairs_blind.jsonl").read_text().splitlines()[0])
+    bad = dict(good)
+    del bad["worse"]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(bad) + "\n")
+    with pytest.raises(UserError) as err:
+        judge.load_pairs(path)
+    assert str(path) in str(err.value) and "line 3" in str(err.value) and "'worse'" in str(err.value)
+
+
+class FirstPositionJudge(judge.Judge):
+    """Always prefers the first reply: pure position bias."""
+    name = "first"
+
+    def _compare_uncached(self, states, firsts, seconds):
+        return [Verdict(0, 1.0, {}) for _ in firsts]
+
+
+def test_evaluate_pairs_cannot_be_inflated_by_position_bias():
+    pairs = judge.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl")
+    result = judge.evaluate_pairs(FirstPositionJudge(), pairs)
+    assert result["accuracy"] == 0.5 and result["n"] == 24 and result["no_verdict"] == 0
+    assert sum(n for _, n in result["per_persona"].values()) == 24
+
+
+def test_format_eval_report():
+    text = judge.format_eval_report({"accuracy": 5 / 6, "n": 6, "no_verdict": 1,
+                                     "per_persona": {"Beacon": (3, 3), "Anchor": (2, 3)}})
+    lines = text.splitlines()
+    assert lines[0] == "accuracy: 0.833"
+    assert re.fullmatch(r"accuracy: [01]\.\d{3}", lines[0])
+    assert len(lines) == 3 and "Anchor" in lines[1] and "2/3" in lines[1]
