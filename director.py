@@ -103,6 +103,11 @@ def parse_directive(text: str, personas: PersonaSet, fallback_agent: str) -> Dir
                      valid=valid, raw=text[:1000])
 
 
+def parse_many(texts: list[str], convs: list[Conversation], personas: PersonaSet) -> list[Directive]:
+    """Parse one directive per conversation, each falling back to that conversation's least-spoken agent."""
+    return [parse_directive(t, personas, least_spoken_agent(personas, c)) for t, c in zip(texts, convs)]
+
+
 def find_mentioned(value: str, personas: PersonaSet):
     """The first persona whose name or role appears as whole words in `value`, else None."""
     low = value.lower()
@@ -171,17 +176,13 @@ class LLMDirector:
         self.invalid = 0          # directives that needed the fallback, for the logs
         self.total = 0
 
-    def _parse(self, texts: list[str], convs: list[Conversation]) -> list[Directive]:
-        out = [parse_directive(t, self.personas, least_spoken_agent(self.personas, c))
-               for t, c in zip(texts, convs)]
-        self.total += len(out)
-        self.invalid += sum(not d.valid for d in out)
-        return out
-
     def choose(self, convs: list[Conversation]) -> list[Directive]:
         prompts = [director_messages(self.personas, c) for c in convs]
         gen = models.generate(self.model, self.tok, prompts, self.max_new_tokens, seeds=None)
-        return self._parse(gen.texts, convs)
+        out = parse_many(gen.texts, convs, self.personas)
+        self.total += len(out)
+        self.invalid += sum(not d.valid for d in out)
+        return out
 
 
 def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
@@ -360,17 +361,12 @@ class Rollout:
                   for c, s, d in zip(copies, starts, directives)]
         return scored, copies
 
-    def parse(self, texts: list[str], points: list[Conversation]) -> list[Directive]:
-        out = [parse_directive(t, self.personas, least_spoken_agent(self.personas, p))
-               for t, p in zip(texts, points)]
-        self.total += len(out)
-        self.invalid += sum(not d.valid for d in out)
-        return out
-
     def score_directives(self, meta: list[Conversation], texts: list[str], group_size: int):
         """GRPO's reward function for stage 2: one group reward per sampled directive text."""
         points = [m for m in meta for _ in range(group_size)]
-        directives = self.parse(texts, points)
+        directives = parse_many(texts, points, self.personas)
+        self.total += len(directives)
+        self.invalid += sum(not d.valid for d in directives)
         scored, _ = self.run(points, directives)
         components = {k: [c[k] for _, c in scored] for k in scored[0][1]}
         # Agent choice frequencies: the mean of these 0/1 columns is how often each agent is picked.

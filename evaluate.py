@@ -6,7 +6,7 @@ Last step. Phase I (persona-aligned speakers) and Phase II (the trained director
 system; this module runs several systems on the same held-out contexts and simulated users, and
 scores the conversations they produce. It has two parts:
 
-1. Metrics: pure functions (this top section). Functions of strings, counts and tensors, each
+1. Metrics: pure functions (the top section). Functions of strings, counts and tensors, each
    checked against hand-computed numbers in tests/test_metrics.py:
    - redundancy between agent turns of one conversation, as in the paper (Section "Redundancy"):
      NLI relation rates over pairs of agent turns (entailment = restating / agreeing,
@@ -16,29 +16,61 @@ scores the conversations they produce. It has two parts:
      the paper reports it;
    - statistics: percentile-bootstrap confidence intervals over conversations, and the exact
      two-sided binomial (sign) test the paper uses for pairwise preferences.
-2. Running the systems and printing the tables (added below the metrics).
+2. Systems and the evaluation run (the bottom section, `run`, tested in tests/test_evaluate.py):
+   simulate every system on the same conversations, score them, print and write the tables.
 
 Systems compared
 ----------------
-The paper compares MASCOT with prompting baselines (zero-shot, few-shot, CoT variants,
-self-consistency, SFT, MultiAgentESC) and two ablations: MASCOT-P (no persona alignment: base
-speakers) and MASCOT-C (no director: random speaking order). We compare the systems this project
-can build from its own checkpoints: the untrained base speakers with round-robin turns (a
-prompting-only multi-agent baseline in the spirit of MultiAgentESC), the two ablations, and the
-full system.
+The paper compares MASCOT with prompting baselines (zero-shot, zero-shot CoT, few-shot,
+few-shot + CoT, self-consistency, SFT, MultiAgentESC) and two ablations: MASCOT-P (no persona
+alignment: base speakers) and MASCOT-C (no director: random speaking order). We run the ones
+this project can build (SYSTEMS below):
+
+    zero-shot          base model, "You are {name}, {role}. Reply briefly.", personas in turn
+    few-shot-cot       base model, our worked examples (data/fewshot.json) with a one-sentence
+                       "Thinking:" before each "Reply:"; only the reply is kept (simulate.py)
+    round-robin        base speakers with the full persona card, fixed order (MultiAgentESC-like)
+    prompted-director  the untrained base model as director + base speakers
+    mascot-p           trained director (RUN/stage2/director) + base speakers
+    mascot-c           trained speakers (RUN/stage1/speakers) + random speaking order
+    mascot             trained director + trained speakers
+
+A system whose checkpoint is missing is skipped with a note, never stood in for. The simulated
+user is the base model for every system, and conversation i of every system has the same
+context, Big Five profile and sampling seeds, so differences come from the system alone.
 
 What we simplify relative to the paper
 --------------------------------------
 - The paper's judges are GPT-4o, Gemma-3-27B-IT and Phi-4; its rubric texts, score scale and NLI
-  model are not published. We use a local judge, our own rubrics on a 1-5 scale, and whatever
-  `AutoModelForSequenceClassification` NLI model is given (labels are read from its config).
+  model are not published. We use whatever `--judge` names, our own rubrics (AGENT_METRICS,
+  COLLECTIVE_METRICS) on a 1-5 scale rescaled to 0-100, and whatever
+  `AutoModelForSequenceClassification` NLI model `--nli-model` gives (labels read from its config).
+- Agent-specific metrics are judged per agent turn and averaged over the conversation's agent
+  turns; collective metrics once per conversation.
+- The default offline judge is not an LLM and cannot read a rubric. It approximates two metrics
+  (APPROXIMATIONS: persona consistency from its score, response relevance from its context
+  feature), marked with * in the tables; every other rubric metric is shown as n/a.
+- The paper crosses 50 contexts with 10 profiles (500 conversations). We take `--contexts`
+  held-out contexts and assign `--profiles` round-robin (plan_conversations), which costs one
+  conversation per context instead of ten.
 - The Self-BLEU n-gram order is not published; we use Texygen's BLEU-4 setting (max_n=4).
+- Pairwise preference comes from the judge, not from people (the paper asked humans).
 
 How to run
 ----------
-    python mascot.py evaluate --help       # the flags, with defaults
-    python mascot.py evaluate              # all systems, default contexts, prints the tables
-    .venv/bin/python -m pytest -q tests/test_metrics.py   # the metric checks (CPU, seconds)
+    python mascot.py evaluate --help                  # the flags, with defaults
+    python mascot.py evaluate                         # every system with checkpoints, 8 contexts
+    python mascot.py evaluate --profiles all --contexts 11 --systems round-robin,mascot
+    python mascot.py evaluate --set meeting           # meeting contexts, sliced by domain
+    python mascot.py evaluate --data ../shared/datasets/esconv/train.jsonl   # ESConv: held-out transfer
+    python mascot.py evaluate --judge hf:HuggingFaceTB/SmolLM2-1.7B-Instruct --nli-model <folder>
+    .venv/bin/python -m pytest -q tests/test_metrics.py tests/test_evaluate.py
+
+ESConv as transfer: the speakers and director were trained on the bundled (or ED) contexts, so
+`--data ...esconv...` evaluates them on a dataset they never saw (its held-out split, as for any
+other source). Output: a table per metric group on stdout, slice tables (support valence,
+meeting domain, profile), the pairwise line, and RUN/eval/{results.md, results.json,
+transcripts.jsonl}.
 """
 
 import argparse
@@ -575,7 +607,7 @@ class System:
     speakers: str     # "base" (the --model) | "trained" (RUN/stage1/speakers)
     order: str        # "round-robin" | "random" | "prompted-director" | "trained-director"
     style: str        # speaker prompt style (simulate.STYLES)
-    about: str        # one line for --help and the notes
+    about: str        # one line for the system list in results.md
 
 
 SYSTEMS = (
@@ -1076,6 +1108,7 @@ def results_markdown(results: dict) -> str:
     systems = results["systems"]
     head = ["system", "speakers", "director", "judge", "n"]
     out = ["# Evaluation", "", results["protocol"]["summary"], ""]
+    out += [f"- **{name}**: {e['about']}" for name, e in systems.items()] + [""]
     groups = [("Agent-specific (judge rubric, 0-100, mean over agent turns)", AGENT_METRICS),
               ("Collective (judge rubric, 0-100, whole conversation)", COLLECTIVE_METRICS),
               ("Redundancy over agent turns (automatic) and crisis events", REDUNDANCY_METRICS)]
@@ -1363,12 +1396,12 @@ def run_pairwise(spec: str | None, convs_by_system: dict, entries: dict, judge, 
     outcomes, unreadable = pairwise_outcomes(convs_by_system[a], convs_by_system[b], judge, personas,
                                              scores[a], scores[b])
     stats = win_rate(outcomes)
-    how = ("LLM judge, both presentation orders, a verdict only when they agree" if judge.can_generate
-           else "mean judge score of the agent turns, higher wins (order-free)")
+    how = ("asked in both presentation orders, a win only when both agree" if judge.can_generate
+           else "the conversation whose agent turns have the higher mean judge score wins; order plays no part")
     rate = "n/a (no decided pair)" if math.isnan(stats["win_rate"]) else f"{stats['win_rate']:.3f}"
-    line = (f"{a} vs {b} ({judge.name}; {how}), {len(outcomes)} conversation pairs: {a} wins "
-            f"{stats['wins']}, loses {stats['losses']}, ties {stats['ties']} -> win rate {rate} "
-            f"(ties left out), exact two-sided binomial p = {stats['p_value']:.4g}")
+    line = (f"**{a} vs {b}**, {len(outcomes)} conversation pairs: {a} wins {stats['wins']}, loses "
+            f"{stats['losses']}, ties {stats['ties']}; win rate {rate} (ties left out); exact two-sided "
+            f"binomial p = {stats['p_value']:.4g}. Judge {judge.name}: {how}.")
     if unreadable:
-        line += f"; {unreadable} unreadable judge answers counted as ties"
+        line += f" {unreadable} unreadable judge answers made ties."
     return {"a": a, "b": b, "outcomes": outcomes, **stats, "unreadable": unreadable, "line": line}

@@ -15,7 +15,7 @@ One interface, four backends (pick one with `--judge`):
     openai:<base-url>  OpenAIJudge   any OpenAI-compatible /chat/completions server (urllib only);
                                      model from --judge-model or MASCOT_JUDGE_MODEL, key from the
                                      environment variable MASCOT_JUDGE_API_KEY
-    rm:<folder>        a reward model trained by reward.py, loaded by reward.load_rm_judge
+    rm:<folder>        a reward model trained by reward.py (RMJudge)
 
     class Judge:  score(state, reply) -> float in [0, 1]      pointwise quality
                   compare(state, a, b) -> Verdict             pairwise: which reply is better
@@ -62,7 +62,10 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 import data
+import models
 from data import UserError
 
 
@@ -373,7 +376,6 @@ def label_distribution(probs, label_ids: list[list[int]]):
     Returns (N, L): each row sums to 1, so P("A") + P("B") = 1 however much mass the model put
     on other tokens ("Reply", "The", ...).
     """
-    import torch
     mass = torch.stack([probs[:, ids].sum(-1) for ids in label_ids], dim=-1)   # (N, L)
     return mass / mass.sum(-1, keepdim=True).clamp(min=1e-12)                   # (N, L)
 
@@ -390,7 +392,6 @@ class HFJudge(Judge):
 
     def __init__(self, model_or_path: str, cache_path: str | Path | None = None,
                  batch_size: int = 8, device: str = "cpu"):
-        import models
         super().__init__(cache_path)
         self.name = f"hf:{model_or_path}"
         try:
@@ -406,8 +407,6 @@ class HFJudge(Judge):
 
     def label_probs(self, conversations: list[list[dict]], label_ids: list[list[int]]):
         """(N, L) probabilities of the labels as the next token after each chat prompt."""
-        import torch
-        import models
         rows = []
         for start in range(0, len(conversations), self.batch_size):
             prompt_rows = models.chat_prompt_ids(self.tokenizer, conversations[start:start + self.batch_size])
@@ -433,14 +432,12 @@ class HFJudge(Judge):
         return [combine_orders(float(p[2 * i, 0]), float(p[2 * i + 1, 1])) for i in range(len(states))]
 
     def _score_uncached(self, states, replies):
-        import torch
         p = self.label_probs([pointwise_messages(s, r) for s, r in zip(states, replies)],
                              self.digit_ids)                                # (N, 5)
         expected = (p * torch.arange(1, 6, dtype=p.dtype)).sum(-1)         # (N,) in [1, 5]
         return [rubric_to_unit(float(e)) for e in expected]
 
     def _complete_uncached(self, prompt, max_new_tokens):
-        import models
         self.backend_calls += 1
         chat = [{"role": "user", "content": prompt}]
         return models.generate(self.model, self.tokenizer, [chat], max_new_tokens=max_new_tokens,
@@ -464,8 +461,8 @@ def parse_ab(text: str) -> int | None:
     """Read the judge's choice from free text: 0 for "A", 1 for "B", None if there is none.
 
     Tried in order: the answer starts with the label ("B", "**A**", "(B) because..."); a named
-    label anywhere ("Reply B is better", "Answer: A"); then the first standalone capital A/B.
-    Only capitals count, and an "A" that reads as the article is skipped.
+    label anywhere ("Reply B is better", "answer: a"); then the first standalone capital A/B.
+    An "A" that reads as the article ("A better reply is B") is skipped.
     """
     if not isinstance(text, str):
         return None
@@ -584,7 +581,7 @@ class OpenAIJudge(Judge):
 
     def _score_uncached(self, states, replies):
         # The rubric-answer parser of the evaluation, so both read judges the same way. Imported
-        # here, not at the top, because evaluate.py is the heavier module and may import judge.
+        # here, not at the top, so that evaluate.py can import this module without a cycle.
         from evaluate import parse_rubric_score
         scores = []
         for s, r in zip(states, replies):
@@ -610,18 +607,21 @@ class OpenAIJudge(Judge):
 #   generic     -max cos(any sentence of reply, GENERIC_PHRASES)  alone 0.76, 1.00 generic, 0.86 sycophancy
 # Each feature catches one failure kind and is noise on the others, so the judge adds them up.
 # Measured and left out:
-#   - SmolLM2-135M as a pairwise A/B judge: picks the first reply whatever it says (below chance).
-#   - PMI, log p(reply | persona + conversation) - log p(reply), with SmolLM2-135M: 0.54 on the
-#     support pairs (0.00 on repetition: a model that has just read a sentence finds it likely
-#     again) and ~40x slower than all four features together on a 2-core CPU.
+#   - SmolLM2-135M as a pairwise A/B judge (HFJudge): it answers "A" to 100% of the prompts, so
+#     the two orders never agree: no verdict on any of the 70 pairs, accuracy 0.
+#   - PMI, log p(reply | persona + conversation) - log p(reply), with SmolLM2-135M: 0.57 (0.07 on
+#     repetition: a model that has just read a sentence finds it likely again), and ~15x slower
+#     than all four features together (0.11 vs 1.8 pairs/s on the same busy 2-core machine).
 #   - contrasting the persona with a bank of other roles, or with its "never ..." clauses: worse
 #     than the plain similarity (sentence embeddings do not understand negation).
 #   - shared content words with the message (0.75 alone) adds nothing on top of `context`, and
 #     it grows with reply length, which a policy trained on this reward would learn to exploit.
-# Weights: the inverse standard deviation of each feature's better-minus-worse difference gives
-# (2.4, 1, 0.9, 1.45) = 0.83 on the labelled pairs; rounded to (2, 1, 1, 2) it gives 0.86. No
-# finer search, to keep the weights readable and not fitted to 70 pairs. Both were then checked
-# once on data/judge_pairs_blind.jsonl, 24 pairs written before any of this was measured.
+# Weights: putting the features on one scale (weight = 1 / standard deviation of the feature's
+# better-minus-worse difference, context = 1) gives (2.4, 1, 1.5, 1.45): 0.83 on the labelled
+# pairs. Equal weights give 0.84; roundings of the scaled weights give 0.83 to 0.86, and we keep
+# the simplest, (2, 1, 1, 2): 0.86. No finer search, to keep the weights readable and not fitted
+# to 70 pairs. The design was then checked on data/judge_pairs_blind.jsonl (24 pairs written
+# before anything here was measured): 0.92 the first time, and 0.92 with the final constants.
 
 OFFLINE_WEIGHTS = {"persona": 2.0, "context": 1.0, "repetition": 1.0, "generic": 2.0}
 
@@ -632,12 +632,12 @@ OFFLINE_WEIGHTS = {"persona": 2.0, "context": 1.0, "repetition": 1.0, "generic":
 REPEAT_FLOOR = 0.5
 
 # score = sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)), z = the weighted feature sum. The centre
-# and 1 / scale are the mean (-0.08) and standard deviation (0.45) of z over the 140 labelled
+# and 1 / scale are the mean (-0.04) and standard deviation (0.43) of z over the 140 labelled
 # replies (bench/judge_speed.py prints them), so a typical reply scores 0.5 and one standard
 # deviation better scores 0.73. They do not change any comparison, only the absolute scores that
 # reward.py thresholds into pairs and the director averages.
-OFFLINE_CENTER = -0.08
-OFFLINE_SCALE = 2.2
+OFFLINE_CENTER = -0.04
+OFFLINE_SCALE = 2.3
 
 # The generic, agreeable assistant voice the paper calls persona collapse: comfort that fits any
 # message, flattery and agreement with whatever the user proposes, and meeting filler. Our own
@@ -720,7 +720,6 @@ class OfflineJudge(Judge):
 
     def __init__(self, cache_path: str | Path | None = None, encoder=None,
                  weights: dict[str, float] | None = None):
-        import models
         super().__init__(cache_path)
         self.weights = dict(OFFLINE_WEIGHTS if weights is None else weights)
         # The name carries everything that decides a score, so changing a weight or the phrase
@@ -793,6 +792,33 @@ JUDGE_FORMS = ("'offline', 'hf:<model id or folder>', 'openai:<base url>' (model
                "--judge-model or MASCOT_JUDGE_MODEL) or 'rm:<reward model folder>'")
 
 
+class RMJudge(Judge):
+    """A trained reward model (reward.py) used as a judge: score = sigmoid(r), compare from scores.
+
+    Useful to measure the reward model with `judge-eval --judge rm:<folder>` on labelled pairs,
+    or as the coherence judge of stage 2. Like the offline judge it is symmetric by construction.
+    """
+
+    def __init__(self, folder: str | Path, cache_path: str | Path | None = None, device: str = "cpu"):
+        import reward   # imported here: reward.py itself imports this module
+        super().__init__(cache_path)
+        self.rm, self.tok = reward.RewardModel.load(folder, device=device)
+        self.messages = reward.rm_messages
+        self.name = f"rm:{Path(folder).resolve()}"
+
+    def _score_uncached(self, states, replies):
+        self.backend_calls += len(replies)
+        chats = [self.messages(s.persona_name, s.persona_desc, s.history, s.context, r)
+                 for s, r in zip(states, replies)]
+        return [sigmoid(x) for x in self.rm.score_texts(self.tok, chats)]
+
+    def compare_many(self, states, firsts, seconds):
+        scores = self.score_many(list(states) * 2, list(firsts) + list(seconds))
+        n = len(states)
+        return [Verdict(0 if a > b else 1 if b > a else None, sigmoid(_logit(a) - _logit(b)),
+                        {"score_first": a, "score_second": b}) for a, b in zip(scores[:n], scores[n:])]
+
+
 def make_judge(spec: str = "offline", cache_path: str | Path | None = None,
                model_name: str | None = None, **kw) -> Judge:
     """Build the judge a `--judge` value names.
@@ -814,8 +840,7 @@ def make_judge(spec: str = "offline", cache_path: str | Path | None = None,
         model = model_name or os.environ.get("MASCOT_JUDGE_MODEL")
         return OpenAIJudge(arg, model, cache_path=cache_path, **kw)
     if kind == "rm" and arg:
-        import reward   # imported only here: it is the heavier module, and it imports this one
-        return reward.load_rm_judge(arg)
+        return RMJudge(arg, cache_path=cache_path, **kw)
     raise UserError(f"--judge {spec!r}: not a judge; use {JUDGE_FORMS}")
 
 

@@ -176,7 +176,7 @@ def main() -> None:
         "stage1_seconds": total, "run": run}
     print(json.dumps(summary, indent=1))
     print(f"gpu_check: {summary['tokens_per_s']:.0f} tokens/s, MFU train {summary['mfu_train']:.1%}, "
-          f"MFU generate {summary['mfu_generate']:.1%} (peak {peak / 1e12:.1f} TFLOP/s "
+          f"MFU generate {summary['mfu_generate']:.1%} (peak {peak / 1e12:.3g} TFLOP/s "
           f"{'bf16' if bf16 else 'fp32'}), peak memory {summary['peak_memory_gib']:.2f} GiB "
           f"({'max_memory_allocated' if args.device.startswith('cuda') else 'ru_maxrss'}), "
           f"whole stage 1 {total:.0f} s")

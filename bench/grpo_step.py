@@ -15,9 +15,12 @@ TRL's defaults that would change the work are overridden: bf16 off, gradient che
 fused AdamW off, no vLLM, no logging/saving/evaluation, no shuffling, a constant LR schedule.
 
 Measured per side: seconds per step (wall time between the ends of consecutive steps, so nothing
-is left out; warm-up steps dropped), tokens per second (B x (P + C) tokens per step, the tokens
-that go through the training forward/backward), the time spent inside `generate`, and the peak
-resident memory of the process (ru_maxrss: model load included, the same for both sides).
+is left out; warm-up steps dropped), the CPU seconds the process used in the same interval (the
+steadier number on a shared machine: it does not grow while the process waits for a core; use
+--threads 1 there, so that no thread burns CPU spinning while it waits for another), tokens per
+second (B x (P + C) tokens per step, the tokens that go through the training forward/backward),
+the share of the step spent inside `generate`, and the peak resident memory of the process
+(ru_maxrss: model load included, the same for both sides).
 The sides run alternately A B B A (--rounds 2) so that a change in machine load hits both.
 
 MFU (model-FLOPs utilisation) against the machine's measured matmul peak (bench/matmul_peak.py):
@@ -33,6 +36,7 @@ Run from the repo root (TRL lives in its own virtual env; the project never impo
     make bench                                        # creates .venv-bench on first use
     python bench/grpo_step.py --trl-python .venv-bench/bin/python
     python bench/grpo_step.py --models tiny --steps 2 --rounds 2     # quicker
+    python bench/grpo_step.py --threads 1 --steps 2                  # on a busy, shared machine
 The file is also the worker: `--worker ours|trl` runs one side and prints a JSON line. The
 top of the file imports only the standard library, so it runs in either virtual env.
 """
@@ -96,6 +100,12 @@ def low_half_share(ids: list[int], vocab_size: int) -> float:
     return sum(1 for t in ids if t < vocab_size // 2) / max(len(ids), 1)
 
 
+def clock() -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process, all threads). On a shared machine the CPU
+    time is the steadier measure of work: it does not grow while the process waits for a core."""
+    return time.perf_counter(), time.process_time()
+
+
 def peak_rss_mib() -> float:
     """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -151,11 +161,11 @@ def run_ours(job: dict) -> dict:
         return rewards, {"low_half": rewards}
 
     prompts, n = job["prompts"], job["prompts_per_step"]
-    ends = [time.perf_counter()]
+    ends = [clock()]
     for step in range(1, job["warmup"] + job["steps"] + 1):
         batch = [prompts[((step - 1) * n + i) % len(prompts)] for i in range(n)]
         _, gen, _ = grpo.grpo_step(policy, tok, optimizer, batch, None, reward_fn, cfg, step, ref)
-        ends.append(time.perf_counter())
+        ends.append(clock())
         if gen.prompt_ids.shape != (B, job["prompt_tokens"]) or not bool(gen.prompt_mask.all()) \
                 or int(gen.completion_mask.sum()) != B * job["completion_tokens"]:
             raise SystemExit(f"ours: step {step} did not have {B} rows of exactly "
@@ -187,10 +197,10 @@ def run_trl(job: dict) -> dict:
             self.ends = []
 
         def on_train_begin(self, args, state, control, **kw):
-            self.ends.append(time.perf_counter())
+            self.ends.append(clock())
 
         def on_step_end(self, args, state, control, **kw):
-            self.ends.append(time.perf_counter())
+            self.ends.append(clock())
 
     steps = job["warmup"] + job["steps"]
     with tempfile.TemporaryDirectory() as out:
@@ -208,10 +218,10 @@ def run_trl(job: dict) -> dict:
             log_completions=False, disable_tqdm=True, dataloader_num_workers=0,
             dataloader_pin_memory=False)
         prompts = [job["prompts"][i % len(job["prompts"])] for i in range(steps * job["prompts_per_step"])]
-        clock = StepClock()
+        step_clock = StepClock()
         trainer = GRPOTrainer(model=job["folder"], reward_funcs=reward_fn, args=args,
                               train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
-                              processing_class=tok, callbacks=[clock])
+                              processing_class=tok, callbacks=[step_clock])
         gen_seconds = []
         model = trainer.model
         real_generate = model.generate
@@ -226,7 +236,7 @@ def run_trl(job: dict) -> dict:
     if not (checks and all(checks)):
         raise SystemExit(f"trl: some step did not have {B} completions of exactly {C} tokens")
     params = sum(p.numel() for p in model.parameters())
-    return {"step_ends": clock.ends, "gen_seconds": gen_seconds, "peak_rss_mib": peak_rss_mib(),
+    return {"step_ends": step_clock.ends, "gen_seconds": gen_seconds, "peak_rss_mib": peak_rss_mib(),
             "params": params, "torch_threads": torch.get_num_threads()}
 
 
@@ -277,10 +287,11 @@ def run_worker(python: str, side: str, job: dict, env: dict) -> dict:
 def summarise(runs: list[dict], job: dict) -> dict:
     """Per side: measured step times (warm-up dropped) pooled over runs, and per-run medians."""
     w = job["warmup"]
-    steps, gens, per_run, rss = [], [], [], []
+    steps, cpus, gens, per_run, rss = [], [], [], [], []
     for r in runs:
-        ends = r["step_ends"]
-        durations = [b - a for a, b in zip(ends[:-1], ends[1:])][w:]
+        ends = r["step_ends"]                                  # [(wall, cpu)] at each step end
+        durations = [b[0] - a[0] for a, b in zip(ends[:-1], ends[1:])][w:]
+        cpus += [b[1] - a[1] for a, b in zip(ends[:-1], ends[1:])][w:]
         steps += durations
         gens += r["gen_seconds"][w:]
         per_run.append(statistics.median(durations))
@@ -288,7 +299,9 @@ def summarise(runs: list[dict], job: dict) -> dict:
     B = job["prompts_per_step"] * job["group_size"]
     step = statistics.median(steps)
     return {"s_per_step": step, "s_min": min(steps), "s_max": max(steps), "run_medians": per_run,
-            "gen_s": statistics.median(gens), "tokens_per_s": B * (job["prompt_tokens"] + job["completion_tokens"]) / step,
+            "cpu_s_per_step": statistics.median(cpus), "cpu_min": min(cpus), "cpu_max": max(cpus),
+            "gen_s": statistics.median(gens), "gen_fraction": sum(gens) / sum(steps),
+            "tokens_per_s": B * (job["prompt_tokens"] + job["completion_tokens"]) / step,
             "peak_rss_mib": max(rss), "rss_runs": rss, "n_steps": len(steps), "params": runs[0]["params"]}
 
 
@@ -361,21 +374,22 @@ def main() -> None:
                 res = run_worker(python, side, job, env)
                 runs[side].append(res)
                 ends = res["step_ends"]
-                print(f"  [{name}] run {r + 1} {side:4s}: steps "
-                      + " ".join(f"{b - a:.2f}" for a, b in zip(ends[:-1], ends[1:]))
-                      + f" s, peak RSS {res['peak_rss_mib']:.0f} MiB ({time.time() - t0:.0f} s with load)",
+                print(f"  [{name}] run {r + 1} {side:4s}: step wall/CPU s "
+                      + " ".join(f"{b[0] - a[0]:.1f}/{b[1] - a[1]:.1f}" for a, b in zip(ends[:-1], ends[1:]))
+                      + f", peak RSS {res['peak_rss_mib']:.0f} MiB ({time.time() - t0:.0f} s with load)",
                       flush=True)
         ours, trl = summarise(runs["ours"], job), summarise(runs["trl"], job)
         results["models"][name] = {"ours": ours, "trl": trl, "runs": runs}
         print(f"\n{name} ({ours['params'] / 1e6:.1f}M parameters)")
-        print(f"  {'':6s} {'s/step':>8s} {'min..max':>13s} {'tokens/s':>9s} {'generate s':>10s} "
-              f"{'peak RSS':>9s} {'MFU train':>9s} {'MFU gen':>8s}")
+        print(f"  {'':6s} {'s/step':>8s} {'min..max':>13s} {'CPU s/step':>10s} {'tokens/s':>9s} "
+              f"{'generate':>8s} {'peak RSS':>9s} {'MFU train':>9s} {'MFU gen':>8s}")
         for label, s in (("ours", ours), ("TRL", trl)):
             m_train, m_gen = mfu(s, job, peak)
             print(f"  {label:6s} {s['s_per_step']:8.2f} {s['s_min']:6.2f}..{s['s_max']:<6.2f} "
-                  f"{s['tokens_per_s']:9.1f} {s['gen_s']:10.2f} {s['peak_rss_mib']:6.0f} MiB "
-                  f"{m_train:8.1%} {m_gen:8.1%}")
-        print(f"  ours vs TRL: step speed {trl['s_per_step'] / ours['s_per_step']:.2f}x "
+                  f"{s['cpu_s_per_step']:10.2f} {s['tokens_per_s']:9.1f} {s['gen_fraction']:8.0%} "
+                  f"{s['peak_rss_mib']:5.0f} MiB {m_train:8.1%} {m_gen:8.1%}")
+        print(f"  ours vs TRL: step speed {trl['s_per_step'] / ours['s_per_step']:.2f}x wall, "
+              f"{trl['cpu_s_per_step'] / ours['cpu_s_per_step']:.2f}x CPU time "
               f"(target >= 1.2x), peak memory {ours['peak_rss_mib'] / trl['peak_rss_mib']:.2f}x "
               f"(target <= 0.9x); {ours['n_steps']} + {trl['n_steps']} measured steps; run medians "
               f"ours {' '.join(f'{x:.2f}' for x in ours['run_medians'])}, "

@@ -78,11 +78,14 @@ def reply_logprobs(model, tok, conversations: list[list[dict]], replies: list[st
         answers = [tok(r, add_special_tokens=False)["input_ids"] for r in replies[start:start + batch_size]]
         ids, mask = models.left_pad([p + a for p, a in zip(prompts, answers)], tok.pad_token_id)  # (B, T)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)                                             # (B, T)
+        R = max(len(a) for a in answers)      # left padding: every reply ends in the last column
         with torch.no_grad():
-            logp = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float().log_softmax(-1)
-        token_logp = logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]                             # (B, T-1)
+            # Only the last R + 1 positions' logits are needed (they predict the reply tokens).
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           logits_to_keep=R + 1).logits[:, :-1].float()                           # (B, R, V)
+        token_logp = logits.log_softmax(-1).gather(-1, ids[:, -R:, None])[..., 0]                  # (B, R)
         for row, a in enumerate(answers):
-            out.append(float(token_logp[row, -len(a):].sum()))   # left padding: the reply is at the end
+            out.append(float(token_logp[row, R - len(a):].sum()))
     return out
 
 
