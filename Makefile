@@ -25,5 +25,18 @@ demo: setup
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q tests
 
+# TRL for `make bench` only, in its own virtual env: the project never imports it.
+BENCH   := .venv-bench
+BSTAMP  := $(BENCH)/.installed
+
+$(BSTAMP): requirements.txt
+	test -x $(BENCH)/bin/python || $(PY) -m venv $(BENCH)
+	$(BENCH)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(BENCH)/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt trl==1.16.0
+	touch $(BSTAMP)
+
+bench: setup $(BSTAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python bench/grpo_step.py --trl-python $(BENCH)/bin/python
+
 clean:
-	rm -rf $(VENV) .cache runs
+	rm -rf $(VENV) $(BENCH) .cache runs

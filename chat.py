@@ -35,20 +35,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from data import positive_int
+
 ROOT = Path(__file__).resolve().parent
 POLICIES = ["director", "round-robin", "random", "least-spoken"]
 CHAT_SITUATION = "a live chat"
 COMMANDS = "/who  /reset  /save FILE  /quit   (Ctrl-D or Ctrl-C also leave)"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,10 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--personas", default=str(ROOT / "personas.json"), help="persona file")
     parser.add_argument("--run", default="runs/default", help="run folder holding trained checkpoints")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (same seed + same messages = same replies)")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=48, help="longest agent reply, in tokens")
+    parser.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=48, help="longest agent reply, in tokens")
     parser.add_argument("--show-directives", action="store_true",
                         help="print the director's [Agent / Action / Tone] before each reply")
-    parser.add_argument("--agents-per-turn", type=_positive_int, default=2,
+    parser.add_argument("--agents-per-turn", type=positive_int("--agents-per-turn"), default=2,
                         help="how many agents answer each of your messages")
     parser.add_argument("--device", default="cpu", help="cpu | cuda")
 

@@ -50,6 +50,39 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+def positive_int(flag: str, minimum: int = 1):
+    """An argparse `type=` that accepts whole numbers >= minimum and names `flag` otherwise.
+
+    argparse turns the ArgumentTypeError into one line `error: argument --x: ...` and exit 2.
+    """
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{flag} must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def fraction(flag: str):
+    """An argparse `type=` for a share in [0, 1)."""
+    import argparse
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number, got {text!r}") from None
+        if not 0.0 <= value < 1.0:
+            raise argparse.ArgumentTypeError(f"{flag} must be in [0, 1), got {value}")
+        return value
+    return parse
+
+
 # ----------------------------------------------------------------------------------------------
 # Reading files: text, JSON, JSON lines
 # ----------------------------------------------------------------------------------------------

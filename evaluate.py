@@ -86,7 +86,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import director as dr
+import models
 from data import UserError
+from judge import JudgeState, make_judge, parse_ab
+from simulate import SAFETY, USER, Cast, run_conversations
 
 
 # =====================================================================================
@@ -862,8 +866,6 @@ class MemoEncoder:
 def agent_turn_states(conv, personas) -> list[tuple]:
     """(JudgeState, reply) for every agent turn: its persona, the user's latest message before
     it, and the conversation before it (the same view the stage-2 coherence reward uses)."""
-    from judge import JudgeState
-    from simulate import SAFETY, USER
     rows = []
     for i, turn in enumerate(conv.turns):
         if turn.speaker in (USER, SAFETY):
@@ -888,12 +890,12 @@ def rubric_scores(conv, personas, judge) -> tuple[dict, Counter]:
     conversation's agent turns. Collective metrics: one prompt per metric on the whole transcript.
     judge.complete decodes greedily (temperature 0, as in the paper). An answer that
     parse_rubric_score cannot read is counted in the returned Counter and left out of the mean;
-    a metric with no readable answer at all is None for this conversation.
+    a metric with no readable answer at all is None for this conversation, and so is every
+    metric of a conversation without agent turns (nothing of the system's to judge).
 
     Returns:
         ({metric key: score in [0, 100] or None}, Counter {metric key: unparseable answers}).
     """
-    from simulate import SAFETY, USER
     values, unparseable = {}, Counter()
     agent_idx = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
     for m in AGENT_METRICS:
@@ -913,6 +915,9 @@ def rubric_scores(conv, personas, judge) -> tuple[dict, Counter]:
         values[m.key] = sum(scores) / len(scores) if scores else None
     roster = "; ".join(f"{p.name} ({p.role})" for p in personas.personas)
     for m in COLLECTIVE_METRICS:
+        if not agent_idx:               # stopped by the crisis guard before any agent spoke
+            values[m.key] = None
+            continue
         prompt = COLLECTIVE_PROMPT.format(roster=roster, situation=conv.context.situation,
                                           transcript=_lines(conv.turns), title=m.title, rubric=m.rubric)
         score = parse_rubric_score(judge.complete(prompt, max_new_tokens=JUDGE_MAX_TOKENS),
@@ -957,15 +962,18 @@ def redundancy_scores(convs, encoder, nli=None) -> list[dict]:
 
     nli: None, or (model, tokenizer) of an NLI classifier for the entailment / contradiction /
     neutral rates. mean_similarity and the NLI rates are None for fewer than two agent turns
-    (no pair: no evidence either way).
+    (no pair: no evidence either way), and every metric is None for a conversation without agent
+    turns (the crisis guard stopped it at the opening): "no repetition" would flatter the system.
     """
     texts = [[t.text for t in c.agent_turns()] for c in convs]
-    flat = [t for ts in texts for t in ts]
-    vectors = encoder.embed(flat) if flat else None                      # (sum of turns, D)
+    vectors = encoder.embed([t for ts in texts for t in ts])             # (sum of turns, D)
     out, start = [], 0
     for ts in texts:
-        emb = vectors[start:start + len(ts)] if ts else torch.zeros((0, 1))  # (n_turns, D)
+        emb = vectors[start:start + len(ts)]                             # (n_turns, D)
         start += len(ts)
+        if not ts:
+            out.append({m.key: None for m in REDUNDANCY_METRICS if nli is not None or not m.key.startswith("nli_")})
+            continue
         sim = mean_pairwise_similarity(emb) if len(ts) >= 2 else float("nan")
         rec = {"self_bleu": self_bleu(ts), "distinct_1": distinct_n(ts, 1), "distinct_2": distinct_n(ts, 2),
                "semantic_redundancy": semantic_redundancy_rate(emb),
@@ -976,6 +984,28 @@ def redundancy_scores(convs, encoder, nli=None) -> list[dict]:
                 rec[f"nli_{relation}"] = rates[relation] if rates["pairs"] else None
         out.append(rec)
     return out
+
+
+def score_conversations(convs, personas, judge, encoder, nli=None) -> tuple[list[dict], Counter]:
+    """One record per conversation: what it was (context, profile, slices), its metrics, its
+    crisis events; plus the count of unparseable judge answers (LLM judges only)."""
+    records = [{"index": i, "context_id": c.context.id, "profile": c.profile,
+                "valence": c.context.valence, "domain": c.context.domain, "metrics": {},
+                "crisis_events": sum(e.get("type") == "crisis" for e in c.events),
+                "agent_turns": len(c.agent_turns())} for i, c in enumerate(convs)]
+    unparseable = Counter()
+    if judge.can_generate:
+        for rec, conv in zip(records, convs):
+            values, bad = rubric_scores(conv, personas, judge)
+            rec["metrics"].update(values)
+            unparseable += bad
+    else:
+        for rec, approx in zip(records, approximate_scores(convs, personas, judge)):
+            rec["judge_score"] = approx.pop("judge_score")    # kept for the pairwise comparison
+            rec["metrics"].update(approx)
+    for rec, values in zip(records, redundancy_scores(convs, encoder, nli)):
+        rec["metrics"].update(values)
+    return records, unparseable
 
 
 # -------------------------------------------------------------------------------------
@@ -997,7 +1027,6 @@ def pairwise_outcomes(convs_a: list, convs_b: list, judge, personas,
     Returns:
         (outcomes "A" | "B" | "tie" per conversation, number of unreadable judge answers).
     """
-    from judge import parse_ab
     outcomes, unreadable = [], 0
     roster = "; ".join(f"{p.name} ({p.role})" for p in personas.personas)
     for i, (a, b) in enumerate(zip(convs_a, convs_b)):
@@ -1074,18 +1103,31 @@ def slice_fields(persona_set: str, records: list[dict]) -> list[str]:
     return fields
 
 
+def slices(records: list[dict], fields: list[str], status: dict[str, str], seed: int) -> dict:
+    """{field: {value: {"n", "metrics"}}}: aggregate() within each valence / domain / profile."""
+    out = {}
+    for field in fields:
+        out[field] = {}
+        for value in sorted({r[field] or "-" for r in records}):
+            group = [r for r in records if (r[field] or "-") == value]
+            out[field][value] = {"n": len(group), "metrics": aggregate(group, status, seed)}
+    return out
+
+
 # -------------------------------------------------------------------------------------
 # Tables (markdown: printed, and written to RUN/eval/results.md)
 # -------------------------------------------------------------------------------------
 
-def format_cell(summary: dict, digits: int) -> str:
-    """'mean [lo, hi]', or the reason there is no number."""
+def format_cell(summary: dict, digits: int, n_rows: int) -> str:
+    """'mean [lo, hi]', with '(n=k)' when only k of the row's n_rows conversations have a value
+    (no agent turn, or no readable judge answer); or the reason there is no number."""
     if summary["status"] not in (OK, APPROXIMATED):
         return summary["status"]
     if summary["n"] == 0:
         return "n/a (no score)"
     d = digits
-    return f"{summary['mean']:.{d}f} [{summary['lo']:.{d}f}, {summary['hi']:.{d}f}]"
+    cell = f"{summary['mean']:.{d}f} [{summary['lo']:.{d}f}, {summary['hi']:.{d}f}]"
+    return cell if summary["n"] == n_rows else f"{cell} (n={summary['n']})"
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -1120,7 +1162,7 @@ def results_markdown(results: dict) -> str:
         rows = []
         for name, e in systems.items():
             row = [name] + system_columns(e) + [str(e["n"])]
-            row += [format_cell(e["metrics"][m.key], m.digits) for m in shown]
+            row += [format_cell(e["metrics"][m.key], m.digits, e["n"]) for m in shown]
             if metrics is REDUNDANCY_METRICS:
                 row.append(str(e["crisis_events"]))
             rows.append(row)
@@ -1131,7 +1173,7 @@ def results_markdown(results: dict) -> str:
         for name, e in systems.items():
             for value, sl in e["slices"][field].items():
                 rows.append([name] + system_columns(e) + [value, str(sl["n"])]
-                            + [format_cell(sl["metrics"][m.key], m.digits) for m in headline])
+                            + [format_cell(sl["metrics"][m.key], m.digits, sl["n"]) for m in headline])
         header = head[:4] + [field, "n"] + [column_title(m, status) for m in headline]
         out += [f"## Per {field}", "", markdown_table(header, rows), ""]
     out += ["## Pairwise preference", "", results["pairwise"]["line"], ""]
@@ -1196,17 +1238,46 @@ def load_nli(name: str, device: str):
     return model, tok
 
 
+def result_notes(entries: dict, judge, status: dict[str, str], nli_given: bool, seed: int) -> list[str]:
+    """The notes under the tables: what is approximated or missing, and how to read the numbers."""
+    notes = []
+    if judge.can_generate:
+        convs = [r for e in entries.values() for r in e["conversations"]]
+        asked = (sum(r["agent_turns"] for r in convs) * len(AGENT_METRICS)
+                 + sum(r["agent_turns"] > 0 for r in convs) * len(COLLECTIVE_METRICS))
+        bad = sum(sum(e["unparseable"].values()) for e in entries.values())
+        notes.append(f"unparseable judge answers: {bad} of {asked}, left out of the means "
+                     "(per system and metric in results.json)")
+    else:
+        approx = [m for m in RUBRIC_METRICS if status[m.key] == APPROXIMATED]
+        notes.append(f"* approximated: the {judge.name.split(':')[0]} judge ({judge.name}) cannot read rubrics, so "
+                     + "; ".join(f"{m.title} = {APPROXIMATIONS[m.key]}" for m in approx)
+                     + ". Every other rubric metric is n/a: it needs an LLM judge "
+                       "(--judge hf:<model or folder> or openai:<base url>).")
+    silent = {n: sum(r["agent_turns"] == 0 for r in e["conversations"]) for n, e in entries.items()}
+    if any(silent.values()):
+        notes.append("conversations the crisis guard stopped before any agent spoke count in n and in "
+                     "crisis events but have no agent-turn metrics: "
+                     + ", ".join(f"{n} {k}" for n, k in silent.items()))
+    if not nli_given:
+        notes.append("NLI relation rates skipped: no --nli-model given (any MNLI-style classifier folder)")
+    for name, e in entries.items():
+        if "directives" in e:
+            notes.append(f"{name}: {e['invalid_directives']} of {e['directives']} directives unparseable "
+                         "(the least-spoken agent spoke instead)")
+    notes.append("lower Self-BLEU, semantic redundancy (share of agent-turn pairs with cosine >= 0.8), "
+                 "mean similarity and NLI entailment = less repetition; higher distinct-n = more varied wording")
+    notes.append(f"[lo, hi] = 95% percentile bootstrap interval over conversations (1000 resamples, seed {seed})")
+    return notes
+
+
 def run(args) -> dict:
     """`python mascot.py evaluate`: run the systems, score them, print and write the tables.
 
     Writes RUN/eval/{config.json, transcripts.jsonl, results.json, results.md} and returns the
     results dict (what results.json holds).
     """
-    import director as dr
-    import mascot
-    import models
-    from judge import make_judge
-    from simulate import Cast, run_conversations
+    import mascot   # imported here: mascot.py imports this module to wire the command
 
     t_start = time.time()
     out = Path(args.run) / "eval"
@@ -1239,9 +1310,10 @@ def run(args) -> dict:
 
     # 3. Models: the base model is the simulated user of EVERY system and the base speakers.
     base = models.load_model(args.model, device=args.device)
-    need = {s.speakers for s in systems} | {s.order for s in systems}
-    trained_speakers = models.load_model(speakers_dir, device=args.device) if "trained" in need else None
-    trained_director = models.load_model(director_dir, device=args.device) if "trained-director" in need else None
+    trained_speakers = (models.load_model(speakers_dir, device=args.device)
+                        if any(s.speakers == "trained" for s in systems) else None)
+    trained_director = (models.load_model(director_dir, device=args.device)
+                        if any(s.order == "trained-director" for s in systems) else None)
     fewshot = load_fewshot(mascot.ROOT / "data" / "fewshot.json", args.set) \
         if any(s.style == "fewshot-cot" for s in systems) else []
     encoder = MemoEncoder(models.SentenceEncoder(device=args.device))
@@ -1283,22 +1355,7 @@ def run(args) -> dict:
             for i, c in enumerate(convs):
                 f.write(json.dumps({"system": system.name, "index": i, **c.to_json()}, ensure_ascii=False) + "\n")
 
-        records = [{"index": i, "context_id": c.context.id, "profile": c.profile,
-                    "valence": c.context.valence, "domain": c.context.domain, "metrics": {},
-                    "crisis_events": sum(e.get("type") == "crisis" for e in c.events),
-                    "agent_turns": len(c.agent_turns())} for i, c in enumerate(convs)]
-        unparseable = Counter()
-        if judge.can_generate:
-            for rec, conv in zip(records, convs):
-                values, bad = rubric_scores(conv, personas, judge)
-                rec["metrics"].update(values)
-                unparseable += bad
-        else:
-            for rec, approx in zip(records, approximate_scores(convs, personas, judge)):
-                rec["judge_score"] = approx.pop("judge_score")
-                rec["metrics"].update(approx)
-        for rec, values in zip(records, redundancy_scores(convs, encoder, nli)):
-            rec["metrics"].update(values)
+        records, unparseable = score_conversations(convs, personas, judge, encoder, nli)
         t2 = time.time()
         sim_seconds += t1 - t0
         metric_seconds += t2 - t1
@@ -1321,43 +1378,16 @@ def run(args) -> dict:
     # 5. Slices: the same aggregation within each valence / domain / profile.
     fields = slice_fields(args.set, entries[systems[0].name]["conversations"])
     for entry in entries.values():
-        entry["slices"] = {}
-        for field in fields:
-            values = sorted({r[field] or "-" for r in entry["conversations"]})
-            entry["slices"][field] = {}
-            for value in values:
-                group = [r for r in entry["conversations"] if (r[field] or "-") == value]
-                entry["slices"][field][value] = {"n": len(group), "metrics": aggregate(group, status, args.seed)}
+        entry["slices"] = slices(entry["conversations"], fields, status, args.seed)
 
     # 6. Pairwise preference.
     pairwise = run_pairwise(args.pairwise, convs_by_system, entries, judge, personas)
 
     # 7. Notes, then the tables.
-    if judge.can_generate:
-        asked = sum(r["agent_turns"] for e in entries.values() for r in e["conversations"]) * len(AGENT_METRICS) \
-            + sum(e["n"] for e in entries.values()) * len(COLLECTIVE_METRICS)
-        bad = sum(sum(e["unparseable"].values()) for e in entries.values())
-        notes.append(f"unparseable judge answers: {bad} of {asked}, left out of the means "
-                     "(per system and metric in results.json)")
-    else:
-        approx = [m for m in RUBRIC_METRICS if status[m.key] == APPROXIMATED]
-        notes.append(f"* approximated: the {judge.name.split(':')[0]} judge ({judge.name}) cannot read rubrics, so "
-                     + "; ".join(f"{m.title} = {APPROXIMATIONS[m.key]}" for m in approx)
-                     + ". Every other rubric metric is n/a: it needs an LLM judge "
-                       "(--judge hf:<model or folder> or openai:<base url>).")
-    if nli is None:
-        notes.append("NLI relation rates skipped: no --nli-model given (any MNLI-style classifier folder)")
-    for name, e in entries.items():
-        if "directives" in e:
-            notes.append(f"{name}: {e['invalid_directives']} of {e['directives']} directives unparseable "
-                         "(the least-spoken agent spoke instead)")
-    notes.append("lower Self-BLEU, semantic redundancy (share of agent-turn pairs with cosine >= 0.8), "
-                 "mean similarity and NLI entailment = less repetition; higher distinct-n = more varied wording")
-    notes.append(f"[lo, hi] = 95% percentile bootstrap interval over conversations (1000 resamples, seed {args.seed})")
+    notes += result_notes(entries, judge, status, nli is not None, args.seed)
     total = time.time() - t_start
     notes.append(f"time: {total:.0f} s in all ({sim_seconds:.0f} s simulating, {metric_seconds:.0f} s scoring, "
                  f"the rest loading models and judging pairs) on {args.device}")
-
     n_ctx = len({c.id for c in contexts})
     summary = (f"{len(plan)} conversations per system on {n_ctx} held-out '{args.set}' contexts from "
                f"`{args.data}` (seed {args.seed}, held-out fraction {args.held_out}); simulated user: "
@@ -1398,7 +1428,7 @@ def run_pairwise(spec: str | None, convs_by_system: dict, entries: dict, judge, 
     stats = win_rate(outcomes)
     how = ("asked in both presentation orders, a win only when both agree" if judge.can_generate
            else "the conversation whose agent turns have the higher mean judge score wins; order plays no part")
-    rate = "n/a (no decided pair)" if math.isnan(stats["win_rate"]) else f"{stats['win_rate']:.3f}"
+    rate = "n/a, every pair tied" if math.isnan(stats["win_rate"]) else f"{stats['win_rate']:.3f}"
     line = (f"**{a} vs {b}**, {len(outcomes)} conversation pairs: {a} wins {stats['wins']}, loses "
             f"{stats['losses']}, ties {stats['ties']}; win rate {rate} (ties left out); exact two-sided "
             f"binomial p = {stats['p_value']:.4g}. Judge {judge.name}: {how}.")

@@ -371,9 +371,10 @@ def autocast(cfg: GRPOConfig, device: torch.device):
     gradients arrive in fp32 and AdamW updates fp32 weights. Why not bf16 weights: bf16 keeps only
     8 significant bits, so an update of lr 5e-6 to a weight of size 1e-2 is far below its rounding
     step and would be lost. bf16 has fp32's exponent range, so unlike fp16 it needs no loss scaling.
-    The price is rounding in the activations: log-probs move by about 1e-2 (the test measures it),
-    noise well below the sampling noise of a 4-completion group. completion_logprobs still does the
-    log-sum-exp in fp32 (it calls .float() on each logits chunk).
+    The price is rounding in the activations: log-probs move by up to ~1e-2 (bf16's 2^-8 relative
+    step on logits of size ~1; tests/test_grpo_tricks.py measures ~1e-3 on the tiny model and
+    bounds the loss change). completion_logprobs still does the log-sum-exp in fp32 (it calls
+    .float() on each logits chunk).
     """
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
 
@@ -384,9 +385,10 @@ def set_gradient_checkpointing(model, enabled: bool) -> None:
     On: each decoder layer keeps only its input during the forward pass and is run again during
     backward to rebuild its intermediates, so activation memory falls from every layer's
     intermediates to one layer's plus L layer inputs, for one extra forward (~1/3 more compute).
-    HF applies it only in train mode, so generation and the no-grad passes are unaffected. The
-    non-reentrant variant (use_reentrant=False) is the one PyTorch recommends: it gives the same
-    gradients and needs no input that requires grad.
+    HF applies it only in train mode, and turns the KV cache off there, so generation must run in
+    eval mode (grpo_step switches back after the update). The non-reentrant variant
+    (use_reentrant=False) is the one PyTorch recommends: same gradients, and it needs no input
+    that requires grad.
     """
     if enabled and not model.is_activation_checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -559,6 +561,9 @@ def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOC
         group["lr"] = lr_at(step - 1, cfg)
     policy.train()
     ustats = policy_update(policy, optimizer, gen, advantages, cfg, ref_model)
+    # Back to inference mode: callers sample next, and in train mode HF's gradient checkpointing
+    # would switch off the KV cache that generation relies on.
+    policy.eval()
     stats = {"reward_mean": astats["reward_mean"], "reward_std": astats["reward_std"],
              "frac_zero_std": astats["frac_zero_std"],
              **{f"r_{k}": sum(v) / len(v) for k, v in components.items() if v},

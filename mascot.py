@@ -29,43 +29,14 @@ import sys
 import time
 from pathlib import Path
 
+from data import fraction, positive_int
+
 ROOT = Path(__file__).resolve().parent
 
 
 # ----------------------------------------------------------------------------------------------
 # Flags (one configuration surface: every default lives here, with its help text)
 # ----------------------------------------------------------------------------------------------
-
-def positive_int(name):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-    return parse
-
-
-def group_int(text):
-    value = positive_int("--group-size")(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError("--group-size must be >= 2: GRPO compares replies within a group")
-    return value
-
-
-def fraction(name):
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if not 0.0 <= value < 1.0:
-            raise argparse.ArgumentTypeError(f"{name} must be in [0, 1), got {value}")
-        return value
-    return parse
-
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m",
@@ -94,7 +65,7 @@ def add_grpo(p: argparse.ArgumentParser, steps: int, lr: float, beta: float, pro
     g.add_argument("--steps", type=positive_int("--steps"), default=steps, help="optimiser steps")
     g.add_argument("--prompts-per-step", type=positive_int("--prompts-per-step"), default=prompts,
                    help="distinct prompts (states / decision points) per step")
-    g.add_argument("--group-size", type=group_int, default=4, help="G samples per prompt (>= 2)")
+    g.add_argument("--group-size", type=positive_int("--group-size", minimum=2), default=4, help="G samples per prompt (>= 2)")
     g.add_argument("--lr", type=float, default=lr, help="AdamW learning rate (full fine-tuning)")
     g.add_argument("--beta", type=float, default=beta, help="KL weight to the frozen reference (0 skips it)")
     g.add_argument("--eps-low", type=float, default=0.2, help="lower clip range")
@@ -109,6 +80,10 @@ def add_grpo(p: argparse.ArgumentParser, steps: int, lr: float, beta: float, pro
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature while training")
     g.add_argument("--save-every", type=positive_int("--save-every"), default=10, help="checkpoint every N steps")
     g.add_argument("--dump-every", type=positive_int("--dump-every"), default=5, help="dump samples every N steps")
+    g.add_argument("--autocast-bf16", action="store_true",
+                   help="bf16 autocast for forward passes (GPU); weights, gradients and AdamW stay fp32")
+    g.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute activations in backward: much less memory, ~1/3 more compute")
     g.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
 
 
@@ -127,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="training states (context, persona, conversation so far)")
     s1.add_argument("--heldout-states", type=positive_int("--heldout-states"), default=16,
                     help="held-out states for the before/after reward")
-    s1.add_argument("--candidates", type=group_int, default=4, help="K candidate replies per state")
+    s1.add_argument("--candidates", type=positive_int("--candidates", minimum=2), default=4, help="K candidate replies per state")
     s1.add_argument("--margin", type=float, default=0.05,
                     help="minimum judge-score gap (0-1 scale) for a preference pair")
     s1.add_argument("--pairs-per-state", type=positive_int("--pairs-per-state"), default=2,
@@ -234,7 +209,8 @@ def grpo_config(args):
         loss_type=args.loss_type, scale_rewards=not args.no_scale_rewards,
         num_iterations=args.num_iterations, micro_batch=args.micro_batch,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-        save_every=args.save_every, dump_every=args.dump_every)
+        save_every=args.save_every, dump_every=args.dump_every,
+        autocast_bf16=args.autocast_bf16, gradient_checkpointing=args.gradient_checkpointing)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -472,13 +448,13 @@ def simulate_cmd(args) -> None:
 # The budget flags of `make demo`. They are small on purpose: the point is to see every stage
 # run and print real numbers in minutes on a laptop. For a real run on a GPU, drop them (the
 # defaults of `train --help` are larger) and raise --steps, --states and --decision-points.
-DEMO_STAGE1 = ["--states", "24", "--heldout-states", "8", "--candidates", "4", "--steps", "8",
-               "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "40", "--lr", "5e-6",
-               "--save-every", "4", "--dump-every", "4"]
-DEMO_STAGE2 = ["--decision-points", "8", "--heldout-points", "4", "--steps", "6", "--prompts-per-step", "2",
-               "--group-size", "4", "--rollout-turns", "2", "--max-new-tokens", "40", "--lr", "5e-6",
-               "--beta", "0", "--save-every", "3", "--dump-every", "3"]
-DEMO_EVAL = ["--contexts", "6", "--turns", "4", "--max-new-tokens", "40"]
+DEMO_STAGE1 = ["--states", "16", "--heldout-states", "6", "--candidates", "4", "--steps", "6",
+               "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "32", "--lr", "5e-6",
+               "--rm-epochs", "1", "--save-every", "3", "--dump-every", "3"]
+DEMO_STAGE2 = ["--decision-points", "6", "--heldout-points", "4", "--steps", "4", "--prompts-per-step", "2",
+               "--group-size", "4", "--rollout-turns", "2", "--max-new-tokens", "32", "--lr", "5e-6",
+               "--beta", "0", "--save-every", "2", "--dump-every", "2"]
+DEMO_EVAL = ["--contexts", "4", "--turns", "4", "--max-new-tokens", "32"]
 
 
 def demo(args) -> None:

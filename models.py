@@ -270,8 +270,10 @@ def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: 
     new_tokens, past = [], None
     step_input, step_pos = ids, positions
     for _ in range(max_new_tokens):
+        # logits_to_keep=1: only the last position's logits are needed to pick the next token;
+        # the prompt pass would otherwise build (B, P, V) logits for nothing.
         out = model(input_ids=step_input, attention_mask=mask, position_ids=step_pos,
-                    past_key_values=past, use_cache=True)
+                    past_key_values=past, use_cache=True, logits_to_keep=1)
         past = out.past_key_values
         token = sample_next(out.logits[:, -1, :], temperature, top_p, generators)   # (B,)
         token = torch.where(done, torch.full_like(token, pad_id), token)    # finished rows pad

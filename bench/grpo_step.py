@@ -16,12 +16,12 @@ fused AdamW off, no vLLM, no logging/saving/evaluation, no shuffling, a constant
 
 Measured per side: seconds per step (wall time between the ends of consecutive steps, so nothing
 is left out; warm-up steps dropped), the CPU seconds the process used in the same interval (the
-steadier number on a shared machine: it does not grow while the process waits for a core; use
---threads 1 there, so that no thread burns CPU spinning while it waits for another), tokens per
-second (B x (P + C) tokens per step, the tokens that go through the training forward/backward),
-the share of the step spent inside `generate`, and the peak resident memory of the process
-(ru_maxrss: model load included, the same for both sides).
-The sides run alternately A B B A (--rounds 2) so that a change in machine load hits both.
+steadier number on a shared machine: it does not grow while the process waits for a core; hence
+one thread per side by default, so that no thread burns CPU spinning while it waits for
+another), tokens per second (B x (P + C) tokens per step, the tokens that go through the
+training forward/backward), the share of the step spent inside `generate`, and the peak
+resident memory of the process (ru_maxrss: model load included, the same for both sides).
+The sides run alternately A B B A A B B A (--rounds 4) so that a change in load hits both.
 
 MFU (model-FLOPs utilisation) against the machine's measured matmul peak (bench/matmul_peak.py):
   training pass  = 6 N B (P + C)  FLOPs (forward 2 + backward 4 per parameter per token; N counts
@@ -35,8 +35,8 @@ a side skips (ours scores only the C completion positions; TRL on CPU scores all
 Run from the repo root (TRL lives in its own virtual env; the project never imports it):
     make bench                                        # creates .venv-bench on first use
     python bench/grpo_step.py --trl-python .venv-bench/bin/python
-    python bench/grpo_step.py --models tiny --steps 2 --rounds 2     # quicker
-    python bench/grpo_step.py --threads 1 --steps 2                  # on a busy, shared machine
+    python bench/grpo_step.py --models tiny --rounds 2               # quicker
+    python bench/grpo_step.py --threads 0                            # torch's default threads
 The file is also the worker: `--worker ours|trl` runs one side and prints a JSON line. The
 top of the file imports only the standard library, so it runs in either virtual env.
 """
@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Words that are one token each for SmolLM2's tokenizer; prompts are built from them (checked).
+# Prompts are grown from these words until the chat template gives exactly P tokens (checked).
 WORDS = ("today I feel tired and proud of my small garden but work was hard again so "
          "please help me plan the week with calm words").split()
 
@@ -325,9 +325,10 @@ def main() -> None:
                    help="KL weight, both sides (stage 1's default; > 0 loads a reference on both)")
     p.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate, both sides")
     p.add_argument("--warmup", type=int, default=1, help="steps per run not measured")
-    p.add_argument("--steps", type=int, default=3, help="measured steps per run")
-    p.add_argument("--rounds", type=int, default=2, help="runs per side, alternating A B B A ...")
-    p.add_argument("--threads", type=int, default=0, help="torch threads in each worker (default: torch's)")
+    p.add_argument("--steps", type=int, default=2, help="measured steps per run")
+    p.add_argument("--rounds", type=int, default=4, help="runs per side, alternating A B B A A B B A ...")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads in each worker (1: steadiest on a shared machine; 0: torch's default)")
     p.add_argument("--trl-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
                    help="python of the virtual env that has TRL (make bench creates it)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench" / "grpo_step.json"), help="results JSON")
@@ -355,7 +356,7 @@ def main() -> None:
           f"{peak / 1e9:.1f} GFLOP/s")
     print(f"P = {args.prompt_tokens}, C = {args.completion_tokens}, G = {args.group_size}, "
           f"{args.prompts_per_step} prompts/step, beta = {args.beta}, fp32, {args.warmup} warm-up + "
-          f"{args.steps} measured steps per run, {args.rounds} runs per side (A B B A)")
+          f"{args.steps} measured steps per run, {args.rounds} runs per side (A B B A ...)")
     results = {"peak_flops": peak, "args": vars(args), "models": {}}
     for name in args.models:
         folder = model_folder(name)

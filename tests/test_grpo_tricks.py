@@ -86,9 +86,10 @@ def full_batch_tensors(gen):
 
 
 def count_calls(module) -> list:
-    """Attach a forward hook that records every call of `module`; returns the record list."""
+    """Record every call of `module` (a pre-hook: checkpointing's recompute may stop early, inside
+    the module, once it has rebuilt what backward needs, so a post-hook can miss it)."""
     calls = []
-    module.register_forward_hook(lambda mod, inp, out: calls.append(1))
+    module.register_forward_pre_hook(lambda mod, inp: calls.append(1))
     return calls
 
 
@@ -98,16 +99,25 @@ def test_gradient_checkpointing_gives_identical_loss_and_gradients(tiny):
     policy, ref, tok = tiny
     gen, adv = make_batch(len(tok))
     loss_plain, grads_plain, _ = run_update(policy, ref, gen, adv, config())
-    loss_ckpt, grads_ckpt, model = run_update(policy, ref, gen, adv, config(gradient_checkpointing=True))
-    assert model.is_activation_checkpointing                 # the switch really was on
+    loss_ckpt, grads_ckpt, _ = run_update(policy, ref, gen, adv, config(gradient_checkpointing=True))
     assert loss_ckpt == pytest.approx(loss_plain, abs=1e-6)
     assert_same_grads(grads_plain, grads_ckpt, atol=1e-6)
+
+    # The switch really is on: a decoder layer's MLP now runs twice per micro-batch (forward, then
+    # again inside backward), and generation in eval mode still works (it needs the KV cache).
+    model = copy.deepcopy(policy).train()
+    layer_calls = count_calls(model.get_decoder().layers[0].mlp)
+    grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=0.0), gen, adv,
+                       config(gradient_checkpointing=True), ref_model=ref)
+    assert len(layer_calls) == 2 and model.is_activation_checkpointing
+    out = models.generate(model.eval(), tok, [[{"role": "user", "content": "hi"}]], max_new_tokens=3)
+    assert out.completion_ids.shape == (1, 3) or bool(out.finished[0])
     grpo.set_gradient_checkpointing(model, False)
     assert not model.is_activation_checkpointing
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
-@pytest.mark.parametrize("micro_batch", [1, 4])            # 4 leaves an uneven last micro-batch of 2
+@pytest.mark.parametrize("micro_batch", [2, 4])            # 4 leaves an uneven last micro-batch of 2
 def test_micro_batching_gives_the_full_batch_gradient(tiny, loss_type, micro_batch):
     policy, ref, tok = tiny
     gen, adv = make_batch(len(tok))
