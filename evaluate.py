@@ -88,7 +88,7 @@ import torch
 
 import director as dr
 import models
-from data import UserError
+from data import UserError, positive_int
 from judge import JudgeState, make_judge, parse_ab
 from simulate import SAFETY, USER, Cast, run_conversations
 
@@ -751,30 +751,18 @@ not repeating each other, and helpful? Answer with A or B."""
 # Flags (mascot.py adds the common ones: --model, --run, --seed, --data, --set, --judge, ...)
 # -------------------------------------------------------------------------------------
 
-def _positive(name: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-    return parse
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `mascot.py evaluate`, on top of mascot.add_common (call that first)."""
     g = parser.add_argument_group("evaluate")
     g.add_argument("--systems", default="all",
                    help="comma-separated subset of " + ", ".join(SYSTEM_NAMES)
                         + "; 'all' = every system whose checkpoints exist")
-    g.add_argument("--contexts", type=_positive("--contexts"), default=8,
+    g.add_argument("--contexts", type=positive_int("--contexts"), default=8,
                    help="held-out contexts to evaluate on (8 keeps a CPU run to minutes)")
     g.add_argument("--profiles", default="average",
                    help="simulated-user profile ids (comma-separated), or 'all' = the 10 one-trait "
                         "profiles + average, assigned round-robin so each gets as many conversations")
-    g.add_argument("--turns", type=_positive("--turns"), default=4, help="agent turns per conversation")
+    g.add_argument("--turns", type=positive_int("--turns"), default=4, help="agent turns per conversation")
     g.add_argument("--user-every", type=int, default=2,
                    help="the simulated user answers after every N agent turns")
     g.add_argument("--speakers", default=None,
