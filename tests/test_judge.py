@@ -404,3 +404,19 @@ def test_format_eval_report():
     assert lines[0] == "accuracy: 0.833"
     assert re.fullmatch(r"accuracy: [01]\.\d{3}", lines[0])
     assert len(lines) == 3 and "Anchor" in lines[1] and "2/3" in lines[1]
+
+
+def test_judge_reply_parsers_never_raise_on_fuzzed_text():
+    """Whatever an LLM judge answers (random bytes, adversarial near-misses), the readers of its
+    answer return a verdict or None; they never raise."""
+    import random as _random
+    import string as _string
+    from evaluate import parse_rubric_score
+    from judge import parse_ab
+    rng = _random.Random(1)
+    alphabet = _string.printable + "ÄäÆ€🙂\u200b\u0000１２３"
+    tricky = ["A", "B", "a or b", "Answer: B", "**A**", "Reply A is better, no wait B", "AB", "", " ",
+              "Score: 5/5", "I'd say 4", "{\"score\": 9}", "\n\n", "A" * 5000]
+    for text in tricky + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(2000)]:
+        assert parse_ab(text) in (0, 1, None)
+        assert parse_rubric_score(text) in (None, 1, 2, 3, 4, 5)
