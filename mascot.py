@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     s2.add_argument("--speakers", default=None,
                     help="speaker model folder (default: RUN/stage1/speakers if it exists, else --model)")
     s2.add_argument("--director-model", default=None, help="initial director (default: --model)")
+    s2.add_argument("--director-warmup", type=positive_int("--director-warmup", 0), default=20,
+                    help="supervised steps (4 examples each) teaching the director the three-line format "
+                         "before GRPO, with random agents; 0 skips it (see director.py, section 5)")
+    s2.add_argument("--warmup-lr", type=float, default=2e-5, help="learning rate of the format warm start")
     s2.add_argument("--rollout-turns", type=positive_int("--rollout-turns"), default=3,
                     help="N: agent turns rolled out after each sampled directive")
     s2.add_argument("--user-every", type=int, default=2,
@@ -287,8 +291,8 @@ def train_stage1(args) -> dict:
     ref = base if args.beta > 0 else None
     reward_fn = reward.speaker_reward_fn(rm, rm_tok, personas, args.format_weight)
     before = reward.heldout_reward(policy, tok, held_states, personas, reward_fn, args)
-    print(f"held-out mean reward before GRPO: {before['reward']:.3f} "
-          f"(rm {before['rm']:.3f}, format {before['format']:.3f})", flush=True)
+    print(f"held-out mean reward before GRPO: {before['reward']:.3f} ± {before['se']:.3f} (se) "
+          f"(rm {before['rm']:.3f}, format {before['format']:.3f}; {before['n']} replies)", flush=True)
 
     def sample_prompts(step):
         rng = random.Random(args.seed * 1_000_003 + step)
@@ -304,8 +308,11 @@ def train_stage1(args) -> dict:
         [m for m in meta for _ in range(args.group_size)], texts, gen.finished),
         grpo_config(args), out, ref_model=ref, resume=args.resume, describe=describe)
     after = reward.heldout_reward(policy, tok, held_states, personas, reward_fn, args)
-    print(f"held-out mean reward after GRPO:  {after['reward']:.3f} "
-          f"(rm {after['rm']:.3f}, format {after['format']:.3f})", flush=True)
+    print(f"held-out mean reward after GRPO:  {after['reward']:.3f} ± {after['se']:.3f} (se) "
+          f"(rm {after['rm']:.3f}, format {after['format']:.3f}; {after['n']} replies)", flush=True)
+    change, change_se = reward.paired_change(before["rewards"], after["rewards"])
+    after["change"], after["change_se"] = change, change_se
+    print(f"held-out change: {change:+.3f} ± {change_se:.3f} (paired se; same states and seeds)", flush=True)
     speakers = out / "speakers"
     policy.save_pretrained(speakers)
     tok.save_pretrained(speakers)
@@ -365,7 +372,11 @@ def train_stage2(args) -> dict:
 
     director = dr.LLMDirector(policy, tok, personas, max_new_tokens=40)
     before = rollout.evaluate(director, held_points)
-    print(f"held-out mean group reward before: {before['reward']:.3f}  agent choices: {before['choices']}", flush=True)
+    print(f"held-out mean group reward before: {before['reward']:.3f}  agent choices: {before['choices']}"
+          f"  unparseable: {before['invalid']}/{before['n']}", flush=True)
+    warm = warm_start_director(args, out, policy, tok, personas, train_points, rollout, director, held_points)
+    if warm and args.beta > 0:      # the KL anchor is the director GRPO starts from, not the raw base model
+        ref = models.load_model(str(out / "director_warm"), device=args.device)[0]
 
     def sample_prompts(step):
         rng = random.Random(args.seed * 1_000_003 + step)
@@ -387,12 +398,42 @@ def train_stage2(args) -> dict:
     folder = out / "director"
     policy.save_pretrained(folder)
     tok.save_pretrained(folder)
-    summary = {"heldout_before": before, "heldout_after": after, "speakers": speakers_name,
+    summary = {"heldout_before": before, "warm_start": warm, "heldout_after": after, "speakers": speakers_name,
                "judge": judge.name, "model": args.model, "director": str(folder),
                "invalid_directives": rollout.invalid, "directives": rollout.total}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(f"stage 2 done: director saved to {folder}", flush=True)
     return summary
+
+
+def warm_start_director(args, out: Path, policy, tok, personas, train_points, rollout, director,
+                        held_points) -> dict | None:
+    """The supervised format warm start of the director (director.py, section 5), run once.
+
+    Its result (losses, held-out group reward) goes to warm_start.json and the weights to
+    stage2/director_warm; a resumed run that already has GRPO checkpoints skips it, because
+    those checkpoints were trained from the warm-started weights."""
+    import director as dr
+    import grpo
+    path = out / "warm_start.json"
+    if args.director_warmup == 0:
+        return None
+    if args.resume and grpo.latest_checkpoint(out / "checkpoints") and path.exists():
+        return json.loads(path.read_text(encoding="utf-8"))
+    examples = dr.format_examples(personas, train_points, args.director_warmup * 4, args.seed)
+    t0 = time.time()
+    losses = dr.supervised_warm_start(policy, tok, examples, args.director_warmup, batch_size=4,
+                                      lr=args.warmup_lr, log=lambda s: print(s, flush=True))
+    seconds = time.time() - t0
+    held = rollout.evaluate(director, held_points)
+    print(f"held-out mean group reward after the format warm start: {held['reward']:.3f}  agent choices: "
+          f"{held['choices']}  unparseable: {held['invalid']}/{held['n']}", flush=True)
+    policy.save_pretrained(out / "director_warm")
+    tok.save_pretrained(out / "director_warm")
+    warm = {"steps": args.director_warmup, "lr": args.warmup_lr, "losses": losses,
+            "seconds": round(seconds, 1), "heldout": held}
+    path.write_text(json.dumps(warm, indent=2) + "\n", encoding="utf-8")
+    return warm
 
 
 # ----------------------------------------------------------------------------------------------
@@ -448,13 +489,19 @@ def simulate_cmd(args) -> None:
 # The budget flags of `make demo`. They are small on purpose: the point is to see every stage
 # run and print real numbers in minutes on a laptop. For a real run on a GPU, drop them (the
 # defaults of `train --help` are larger) and raise --steps, --states and --decision-points.
-DEMO_STAGE1 = ["--states", "16", "--heldout-states", "6", "--candidates", "4", "--steps", "6",
-               "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "32", "--lr", "5e-6",
-               "--rm-epochs", "1", "--save-every", "3", "--dump-every", "3"]
-DEMO_STAGE2 = ["--decision-points", "6", "--heldout-points", "4", "--steps", "4", "--prompts-per-step", "2",
-               "--group-size", "4", "--rollout-turns", "2", "--max-new-tokens", "32", "--lr", "5e-6",
-               "--beta", "0", "--save-every", "2", "--dump-every", "2"]
-DEMO_EVAL = ["--contexts", "4", "--turns", "4", "--max-new-tokens", "32"]
+DEMO_STAGE1 = ["--states", "10", "--heldout-states", "4", "--candidates", "4", "--steps", "4",
+               "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "32", "--lr", "1e-5",
+               "--rm-epochs", "1", "--save-every", "2", "--dump-every", "2"]
+# Stage 2 starts with 8 supervised steps that teach the 135M director the three-line format
+# (without them it writes no parseable directive and GRPO gets no signal; director.py, section 5).
+DEMO_STAGE2 = ["--decision-points", "6", "--heldout-points", "4", "--steps", "3", "--prompts-per-step", "2",
+               "--group-size", "4", "--rollout-turns", "2", "--max-new-tokens", "32", "--lr", "1e-5",
+               "--beta", "0", "--director-warmup", "8", "--warmup-lr", "1e-4", "--save-every", "3",
+               "--dump-every", "3"]
+# The prompted-director and few-shot-CoT baselines are left out of the demo to save ~2 minutes;
+# `python mascot.py evaluate --run runs/demo` runs every system.
+DEMO_EVAL = ["--contexts", "4", "--turns", "4", "--max-new-tokens", "32",
+             "--systems", "zero-shot,round-robin,mascot-p,mascot-c,mascot"]
 
 
 def demo(args) -> None:

@@ -454,22 +454,31 @@ def health_charts(rows: list[dict]) -> list[str]:
     return [kl_chart, fractions]
 
 
-def before_after_table(before: dict, after: dict, keys: list[tuple[str, str]]) -> str:
+def before_after_table(blocks: list[tuple[str, dict]], keys: list[tuple[str, str]]) -> str:
+    """One row per (label, held-out measurement), e.g. before and after training."""
     head = "<tr><th>held-out</th>" + "".join(f"<th>{esc(label)}</th>" for _, label in keys) + "</tr>"
     body = ""
-    for name, block in (("before training", before), ("after training", after)):
+    for name, block in blocks:
         if block:
             body += f"<tr><td>{name}</td>" + "".join(f"<td>{fmt(block.get(k))}</td>" for k, _ in keys) + "</tr>"
     return f"<table>{head}{body}</table>" if body else ""
 
 
-def stage1_section(run: Path) -> str:
-    rows, missing = load_jsonl(run / "stage1" / "metrics.jsonl")
-    summary, summary_missing = load_json(run / "stage1" / "summary.json")
-    out = ["<h2>Stage 1: persona-aligned speakers (reward model + GRPO)</h2>",
-           source("stage1/metrics.jsonl", "stage1/summary.json")]
+def load_stage(run: Path, stage: int, title: str) -> tuple[list, str, dict, str, list[str]]:
+    """A stage's metrics rows and summary, with the section's heading (and a note when both are missing)."""
+    rows, missing = load_jsonl(run / f"stage{stage}" / "metrics.jsonl")
+    summary, summary_missing = load_json(run / f"stage{stage}" / "summary.json")
+    out = [f"<h2>{title}</h2>", source(f"stage{stage}/metrics.jsonl", f"stage{stage}/summary.json")]
     if not rows and not summary:
-        return "\n".join(out + [note(f"No stage-1 results ({missing}). Run: python mascot.py train --stage 1")])
+        out.append(note(f"No stage-{stage} results ({missing}). Run: python mascot.py train --stage {stage}"))
+    return rows, missing, summary, summary_missing, out
+
+
+def stage1_section(run: Path) -> str:
+    rows, missing, summary, summary_missing, out = load_stage(
+        run, 1, "Stage 1: persona-aligned speakers (reward model + GRPO)")
+    if not rows and not summary:
+        return "\n".join(out)
     if rows:
         out.append(charts(
             reward_chart(rows, "Speaker reward per step (mean, band = ± 1 std)"),
@@ -496,8 +505,9 @@ def stage1_section(run: Path) -> str:
         out.append(watch("held-out accuracy above 0.5 means the reward model learned something the "
                          "judge prefers; with a few dozen pairs it is noisy."))
         before, after = part(summary, "heldout_before"), part(summary, "heldout_after")
-        out.append(before_after_table(before, after, [("reward", "reward"), ("rm", "reward model"),
-                                                      ("format", "format"), ("n", "replies")]))
+        out.append(before_after_table([("before training", before), ("after training", after)],
+                                      [("reward", "reward"), ("rm", "reward model"),
+                                       ("format", "format"), ("n", "replies")]))
         examples = [(label, b.get("example")) for label, b in (("before", before), ("after", after))
                     if isinstance(b.get("example"), dict)]
         if examples:
@@ -513,12 +523,10 @@ def stage1_section(run: Path) -> str:
 
 
 def stage2_section(run: Path) -> str:
-    rows, missing = load_jsonl(run / "stage2" / "metrics.jsonl")
-    summary, summary_missing = load_json(run / "stage2" / "summary.json")
-    out = ["<h2>Stage 2: the director (group reward + GRPO)</h2>",
-           source("stage2/metrics.jsonl", "stage2/summary.json")]
+    rows, missing, summary, summary_missing, out = load_stage(
+        run, 2, "Stage 2: the director (group reward + GRPO)")
     if not rows and not summary:
-        return "\n".join(out + [note(f"No stage-2 results ({missing}). Run: python mascot.py train --stage 2")])
+        return "\n".join(out)
     if rows:
         parts = ["coherence", "nonredundancy", "contribution", "balance", "format"]
         # Roster order, as the metrics rows list the agents.
@@ -535,17 +543,20 @@ def stage2_section(run: Path) -> str:
     else:
         out.append(note(f"No training curves: {missing}."))
     if summary:
-        before, after = part(summary, "heldout_before"), part(summary, "heldout_after")
-        choices = {label: b["choices"] for label, b in (("before", before), ("after", after))
-                   if isinstance(b.get("choices"), dict)}
+        # The format warm start (when it ran) sits between the prompted and the trained director.
+        stages = [("before", part(summary, "heldout_before")),
+                  ("after warm start", part(part(summary, "warm_start"), "heldout")),
+                  ("after", part(summary, "heldout_after"))]
+        stages = [(label, b) for label, b in stages if b]
+        choices = {label: b["choices"] for label, b in stages if isinstance(b.get("choices"), dict)}
         out.append(charts(svg_bar_chart(choices, "Held-out agent choices, before vs after", "directives")))
-        flat = {label: {"reward": b.get("reward"), **part(b, "components"),
-                        "invalid": b.get("invalid"), "n": b.get("n")}
-                for label, b in (("before", before), ("after", after)) if b}
+        flat = [(f"{label} training" if label != "after warm start" else "after the format warm start",
+                 {"reward": b.get("reward"), **part(b, "components"), "invalid": b.get("invalid"), "n": b.get("n")})
+                for label, b in stages]
         parts = ["coherence", "nonredundancy", "contribution", "balance", "format"]
-        keys = ([("reward", "group reward")] + [(k, k) for k in parts if any(k in f for f in flat.values())]
+        keys = ([("reward", "group reward")] + [(k, k) for k in parts if any(k in f for _, f in flat)]
                 + [("invalid", "invalid directives"), ("n", "decision points")])
-        out.append(before_after_table(flat.get("before", {}), flat.get("after", {}), keys))
+        out.append(before_after_table(flat, keys))
         if finite(summary.get("directives")):
             out.append(f"<p>During training {esc(summary.get('invalid_directives', 0))} of "
                        f"{esc(summary['directives'])} sampled directives could not be parsed "

@@ -629,5 +629,23 @@ def heldout_reward(policy, tokenizer, states: list[State], personas: PersonaSet,
                           args.temperature, seeds=[args.seed + 10_000 + i for i in range(len(rows))])
     total, comp = reward_fn(rows, gen.texts, gen.finished)
     n = len(total)
-    return {"reward": sum(total) / n, "rm": sum(comp["rm"]) / n, "format": sum(comp["format"]) / n,
-            "n": n, "example": {"state": rows[0].id, "persona": rows[0].persona, "reply": gen.texts[0]}}
+    return {"reward": sum(total) / n, "se": standard_error(total), "rm": sum(comp["rm"]) / n,
+            "format": sum(comp["format"]) / n, "n": n, "rewards": [round(r, 4) for r in total],
+            "example": {"state": rows[0].id, "persona": rows[0].persona, "reply": gen.texts[0]}}
+
+
+def standard_error(values: list[float]) -> float:
+    """Standard error of the mean, std / sqrt(n) with the n-1 sample std (0 for fewer than 2 values).
+    A before/after change smaller than about twice this is noise."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def paired_change(before: list[float], after: list[float]) -> tuple[float, float]:
+    """Mean and standard error of after - before, row by row. The held-out rows of one run use the
+    same states and seeds before and after training, so pairing removes the between-state spread."""
+    diffs = [a - b for a, b in zip(after, before)]
+    return sum(diffs) / max(len(diffs), 1), standard_error(diffs)

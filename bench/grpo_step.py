@@ -106,6 +106,16 @@ def clock() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
+def timed(fn, seconds: list):
+    """Wrap a generate function so each call's wall time is appended to `seconds`."""
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        out = fn(*a, **kw)
+        seconds.append(time.perf_counter() - t0)
+        return out
+    return wrapper
+
+
 def peak_rss_mib() -> float:
     """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -146,14 +156,7 @@ def run_ours(job: dict) -> dict:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     gen_seconds = []
-    real_generate = models.generate
-
-    def timed_generate(*a, **kw):              # grpo_step calls models.generate: time it
-        t0 = time.perf_counter()
-        out = real_generate(*a, **kw)
-        gen_seconds.append(time.perf_counter() - t0)
-        return out
-    models.generate = timed_generate
+    models.generate = timed(models.generate, gen_seconds)   # grpo_step calls models.generate
 
     def reward_fn(meta, texts, gen):
         ids = [gen.completion_ids[r][gen.completion_mask[r].bool()].tolist() for r in range(len(texts))]
@@ -224,14 +227,7 @@ def run_trl(job: dict) -> dict:
                               processing_class=tok, callbacks=[step_clock])
         gen_seconds = []
         model = trainer.model
-        real_generate = model.generate
-
-        def timed_generate(*a, **kw):          # TRL calls model.generate: time it
-            t0 = time.perf_counter()
-            out_ids = real_generate(*a, **kw)
-            gen_seconds.append(time.perf_counter() - t0)
-            return out_ids
-        model.generate = timed_generate
+        model.generate = timed(model.generate, gen_seconds)      # TRL calls model.generate
         trainer.train()
     if not (checks and all(checks)):
         raise SystemExit(f"trl: some step did not have {B} completions of exactly {C} tokens")

@@ -78,12 +78,22 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert len((stage1 / "judge_cache.jsonl").read_text().splitlines()) == cache_lines
 
-    s2 = mascot("train", "--stage", "2", "--model", "tiny", "--run", run, "--steps", "2",
-                "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
-                "--decision-points", "4", "--heldout-points", "2", "--rollout-turns", "2")
+    stage2_flags = ["train", "--stage", "2", "--model", "tiny", "--run", run, "--steps", "2",
+                    "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
+                    "--decision-points", "4", "--heldout-points", "2", "--rollout-turns", "2",
+                    "--director-warmup", "3"]
+    s2 = mascot(*stage2_flags)
     assert s2.returncode == 0, s2.stdout[-2000:] + s2.stderr[-2000:]
     assert "held-out mean group reward before" in s2.stdout and "after" in s2.stdout
+    assert "warm start 3/3" in s2.stdout and "after the format warm start" in s2.stdout
     stage2 = tmp_path / "run" / "stage2"
+    summary2 = json.loads((stage2 / "summary.json").read_text())
+    assert len(summary2["warm_start"]["losses"]) == 3 and summary2["warm_start"]["heldout"]["n"] == 2
+    assert (stage2 / "director_warm" / "config.json").exists()
+    # A resumed run trains on from its GRPO checkpoints, which already hold the warm start.
+    again2 = mascot(*stage2_flags, "--resume")
+    assert again2.returncode == 0, again2.stderr[-2000:]
+    assert "warm start 1/3" not in again2.stdout
     rows = [json.loads(l) for l in (stage2 / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     for key in ("r_coherence", "r_nonredundancy", "r_contribution", "r_balance", "r_format"):

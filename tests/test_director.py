@@ -151,28 +151,9 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
         points.append(c)
     prompts = [dr.director_messages(personas, p) for p in points]
     model, tok = models.load_model("tiny")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for step in range(60):                                  # supervised warm start on the format
-        rows = []
-        for j in range(8):
-            k = step * 8 + j
-            prompt = tok.apply_chat_template(prompts[k % 6], tokenize=False, add_generation_prompt=True)
-            target = f"Agent: {names[random.Random(k).randrange(4)]}<|im_end|>"
-            rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
-                         tok(target, add_special_tokens=False)["input_ids"]))
-        p_ids, p_mask = models.left_pad([a for a, _ in rows], tok.pad_token_id)
-        width = max(len(b) for _, b in rows)
-        c_ids = torch.full((8, width), tok.pad_token_id)
-        c_mask = torch.zeros((8, width), dtype=torch.long)
-        for r, (_, b) in enumerate(rows):
-            c_ids[r, :len(b)] = torch.tensor(b)
-            c_mask[r, :len(b)] = 1
-        logps = grpo.completion_logprobs(model, torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1),
-                                         p_ids.shape[1])
-        loss = -(logps * c_mask).sum() / c_mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    # Supervised warm start on the format (director.py, section 5), here with one-line targets.
+    examples = [(prompts[k % 6], f"Agent: {names[random.Random(k).randrange(4)]}") for k in range(480)]
+    dr.supervised_warm_start(model, tok, examples, steps=60, batch_size=8, lr=1e-2, log=lambda s: None)
 
     def sample_prompts(step):
         idx = [(step * 2 + j) % 6 for j in range(2)]
@@ -191,3 +172,38 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
     last = sum(r["reward_mean"] for r in rows[-4:]) / 4
     print(f"group reward first 3 steps {first:.3f}, last 4 steps {last:.3f}")
     assert last > first + 0.15
+
+
+def test_completion_text_is_the_assistant_turn_with_its_end_marker():
+    tok = models.load_model("tiny")[1]
+    messages = [{"role": "user", "content": "hi"}]
+    prompt, completion = dr.completion_text(tok, messages, "Agent: Anchor\nAction: validate\nTone: warm")
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert completion == "Agent: Anchor\nAction: validate\nTone: warm<|im_end|>"
+
+
+def test_format_examples_use_the_vocabularies_and_every_agent(support, context):
+    points = [conv_with(context, [], seed=i) for i in range(3)]
+    examples = dr.format_examples(support, points, 40, seed=0)
+    assert len(examples) == 40
+    agents = set()
+    for messages, target in examples:
+        d = dr.parse_directive(target, support, "nobody")
+        assert d.valid and d.action in support.strategies and d.tone in support.tones
+        agents.add(d.agent)
+    assert agents == set(support.names())                  # uniform targets: no agent is favoured
+
+
+def test_format_warm_start_teaches_a_tiny_director_the_three_lines(support, context):
+    """A random tiny model writes no parseable directive; 100 supervised steps make it write them."""
+    torch.manual_seed(0)
+    model, tok = models.load_model("tiny")
+    points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
+    director = dr.LLMDirector(model, tok, support, max_new_tokens=32)
+    before = sum(d.valid for d in director.choose(points))
+    examples = dr.format_examples(support, points, 800, seed=0)
+    losses = dr.supervised_warm_start(model, tok, examples, steps=100, batch_size=8, lr=1e-2, log=lambda s: None)
+    after = sum(d.valid for d in director.choose(points))
+    print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f}; parseable {before}/4 -> {after}/4")
+    assert losses[-1] < losses[0] / 3
+    assert before == 0 and after >= 3
