@@ -531,7 +531,8 @@ def demo(args) -> None:
 
 
 def print_side_by_side(transcripts: Path, width: int = 60) -> None:
-    """One conversation before (base speakers, round-robin) and after training (MASCOT), same context."""
+    """One conversation before (base speakers, round-robin) and after training (mascot, else an
+    ablation), same context, printed in two columns."""
     import textwrap
     if not transcripts.exists():
         return
@@ -540,7 +541,7 @@ def print_side_by_side(transcripts: Path, width: int = 60) -> None:
     for r in rows:
         by_system.setdefault(r.get("system", ""), []).append(r)
     before = by_system.get("round-robin") or next(iter(by_system.values()), [])
-    after_name = next((n for n in ("MASCOT", "MASCOT-C", "MASCOT-P") if n in by_system), None)
+    after_name = next((n for n in ("mascot", "mascot-c", "mascot-p") if n in by_system), None)
     if not before or not after_name:
         return
     a = before[0]

@@ -108,3 +108,18 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
     assert conv["policy"] == "director" and "seed" in conv
     agent_turns = [t for t in conv["turns"] if t["speaker"] not in ("User", "Safety")]
     assert agent_turns and all(t["directive"] for t in agent_turns)
+
+
+def test_demo_prints_one_conversation_before_and_after_side_by_side(tmp_path, capsys):
+    import mascot as cli
+    turns = lambda who: [{"speaker": "User", "text": "I failed my exam."},
+                         {"speaker": who, "text": f"{who} answers here."}]
+    rows = [{"system": "round-robin", "context_id": "c1", "turns": turns("Anchor")},
+            {"system": "mascot", "context_id": "c1", "turns": turns("Beacon")}]
+    path = tmp_path / "transcripts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cli.print_side_by_side(path)
+    out = capsys.readouterr().out
+    assert "after: mascot" in out
+    line = next(l for l in out.splitlines() if "Anchor answers" in l)
+    assert "Beacon answers" in line                  # same row: the two columns line up
