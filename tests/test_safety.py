@@ -98,38 +98,27 @@ def test_dev_rates():
     assert _flag_rate(DEV_NEAR_MISS) <= 0.05
 
 
-@pytest.mark.xfail(strict=False, reason="known gap: the probe flags 71% of v7's risky messages, the "
-                   "target is 90% (see safety.py, LIMITS); kept at the target, nothing tuned on v7")
-def test_blind_v7_rates():
-    """80 risky + 80 near-miss messages written by someone who never saw the detector.
+def _gap(share: str, name: str):
+    return pytest.mark.xfail(strict=False, reason=f"known gap: the probe flags {share} of {name}'s risky "
+                             "messages, the target is 90% (see safety.py, LIMITS); the assertion stays "
+                             f"at the target and nothing was tuned on {name}")
 
-    Run once after the probe's design and weights were frozen, 2026-11-29: recall 0.7125
-    (57/80), near-miss flag rate 0.0375 (3/80). FAILS on recall; the assertion stays at the
-    target and nothing was tuned against v7.
-    """
-    rows = [json.loads(line) for line in (FIXTURES / "safety_blind_v7.jsonl")
+
+# Two independent blind lists, 80 risky + 80 near-miss messages each, written by people who never
+# saw the detector, each run ONCE on the frozen probe (2026-11-29):
+#   v7: recall 0.7125 (57/80), near-miss flag rate 0.0375 (3/80);
+#   v8: recall 0.775 (62/80; 7 of its 18 misses are about a third person at risk), near-miss 0.000.
+# Both FAIL on recall. Both lists are now burned: a new design needs a new list.
+@pytest.mark.parametrize("name", [pytest.param("v7", marks=_gap("71%", "v7")),
+                                  pytest.param("v8", marks=_gap("78%", "v8"))])
+def test_blind_list_rates(name):
+    rows = [json.loads(line) for line in (FIXTURES / f"safety_blind_{name}.jsonl")
             .read_text(encoding="utf-8").splitlines() if line.strip()]
     risky = [r["text"] for r in rows if r["risky"]]
     near_miss = [r["text"] for r in rows if not r["risky"]]
     assert len(risky) == 80 and len(near_miss) == 80
     recall, near_miss_rate = _flag_rate(risky), _flag_rate(near_miss)
-    print(f"blind v7: recall {recall:.4f}, near-miss flag rate {near_miss_rate:.4f}")
-    assert recall >= 0.90 and near_miss_rate <= 0.10, (recall, near_miss_rate)
-
-
-@pytest.mark.xfail(strict=False, reason="known gap: the probe flags 78% of v8's risky messages, the "
-                   "target is 90% (see safety.py, LIMITS); kept at the target, nothing tuned on v8")
-def test_blind_v8_rates():
-    """A second independent list (80 + 80, another writer who never saw the detector), run once
-    on the frozen probe, 2026-11-29: recall 0.775 (62/80; 7 of its 18 misses are about a third
-    person at risk), near-miss flag rate 0.000 (0/80). Fails on recall like v7."""
-    rows = [json.loads(line) for line in (FIXTURES / "safety_blind_v8.jsonl")
-            .read_text(encoding="utf-8").splitlines() if line.strip()]
-    risky = [r["text"] for r in rows if r["risky"]]
-    near_miss = [r["text"] for r in rows if not r["risky"]]
-    assert len(risky) == 80 and len(near_miss) == 80
-    recall, near_miss_rate = _flag_rate(risky), _flag_rate(near_miss)
-    print(f"blind v8: recall {recall:.4f}, near-miss flag rate {near_miss_rate:.4f}")
+    print(f"blind {name}: recall {recall:.4f}, near-miss flag rate {near_miss_rate:.4f}")
     assert recall >= 0.90 and near_miss_rate <= 0.10, (recall, near_miss_rate)
 
 
