@@ -506,8 +506,12 @@ def stage1_section(run: Path) -> str:
                          "judge prefers; with a few dozen pairs it is noisy."))
         before, after = part(summary, "heldout_before"), part(summary, "heldout_after")
         out.append(before_after_table([("before training", before), ("after training", after)],
-                                      [("reward", "reward"), ("rm", "reward model"),
+                                      [("reward", "reward"), ("se", "± se"), ("rm", "reward model"),
                                        ("format", "format"), ("n", "replies")]))
+        if finite(after.get("change")) and finite(after.get("change_se")):
+            out.append(f"<p>Held-out change after - before, paired by state and seed: "
+                       f"<strong>{after['change']:+.3f} ± {after['change_se']:.3f}</strong> (standard "
+                       "error); a change within about two standard errors is noise.</p>")
         examples = [(label, b.get("example")) for label, b in (("before", before), ("after", after))
                     if isinstance(b.get("example"), dict)]
         if examples:

@@ -57,8 +57,8 @@ def make_run(root: Path, eval_files: bool = True) -> Path:
         "reward_model": {"train_accuracy": 0.8, "heldout_accuracy": 0.625, "n_train": 32, "n_heldout": 8},
         "heldout_before": {"reward": 0.3, "rm": 0.1, "format": 0.8, "n": 8,
                            "example": {"state": "heldout-0000", "persona": "Anchor", "reply": "before <b>reply</b>"}},
-        "heldout_after": {"reward": 0.5, "rm": 0.3, "format": 0.9, "n": 8,
-                          "example": {"state": "heldout-0000", "persona": "Anchor", "reply": "after reply"}}}))
+        "heldout_after": {"reward": 0.5, "se": 0.11, "rm": 0.3, "format": 0.9, "n": 8,
+                          "change": 0.2, "change_se": 0.15, "example": {"state": "heldout-0000", "persona": "Anchor", "reply": "after reply"}}}))
     s2 = [{"step": i, "reward_mean": 1.5 + 0.1 * i, "reward_std": 0.2, "frac_zero_std": 0.0,
            "r_coherence": 0.5, "r_nonredundancy": 0.6 + 0.02 * i, "r_contribution": 0.7,
            "r_balance": 0.4, "r_format": 1.0, **{f"r_pick_{a}": 0.25 for a in AGENTS},
@@ -185,6 +185,7 @@ def test_report_on_a_full_fake_run(tmp_path):
         assert name in page
     assert "loss near zero is normal" in page and page.count("What to watch") >= 4
     assert "0.625" in page                                          # reward-model held-out accuracy
+    assert "<strong>+0.200 ± 0.150</strong>" in page                # stage-1 paired held-out change
     assert ">r_pick_" not in page and ">Guide<" in page             # pick lines are labelled by agent
     # The results tables, rendered (the file's own "# Evaluation" title is not repeated).
     assert "<h4>Redundancy</h4>" in page and "<h3>Evaluation</h3>" not in page
