@@ -355,7 +355,6 @@ def train_stage2(args) -> dict:
                             else models.load_model(args.model, device=args.device))
     director_name = args.director_model or args.model
     policy, tok = models.load_model(director_name, device=args.device)
-    ref = models.load_model(director_name, device=args.device)[0] if args.beta > 0 else None
     encoder = models.SentenceEncoder(device=args.device)
     judge = make_judge(args.judge, cache_path=out / "judge_cache.jsonl", model_name=args.judge_model)
     from simulate import Cast
@@ -375,8 +374,9 @@ def train_stage2(args) -> dict:
     print(f"held-out mean group reward before: {before['reward']:.3f}  agent choices: {before['choices']}"
           f"  unparseable: {before['invalid']}/{before['n']}", flush=True)
     warm = warm_start_director(args, out, policy, tok, personas, train_points, rollout, director, held_points)
-    if warm and args.beta > 0:      # the KL anchor is the director GRPO starts from, not the raw base model
-        ref = models.load_model(str(out / "director_warm"), device=args.device)[0]
+    # The KL anchor is the director GRPO starts from: the warm-started one when the warm start ran.
+    ref = (models.load_model(str(out / "director_warm") if warm else director_name, device=args.device)[0]
+           if args.beta > 0 else None)
 
     def sample_prompts(step):
         rng = random.Random(args.seed * 1_000_003 + step)

@@ -548,15 +548,14 @@ def stage2_section(run: Path) -> str:
         out.append(note(f"No training curves: {missing}."))
     if summary:
         # The format warm start (when it ran) sits between the prompted and the trained director.
-        stages = [("before", part(summary, "heldout_before")),
-                  ("after warm start", part(part(summary, "warm_start"), "heldout")),
-                  ("after", part(summary, "heldout_after"))]
-        stages = [(label, b) for label, b in stages if b]
-        choices = {label: b["choices"] for label, b in stages if isinstance(b.get("choices"), dict)}
+        stages = [("before", "before training", part(summary, "heldout_before")),
+                  ("after warm start", "after the format warm start", part(part(summary, "warm_start"), "heldout")),
+                  ("after", "after training", part(summary, "heldout_after"))]
+        stages = [stage for stage in stages if stage[2]]
+        choices = {label: b["choices"] for label, _, b in stages if isinstance(b.get("choices"), dict)}
         out.append(charts(svg_bar_chart(choices, "Held-out agent choices, before vs after", "directives")))
-        flat = [(f"{label} training" if label != "after warm start" else "after the format warm start",
-                 {"reward": b.get("reward"), **part(b, "components"), "invalid": b.get("invalid"), "n": b.get("n")})
-                for label, b in stages]
+        flat = [(row, {"reward": b.get("reward"), **part(b, "components"), "invalid": b.get("invalid"), "n": b.get("n")})
+                for _, row, b in stages]
         parts = ["coherence", "nonredundancy", "contribution", "balance", "format"]
         keys = ([("reward", "group reward")] + [(k, k) for k in parts if any(k in f for _, f in flat)]
                 + [("invalid", "invalid directives"), ("n", "decision points")])
