@@ -49,8 +49,9 @@ def director_messages(personas: PersonaSet, conv: Conversation) -> list[dict]:
 
     The roster gives each companion's name and role only, not the full persona description: the
     director decides WHO and HOW, the speakers' own prompts carry the descriptions, and the
-    shorter prompt (~150 instead of ~400 tokens for the support set) makes every director
-    generation and GRPO pass on it about twice as cheap."""
+    shorter prompt (support set, measured with the SmolLM2 tokenizer: system part 184 instead of
+    372 tokens, a whole opening prompt 305 instead of 493 on average) makes every director
+    generation and GRPO pass on it cheaper."""
     roster = "\n".join(f"- {p.name}, the {p.role}" for p in personas.personas)
     counts = Counter(t.speaker for t in conv.agent_turns())
     spoken = ", ".join(f"{p.name} {counts.get(p.name, 0)}x" for p in personas.personas)
