@@ -1,34 +1,21 @@
-"""Tests for safety.py, the crisis-safety guard.
+"""Tests for safety.py, the crisis-safety guard (and extras/train_crisis_probe.py, which fits it).
 
 Three kinds of evidence:
-  * Rates. The labelled messages live in tests/fixtures/safety_train.jsonl (our own writing)
-    and the probe is FITTED on all of them, so rates on them (the DEV lists below) only show
-    the fit; the honest in-house estimate is the 10-fold cross-validation that `python
-    safety.py train` stores with the weights. The real test is a BLIND list written by someone
-    who never saw the detector, run once after the design was frozen, then burned.
+  * Rates. The labelled messages live in data/safety_train.jsonl (our own writing) and the probe
+    is FITTED on all of them, so rates on them (the DEV lists below) only show the fit; the
+    in-house estimate is the cross-validation that extras/train_crisis_probe.py stores with the
+    weights. The real test is a BLIND list written by someone who never saw the guard, run once
+    after the design was frozen. docs/SAFETY.md holds every measurement and its history.
   * The probe's math on hand-computed cases: pooling, the logistic fit, folds, the threshold.
-  * Behaviours: the examples from the issue, hyperbole mixed with real risk, denials, spelling
-    variants, ordinary chat, the fallback without the encoder or the weights, odd input, and
-    the content of the fixed crisis reply.
+  * Behaviours: hyperbole mixed with real risk, denials, spelling variants, ordinary chat, the
+    fallback without the encoder or the weights, odd input, and the fixed crisis reply.
+  * A snapshot: the guard's decision on every fixture row, recorded before safety.py was
+    restructured, reproduced exactly after.
 
-History, told straight (first-run recall / near-miss flag rate on each blind list):
-    Pattern-list era (one author, who knew the patterns when writing v2-v5): v1 0.84 / 0.00,
-    v2 0.36 / 0.08, v3 0.67 / 0.00, v4 0.47 / 0.03, v5 0.60 / 0.00. v6 (60 + 60, a second
-    helper, written before the next redesign): old patterns 0.17 / 0.02; patterns + broad net +
-    nearest-neighbour similarity 0.87 / 0.18. v7 (80 + 80, written by someone who never saw
-    the detector, tests/fixtures/safety_blind_v7.jsonl): that same version 0.79 / 0.20.
-    Round 3 (this version) replaced the similarity thresholds with a trained linear probe.
-    v1-v6 and the old DEV lists (DEV, DEV7, VAL) became training data, together with ~1,000 new
-    messages written for the weak spots and 340 ordinary ones. v7 was not opened until the
-    design and the weights were frozen, then run once, 2026-11-29: recall 0.71 (57/80),
-    near-miss flag rate 0.04 (3/80). Below the recall target, so test_blind_v7_rates FAILS;
-    the assertion stays. v7 is now burned too; the next change needs a new list.
-Caveat: the training messages were written by the same few people who wrote the code, so even
-the cross-validated rates are optimistic; v7 is the only independent measurement.
-
-Run: .venv/bin/python -m pytest -q tests/test_safety.py   (~10 s on 2 quiet cores; loads MiniLM once)
+Run: python -m pytest -q tests/test_safety.py   (~40 s on 2 quiet cores; loads MiniLM once)
 """
 
+import hashlib
 import json
 import math
 import subprocess
@@ -41,11 +28,12 @@ import torch
 
 import safety
 from data import UserError
+from extras import train_crisis_probe as training
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-ROWS = safety.load_training_rows()
+ROWS = training.load_training_rows()
 
-# The DEV lists of earlier rounds (tuned on then, fitted on now): "dev", the burned blind v5,
+# The DEV lists of earlier rounds (tuned on then, fitted on now): "dev", the spent blind v5,
 # "dev7" and "val". Target as before: recall >= 0.95, near-miss flag rate <= 0.05.
 DEV_SOURCES = {"dev", "blind_v5", "dev7", "val"}
 DEV_RISKY = [r["text"] for r in ROWS if r["source"] in DEV_SOURCES and r["risky"]]
@@ -65,26 +53,26 @@ def test_training_file_is_well_formed():
     assert len(set(texts)) == len(texts), "a message is in the file twice"
     assert len(DEV_RISKY) == 179 and len(DEV_NEAR_MISS) == 180
     assert sum(r["risky"] for r in ROWS) >= 800
-    assert sum(not r["risky"] and not safety.is_ordinary(r) for r in ROWS) >= 800
-    assert not any(r["risky"] and safety.is_ordinary(r) for r in ROWS)
+    assert sum(not r["risky"] and not training.is_ordinary(r) for r in ROWS) >= 800
+    assert not any(r["risky"] and training.is_ordinary(r) for r in ROWS)
 
 
 def test_bad_training_row_is_a_user_error(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"text": "hi", "risky": "yes", "source": "x", "kind": ""}\n')
     with pytest.raises(UserError, match="line 1"):
-        safety.load_training_rows(path)
+        training.load_training_rows(path)
 
 
 def test_shipped_weights_were_fitted_on_the_current_training_file():
-    # Edit tests/fixtures/safety_train.jsonl without `python safety.py train` and this fails.
+    # Edit data/safety_train.jsonl without refitting (extras/train_crisis_probe.py): this fails.
     probe = safety.load_probe()
-    assert probe["metadata"]["rows_sha256"] == safety.rows_fingerprint(ROWS)
+    assert probe["metadata"]["rows_sha256"] == training.rows_fingerprint(ROWS)
     assert probe["weight"].shape == (2 * 7 * 384,)
     assert math.isfinite(probe["threshold"]) and math.isfinite(probe["bias"])
     report = json.loads(probe["metadata"]["report"])
-    # The CV estimate stored with the weights (measured 2026-11-29: 0.836 / 0.070 / 0.088).
-    assert report["cv_near_miss"] <= safety.MAX_NEAR_MISS
+    # The CV estimate stored with the weights (at this writing: 0.836 / 0.070 / 0.088).
+    assert report["cv_near_miss"] <= float(probe["metadata"]["max_near_miss"])
     assert report["cv_recall"] >= 0.80
     assert report["cv_ordinary"] <= 0.10
 
@@ -92,7 +80,7 @@ def test_shipped_weights_were_fitted_on_the_current_training_file():
 # ---- rates ----------------------------------------------------------------------------------
 
 def test_dev_rates():
-    # Fitted on, so this only shows the fit. Measured 2026-11-29: recall 0.989 (177/179),
+    # Fitted on, so this only shows the fit. Measured: recall 0.989 (177/179),
     # near-miss flag rate 0.000 (0/180).
     assert _flag_rate(DEV_RISKY) >= 0.95
     assert _flag_rate(DEV_NEAR_MISS) <= 0.05
@@ -105,10 +93,10 @@ def _gap(share: str, name: str):
 
 
 # Two independent blind lists, 80 risky + 80 near-miss messages each, written by people who never
-# saw the detector, each run ONCE on the frozen probe (2026-11-29):
+# saw the detector, each run ONCE on the frozen probe (docs/SAFETY.md):
 #   v7: recall 0.7125 (57/80), near-miss flag rate 0.0375 (3/80);
 #   v8: recall 0.775 (62/80; 7 of its 18 misses are about a third person at risk), near-miss 0.000.
-# Both FAIL on recall. Both lists are now burned: a new design needs a new list.
+# Both FAIL on recall. Both lists are now spent: a new design needs a new list.
 @pytest.mark.parametrize("name", [pytest.param("v7", marks=_gap("71%", "v7")),
                                   pytest.param("v8", marks=_gap("78%", "v8"))])
 def test_blind_list_rates(name):
@@ -123,8 +111,8 @@ def test_blind_list_rates(name):
 
 
 def test_bundled_openings_and_ordinary_chat_are_not_flagged():
-    # A flag ends a simulated conversation, so everyday openings must pass. Measured
-    # 2026-11-29: 1 of the 72 bundled first messages flagged (a smashed car window).
+    # A flag ends a simulated conversation, so everyday openings must pass. Measured: 1 of the
+    # 72 bundled first messages flagged (a smashed car window).
     root = Path(safety.__file__).resolve().parent
     openings = [json.loads(line)["first_message"] for line in
                 (root / "data" / "contexts.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -135,7 +123,7 @@ def test_bundled_openings_and_ordinary_chat_are_not_flagged():
 
 
 def test_patterns_only_fallback_rates():
-    # Layers a-c without the encoder flag every explicit or broad-net hit. Measured 2026-11-29
+    # Layers a-c without the encoder flag every explicit or broad-net hit. Measured
     # on DEV: recall 0.883, near-miss flag rate 0.028.
     guard = safety.CrisisGuard(encoder=None)
     assert _flag_rate(DEV_RISKY, guard) >= 0.85
@@ -163,7 +151,7 @@ def test_missing_encoder_warns_and_falls_back_to_patterns(monkeypatch):
 
 def test_missing_weights_file_warns_and_falls_back_to_patterns(tmp_path):
     guard = safety.CrisisGuard(probe=tmp_path / "missing.safetensors")
-    with pytest.warns(RuntimeWarning, match="safety.py train"):
+    with pytest.warns(RuntimeWarning, match="train_crisis_probe.py"):
         assert guard.check("kms") == (True, "explicit_intent")
 
 
@@ -184,7 +172,7 @@ def test_fit_logistic_reaches_the_penalised_optimum():
     g = torch.Generator().manual_seed(0)
     X = torch.randn(60, 3, generator=g, dtype=torch.float64)
     y = (X[:, 0] - X[:, 1] + 0.5 * torch.randn(60, generator=g, dtype=torch.float64) > 0).double()
-    w, b = safety.fit_logistic(X, y, l2=0.1, steps=300)
+    w, b = training.fit_logistic(X, y, l2=0.1, steps=300)
     mu, sd = X.mean(0), X.std(0)
     w_std = (w * sd).requires_grad_()                   # the weights on standardised features
     b_std = (b + mu @ w).detach().requires_grad_()
@@ -197,18 +185,18 @@ def test_fit_logistic_reaches_the_penalised_optimum():
 
 def test_stratified_folds_cover_every_row_once_with_the_same_mix():
     labels = [True] * 30 + [False] * 70
-    folds = safety.stratified_folds(labels, k=10)
+    folds = training.stratified_folds(labels, k=10)
     assert sorted(i for fold in folds for i in fold) == list(range(100))
     assert all(sum(labels[i] for i in fold) == 3 and len(fold) == 10 for fold in folds)
-    assert folds == safety.stratified_folds(labels, k=10)            # seeded
+    assert folds == training.stratified_folds(labels, k=10)            # seeded
 
 
 def test_pick_threshold_and_flag_rates_hand_computed():
     logits = torch.tensor([3.0, 2.0, 1.0, 0.0, 2.5, 0.5])
     y = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
     # 4 near-misses, at most 25% flagged -> 1 allowed -> threshold = 2nd highest near-miss = 2.
-    assert safety.pick_threshold(logits, y, max_near_miss=0.25) == 2.0
-    assert safety.flag_rates(logits, y, 2.0) == (0.5, 0.25)   # 2.5 flagged, 0.5 not; 3.0 flagged
+    assert training.pick_threshold(logits, y, max_near_miss=0.25) == 2.0
+    assert training.flag_rates(logits, y, 2.0) == (0.5, 0.25)   # 2.5 flagged, 0.5 not; 3.0 flagged
 
 
 def test_probe_windows():
@@ -232,14 +220,14 @@ def test_probe_windows():
     ("what a lovely day", ""),                               # no risk words at all
 ])
 def test_broad_net_groups(text, group):
-    assert safety.broad_net(safety._blank(safety.normalise(text))) == group
+    assert safety.broad_net(safety.blank(safety.normalise(text))) == group
 
 
 def test_probe_flags_messages_without_risk_words():
     # No pattern and no broad-net word: only the probe can flag these (both are training rows).
     for text in ["Please don't be angry with me for what I'm about to do",
                  "I'd be doing everyone a favour by leaving this world"]:
-        searchable = safety._blank(safety.normalise(text))
+        searchable = safety.blank(safety.normalise(text))
         assert safety.explicit_category(searchable) == "" and safety.broad_net(searchable) == ""
         assert safety.crisis_check(text) == (True, "probe")
     assert safety.crisis_check("what a lovely day, we had a picnic in the park") == (False, "")
@@ -298,7 +286,7 @@ def test_issue_risks_flagged_with_category(text, category):
     "the suspense is killing me, also I took all my pills",
     pytest.param("I'm dying to see that film but I keep thinking about ending it all",
                  marks=pytest.mark.xfail(strict=True, reason="known miss of the probe (logit "
-                                         "-1.1); listed under LIMITS in safety.py")),
+                                         "-1.1); see docs/SAFETY.md")),
     "I'd rather die than sing karaoke. but really, nobody would care if I died",
 ])
 def test_hyperbole_does_not_hide_real_risk(text):
@@ -355,7 +343,7 @@ def test_long_message_with_risk_at_the_end_is_flagged():
             "half a film and could not concentrate on any of it. My flatmate asked if I was okay "
             "and I said yes. I'm not. I've been saving my pills and I think this weekend is when "
             "I'll take them all.")
-    assert len(safety.probe_windows(safety._blank(safety.normalise(text)))) > 1
+    assert len(safety.probe_windows(safety.blank(safety.normalise(text)))) > 1
     assert safety.crisis_check(text) == (True, "method_means")
 
 
@@ -368,3 +356,26 @@ def test_crisis_message_content():
     assert "AI" in msg
     assert "emergency services" in msg
     assert "988" in msg and "116 123" in msg and "findahelpline.com" in msg
+
+
+# ---- the restructure changed no decision ---------------------------------------------------------
+
+def test_decisions_match_the_snapshot_taken_before_the_restructure():
+    # tests/fixtures/safety_decisions.json holds, for every row of every fixture list, the text's
+    # hash and the (flagged, category) the guard gave BEFORE the patterns moved to
+    # data/safety_patterns.json and training moved to extras/: both the full guard and the
+    # patterns-only fallback must reproduce it exactly.
+    snapshot = json.loads((FIXTURES / "safety_decisions.json").read_text(encoding="utf-8"))
+    root = Path(safety.__file__).resolve().parent
+    files = {"train": root / "data" / "safety_train.jsonl",
+             "blind_v7": FIXTURES / "safety_blind_v7.jsonl",
+             "blind_v8": FIXTURES / "safety_blind_v8.jsonl"}
+    guards = {"probe": safety.default_guard(), "patterns_only": safety.CrisisGuard(encoder=None)}
+    for name, path in files.items():
+        texts = [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()
+                 if line.strip()]
+        hashes = [hashlib.sha256(t.encode()).hexdigest()[:16] for t in texts]
+        for mode, guard in guards.items():
+            got = [[h, flagged, category] for h, (flagged, category)
+                   in zip(hashes, guard.check_many(texts))]
+            assert got == snapshot[mode][name], (mode, name)
