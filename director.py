@@ -8,9 +8,9 @@ The director reads the conversation and writes a directive in the format of the 
 
 This file holds, in reading order:
   1. the director's prompt and a robust parser for its answer (`parse_directive`);
-  2. speaker-selection policies with one interface, `choose(convs) -> list[Directive]`:
-     round-robin, random order (the paper's MASCOT-C ablation), and the LLM director
-     (prompted base model, or the model trained here);
+  2. the LLM director (prompted base model, or the model trained here), a turn-taking policy with
+     the same interface, `choose(convs) -> list[Directive]`, as the fixed rules in simulate.py
+     (round-robin, random order = the paper's MASCOT-C ablation, least-spoken);
   3. the group reward that scores an N-turn block after a directive (coherence, non-redundancy,
      contribution, persona balance, format);
   4. stage-2 training: sample G directives at a decision point, roll each out N turns with the
@@ -29,16 +29,20 @@ Run:   python mascot.py train --stage 2 --model smollm2-135m --steps 20
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass
 
+import grpo
 import models
-from data import PersonaSet
-from simulate import SAFETY, USER, Conversation, Directive, render_history
+import sft
+from data import PersonaSet, UserError, atomic_folder, option, read_json, write_json, write_jsonl
+from metrics import content_words, sentence_bleu, tokenize
+from simulate import (SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder, RoundRobin, advance,
+                      assign_profiles, judge_state, least_spoken_agent, render_history, run_conversations)
 
 # ----------------------------------------------------------------------------------------------
 # 1. The director's prompt and the parser for its answer
@@ -69,17 +73,6 @@ def director_messages(personas: PersonaSet, conv: Conversation) -> list[dict]:
 
 _FIELD = re.compile(r"^[\s\*\-#>\"'`]*(agent|speaker|next|action|strategy|tone)[\s\*\"'`]*[:=\-–—]\s*(.*)$",
                     re.IGNORECASE)
-
-
-def least_spoken_agent(personas: PersonaSet, conv: Conversation) -> str:
-    """The documented fallback choice: the agent who has spoken least (earliest in the roster on ties),
-    never the one who spoke last when another is available. It keeps the group balanced."""
-    agent_turns = conv.agent_turns()
-    counts = Counter(t.speaker for t in agent_turns)
-    last = agent_turns[-1].speaker if agent_turns else None
-    names = personas.names()
-    order = sorted(range(len(names)), key=lambda i: (counts.get(names[i], 0), names[i] == last, i))
-    return names[order[0]]
 
 
 def parse_directive(text: str, personas: PersonaSet, fallback_agent: str) -> Directive:
@@ -127,44 +120,13 @@ def find_mentioned(value: str, personas: PersonaSet):
 
 
 # ----------------------------------------------------------------------------------------------
-# 2. Speaker-selection policies (one interface: name + choose(convs) -> list[Directive])
+# 2. The LLM director: a speaker-selection policy (simulate.py has the fixed rules it is compared with)
 # ----------------------------------------------------------------------------------------------
 
-class RoundRobin:
-    """Agents speak in roster order, cycling (the MultiAgentESC-style fixed order baseline)."""
-    name = "round-robin"
-
-    def __init__(self, personas: PersonaSet):
-        self.personas = personas
-
-    def choose(self, convs: list[Conversation]) -> list[Directive]:
-        names = self.personas.names()
-        return [Directive(names[len(c.agent_turns()) % len(names)]) for c in convs]
-
-
-class RandomOrder:
-    """A uniformly random agent each turn, no strategy (the paper's MASCOT-C: no director)."""
-    name = "random"
-
-    def __init__(self, personas: PersonaSet, seed: int = 0):
-        self.personas = personas
-        self.seed = seed
-
-    def choose(self, convs: list[Conversation]) -> list[Directive]:
-        # Seeded per (conversation, turn), so the order does not depend on batch composition.
-        return [Directive(random.Random(c.seed * 7_919 + len(c.turns) + self.seed)
-                          .choice(self.personas.names())) for c in convs]
-
-
-class LeastSpoken:
-    """The agent who has spoken least; the rollout policy of stage 2 and the parse fallback."""
-    name = "least-spoken"
-
-    def __init__(self, personas: PersonaSet):
-        self.personas = personas
-
-    def choose(self, convs: list[Conversation]) -> list[Directive]:
-        return [Directive(least_spoken_agent(self.personas, c)) for c in convs]
+# A directive is three short lines; 40 tokens hold them with room to spare. The same budget is used
+# when GRPO samples directives and when the director runs (evaluation, chat), so what is trained
+# is what runs.
+DIRECTIVE_MAX_TOKENS = 40
 
 
 class LLMDirector:
@@ -174,17 +136,15 @@ class LLMDirector:
     the same model with the same prompt (`director_messages`), so what is trained is what runs.
     """
 
-    def __init__(self, model, tokenizer, personas: PersonaSet, name: str = "director",
-                 max_new_tokens: int = 40):
+    def __init__(self, model, tokenizer, personas: PersonaSet, name: str = "director"):
         self.model, self.tok, self.personas = model, tokenizer, personas
         self.name = name
-        self.max_new_tokens = max_new_tokens
         self.invalid = 0          # directives that needed the fallback, for the logs
         self.total = 0
 
     def choose(self, convs: list[Conversation]) -> list[Directive]:
         prompts = [director_messages(self.personas, c) for c in convs]
-        gen = models.generate(self.model, self.tok, prompts, self.max_new_tokens, seeds=None)
+        gen = models.generate(self.model, self.tok, prompts, DIRECTIVE_MAX_TOKENS, seeds=None)
         out = parse_many(gen.texts, convs, self.personas)
         self.total += len(out)
         self.invalid += sum(not d.valid for d in out)
@@ -202,7 +162,6 @@ def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
     if name == "director":
         model, tok = director
         return LLMDirector(model, tok, personas)
-    from data import UserError
     raise UserError(f"--policy {name}: unknown policy; use round-robin, random, least-spoken or director")
 
 
@@ -212,23 +171,27 @@ def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
 
 @dataclass
 class RewardWeights:
-    """Weights of the group reward's components (flags of `train --stage 2`, defaults there)."""
-    coherence: float = 1.0
-    nonredundancy: float = 1.0
-    contribution: float = 0.5
-    balance: float = 0.5
-    format: float = 0.5
+    """Weights of the group reward's components; each is also a flag (`--w-coherence` ...)."""
+    coherence: float = option(1.0, "group-reward weight of coherence (judge score of the new turns)")
+    nonredundancy: float = option(1.0, "group-reward weight of non-redundancy (1 - overlap with "
+                                       "earlier agent turns)")
+    contribution: float = option(0.5, "group-reward weight of contribution (share of new content words)")
+    balance: float = option(0.5, "group-reward weight of balance (who spoke; our addition)")
+    format: float = option(0.5, "group-reward weight of format (the directive parsed; our addition)")
 
 
-CONTENT_STOPWORDS = set("""a an the and or but if so to of in on at for with from by as is are was were be been
-being am i you he she it we they me him her us them my your his its our their this that these those
-do does did have has had not no yes just very really can could would should will shall may might
-must what which who whom how why when where there here all any some more most much many such than
-too also only own same about into over under again then once now feel feeling""".split())
-
-
-def content_words(text: str) -> set[str]:
-    return {w for w in re.findall(r"[a-z']+", text.lower()) if w not in CONTENT_STOPWORDS and len(w) > 2}
+@dataclass
+class DirectorConfig:
+    """Stage 2's own settings (GRPO's are grpo.GRPOConfig); each is also a `train` flag."""
+    decision_points: int = option(24, "training decision points (conversation prefixes) to sample from",
+                                  "positive")
+    heldout_points: int = option(8, "held-out decision points for the before/after group reward",
+                                 "positive")
+    rollout_turns: int = option(3, "N: agent turns rolled out after each sampled directive", "positive")
+    director_warmup: int = option(20, "supervised steps (4 examples each) teaching the director the "
+                                      "three-line format before GRPO, with random agents; 0 skips it "
+                                      "(director.py, section 5)", "non-negative")
+    warmup_lr: float = option(2e-5, "learning rate of the format warm start", "positive")
 
 
 def block_reward(conv: Conversation, block_start: int, directive: Directive, personas: PersonaSet,
@@ -248,27 +211,19 @@ def block_reward(conv: Conversation, block_start: int, directive: Directive, per
       format:        1 if the directive parsed (a known agent), else 0 (the format penalty).
     Returns (weighted sum, components).
     """
-    from evaluate import sentence_bleu, tokenize  # the Self-BLEU building block, one definition
-    from judge import JudgeState
     new_agent = [(i, t) for i, t in enumerate(conv.turns) if i >= block_start
                  and t.speaker not in (USER, SAFETY)]
     earlier = [t.text for t in conv.turns[:block_start] if t.speaker not in (USER, SAFETY)]
     comp = {"coherence": 0.0, "nonredundancy": 1.0, "contribution": 0.0, "balance": 0.0,
             "format": 1.0 if directive.valid else 0.0}
     if new_agent:
-        states, replies = [], []
-        for i, t in new_agent:
-            persona = personas.find(t.speaker)
-            last_user = next((u.text for u in reversed(conv.turns[:i]) if u.speaker == USER), "")
-            states.append(JudgeState(persona.name, f"{persona.role}: {persona.description}", last_user,
-                                     [{"speaker": u.speaker, "text": u.text} for u in conv.turns[:i][-6:]],
-                                     conv.context.situation))
-            replies.append(t.text)
+        states = [judge_state(personas.find(t.speaker), conv.turns[:i], conv.context.situation)
+                  for i, t in new_agent]
+        replies = [t.text for _, t in new_agent]
         comp["coherence"] = sum(judge.score_many(states, replies)) / len(replies)
-        texts = [t.text for _, t in new_agent]
         redund = []
         for k, (i, t) in enumerate(new_agent):
-            before = earlier + texts[:k]
+            before = earlier + replies[:k]
             if not before:
                 redund.append(0.0)
                 continue
@@ -279,7 +234,7 @@ def block_reward(conv: Conversation, block_start: int, directive: Directive, per
         comp["nonredundancy"] = 1.0 - sum(redund) / len(redund)
         old_words = set().union(*(content_words(t.text) for t in conv.turns[:block_start])) \
             if block_start else set()
-        new_words = set().union(*(content_words(t) for t in texts))
+        new_words = set().union(*(content_words(t) for t in replies))
         comp["contribution"] = len(new_words - old_words) / len(new_words) if new_words else 0.0
     counts = Counter(t.speaker for t in conv.agent_turns())
     n = len(personas.personas)
@@ -289,7 +244,9 @@ def block_reward(conv: Conversation, block_start: int, directive: Directive, per
         agent_seq = [t.speaker for t in conv.agent_turns()]
         first_new = len(agent_seq) - len(new_agent)
         repeats = sum(agent_seq[j] == agent_seq[j - 1] for j in range(max(first_new, 1), len(agent_seq)))
-        comp["balance"] = entropy / math.log(n) * (1 - repeats / max(len(new_agent), 1))
+        # With one persona nobody else could have spoken: balance is perfect, and log(1) = 0
+        # must not be divided by.
+        comp["balance"] = entropy / math.log(n) * (1 - repeats / max(len(new_agent), 1)) if n > 1 else 1.0
     total_reward = sum(getattr(weights, k) * v for k, v in comp.items())
     return total_reward, comp
 
@@ -307,7 +264,6 @@ def build_decision_points(contexts, n_points: int, cast, profiles, profile_ids: 
     director learns openings as well as mid-conversation choices. The prefixes are generated once
     with random speaker order (varied histories) by the frozen speakers and user.
     """
-    from simulate import assign_profiles, run_conversations
     ctxs = [contexts[i % len(contexts)] for i in range(n_points)]
     convs = run_conversations(ctxs, RandomOrder(cast.personas, seed), cast, profiles,
                               assign_profiles(n_points, profile_ids, seed), max_prefix, user_every, seed)
@@ -332,10 +288,8 @@ def build_decision_points(contexts, n_points: int, cast, profiles, profile_ids: 
 
 
 def save_decision_points(path, train_points, held_points) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for split, pts in (("train", train_points), ("heldout", held_points)):
-            for p in pts:
-                f.write(json.dumps({"split": split, **p.to_json()}, ensure_ascii=False) + "\n")
+    write_jsonl(path, [{"split": split, **p.to_json()}
+                       for split, pts in (("train", train_points), ("heldout", held_points)) for p in pts])
 
 
 @dataclass
@@ -358,7 +312,6 @@ class Rollout:
         Copies of one point keep its seed, so within a GRPO group every rollout samples with the
         same seeds turn by turn (simulate.turn_seed): only the directive differs.
         """
-        from simulate import advance
         copies = [copy.deepcopy(p) for p in points]
         starts = [len(c.turns) for c in copies]
         advance(copies, LeastSpoken(self.personas), self.cast, self.profiles, self.n_turns,
@@ -418,56 +371,31 @@ def format_examples(personas: PersonaSet, points: list[Conversation], n: int,
     return examples
 
 
-def completion_text(tok, messages: list[dict], target: str) -> tuple[str, str]:
-    """(prompt text, completion text) with the chat template's own end-of-turn after the target.
+def warm_start(cfg: DirectorConfig, out, policy, tok, personas: PersonaSet, train_points, held_points,
+               rollout: Rollout, seed: int, resume: bool) -> dict | None:
+    """Run the format warm start once per run, before GRPO; None when cfg.director_warmup is 0.
 
-    Rendering the conversation with and without the assistant turn and taking the difference
-    gives exactly the tokens the model must learn to write, end-of-turn marker included, for
-    any chat template (a plain `target + eos` would be wrong for templates that add more)."""
-    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    full = tok.apply_chat_template(messages + [{"role": "assistant", "content": target}], tokenize=False)
-    if full.startswith(prompt):
-        return prompt, full[len(prompt):].rstrip("\n")
-    return prompt, target + (tok.eos_token or "")
-
-
-def supervised_warm_start(model, tok, examples: list[tuple[list[dict], str]], steps: int,
-                          batch_size: int = 8, lr: float = 2e-5, log=print) -> list[float]:
-    """Maximum likelihood of each target given its prompt, `steps` AdamW steps of `batch_size`
-    examples (cycling). Returns the per-step loss (mean negative log-probability per target
-    token), which should fall. Full fine-tuning, like the GRPO that follows."""
-    import torch
-
-    import grpo
-    if steps <= 0 or not examples:
-        return []
-    rows = []
-    for messages, target in examples:
-        prompt, completion = completion_text(tok, messages, target)
-        rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
-                     tok(completion, add_special_tokens=False)["input_ids"]))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    model.train()
-    losses = []
-    for step in range(steps):
-        batch = [rows[(step * batch_size + j) % len(rows)] for j in range(batch_size)]
-        p_ids, p_mask = models.left_pad([p for p, _ in batch], tok.pad_token_id)      # (B, P)
-        width = max(len(c) for _, c in batch)
-        c_ids = torch.full((len(batch), width), tok.pad_token_id, dtype=torch.long)   # (B, C), right-padded
-        c_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, (_, c) in enumerate(batch):
-            c_ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
-            c_mask[r, :len(c)] = 1
-        dev = next(model.parameters()).device
-        logps = grpo.completion_logprobs(model, torch.cat([p_ids, c_ids], 1).to(dev),
-                                         torch.cat([p_mask, c_mask], 1).to(dev), p_ids.shape[1])  # (B, C)
-        mask = c_mask.to(dev).float()
-        loss = -(logps * mask).sum() / mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        log(f"warm start {step + 1}/{steps}: loss {loss.item():.3f}")
-    model.eval()
-    return losses
+    Its result (losses, held-out group reward) goes to out/warm_start.json and the weights to
+    out/director_warm (the KL anchor of GRPO when beta > 0). A resumed run that already has GRPO
+    checkpoints skips it, because those checkpoints were trained from the warm-started weights.
+    """
+    path = out / "warm_start.json"
+    if cfg.director_warmup == 0:
+        return None
+    if resume and grpo.latest_checkpoint(out / "checkpoints") and path.exists():
+        return read_json(path)
+    examples = format_examples(personas, train_points, cfg.director_warmup * 4, seed)
+    t0 = time.time()
+    losses = sft.supervised_finetune(policy, tok, examples, cfg.director_warmup, batch_size=4,
+                                     lr=cfg.warmup_lr, log=lambda s: print(s, flush=True))
+    seconds = time.time() - t0
+    held = rollout.evaluate(LLMDirector(policy, tok, personas), held_points)
+    print(f"held-out mean group reward after the format warm start: {held['reward']:.3f}  agent choices: "
+          f"{held['choices']}  unparseable: {held['invalid']}/{held['n']}", flush=True)
+    with atomic_folder(out / "director_warm") as tmp:
+        policy.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    warm = {"steps": cfg.director_warmup, "lr": cfg.warmup_lr, "losses": losses,
+            "seconds": round(seconds, 1), "heldout": held}
+    write_json(path, warm)
+    return warm

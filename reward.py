@@ -23,7 +23,7 @@ G samples per prompt at every step, thousands of judgements per run; the reward 
 forward pass of a small model, and it learns from comparisons, which judges make more reliably
 than absolute scores (the reasoning of InstructGPT, Ouyang et al. 2022, section 3.5).
 
-Our decisions where the paper is silent (see /work/shared/paper/NOTES.md):
+Our decisions where the paper is silent:
   - Architecture: a causal LM's transformer body (the embedded SmolLM2-135M by default; any HF
     causal LM folder works, and "tiny" for tests) with a linear head H -> 1 read at the last real
     token. One reward model serves all personas of a set: the persona is in the system message,
@@ -36,6 +36,10 @@ Our decisions where the paper is silent (see /work/shared/paper/NOTES.md):
   - No reward normalisation after training: GRPO compares the G replies to the same prompt with
     each other (group advantages), so any constant offset of the reward cancels out.
 
+The chapter ends with `build_reward_fn`, which runs steps 1-4 for a run folder (each step's output
+is a file there, reused when present, so an interrupted stage 1 never samples or judges twice)
+and returns the reward function that mascot.py hands to grpo.train_grpo.
+
 How to run (the whole of stage 1: candidates, judge, pairs, reward model, then GRPO):
     python mascot.py train --stage 1                 # embedded SmolLM2-135M, offline judge
     python mascot.py train --stage 1 --model tiny    # seconds on a CPU: a smoke test of the plumbing
@@ -44,29 +48,45 @@ How to run (the whole of stage 1: candidates, judge, pairs, reward model, then G
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
 import re
-import shutil
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
+from transformers import AutoModel, AutoTokenizer
 
 import models
-from data import Context, PersonaSet, UserError, append_jsonl, read_jsonl
-from judge import JudgeState
-from simulate import USER, Turn, speaker_messages
+from data import (Context, PersonaSet, UserError, append_jsonl, atomic_folder, derive_seed, option, read_json,
+                  read_jsonl, write_jsonl)
+from metrics import standard_error
+from simulate import USER, Cast, JudgeState, RoundRobin, Turn, judge_state, run_conversations, speaker_messages
 
 # The marker that tells a reward-model folder from any other folder (a speaker checkpoint, a typo).
 CONFIG_FILE = "reward_config.json"
 HEAD_FILE = "reward_head.safetensors"
 FORMAT_TAG = "mascot-reward-model"
+
+
+@dataclass
+class RLAIFConfig:
+    """Stage 1's own settings (GRPO's are grpo.GRPOConfig); each is also a `train` flag."""
+    states: int = option(48, "training states (context, persona, conversation so far)", "positive")
+    heldout_states: int = option(16, "held-out states for the before/after reward", "positive")
+    candidates: int = option(4, "K candidate replies per state", "at-least-2")
+    margin: float = option(0.05, "minimum judge-score gap (0-1 scale) for a preference pair", "non-negative")
+    pairs_per_state: int = option(2, "at most this many pairs per state (widest gaps first)", "positive")
+    rm_epochs: int = option(2, "reward-model epochs", "positive")
+    rm_lr: float = option(2e-5, "reward-model learning rate", "positive")
+    rm_held_out: float = option(0.2, "share of pairs held out to measure the reward model", "fraction")
+    format_weight: float = option(1.0, "weight of the format reward next to the reward-model score",
+                                  "non-negative")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,28 +122,20 @@ def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torc
 # What the reward model reads
 # ---------------------------------------------------------------------------------------------
 
-def rm_messages(persona_name: str, persona_desc: str, history: list[dict], context: str,
-                reply: str) -> list[dict]:
+def rm_messages(state: JudgeState, reply: str) -> list[dict]:
     """The chat the reward model scores: the persona, the conversation so far, and the reply.
 
-    system:    "You are Anchor. <what Anchor does and never does>"
+    system:    "You are Anchor. <role>: <what Anchor does and never does>"
     user:      one "Speaker: text" line per earlier turn, then "User: <latest user message>"
     assistant: the reply being judged
     The whole conversation goes into ONE user message, because the other agents' turns are not
     the reply-writer's own (they are not "assistant" turns) and the labels keep who-said-what.
-    Training pairs and GRPO samples both come through here: one source of truth for the layout.
-
-    Args:
-        persona_name, persona_desc: the speaker whose reply is judged.
-        history: earlier turns [{"speaker": ..., "text": ...}], oldest first, without `context`.
-        context: the latest user message, the one the reply answers.
-        reply: the candidate reply.
-    Returns:
-        [{"role": "system", ...}, {"role": "user", ...}, {"role": "assistant", ...}]
+    Training pairs, GRPO samples and the rm: judge all come through here: one source of truth
+    for the layout, and the same JudgeState the AI judge saw (simulate.judge_state).
     """
-    lines = [f"{turn['speaker']}: {turn['text']}" for turn in history]
-    lines.append(f"User: {context}")
-    return [{"role": "system", "content": f"You are {persona_name}. {persona_desc}".strip()},
+    lines = [f"{turn['speaker']}: {turn['text']}" for turn in state.history]
+    lines.append(f"User: {state.context}")
+    return [{"role": "system", "content": f"You are {state.persona_name}. {state.persona_desc}".strip()},
             {"role": "user", "content": "\n".join(lines)},
             {"role": "assistant", "content": reply}]
 
@@ -251,32 +263,24 @@ class RewardModel(torch.nn.Module):
         size, max_length, training metrics). Everything is written to "<folder>.tmp" first and
         renamed at the end, so an interrupted save never leaves a half-written reward model.
         """
-        from safetensors.torch import save_file
         target = Path(folder)
         if target.exists() and any(target.iterdir()) and not (target / CONFIG_FILE).exists():
             # Replacing a folder deletes it: only ever do that to an older reward model.
             raise UserError(f"reward model: {target} exists and is not a reward model folder; "
                             "choose a new or empty folder to save into")
-        tmp = target.with_name(target.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)                                     # left over from a crashed save
-        self.backbone.save_pretrained(tmp)                         # always safetensors in transformers 5
-        save_file({"weight": self.head.weight.detach().float().cpu().contiguous()}, str(tmp / HEAD_FILE))
-        tokenizer.save_pretrained(tmp)
-        config = {"format": FORMAT_TAG, "base_model": self.base_model,
-                  "hidden_size": self.head.in_features, "max_length": self.max_length,
-                  "metrics": metrics or {}}
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        with atomic_folder(target) as tmp:
+            self.backbone.save_pretrained(tmp)                     # always safetensors in transformers 5
+            save_file({"weight": self.head.weight.detach().float().cpu().contiguous()}, str(tmp / HEAD_FILE))
+            tokenizer.save_pretrained(tmp)
+            config = {"format": FORMAT_TAG, "base_model": self.base_model,
+                      "hidden_size": self.head.in_features, "max_length": self.max_length,
+                      "metrics": metrics or {}}
+            (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         return target
 
     @classmethod
     def load(cls, folder: str | Path, device: str = "cpu"):
         """Load a folder written by `save`: (rm in eval mode, tokenizer with left padding)."""
-        from safetensors.torch import load_file
-        from transformers import AutoModel, AutoTokenizer
         folder = Path(folder)
         config_path = folder / CONFIG_FILE
         if not config_path.is_file():
@@ -290,7 +294,7 @@ class RewardModel(torch.nn.Module):
         if config.get("format") != FORMAT_TAG or not (folder / HEAD_FILE).is_file():
             raise UserError(f"reward model: {folder} is not a complete reward model ({CONFIG_FILE} "
                             f"without format '{FORMAT_TAG}' or no {HEAD_FILE}); save it again")
-        models._quiet_transformers()
+        models.quiet_transformers()
         backbone = AutoModel.from_pretrained(folder).to(device)
         rm = cls(backbone, base_model=config.get("base_model", ""),
                  max_length=int(config.get("max_length", 512)))
@@ -440,7 +444,7 @@ def format_reward(text: str, own_name: str, other_names: list[str], finished: bo
     others = "|".join(re.escape(n) for n in names if n.lower() != own_name.lower())
     n_words = len(text.split())
     stripped = text.rstrip().rstrip("\ufe0f")                      # drop an emoji variation selector
-    last = stripped[-1]
+    last = stripped[-1] if stripped else ""                        # "" for a lone variation selector
     components = {
         "length": float(min_words <= n_words <= max_words),
         "no_label_prefix": float(not re.match(r"\s*" + label.format(names=any_name), text, re.IGNORECASE)),
@@ -448,8 +452,8 @@ def format_reward(text: str, own_name: str, other_names: list[str], finished: bo
         # line break or space, a name followed by ":" is someone else's line.
         "no_other_speakers": float(not re.search(rf"(?:^|\s)[\*\"']*\s*(?:{others})\s*[\*\"']*\s*:",
                                                  text, re.IGNORECASE)),
-        "finished_sentence": float(finished and (last in SENTENCE_END
-                                                 or unicodedata.category(last) == "So")),
+        "finished_sentence": float(finished and bool(last) and (last in SENTENCE_END
+                                                                or unicodedata.category(last) == "So")),
     }
     return sum(components.values()) / len(components), components
 
@@ -468,18 +472,13 @@ class State:
     history: list[Turn]          # the conversation so far; the last turn is the user's
 
     def judge_state(self, personas: PersonaSet) -> JudgeState:
-        p = personas.find(self.persona)
-        last_user = next((t.text for t in reversed(self.history) if t.speaker == USER), "")
-        return JudgeState(p.name, f"{p.role}: {p.description}", last_user,
-                          [{"speaker": t.speaker, "text": t.text} for t in self.history[:-1][-6:]],
-                          self.context.situation)
+        return judge_state(personas.find(self.persona), self.history, self.context.situation)
 
     def prompt(self, personas: PersonaSet) -> list[dict]:
         return speaker_messages(personas.find(self.persona), personas, self.context, self.history)
 
     def rm_messages(self, personas: PersonaSet, reply: str) -> list[dict]:
-        js = self.judge_state(personas)
-        return rm_messages(js.persona_name, js.persona_desc, js.history, js.context, reply)
+        return rm_messages(self.judge_state(personas), reply)
 
 
 def build_states(contexts: list[Context], personas: PersonaSet, n_states: int, seed: int,
@@ -525,15 +524,6 @@ def load_states(path: Path, contexts: list[Context]) -> list[State]:
     return states
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    """Write rows atomically (temporary file, then rename)."""
-    tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
 def sample_candidates(model, tokenizer, states: list[State], personas: PersonaSet, k: int,
                       max_new_tokens: int, seed: int, path: Path, batch_states: int = 8) -> list[list[str]]:
     """K candidate replies per state from the speaker policy, appended to `path` batch by batch.
@@ -546,18 +536,13 @@ def sample_candidates(model, tokenizer, states: list[State], personas: PersonaSe
     for start in tqdm(range(0, len(todo), batch_states), desc="candidates", disable=not todo):
         chunk = todo[start:start + batch_states]
         prompts = [s.prompt(personas) for s in chunk for _ in range(k)]
-        seeds = [seed * 7_919 + hash_id(s.id) * 31 + j for s in chunk for j in range(k)]
+        seeds = [derive_seed(seed, s.id, j) for s in chunk for j in range(k)]
         gen = models.generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, seeds=seeds)
         for i, s in enumerate(chunk):
             texts = [models.clean_reply(t, s.persona, names) for t in gen.texts[i * k:(i + 1) * k]]
             done[s.id] = texts
             append_jsonl(path, {"state_id": s.id, "persona": s.persona, "candidates": texts})
     return [done[s.id] for s in states]
-
-
-def hash_id(text: str) -> int:
-    """A stable small integer from a string (Python's hash() changes between runs)."""
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
 
 
 def judge_pairs(states: list[State], candidates: list[list[str]], personas: PersonaSet, judge,
@@ -620,13 +605,13 @@ def speaker_reward_fn(rm: RewardModel, rm_tokenizer, personas: PersonaSet, forma
     return reward
 
 
-def heldout_reward(policy, tokenizer, states: list[State], personas: PersonaSet, reward_fn, args,
-                   samples: int = 2) -> dict:
+def heldout_reward(policy, tokenizer, states: list[State], personas: PersonaSet, reward_fn,
+                   max_new_tokens: int, temperature: float, seed: int, samples: int = 2) -> dict:
     """Mean composite reward of `samples` sampled replies per held-out state (fixed seeds, so the
     before/after numbers of one run see the same randomness)."""
     rows = [s for s in states for _ in range(samples)]
-    gen = models.generate(policy, tokenizer, [s.prompt(personas) for s in rows], args.max_new_tokens,
-                          args.temperature, seeds=[args.seed + 10_000 + i for i in range(len(rows))])
+    gen = models.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens,
+                          temperature, seeds=[derive_seed(seed, "held-out", i) for i in range(len(rows))])
     total, comp = reward_fn(rows, gen.texts, gen.finished)
     n = len(total)
     return {"reward": sum(total) / n, "se": standard_error(total), "rm": sum(comp["rm"]) / n,
@@ -634,18 +619,74 @@ def heldout_reward(policy, tokenizer, states: list[State], personas: PersonaSet,
             "example": {"state": rows[0].id, "persona": rows[0].persona, "reply": gen.texts[0]}}
 
 
-def standard_error(values: list[float]) -> float:
-    """Standard error of the mean, std / sqrt(n) with the n-1 sample std (0 for fewer than 2 values).
-    A before/after change smaller than about twice this is noise."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+# ---------------------------------------------------------------------------------------------
+# Steps 1-4 for one run folder: states -> candidates -> judged pairs -> reward model -> reward fn
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class RLAIF:
+    """What `build_reward_fn` hands to the GRPO stage."""
+    reward_fn: object            # reward(states, raw_texts, finished) -> (rewards, components)
+    train_states: list[State]
+    held_states: list[State]
+    pairs: list[dict]
+    rm_metrics: dict
 
 
-def paired_change(before: list[float], after: list[float]) -> tuple[float, float]:
-    """Mean and standard error of after - before, row by row. The held-out rows of one run use the
-    same states and seeds before and after training, so pairing removes the between-state spread."""
-    diffs = [a - b for a, b in zip(after, before)]
-    return sum(diffs) / max(len(diffs), 1), standard_error(diffs)
+def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model_name: str,
+                    max_new_tokens: int, seed: int, device: str = "cpu", log=print) -> RLAIF:
+    """The RLAIF chapter for one run folder, every step's output a file in `out`, reused when present.
+
+    1. states: (context, persona, conversation so far) at later turns as well as openings;
+       contexts without a recorded dialogue get a short one from the base model (round-robin
+       speakers, the average simulated user);
+    2. candidates: K replies per training state from the base speaker;
+    3. the judge scores them and confirms the clear gaps pairwise -> preference pairs;
+    4. a Bradley-Terry reward model on the pairs (its held-out accuracy is the number to watch);
+    then the composite reward function: reward-model score + format_weight * format reward.
+    `inputs` is mascot.Inputs (personas, train / held-out contexts, profiles).
+    """
+    personas = inputs.personas
+    states_path = out / "states.jsonl"
+    if states_path.exists():
+        states = load_states(states_path, inputs.train + inputs.held_out)
+    else:
+        used = inputs.train[:cfg.states] + inputs.held_out[:cfg.heldout_states]   # states cycle through these
+        need = [c for c in used if not c.turns]
+        generated = {}
+        if need:
+            log(f"stage 1: generating short conversations for {len(need)} contexts (base model)")
+            cast = Cast(personas, base, tok, base, tok, max_new_tokens)
+            convs = run_conversations(need, RoundRobin(personas), cast, inputs.profiles, ["average"] * len(need),
+                                      n_agent_turns=2, user_every=1, seed=seed)
+            generated = {c.context.id: c.turns for c in convs}
+        states = (build_states(inputs.train, personas, cfg.states, seed, generated, "train")
+                  + build_states(inputs.held_out, personas, cfg.heldout_states, seed + 1, generated, "heldout"))
+        save_states(states_path, states)
+    train_states = [s for s in states if s.split == "train"]
+    held_states = [s for s in states if s.split == "heldout"]
+    log(f"stage 1: {len(train_states)} training states, {len(held_states)} held-out states")
+
+    candidates = sample_candidates(base, tok, train_states, personas, cfg.candidates, max_new_tokens, seed,
+                                   out / "candidates.jsonl")
+    pairs = judge_pairs(train_states, candidates, personas, judge, cfg.margin, cfg.pairs_per_state)
+    write_jsonl(out / "pairs.jsonl", pairs)
+    log(f"stage 1: {len(pairs)} preference pairs from {len(train_states)} states "
+        f"(judge {judge.name}, margin {cfg.margin})")
+
+    rm_dir = out / "reward_model"
+    if (rm_dir / CONFIG_FILE).exists():
+        rm, rm_tok = RewardModel.load(rm_dir, device=device)
+        rm_metrics = read_json(rm_dir / CONFIG_FILE)["metrics"]
+        log(f"stage 1: reusing the reward model in {rm_dir}")
+    else:
+        torch.manual_seed(seed)                     # the scalar head's initialisation
+        rm, rm_tok = RewardModel.from_base(model_name, device=device)
+        rm_metrics = train_reward_model(rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr,
+                                        seed=seed, log=log)
+        rm.save(rm_dir, rm_tok, rm_metrics)
+    acc = rm_metrics.get("heldout_accuracy")
+    log(f"reward model held-out accuracy: {'n/a (no held-out pairs)' if acc is None else f'{acc:.3f}'} "
+        f"on {rm_metrics.get('n_heldout')} pairs")
+    return RLAIF(speaker_reward_fn(rm, rm_tok, personas, cfg.format_weight), train_states, held_states,
+                 pairs, rm_metrics)

@@ -35,6 +35,9 @@ def test_help_lists_the_subcommands():
     (["simulate", "--model", "tiny", "--profile", "grumpy"], "grumpy"),
     (["judge-eval", "--pairs", "no/such/pairs.jsonl"], "no/such/pairs.jsonl"),
     (["judge-eval", "--pairs", "personas.json", "--judge", "magic:thing"], "--judge"),
+    (["train", "--stage", "1", "--temperature", "0"], "--temperature"),      # would give NaN log-probs
+    (["train", "--stage", "1", "--temperature", "-1"], "--temperature"),
+    (["train", "--stage", "1", "--model", "tiny", "--held-out", "0"], "--held-out"),   # nothing held out
 ])
 def test_bad_input_is_one_line_without_traceback(args, needle):
     out = mascot(*args)
@@ -43,6 +46,16 @@ def test_bad_input_is_one_line_without_traceback(args, needle):
     lines = [l for l in out.stderr.splitlines() if l.strip()]
     assert any(needle in l for l in lines), out.stderr
     assert len([l for l in lines if l.startswith("error") or "error:" in l]) == 1
+
+
+def test_evaluate_refuses_a_split_that_differs_from_training(tmp_path):
+    (tmp_path / "stage1").mkdir()
+    (tmp_path / "stage1" / "config.json").write_text(json.dumps(
+        {"data": "bundled", "set": "support", "seed": 0, "held_out": 0.25}))
+    out = mascot("evaluate", "--model", "tiny", "--run", str(tmp_path), "--seed", "1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--seed 1" in out.stderr and "--seed 0" in out.stderr
+    assert not (tmp_path / "eval" / "config.json").exists()
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):

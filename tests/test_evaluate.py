@@ -9,7 +9,6 @@ preference against counts worked out by hand.
 Run: .venv/bin/python -m pytest -q tests/test_evaluate.py
 """
 
-import argparse
 import json
 from collections import Counter
 
@@ -24,11 +23,12 @@ from simulate import USER, Conversation, Turn, reply_text, speaker_messages
 
 
 def parse(argv):
-    """The wiring mascot.py uses: the common flags, then evaluate's own."""
-    parser = argparse.ArgumentParser()
-    mascot.add_common(parser)
-    evaluate.add_arguments(parser)
-    return parser.parse_args(argv)
+    """The flags exactly as `mascot.py evaluate` parses them."""
+    return mascot.build_parser().parse_args(["evaluate", *argv])
+
+
+def run(argv):
+    return mascot.evaluate_cmd(parse(argv))
 
 
 TINY = ["--model", "tiny", "--contexts", "2", "--turns", "2", "--max-new-tokens", "4"]
@@ -57,7 +57,7 @@ def trained_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def full_results(trained_run):
-    return evaluate.run(parse(TINY + ["--run", str(trained_run)]))
+    return run(TINY + ["--run", str(trained_run)])
 
 
 # ------------------------------------------------------------------ end to end
@@ -88,6 +88,16 @@ def test_confidence_intervals_contain_the_means(full_results):
     assert checked >= 7 * 6   # persona consistency, relevance and the redundancy metrics
 
 
+def test_summaries_match_a_hand_computed_interval():
+    # One system's four conversations with self_bleu 0, 0, 0, 1: mean 0.25; a resample's mean is
+    # k/4 with k ~ Binomial(4, 1/4) (P(k<=2) = 0.949, P(k<=3) = 0.996), so the 95% percentile
+    # interval is [0, 0.75] (metrics.bootstrap_ci). A conversation without a value is left out.
+    records = [{"metrics": {"self_bleu": v}} for v in (0.0, 0.0, 0.0, 1.0, None)]
+    status = {m.key: "ok" for m in evaluate.ALL_METRICS}
+    summary = evaluate.aggregate(records, status, seed=0)["self_bleu"]
+    assert summary == {"mean": 0.25, "lo": 0.0, "hi": 0.75, "n": 4, "status": "ok"}
+
+
 def test_offline_judge_marks_what_it_cannot_measure(full_results, trained_run):
     status = full_results["status"]
     assert status["persona_consistency"] == "approximated"
@@ -113,9 +123,9 @@ def test_llm_judge_path_end_to_end(trained_run, tmp_path):
     # A tiny random model as "LLM judge": its answers are gibberish, so most are unparseable;
     # what is checked is the plumbing: every rubric metric asked, counted, nothing approximated.
     judge = "hf:" + str(trained_run / "stage1" / "speakers")
-    results = evaluate.run(parse(["--model", "tiny", "--contexts", "1", "--turns", "2", "--max-new-tokens", "2",
+    results = run(["--model", "tiny", "--contexts", "1", "--turns", "2", "--max-new-tokens", "2",
                                   "--run", str(tmp_path), "--systems", "zero-shot,round-robin",
-                                  "--judge", judge, "--pairwise", "zero-shot,round-robin"]))
+                                  "--judge", judge, "--pairwise", "zero-shot,round-robin"])
     assert all(results["status"][m.key] == "ok" for m in evaluate.RUBRIC_METRICS)
     assert results["approximations"] == {}
     # 1 conversation x (6 agent metrics x 2 agent turns + 5 collective metrics), per system.
@@ -128,9 +138,8 @@ def test_missing_director_is_skipped_with_a_note(tmp_path):
     model, tok = models.load_model("tiny")
     model.save_pretrained(tmp_path / "stage1" / "speakers")
     tok.save_pretrained(tmp_path / "stage1" / "speakers")
-    args = parse(["--model", "tiny", "--contexts", "1", "--turns", "1", "--max-new-tokens", "2",
-                  "--run", str(tmp_path), "--systems", "mascot-c,mascot"])
-    results = evaluate.run(args)
+    results = run(["--model", "tiny", "--contexts", "1", "--turns", "1", "--max-new-tokens", "2",
+                   "--run", str(tmp_path), "--systems", "mascot-c,mascot"])
     assert list(results["systems"]) == ["mascot-c"]
     assert "no trained director" in results["skipped"]["mascot"]
     md = (tmp_path / "eval" / "results.md").read_text()
@@ -170,7 +179,7 @@ def test_prompt_styles_differ():
     ps = personas()
     anchor = ps.find("Anchor")
     turns = [Turn(USER, "I failed again today.")]
-    examples = evaluate.load_fewshot(mascot.ROOT / "data" / "fewshot.json", "support")
+    examples = evaluate.load_fewshot("support")
     persona = speaker_messages(anchor, ps, context(), turns)
     plain = speaker_messages(anchor, ps, context(), turns, style="plain")
     cot = speaker_messages(anchor, ps, context(), turns, style="fewshot-cot", examples=examples)

@@ -411,8 +411,7 @@ def test_judge_reply_parsers_never_raise_on_fuzzed_text():
     answer return a verdict or None; they never raise."""
     import random as _random
     import string as _string
-    from evaluate import parse_rubric_score
-    from judge import parse_ab
+    from metrics import parse_ab, parse_rubric_score
     rng = _random.Random(1)
     alphabet = _string.printable + "ÄäÆ€🙂\u200b\u0000１２３"
     tricky = ["A", "B", "a or b", "Answer: B", "**A**", "Reply A is better, no wait B", "AB", "", " ",

@@ -9,6 +9,7 @@ import torch
 
 import data
 import reward
+from simulate import JudgeState
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,8 +32,8 @@ def tiny_rm():
 
 
 def chat(context, reply, history=()):
-    return reward.rm_messages("Anchor", "A calm listener who validates feelings.", list(history),
-                              context, reply)
+    return reward.rm_messages(JudgeState("Anchor", "A calm listener who validates feelings.", context,
+                                         list(history)), reply)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,9 +73,9 @@ def test_bt_loss_gradient_pushes_chosen_up_and_rejected_down():
 # ---------------------------------------------------------------------------------------------
 
 def test_rm_messages_layout():
-    msgs = reward.rm_messages("Beacon", "Points out strengths.",
-                              [{"speaker": "User", "text": "I passed."}, {"speaker": "Anchor", "text": "Well done."}],
-                              "But I almost failed.", "You still passed, and you prepared for it.")
+    state = JudgeState("Beacon", "Points out strengths.", "But I almost failed.",
+                       [{"speaker": "User", "text": "I passed."}, {"speaker": "Anchor", "text": "Well done."}])
+    msgs = reward.rm_messages(state, "You still passed, and you prepared for it.")
     assert [m["role"] for m in msgs] == ["system", "user", "assistant"]
     assert msgs[0]["content"] == "You are Beacon. Points out strengths."
     assert msgs[1]["content"] == "User: I passed.\nAnchor: Well done.\nUser: But I almost failed."
@@ -224,6 +225,11 @@ OTHERS = ["Catalyst", "Beacon", "Guide"]
 def test_format_reward_perfect_reply():
     value, parts = reward.format_reward("I hear you. That sounds exhausting.", "Anchor", OTHERS, True)
     assert value == 1.0 and set(parts.values()) == {1.0}
+
+
+def test_format_reward_survives_a_lone_emoji_variation_selector():
+    value, parts = reward.format_reward("\ufe0f", "Anchor", OTHERS, True)
+    assert parts["finished_sentence"] == 0.0 and parts["length"] == 0.0 and 0.0 <= value <= 1.0
 
 
 def test_format_reward_length():
