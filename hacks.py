@@ -12,7 +12,7 @@ Reward Model Overoptimization"). This file gives the rest of the project two too
      best-of-N stress test of a judge (`mascot.py judge-stress`):
         context_copy    repeats a 6-word span of the user's messages or the situation
         persona_copy    repeats a 6-word span of its own persona card
-        history_echo    repeats a 6-word span of another companion's earlier turn
+        history_echo    repeats a 6-word span of an earlier companion turn (its own or another's)
         meta_leak       prompt or meta text: "Situation:", "Conversation so far", speaker labels,
                         "As an AI", "Your response should ...", instructions echoed back
         trivial         fewer than 3 words ("Okay.", "...", "I see.")
@@ -114,7 +114,7 @@ def diagnose(reply: str, user_texts: list[str], persona_texts: list[str], agent_
         reply: the companion's turn (as the user sees it).
         user_texts: the situation and the user's messages so far (what copying the context means).
         persona_texts: the speaker's own persona card: role, description, style, examples.
-        agent_texts: the other companions' earlier turns (what echoing means).
+        agent_texts: the companions' earlier turns (what echoing means).
         speaker_names: every name that may label a transcript line (for meta_leak).
     """
     return {"context_copy": float(copies(reply, user_texts)),

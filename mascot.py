@@ -9,6 +9,7 @@
     python mascot.py chat               talk to the group yourself
     python mascot.py report             one HTML page with the curves, tables and conversations
     python mascot.py judge-eval         measure a judge on labelled preference pairs
+    python mascot.py judge-stress       best-of-N: does optimising the judge / reward model pick hacks?
     python mascot.py demo               all of the above on the embedded model, sized for a CPU
     python mascot.py COMMAND --help     every flag, with its default
 
@@ -162,6 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--pairs", required=True, nargs="+", help="JSONL file(s) of labelled pairs (data/README.md)")
     add_judge_flags(j)
     j.add_argument("--cache", default=None, help="judge cache file (JSONL); none by default")
+
+    st = sub.add_parser("judge-stress", help="best-of-N: does picking the top reply by the judge (and the "
+                        "reward model) pick reward hacks?", formatter_class=formatter)
+    add_model_flags(st)
+    add_data_flags(st)
+    add_judge_flags(st)
+    st.add_argument("--speakers", default=None, help="the policy to sample from (default: --model)")
+    st.add_argument("--rm", default=None,
+                    help="reward model folder to test too (default: RUN/stage1/reward_model if it exists)")
+    st.add_argument("--n", type=flag_type("--n", int, "at-least-2"), default=16, help="candidates per state")
+    st.add_argument("--states", type=flag_type("--states", int, "positive"), default=16,
+                    help="held-out states (context, persona, conversation so far)")
+    st.add_argument("--temperature", type=flag_type("--temperature", float, "positive"), default=1.0,
+                    help="sampling temperature of the candidates")
 
     s = sub.add_parser("simulate", help="simulate conversations and write transcripts", formatter_class=formatter)
     add_model_flags(s)
@@ -385,6 +400,29 @@ def judge_eval(args) -> None:
           f"{time.time() - t0:.1f} s)")
 
 
+def judge_stress(args) -> dict:
+    """Best-of-N against the judge and the reward model on held-out states (reward.best_of_n)."""
+    run = Path(args.run)
+    inputs = load_inputs(args, earlier=[run / "stage1" / "config.json"])
+    policy, tok = models.load_model(args.speakers or args.model, device=args.device)
+    states = reward.build_states(inputs.held_out, inputs.personas, args.states, args.seed + 1, {}, "heldout")
+    judge = make_judge(args.judge, cache_path=None, model_name=args.judge_model)
+    scorers = {"judge": lambda rows, replies: judge.score_many([s.judge_state(inputs.personas) for s in rows],
+                                                               replies)}
+    rm_folder = args.rm or models.trained_or(run / "stage1" / "reward_model", "")
+    if rm_folder:
+        rm, rm_tok = reward.RewardModel.load(rm_folder, device=args.device)
+        scorers["rm"] = lambda rows, replies: rm.score_texts(rm_tok, [s.rm_messages(inputs.personas, r)
+                                                                      for s, r in zip(rows, replies)])
+    result = reward.best_of_n(policy, tok, states, inputs.personas, scorers, args.n, args.max_new_tokens,
+                              args.temperature, args.seed)
+    result.update({"judge": judge.name, "rm": rm_folder or None, "policy": args.speakers or args.model})
+    print(reward.format_best_of_n(result))
+    data.write_json(run / "stress" / "results.json", result)
+    print(f"judge {judge.name}; reward model {rm_folder or 'none'}; wrote {run / 'stress' / 'results.json'}")
+    return result
+
+
 def simulate_cmd(args) -> None:
     run = Path(args.run)
     inputs = load_inputs(args)
@@ -504,6 +542,8 @@ def main(argv=None) -> int:
             (train_stage1 if args.stage == 1 else train_stage2)(args)
         elif args.command == "judge-eval":
             judge_eval(args)
+        elif args.command == "judge-stress":
+            judge_stress(args)
         elif args.command == "simulate":
             simulate_cmd(args)
         elif args.command == "evaluate":

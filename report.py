@@ -438,6 +438,20 @@ def reward_chart(rows: list[dict], title: str) -> str:
                           bands={"reward mean": band})
 
 
+HACK_FLAGS = {"diag_context_copy": "copies the context", "diag_persona_copy": "copies the persona",
+              "diag_history_echo": "echoes an earlier turn", "diag_meta_leak": "meta / prompt leak",
+              "diag_trivial": "trivial (< 3 words)"}
+
+
+def hack_chart(rows: list[dict]) -> str:
+    """The share of the step's sampled replies flagged by each hack diagnostic (hacks.py)."""
+    series = {label: column(rows, f"r_{key}") for key, label in HACK_FLAGS.items()}
+    if not any(y is not None for points in series.values() for _, y in points):
+        return no_data_svg("Reward-hack diagnostics", reason="no diagnostics logged (an older run)")
+    return svg_line_chart(series, "Reward-hack diagnostics of the sampled replies", "GRPO step",
+                          "share of replies")
+
+
 def health_charts(rows: list[dict]) -> list[str]:
     """KL to the reference and the two fractions that say whether GRPO gets a signal."""
     kl = [(x, y) for x, y in column(rows, "kl") if y is not None]       # None: no reference (--beta 0)
@@ -481,17 +495,23 @@ def stage1_section(run: Path) -> str:
             svg_line_chart({"r_rm (reward model)": column(rows, "r_rm"),
                             "r_format": column(rows, "r_format")},
                            "Reward components", "GRPO step", "mean over the batch"),
+            hack_chart(rows),
             *health_charts(rows)))
-        out.append(watch("the reward mean should drift up while KL stays small. A GRPO loss near "
-                         "zero is normal (advantages average to zero within each group); watch the "
-                         "reward, not the loss. A high share of zero-std groups means many prompts "
-                         "give GRPO no signal."))
+        out.append(watch("the reward mean should drift up while KL stays small and the hack "
+                         "diagnostics stay flat: a reward that rises while copying or leaking rises "
+                         "is a reward being hacked, not a better speaker. A GRPO loss near zero is "
+                         "normal (advantages average to zero within each group); watch the reward, "
+                         "not the loss. A high share of zero-std groups means many prompts give GRPO "
+                         "no signal."))
     else:
         out.append(note(f"No training curves: {missing}."))
     if summary:
         rm = part(summary, "reward_model")
+        labelled = part(rm, "labelled_hacks")
         acc = {k: v for k, v in (("train", rm.get("train_accuracy")),
-                                 ("held-out", rm.get("heldout_accuracy"))) if finite(v)}
+                                 ("held-out judged", rm.get("heldout_accuracy")),
+                                 ("held-out hacks", rm.get("heldout_hack_accuracy")),
+                                 ("hand-written hacks", labelled.get("accuracy"))) if finite(v)}
         out.append(charts(svg_bar_chart({"accuracy": acc}, "Reward model: preference accuracy",
                                         "accuracy", y_max=1.0, reference=(0.5, "chance 0.5"))))
         out.append(f"<p>Reward model held-out accuracy: <strong>{fmt(rm.get('heldout_accuracy'))}</strong> "
@@ -499,11 +519,17 @@ def stage1_section(run: Path) -> str:
                    f"pairs in all; judge <code>{esc(summary.get('judge', '?'))}</code>, model "
                    f"<code>{esc(summary.get('model', '?'))}</code>).</p>")
         out.append(watch("held-out accuracy above 0.5 means the reward model learned something the "
-                         "judge prefers; with a few dozen pairs it is noisy."))
+                         "judge prefers; with a few dozen pairs it is noisy. The hack accuracies say "
+                         "whether it rejects synthetic hacks of held-out states and the 84 "
+                         "hand-written hack pairs (data/judge_pairs_hacks.jsonl): below 0.5 there, "
+                         "GRPO will be paid for hacking."))
         before, after = part(summary, "heldout_before"), part(summary, "heldout_after")
         out.append(before_after_table([("before training", before), ("after training", after)],
                                       [("reward", "reward"), ("se", "± se"), ("rm", "reward model"),
-                                       ("format", "format"), ("n", "replies")]))
+                                       ("format", "format"), ("diag_context_copy", "copies context"),
+                                       ("diag_persona_copy", "copies persona"),
+                                       ("diag_meta_leak", "meta leak"), ("diag_trivial", "trivial"),
+                                       ("diag_words", "words"), ("n", "replies")]))
         if finite(after.get("change")) and finite(after.get("change_se")):
             out.append(f"<p>Held-out change after - before, paired by state and seed: "
                        f"<strong>{after['change']:+.3f} ± {after['change_se']:.3f}</strong> (standard "

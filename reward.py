@@ -62,11 +62,13 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
+import hacks
 import models
-from data import (Context, PersonaSet, UserError, append_jsonl, atomic_folder, derive_seed, option, read_json,
+from data import (HERE, Context, PersonaSet, UserError, append_jsonl, atomic_folder, derive_seed, option, read_json,
                   read_jsonl, write_jsonl)
 from metrics import standard_error
-from simulate import USER, Cast, JudgeState, RoundRobin, Turn, judge_state, run_conversations, speaker_messages
+from simulate import (USER, Cast, JudgeState, RoundRobin, Turn, diagnose_reply, judge_state, run_conversations,
+                      speaker_messages)
 
 # The marker that tells a reward-model folder from any other folder (a speaker checkpoint, a typo).
 CONFIG_FILE = "reward_config.json"
@@ -87,6 +89,8 @@ class RLAIFConfig:
     rm_held_out: float = option(0.2, "share of pairs held out to measure the reward model", "fraction")
     format_weight: float = option(1.0, "weight of the format reward next to the reward-model score",
                                   "non-negative")
+    hack_pairs: int = option(2, "synthetic reward hacks per judged state added to the reward model's "
+                                "pairs as rejected replies (hacks.py); 0: none", "non-negative")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,12 +315,17 @@ class RewardModel(torch.nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 def split_pairs(pairs: list[dict], held_out_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Seeded random split into (train, held_out); held_out gets round(fraction * N) pairs."""
+    """Seeded split into (train, held_out) BY STATE: round(fraction * states) states are held out
+    with all their pairs. Splitting pairs at random would put pairs of the same conversation on
+    both sides (one state gives up to --pairs-per-state pairs plus its hack pairs, sharing the
+    chosen reply), and the held-out accuracy would measure memory, not generalisation."""
     if not 0.0 <= held_out_fraction < 1.0:
         raise UserError(f"reward model: held-out fraction must be in [0, 1), got {held_out_fraction}")
-    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_held = round(held_out_fraction * len(pairs))
-    return [pairs[i] for i in order[n_held:]], [pairs[i] for i in order[:n_held]]
+    states = sorted({p["state_id"] for p in pairs})
+    order = torch.randperm(len(states), generator=torch.Generator().manual_seed(seed)).tolist()
+    held_states = {states[i] for i in order[:round(held_out_fraction * len(states))]}
+    return ([p for p in pairs if p["state_id"] not in held_states],
+            [p for p in pairs if p["state_id"] in held_states])
 
 
 def evaluate_pairs(rm: RewardModel, tokenizer, pairs: list[dict], batch_size: int = 16):
@@ -350,8 +359,10 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
         log: where the one line per epoch goes.
     Returns:
         {"train_loss", "train_accuracy": running means over the LAST epoch (the model changes
-         during the epoch, as usual for training metrics), "heldout_loss", "heldout_accuracy":
-         measured after the last epoch (None if there are no held-out pairs), "n_train", "n_heldout"}
+         during the epoch, as usual for training metrics), "heldout_loss", "heldout_accuracy": on
+         the held-out judged pairs, "heldout_hack_accuracy": on the held-out synthetic-hack pairs
+         (pairs with "hack" set), both measured after the last epoch (None without such pairs),
+         "n_train", "n_heldout", "n_heldout_hack"}
     """
     train, held = split_pairs(pairs, held_out_fraction, seed)
     if not train:
@@ -362,7 +373,8 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
     log(f"reward model: {len(train)} training pairs, {len(held)} held out, {epochs} epochs, "
         f"lr {lr}, batch {batch_size}")
     metrics = {"train_loss": None, "train_accuracy": None, "heldout_loss": None,
-               "heldout_accuracy": None, "n_train": len(train), "n_heldout": len(held)}
+               "heldout_accuracy": None, "heldout_hack_accuracy": None, "n_train": len(train),
+               "n_heldout": sum(not p.get("hack") for p in held), "n_heldout_hack": sum(bool(p.get("hack")) for p in held)}
     for epoch in range(1, epochs + 1):
         rm.train()
         order = torch.randperm(len(train), generator=generator).tolist()
@@ -386,9 +398,12 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
             correct += int((r_c > r_r).sum())
         metrics["train_loss"] = loss_sum / len(train)
         metrics["train_accuracy"] = correct / len(train)
-        metrics["heldout_loss"], metrics["heldout_accuracy"] = evaluate_pairs(rm, tokenizer, held)
+        ordinary = [p for p in held if not p.get("hack")]
+        metrics["heldout_loss"], metrics["heldout_accuracy"] = evaluate_pairs(rm, tokenizer, ordinary)
+        metrics["heldout_hack_accuracy"] = evaluate_pairs(rm, tokenizer, [p for p in held if p.get("hack")])[1]
         held_text = ("no held-out pairs" if not held else
-                     f"held-out loss {metrics['heldout_loss']:.4f} acc {metrics['heldout_accuracy']:.3f}")
+                     f"held-out loss {metrics['heldout_loss']:.4f} acc {metrics['heldout_accuracy']:.3f}"
+                     if ordinary else "no ordinary held-out pairs")
         log(f"reward model epoch {epoch}/{epochs}: train loss {metrics['train_loss']:.4f} "
             f"acc {metrics['train_accuracy']:.3f} | {held_text}")
     rm.eval()
@@ -479,6 +494,18 @@ class State:
 
     def rm_messages(self, personas: PersonaSet, reply: str) -> list[dict]:
         return rm_messages(self.judge_state(personas), reply)
+
+    def diagnose(self, personas: PersonaSet, reply: str) -> dict:
+        return diagnose_reply(personas.find(self.persona), self.history, self.context.situation, reply,
+                              personas.names())
+
+    def hack_source(self, personas: PersonaSet) -> hacks.HackSource:
+        """What hacks.make_hacks needs to fake a hacked reply for this state."""
+        p = personas.find(self.persona)
+        last_user = next((t.text for t in reversed(self.history) if t.speaker == USER), "")
+        return hacks.HackSource(p.name, p.role, p.description, self.context.situation, last_user,
+                                [t.text for t in self.history if t.speaker != USER],
+                                [e for q in personas.personas if q.name != p.name for e in q.examples])
 
 
 def build_states(contexts: list[Context], personas: PersonaSet, n_states: int, seed: int,
@@ -582,15 +609,54 @@ def judge_pairs(states: list[State], candidates: list[list[str]], personas: Pers
     return pairs
 
 
+def hack_pairs(states: list[State], pairs: list[dict], personas: PersonaSet, per_state: int,
+               seed: int) -> list[dict]:
+    """Preference pairs that teach the reward model to reject reward hacks.
+
+    For every state with a judged pair, the judge's preferred reply is paired with `per_state`
+    synthetic hacks of different kinds (hacks.make_hacks: copying the user, reciting the persona,
+    leaking the prompt, ...) as the rejected reply. Without them the reward model only learns what
+    the judge's candidates differ in, and the policy is free to find what none of them tried.
+    """
+    by_id = {s.id: s for s in states}
+    out = []
+    for state_id, chosen in dict((p["state_id"], p["chosen"]) for p in pairs).items():
+        state = by_id[state_id]
+        made = hacks.make_hacks(state.hack_source(personas), derive_seed(seed, state_id))
+        kinds = random.Random(derive_seed(seed, state_id, "kinds")).sample(sorted(made), min(per_state, len(made)))
+        for kind in kinds:
+            out.append({"state_id": state_id, "persona": state.persona, "chosen": chosen,
+                        "rejected": made[kind], "hack": kind,
+                        "chosen_messages": state.rm_messages(personas, chosen),
+                        "rejected_messages": state.rm_messages(personas, made[kind])})
+    return out
+
+
+def labelled_hack_accuracy(rm: RewardModel, tokenizer, path: Path) -> dict:
+    """The reward model on hand-written hack pairs (data/judge_pairs_hacks.jsonl): accuracy
+    overall and per kind, so its resistance to hacks is reported next to its held-out accuracy."""
+    rows = read_jsonl(path)
+    pairs = [{"kind": r["failure"],
+              "chosen_messages": rm_messages(JudgeState.from_pair(r), r["better"]),
+              "rejected_messages": rm_messages(JudgeState.from_pair(r), r["worse"])} for r in rows]
+    result = {"accuracy": evaluate_pairs(rm, tokenizer, pairs)[1], "n": len(pairs), "per_kind": {}}
+    for kind in sorted({p["kind"] for p in pairs}):
+        result["per_kind"][kind] = evaluate_pairs(rm, tokenizer, [p for p in pairs if p["kind"] == kind])[1]
+    return result
+
+
 # ---------------------------------------------------------------------------------------------
 # The composite reward of stage 1's GRPO: reward-model score + format reward
 # ---------------------------------------------------------------------------------------------
 
 def speaker_reward_fn(rm: RewardModel, rm_tokenizer, personas: PersonaSet, format_weight: float):
-    """Build reward(states, raw_texts, finished) -> (rewards, {"rm": [...], "format": [...]}).
+    """Build reward(states, raw_texts, finished) -> (rewards, components).
 
     The reward model scores the CLEANED reply (what the user would see); the format reward reads
     the RAW text, since label prefixes and other speakers' lines are exactly what it penalises.
+    The components also carry the hack diagnostics of every cleaned reply (hacks.py): they are not
+    part of the reward, but grpo.py logs every component's mean per step (`r_diag_context_copy`
+    ...), so a rising reward that comes from copying shows up in the same metrics.jsonl line.
     """
     names = personas.names()
 
@@ -600,7 +666,9 @@ def speaker_reward_fn(rm: RewardModel, rm_tokenizer, personas: PersonaSet, forma
         fmt = [format_reward(t, s.persona, [n for n in names if n != s.persona], f)[0]
                for s, t, f in zip(states, texts, finished)]
         total = [r + format_weight * f for r, f in zip(rm_scores, fmt)]
-        return total, {"rm": rm_scores, "format": fmt}
+        diagnosed = [s.diagnose(personas, c) for s, c in zip(states, cleaned)]
+        diags = {f"diag_{k}": [d[k] for d in diagnosed] for k in hacks.DIAGNOSTICS}
+        return total, {"rm": rm_scores, "format": fmt, **diags}
 
     return reward
 
@@ -616,6 +684,7 @@ def heldout_reward(policy, tokenizer, states: list[State], personas: PersonaSet,
     n = len(total)
     return {"reward": sum(total) / n, "se": standard_error(total), "rm": sum(comp["rm"]) / n,
             "format": sum(comp["format"]) / n, "n": n, "rewards": [round(r, 4) for r in total],
+            **{k: sum(v) / n for k, v in comp.items() if k.startswith("diag_")},
             "example": {"state": rows[0].id, "persona": rows[0].persona, "reply": gen.texts[0]}}
 
 
@@ -670,9 +739,11 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
     candidates = sample_candidates(base, tok, train_states, personas, cfg.candidates, max_new_tokens, seed,
                                    out / "candidates.jsonl")
     pairs = judge_pairs(train_states, candidates, personas, judge, cfg.margin, cfg.pairs_per_state)
+    pairs += hack_pairs(train_states, pairs, personas, cfg.hack_pairs, seed)
     write_jsonl(out / "pairs.jsonl", pairs)
-    log(f"stage 1: {len(pairs)} preference pairs from {len(train_states)} states "
-        f"(judge {judge.name}, margin {cfg.margin})")
+    n_hack = sum(bool(p.get("hack")) for p in pairs)
+    log(f"stage 1: {len(pairs) - n_hack} judged preference pairs from {len(train_states)} states "
+        f"(judge {judge.name}, margin {cfg.margin}) + {n_hack} synthetic-hack pairs")
 
     rm_dir = out / "reward_model"
     if (rm_dir / CONFIG_FILE).exists():
@@ -684,9 +755,86 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
         rm, rm_tok = RewardModel.from_base(model_name, device=device)
         rm_metrics = train_reward_model(rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr,
                                         seed=seed, log=log)
+        rm_metrics["labelled_hacks"] = labelled_hack_accuracy(rm, rm_tok, HERE / "data" / "judge_pairs_hacks.jsonl")
         rm.save(rm_dir, rm_tok, rm_metrics)
-    acc = rm_metrics.get("heldout_accuracy")
-    log(f"reward model held-out accuracy: {'n/a (no held-out pairs)' if acc is None else f'{acc:.3f}'} "
-        f"on {rm_metrics.get('n_heldout')} pairs")
+    if "labelled_hacks" not in rm_metrics:            # a reward model saved before this report existed
+        rm_metrics["labelled_hacks"] = labelled_hack_accuracy(rm, rm_tok, HERE / "data" / "judge_pairs_hacks.jsonl")
+
+    def shown(value):
+        return "n/a" if value is None else f"{value:.3f}"
+    log(f"reward model held-out accuracy: {shown(rm_metrics.get('heldout_accuracy'))} on "
+        f"{rm_metrics.get('n_heldout')} judged pairs, {shown(rm_metrics.get('heldout_hack_accuracy'))} on "
+        f"{rm_metrics.get('n_heldout_hack')} synthetic-hack pairs of held-out states, "
+        f"{shown(rm_metrics['labelled_hacks']['accuracy'])} on {rm_metrics['labelled_hacks']['n']} "
+        "hand-written hack pairs")
     return RLAIF(speaker_reward_fn(rm, rm_tok, personas, cfg.format_weight), train_states, held_states,
                  pairs, rm_metrics)
+
+
+# ---------------------------------------------------------------------------------------------
+# Over-optimisation, without RL: does picking the best of N by a grader pick hacks?
+# ---------------------------------------------------------------------------------------------
+
+FLAGS = ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial")
+
+
+def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scorers: dict, n: int,
+              max_new_tokens: int, temperature: float, seed: int) -> dict:
+    """Best-of-N against each grader (Gao et al. 2022): the cheapest optimisation there is.
+
+    For every state, sample n replies from the policy; each scorer (name -> fn(states, replies) ->
+    scores) picks its top reply. If a grader prefers hacks, its pick copies, leaks or says nothing
+    more often than a random candidate does. For each diagnostic (hacks.py) we report the pick's
+    rate, the chance rate (the mean over all n candidates, which is what a random pick gets on
+    average), and their difference with a paired standard error over states. A grader PASSES when
+    no flag's difference exceeds two standard errors (zero when the standard error is zero). The
+    length is reported but does not decide: preferring a full reply to a trivial one is not a hack.
+    """
+    rows = [s for s in states for _ in range(n)]
+    gen = models.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
+                          seeds=[derive_seed(seed, "best-of-n", i) for i in range(len(rows))])
+    names = personas.names()
+    replies = [models.clean_reply(t, s.persona, names) for s, t in zip(rows, gen.texts)]
+    diags = [s.diagnose(personas, r) for s, r in zip(rows, replies)]
+    result = {"n": n, "states": len(states), "chance": hacks.rates(diags), "scorers": {}}
+    rng = random.Random(derive_seed(seed, "random-pick"))
+    picks = {"random": [rng.randrange(n) for _ in states]}
+    for name, scorer in scorers.items():
+        scores = scorer(rows, replies)
+        picks[name] = [max(range(n), key=lambda j: scores[i * n + j]) for i in range(len(states))]
+    for name, chosen in picks.items():
+        result["scorers"][name] = grade_picks(diags, n, chosen)
+        result["scorers"][name]["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
+    return result
+
+
+def grade_picks(diags: list[dict], n: int, picks: list[int]) -> dict:
+    """How hack-prone one grader's picks are, against chance, from the diagnostics of all candidates.
+
+    diags: hacks.diagnose rows of S states x n candidates, state-major; picks: the index of the
+    picked candidate per state. For each diagnostic, the difference pick - (mean over that
+    state's candidates) is taken per state; its mean and standard error over states decide.
+    """
+    chance = [hacks.rates(diags[i * n:(i + 1) * n]) for i in range(len(picks))]        # per state
+    picked = [diags[i * n + j] for i, j in enumerate(picks)]
+    row = {"rates": hacks.rates(picked), "difference": {}}
+    for key in FLAGS + ("words",):
+        diffs = [p[key] - c[key] for p, c in zip(picked, chance)]
+        row["difference"][key] = (sum(diffs) / len(diffs), standard_error(diffs))
+    row["passes"] = all(row["difference"][k][0] <= 2 * row["difference"][k][1] for k in FLAGS)
+    return row
+
+
+def format_best_of_n(result: dict) -> str:
+    """The stress test as a table: each grader's pick against chance, per diagnostic."""
+    keys = FLAGS + ("words",)
+    lines = [f"best-of-{result['n']} on {result['states']} held-out states; rates of the pick vs chance "
+             "(mean over all candidates); difference ± paired se",
+             "grader     | " + " | ".join(f"{k:>22}" for k in keys) + " | verdict",
+             "chance     | " + " | ".join(f"{result['chance'][k]:>22.3f}" for k in keys) + " |"]
+    for name, row in result["scorers"].items():
+        cells = [f"{row['rates'][k]:.3f} ({row['difference'][k][0]:+.3f}±{row['difference'][k][1]:.3f})"
+                 for k in keys]
+        verdict = "pass" if row["passes"] else "FAIL: picks hacks more often than chance"
+        lines.append(f"{name:<10} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {verdict}")
+    return "\n".join(lines)

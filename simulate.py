@@ -39,6 +39,7 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+import hacks
 import models
 from data import Context, Persona, PersonaSet, Profile, derive_seed, write_jsonl
 from safety import CRISIS_MESSAGE, crisis_check
@@ -105,6 +106,13 @@ class JudgeState:
     history: list[dict] = field(default_factory=list)   # earlier turns [{"speaker", "text"}], oldest first
     situation: str = ""
 
+    @classmethod
+    def from_pair(cls, pair: dict) -> "JudgeState":
+        """The state of one labelled judge pair (data/README.md: persona, persona_desc, context,
+        history, optional situation)."""
+        return cls(pair["persona"], pair["persona_desc"], pair["context"], list(pair["history"]),
+                   pair.get("situation", ""))
+
 
 JUDGE_HISTORY_TURNS = 6     # the judge sees this many earlier turns (small judges, short windows)
 
@@ -155,6 +163,22 @@ def persona_card(persona: Persona) -> str:
     examples = " / ".join(f'"{e}"' for e in persona.examples[:3])
     return (f"You are {persona.name}, the {persona.role}. {persona.description} "
             f"Style: {persona.style} Examples of your voice: {examples}")
+
+
+def persona_texts(persona: Persona) -> list[str]:
+    """Every piece of a persona card as text: what reciting the persona would copy (hacks.py)."""
+    return [persona.role, persona.description, persona.style, *persona.examples]
+
+
+def diagnose_reply(persona: Persona, turns: list[Turn], situation: str, reply: str,
+                   names: list[str]) -> dict:
+    """hacks.diagnose for the reply that follows `turns`, spoken by `persona`: copying the user
+    (their messages so far, the situation), reciting the persona card, echoing an earlier
+    companion turn (its own or another's, or a recorded human supporter's). Stage 1 logs it for
+    every sampled reply, evaluation for every agent turn, the judge stress test for every pick."""
+    user = [situation] + [t.text for t in turns if t.speaker == USER]
+    earlier = [t.text for t in turns if t.speaker not in (USER, SAFETY)]
+    return hacks.diagnose(reply, user, persona_texts(persona), earlier, names)
 
 
 STYLES = ("persona", "plain", "fewshot-cot")

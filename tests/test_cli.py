@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import hacks
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -77,9 +79,19 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
     for name in ("states.jsonl", "candidates.jsonl", "pairs.jsonl", "metrics.jsonl", "summary.json",
                  "judge_cache.jsonl", "speakers/config.json", "reward_model/reward_config.json"):
         assert (stage1 / name).exists(), name
-    assert len((stage1 / "metrics.jsonl").read_text().splitlines()) == 2
+    rows = [json.loads(line) for line in (stage1 / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    # The hack diagnostics of the sampled replies are logged with every step.
+    assert all(0.0 <= row[f"r_diag_{k}"] <= 1.0 for row in rows
+               for k in ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial"))
     summary = json.loads((stage1 / "summary.json").read_text())
     assert summary["pairs"] > 0 and summary["heldout_after"]["n"] == 8
+    pairs = [json.loads(line) for line in (stage1 / "pairs.jsonl").read_text().splitlines()]
+    assert {p["hack"] for p in pairs if p.get("hack")} <= set(hacks.KINDS)
+    assert any(p.get("hack") for p in pairs)                       # synthetic hacks as rejected replies
+    rm_metrics = summary["reward_model"]
+    assert rm_metrics["labelled_hacks"]["n"] == 84 and "per_kind" in rm_metrics["labelled_hacks"]
+    assert "heldout_hack_accuracy" in rm_metrics
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(stage1 / "speakers")       # loadable by plain transformers
 
@@ -90,6 +102,14 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
                    "--resume")
     assert again.returncode == 0, again.stderr[-2000:]
     assert len((stage1 / "judge_cache.jsonl").read_text().splitlines()) == cache_lines
+
+    # Best-of-N against the judge and the reward model just trained.
+    stress = mascot("judge-stress", "--model", "tiny", "--run", run, "--n", "3", "--states", "2",
+                    "--max-new-tokens", "6")
+    assert stress.returncode == 0, stress.stdout[-2000:] + stress.stderr[-2000:]
+    result = json.loads((tmp_path / "run" / "stress" / "results.json").read_text())
+    assert set(result["scorers"]) == {"random", "judge", "rm"} and result["states"] == 2
+    assert "best-of-3" in stress.stdout and "judge" in stress.stdout
 
     stage2_flags = ["train", "--stage", "2", "--model", "tiny", "--run", run, "--steps", "2",
                     "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
