@@ -24,6 +24,8 @@ Run on its own to check that the embedded model loads and speaks:
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.util
 import os
 import re
@@ -171,8 +173,28 @@ def stop_token_ids(tokenizer) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Batched generation
+# Batched generation: our sampler
 # ----------------------------------------------------------------------------------------------
+# The whole of sampling, as a chapter. One call of `generate` turns B chat prompts into B replies:
+#
+#   1. tokenise the prompts and LEFT-pad them to a common width P, so every row's last prompt
+#      token sits in the same column and new tokens are appended in lock-step;
+#   2. prefill: run the model once over each DISTINCT prompt. GRPO asks for G replies to the same
+#      prompt (the candidates of a state are K replies to one prompt), so 2 prompts x G 4 need 2
+#      prefills, not 8. At ~300-token prompts the prefill is most of the arithmetic (8 x 300
+#      tokens took 4-5 s of a 10 s HF generate on the 2-core CPU), so this is the big saving;
+#   3. copy each prompt's keys/values into the rows that sample from it, in a cache allocated
+#      once for P + max_new_tokens positions (HF's DynamicCache instead re-allocates and copies
+#      the whole cache with torch.cat at every step of every layer: ~13 % of a decode step);
+#   4. decode: one forward over the B newest tokens per step, reading the cache; sample one token
+#      per row with that row's own generator; a row that emits a stop token is finished and only
+#      pads from then on; stop when every row is finished or after max_new_tokens.
+#
+# What it leaves out (nanochat's engine and vLLM have them): continuous batching (finished rows
+# keep their slot until the batch ends), paged attention, speculative decoding, top-k. It is built
+# on the HF model's own forward, so any HF causal LM with an ordinary attention cache works
+# (Llama/SmolLM2, Qwen2, the tiny test model); `sampler="hf"` keeps HF's own cache and one
+# prefill per row, the previous implementation, as the fallback and the reference in the tests.
 
 @dataclass
 class Generation:
@@ -183,6 +205,10 @@ class Generation:
     completion_mask is 1 for every generated token up to and including the stop token, so the
     policy also learns WHEN to stop. torch.cat([prompt_ids, completion_ids], 1) is exactly the
     sequence the model saw.
+    sampler_logprobs: log-prob of each sampled token under the model that sampled it, at the
+    sampling temperature (before top-p), 0 on padding. GRPO compares it with its own fp32
+    recomputation to show how far a bf16 sampling copy is from the policy. None only in a
+    Generation built by hand (tests).
     """
     texts: list[str]                 # decoded completions, special tokens removed
     prompt_ids: torch.Tensor         # (B, P) long
@@ -190,6 +216,7 @@ class Generation:
     completion_ids: torch.Tensor     # (B, C) long
     completion_mask: torch.Tensor    # (B, C) long
     finished: list[bool]             # did the row end with a stop token (not the length limit)?
+    sampler_logprobs: torch.Tensor | None = None   # (B, C) float32, or None
 
 
 def chat_prompt_ids(tokenizer, conversations: list[list[dict]]) -> list[list[int]]:
@@ -211,6 +238,31 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
             ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
             mask[i, width - len(r):] = 1
     return ids, mask
+
+
+def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Which rows share a prompt: (first row of each distinct prompt, distinct index of every row).
+
+    Example: prompts [a, a, b, b, a] -> ([0, 2], [0, 0, 1, 1, 0]). Rows need not be adjacent.
+    """
+    first, index_of = [], {}
+    for i, r in enumerate(rows):
+        if tuple(r) not in index_of:
+            index_of[tuple(r)] = len(first)
+            first.append(i)
+    return first, [index_of[tuple(r)] for r in rows]
+
+
+def row_generators(seeds: list[int] | int | None, B: int, device) -> list[torch.Generator] | None:
+    """The seeding contract: None -> greedy (no generators); an int -> row i uses seed + i;
+    a list -> one seed per row. Each row gets its OWN torch.Generator, so a row's tokens depend
+    only on its seed and its prompt, never on what else is in the batch."""
+    if seeds is None:
+        return None
+    seed_list = [seeds + i for i in range(B)] if isinstance(seeds, int) else list(seeds)
+    if len(seed_list) != B:
+        raise ValueError(f"generate: {len(seed_list)} seeds for {B} rows")
+    return [torch.Generator(device=device).manual_seed(int(s)) for s in seed_list]
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
@@ -238,65 +290,183 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     return torch.stack(picks)                                              # (B,)
 
 
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log p(token) under softmax(logits / temperature), in fp32: the same quantity (and the same
+    temperature convention) as grpo.completion_logprobs, so the two can be compared."""
+    logp = torch.log_softmax(logits.float() / max(temperature, 1e-5), dim=-1)  # (B, V)
+    return logp.gather(1, tokens[:, None]).squeeze(1)                      # (B,)
+
+
+@functools.cache
+def growing_layer_type():
+    """The GrowingLayer class, built on first use: it must subclass transformers' DynamicLayer
+    (HF's Cache checks isinstance), and importing transformers costs ~1 s that models.py
+    otherwise spends only when a model is loaded. Cached: one class, one type for torch.compile."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """One layer's keys and values, in a buffer allocated ONCE for all P + N positions.
+
+        HF's DynamicLayer appends each step's keys with torch.cat, which allocates a new tensor
+        and copies the whole cache, every layer, every step. Here a step writes its new column in
+        place and hands attention a view of the filled part, (B, H, length, D): same values, no
+        copies. Mask sizes and sequence length are DynamicLayer's own, read off that view.
+        """
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int):
+            super().__init__()
+            B, H, P, D = keys.shape                                        # P positions filled
+            self.key_buffer = keys.new_empty(B, H, capacity, D)            # (B, H, P + N, D)
+            self.value_buffer = values.new_empty(B, H, capacity, values.shape[-1])
+            self.length = 0
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+            self.update(keys, values)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            n = key_states.shape[-2]                                       # new positions
+            self.key_buffer[:, :, self.length:self.length + n] = key_states
+            self.value_buffer[:, :, self.length:self.length + n] = value_states
+            self.length += n
+            self.keys = self.key_buffer[:, :, :self.length]                # (B, H, length, D) view
+            self.values = self.value_buffer[:, :, :self.length]
+            return self.keys, self.values
+
+    return GrowingLayer
+
+
+def prefill(model, prompt_ids, prompt_mask, max_new_tokens: int, shared: bool):
+    """Run the prompts through the model; return (last-position logits (B, V), cache of B rows).
+
+    shared=True (our sampler): one forward per DISTINCT prompt, then each row gets its own copy of
+    its prompt's keys/values (index_select along the batch), in GrowingLayer buffers with room
+    for max_new_tokens more: every row decodes its own continuation into its own slots.
+    shared=False (sampler="hf"): one forward over all B rows into HF's own DynamicCache.
+    """
+    from transformers.cache_utils import Cache, DynamicLayer
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)                 # (B, P) real tokens only
+    # logits_to_keep=1: only the last position's logits pick the next token; the other P - 1
+    # positions would cost a (B, P, V) tensor (V = 49k) for nothing.
+    if not shared:
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                    use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :], out.past_key_values                   # (B, V), DynamicCache
+    first, index = (torch.tensor(x, device=prompt_ids.device) for x in distinct_rows(prompt_ids.tolist()))
+    out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first],    # (U, P) U prompts
+                position_ids=positions[first], use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    if all(type(layer) is DynamicLayer for layer in cache.layers):
+        capacity = prompt_ids.shape[1] + max_new_tokens
+        cache = Cache(layers=[growing_layer_type()(layer.keys.index_select(0, index),    # (B, H, P, D)
+                                                   layer.values.index_select(0, index), capacity)
+                              for layer in cache.layers])
+    else:
+        # Sliding-window or other special layers (e.g. Mistral, Gemma): keep HF's own cache
+        # classes, which know their masks, and only give every row its copy.
+        cache.batch_select_indices(index)
+    return out.logits[index, -1, :], cache                                 # (B, V), B-row cache
+
+
+def completion_tensors(completion: torch.Tensor, stops: torch.Tensor):
+    """(completion_mask, finished) from the generated ids (B, C): real tokens are everything up to
+    and including the first stop token of each row."""
+    is_stop = torch.isin(completion, stops)                                # (B, C)
+    after_stop = (is_stop.long().cumsum(1) - is_stop.long()) > 0           # strictly after
+    return (~after_stop).long(), is_stop.any(dim=1).tolist()               # (B, C), [B]
+
+
 @torch.no_grad()
 def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int = 64,
              temperature: float = 1.0, top_p: float = 1.0, seeds: list[int] | int | None = None,
+             *, sampler: str = "ours", min_new_tokens: int = 0, compile_decode: bool = False,
              ) -> Generation:
     """Generate one reply per conversation, all rows in one batch with a KV cache.
 
     Args:
         conversations: chat messages per row, [{"role": "system"|"user"|"assistant", "content"}].
+            Identical conversations (GRPO's G samples of a prompt) share one prefill.
         max_new_tokens: hard limit on reply length (rows stop earlier at their end-of-turn token).
         temperature, top_p: sampling controls (ignored when seeds is None).
         seeds: None -> greedy decoding; an int -> row i uses seed + i; a list -> one seed per row.
+        sampler: "ours" (shared prefill, preallocated cache; the default) or "hf" (HF's own
+            DynamicCache, one prefill per row: the previous implementation, the fallback).
+        min_new_tokens: stop tokens are forbidden for the first min_new_tokens steps (as HF's
+            MinNewTokensLogitsProcessor); the benchmarks use it to fix the reply length.
+        compile_decode: run the one-token decode step through torch.compile (off by default; a
+            GPU option: it compiles for minutes and each new cache length may recompile).
     Returns:
-        Generation with texts and the padded prompt/completion tensors GRPO needs.
+        Generation with texts, the padded prompt/completion tensors GRPO needs, and the
+        sampler's own log-probs of its tokens.
     """
+    if sampler not in ("ours", "hf"):
+        raise ValueError(f"generate: sampler must be 'ours' or 'hf', got {sampler!r}")
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id
     stops = torch.tensor(stop_token_ids(tokenizer), device=device)
     prompt_ids, prompt_mask = left_pad(chat_prompt_ids(tokenizer, conversations), pad_id)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    B = prompt_ids.shape[0]
-    generators = None
-    if seeds is not None:
-        seed_list = [seeds + i for i in range(B)] if isinstance(seeds, int) else list(seeds)
-        generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seed_list]
+    (B, P), N = prompt_ids.shape, max_new_tokens
+    generators = row_generators(seeds, B, device)
+    step = torch.compile(model, dynamic=True) if compile_decode else model
 
-    ids, mask = prompt_ids, prompt_mask
-    # Positions count only real tokens, so a left-padded row sees the same positions as unpadded.
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)                          # (B, P)
+    logits, cache = prefill(model, prompt_ids, prompt_mask, N, shared=(sampler == "ours"))
+    # The attention mask for every position there will ever be, written once: the prompt's own
+    # mask, then ones for the new tokens. Step t reads the first P + t columns.
+    mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, N)], dim=1)     # (B, P + N)
+    # Positions count only real tokens, so a left-padded row sees the positions it would unpadded.
+    next_pos = prompt_mask.sum(1, keepdim=True)                            # (B, 1)
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    new_tokens, past = [], None
-    step_input, step_pos = ids, positions
-    for _ in range(max_new_tokens):
-        # logits_to_keep=1: only the last position's logits are needed to pick the next token;
-        # the prompt pass would otherwise build (B, P, V) logits for nothing.
-        out = model(input_ids=step_input, attention_mask=mask, position_ids=step_pos,
-                    past_key_values=past, use_cache=True, logits_to_keep=1)
-        past = out.past_key_values
-        token = sample_next(out.logits[:, -1, :], temperature, top_p, generators)   # (B,)
-        token = torch.where(done, torch.full_like(token, pad_id), token)    # finished rows pad
-        new_tokens.append(token)
+    tokens, logps = [], []
+    for t in range(N):
+        if t < min_new_tokens:
+            logits[:, stops] = float("-inf")
+        token = sample_next(logits, temperature, top_p, generators)        # (B,)
+        token = torch.where(done, pad_id, token)                           # finished rows pad
+        logps.append(token_logprobs(logits, token, temperature).masked_fill(done, 0.0))
+        tokens.append(token)
         done = done | torch.isin(token, stops)
-        if bool(done.all()):
+        if t == N - 1 or bool(done.all()):
             break
         # Feed only the new token; the cache holds everything before it.
-        mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
-        step_input = token[:, None]                                         # (B, 1)
-        step_pos = step_pos[:, -1:] + 1                                     # (B, 1)
+        out = step(input_ids=token[:, None], attention_mask=mask[:, :P + t + 1],
+                   position_ids=next_pos + t, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :]                                      # (B, V)
 
-    completion = torch.stack(new_tokens, dim=1) if new_tokens else torch.zeros((B, 0), dtype=torch.long)
-    # Real tokens: everything up to and including the first stop token of each row.
-    is_stop = torch.isin(completion, stops)                                 # (B, C)
-    after_stop = (is_stop.long().cumsum(1) - is_stop.long()) > 0            # strictly after
-    completion_mask = (~after_stop).long()
-    finished = is_stop.any(dim=1).tolist()
+    completion = torch.stack(tokens, 1) if tokens else prompt_ids.new_zeros(B, 0)   # (B, C)
+    completion_mask, finished = completion_tensors(completion, stops)
     texts = [tokenizer.decode(completion[i][completion_mask[i].bool()], skip_special_tokens=True).strip()
              for i in range(B)]
+    sampler_logprobs = torch.stack(logps, 1) if logps else torch.zeros(B, 0)  # (B, C)
     return Generation(texts, prompt_ids.cpu(), prompt_mask.cpu(), completion.cpu(),
-                      completion_mask.cpu(), finished)
+                      completion_mask.cpu(), finished, sampler_logprobs.cpu())
 
+
+class SamplingCopy:
+    """A low-precision copy of the policy that only samples; the fp32 policy is the one trained.
+
+    Why: a decode step reads every weight once to produce one token per row, so at small batch
+    it is bound by memory traffic, and bf16 weights halve the traffic (measured in
+    bench/generate_speed.py). Training still uses the fp32 weights: bf16's 8 significant bits
+    would lose the small AdamW updates (see grpo.autocast). The price is that the sampler's
+    distribution differs slightly from the policy's; grpo logs mean |logp_sampler - logp_trainer|.
+
+    Usage: copy = SamplingCopy(policy); before each sampling call copy.refresh() (a copy_ per
+    tensor, after every optimiser step), then generate(copy.model, ...).
+    Only parameters are cast: buffers such as RoPE's inverse frequencies stay fp32, so positions
+    keep full precision (a bf16 inv_freq would put position 300 off by up to ~0.6 radians).
+    """
+
+    def __init__(self, policy, dtype: torch.dtype = torch.bfloat16):
+        self.policy, self.dtype = policy, dtype
+        self.model = copy.deepcopy(policy).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+            p.data = p.data.to(dtype)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy the policy's current weights in (parameters() lists tied weights once, in order)."""
+        for mine, theirs in zip(self.model.parameters(), self.policy.parameters()):
+            mine.copy_(theirs)
 
 # ----------------------------------------------------------------------------------------------
 # Post-processing a generated reply
