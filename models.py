@@ -278,16 +278,23 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     probs = torch.softmax(logits.float() / max(temperature, 1e-5), dim=-1)  # (B, V)
     if top_p < 1.0:
         # Nucleus sampling: keep the smallest set of tokens whose probability sums to >= top_p.
-        sorted_p, order = probs.sort(dim=-1, descending=True)              # (B, V)
-        keep = sorted_p.cumsum(-1) - sorted_p < top_p                      # (B, V), top token kept
-        sorted_p = sorted_p * keep
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)       # (B, V)
-    # Exponential-race sampling: argmax_v p_v / E_v with E_v ~ Exp(1) picks v with probability
-    # p_v (the Gumbel-max trick in another form). Same distribution as torch.multinomial, but
-    # ~50x faster on a 49k vocabulary, and it draws from each row's own generator.
-    picks = [(probs[i] / torch.empty_like(probs[i]).exponential_(generator=g)).argmax()
-             for i, g in enumerate(generators)]
-    return torch.stack(picks)                                              # (B,)
+        # Sorting all 49k probabilities costs ~40 ms a step at B = 8, and the nucleus nearly always
+        # lies within the top 1024: sort those (topk), and everything only when they fall short.
+        sorted_p, order = probs.topk(min(1024, probs.shape[-1]), dim=-1)   # (B, K) descending
+        if bool((sorted_p.sum(-1) < top_p).any()):
+            sorted_p, order = probs.sort(dim=-1, descending=True)          # (B, V)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p                      # (B, K), top token kept
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)  # (B, V)
+    # Inverse-CDF sampling: one u ~ U[0, 1) per row, from that row's own generator; the token is
+    # the first whose cumulative probability exceeds u * total (total < 1 after top-p: no need to
+    # renormalise). Same distribution as torch.multinomial, with ONE random number per row: the
+    # Gumbel-max / exponential race draws one per vocabulary entry, 49k, ~14 ms per step at B = 8.
+    # float64 cumsum: over 49k terms fp32 rounding would shift the boundaries of rare tokens.
+    cdf = probs.double().cumsum(dim=-1)                                    # (B, V)
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64, device=probs.device)
+                     for g in generators])                                 # (B,)
+    picks = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)  # (B, 1)
+    return picks.squeeze(1).clamp(max=probs.shape[-1] - 1)                 # (B,)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
