@@ -345,11 +345,13 @@ class GRPOConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     # Sampling (models.generate): "ours" shares each prompt's prefill across its G rows; "hf" is
-    # the fallback (HF's cache, one prefill per row). sample_dtype "bfloat16" samples with a bf16
-    # copy of the policy (models.SamplingCopy; ~1.5x faster decoding on CPU) while the loss stays
-    # fp32: the gap shows as `logp_mismatch`. compile_decode: torch.compile the decode step (GPU).
+    # the fallback (HF's cache, one prefill per row). sampling_copy: sample from the policy itself
+    # ("none"), or from a models.SamplingCopy refreshed every step: "packed" (fp32, weights packed
+    # for oneDNN: faster CPU decoding, same precision) or "bf16" (GPU, or CPUs with native bf16;
+    # ~4x slower on our AVX2 CPU). The loss always uses the fp32 policy; the sampler-trainer gap
+    # is logged as `logp_mismatch`. compile_decode: torch.compile the decode step (for GPUs).
     sampler: str = "ours"
-    sample_dtype: str = "float32"   # "float32" | "bfloat16"
+    sampling_copy: str = "none"     # "none" | "packed" | "bf16"
     compile_decode: bool = False
     seed: int = 0
     save_every: int = 10            # checkpoint every N steps (and at the end)
@@ -621,8 +623,9 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
         log(f"resumed from {ckpt} at step {start}")
     elif metrics_path.exists():
         metrics_path.unlink()
-    # A bf16 sampling copy is made once (after any resume) and refreshed inside every step.
-    sampling = None if cfg.sample_dtype == "float32" else models.SamplingCopy(policy, getattr(torch, cfg.sample_dtype))
+    # A sampling copy is made once (after any resume) and refreshed inside every step.
+    sampling = None if cfg.sampling_copy == "none" else models.SamplingCopy(
+        policy, {"packed": torch.float32, "bf16": torch.bfloat16}[cfg.sampling_copy])
     rows, bad = [], 0
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.time()

@@ -447,33 +447,77 @@ def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: 
                       completion_mask.cpu(), finished, sampler_logprobs.cpu())
 
 
-class SamplingCopy:
-    """A low-precision copy of the policy that only samples; the fp32 policy is the one trained.
+class PackedLinear(torch.nn.Module):
+    """A frozen nn.Linear for CPU inference, its weight stored pre-arranged ("packed") in oneDNN's
+    blocked layout, as torch.compile's CPU backend does when it freezes weights.
 
-    Why: a decode step reads every weight once to produce one token per row, so at small batch
-    it is bound by memory traffic, and bf16 weights halve the traffic (measured in
-    bench/generate_speed.py). Training still uses the fp32 weights: bf16's 8 significant bits
-    would lose the small AdamW updates (see grpo.autocast). The price is that the sampler's
-    distribution differs slightly from the policy's; grpo logs mean |logp_sampler - logp_trainer|.
-
-    Usage: copy = SamplingCopy(policy); before each sampling call copy.refresh() (a copy_ per
-    tensor, after every optimiser step), then generate(copy.model, ...).
-    Only parameters are cast: buffers such as RoPE's inverse frequencies stay fp32, so positions
-    keep full precision (a bf16 inv_freq would put position 300 off by up to ~0.6 radians).
+    Why: a decode step multiplies 8 rows by each weight matrix. At that shape the default CPU
+    matmul re-reads the row-major weight in a cache-unfriendly order, and for the 49k x 576 LM
+    head it does not even split the work across threads; with the packed layout the same fp32
+    products take ~0.6x the time on 2 cores (bench/generate_speed.py). Same fp32 arithmetic,
+    another summation order: logits move by ~1e-5. torch.ops.mkldnn is PyTorch's internal oneDNN
+    binding (what inductor emits), pinned with torch in requirements.txt.
     """
 
-    def __init__(self, policy, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.pack(linear)
+
+    @torch.no_grad()
+    def pack(self, linear: torch.nn.Linear) -> None:
+        """(Re)build the packed weight from an ordinary Linear's current weight (out, in)."""
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().float(), 8)
+        if self.bias is not None:
+            self.bias.copy_(linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:                     # (..., in) -> (..., out)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class SamplingCopy:
+    """A copy of the policy that only samples, laid out for speed; the fp32 policy is the one trained.
+
+    Two layouts, one idea (a decode step reads every weight to make one token per row, so how the
+    weights are stored sets its speed):
+      dtype=torch.float32 (CPU): the same fp32 weights, every Linear packed for oneDNN
+          (PackedLinear). Numerically the policy, up to summation order.
+      dtype=torch.bfloat16: half the bytes per weight. Fast on a GPU and on CPUs with native bf16
+          dot products (AVX512-BF16, AMX); on an AVX2-only CPU such as our 2-core EPYC, bf16
+          matmuls are emulated and ~4x SLOWER than fp32 (bench/generate_speed.py), so CPU runs
+          keep fp32. Only parameters are cast: buffers such as RoPE's inverse frequencies stay
+          fp32 (a bf16 inv_freq would put position 300 off by up to ~0.6 radians).
+    Training always uses the fp32 policy (bf16's 8 significant bits would lose the small AdamW
+    updates, see grpo.autocast); what the copy changes is the sampling distribution, slightly,
+    and grpo logs it as logp_mismatch = mean |logp_sampler - logp_trainer| per token.
+
+    Usage: copy = SamplingCopy(policy); after every optimiser step (grpo_step does it right before
+    sampling) copy.refresh(); then generate(copy.model, ...).
+    """
+
+    def __init__(self, policy, dtype: torch.dtype = torch.float32):
         self.policy, self.dtype = policy, dtype
         self.model = copy.deepcopy(policy).eval()
-        for p in self.model.parameters():
+        device = next(policy.parameters()).device
+        self.packed = dtype == torch.float32 and device.type == "cpu"
+        for name, module in list(self.model.named_modules()):
+            if self.packed and isinstance(module, torch.nn.Linear):
+                self.model.set_submodule(name, PackedLinear(module))
+        for p in self.model.parameters():                    # embeddings and norms (and all, bf16)
             p.requires_grad_(False)
+            p.grad = None
             p.data = p.data.to(dtype)
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the policy's current weights in (parameters() lists tied weights once, in order)."""
-        for mine, theirs in zip(self.model.parameters(), self.policy.parameters()):
-            mine.copy_(theirs)
+        """Take the policy's current weights: copy_ each parameter, re-pack each PackedLinear."""
+        theirs = dict(self.policy.named_parameters())        # a tied weight is listed once
+        for name, mine in self.model.named_parameters():
+            mine.copy_(theirs[name])
+        for name, module in self.model.named_modules():
+            if isinstance(module, PackedLinear):
+                module.pack(self.policy.get_submodule(name))
+
 
 # ----------------------------------------------------------------------------------------------
 # Post-processing a generated reply

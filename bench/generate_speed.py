@@ -13,7 +13,11 @@ load hits every row alike, after one warm-up call each:
   hf generate fp32     HF's own `model.generate` (do_sample, temperature 1, top-p 1, top-k off);
   ours fp32            models.generate with its defaults (sampler="ours": one prefill per
                        distinct prompt, preallocated KV cache), fp32 weights, per-row seeds;
-  ours bf16 copy       the same on a bf16 copy of the weights (models.SamplingCopy);
+  ours packed copy     the same on models.SamplingCopy(policy, torch.float32): fp32 weights
+                       pre-packed for oneDNN (PackedLinear); each timed call includes the
+                       copy's refresh, as grpo_step refreshes it before every sampling;
+  ours bf16 copy       the same on a bf16 copy of the weights (SamplingCopy(policy, bfloat16)),
+                       refresh included;
   previous loop fp32   models.generate(sampler="hf"): HF's DynamicCache, one prefill per row,
                        the implementation before this sampler (the fallback), for reference.
 
@@ -102,12 +106,19 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     model, tok = models.load_model(models.EMBEDDED)
+    packed = models.SamplingCopy(model, torch.float32)
     low = models.SamplingCopy(model, torch.bfloat16)
+
+    def with_copy(sampling, batch):
+        sampling.refresh()                # as grpo_step does before every sampling: timed too
+        ours(sampling.model, tok, batch, args.new_tokens)
+
     prompts = bench_prompts(8)
     shapes = {"grpo": [c for c in prompts[:2] for _ in range(args.group_size)], "distinct": prompts}
     rows = {"hf generate fp32": lambda r: hf_generate(model, tok, r, args.new_tokens),
             "ours fp32": lambda r: ours(model, tok, r, args.new_tokens),
-            "ours bf16 copy": lambda r: ours(low.model, tok, r, args.new_tokens),
+            "ours packed copy": lambda r: with_copy(packed, r),
+            "ours bf16 copy": lambda r: with_copy(low, r),
             "previous loop fp32": lambda r: ours(model, tok, r, args.new_tokens, sampler="hf")}
     lengths = [len(x) for x in models.chat_prompt_ids(tok, prompts)]
     print(f"SmolLM2-135M, {torch.get_num_threads()} threads, prompts of {min(lengths)}-{max(lengths)} "
@@ -115,6 +126,7 @@ def main() -> None:
           f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
     seconds = {(s, r): [] for s in shapes for r in rows}
+    cpu = {(s, r): [] for s in shapes for r in rows}     # CPU seconds: steadier on a shared machine
     with torch.no_grad():
         for s, batch in shapes.items():                    # warm-up: one untimed call each
             for fn in rows.values():
@@ -122,27 +134,32 @@ def main() -> None:
         for _ in range(args.repeats):
             for s, batch in shapes.items():
                 for r, fn in rows.items():
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     fn(batch)
                     seconds[(s, r)].append(time.perf_counter() - t0)
+                    cpu[(s, r)].append(time.process_time() - c0)
+                    print(f"  {s:8s} {r:20s} {seconds[(s, r)][-1]:6.2f} s, {cpu[(s, r)][-1]:6.2f} CPU s, "
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)
 
     for s, batch in shapes.items():
         n_prompts = len({str(c) for c in batch})
         print(f"\n{s}: {n_prompts} distinct prompts, {len(batch)} rows")
         base = statistics.median(seconds[(s, "hf generate fp32")])
+        base_cpu = statistics.median(cpu[(s, "hf generate fp32")])
         for r in rows:
-            med = statistics.median(seconds[(s, r)])
+            med, med_cpu = statistics.median(seconds[(s, r)]), statistics.median(cpu[(s, r)])
             runs = " ".join(f"{x:.2f}" for x in seconds[(s, r)])
             print(f"  {r:20s} {med:6.2f} s  {len(batch) * args.new_tokens / med:6.1f} tokens/s  "
-                  f"{base / med:5.2f}x hf   (runs {runs})")
+                  f"{base / med:5.2f}x hf   CPU {med_cpu:6.2f} s ({base_cpu / med_cpu:4.2f}x)   (runs {runs})")
     # How far each sampler's log-probs are from the fp32 trainer's (24 rows: 6 prompts x G 4).
     many = [c for c in prompts[:6] for _ in range(args.group_size)]
     print(f"\nlog-prob mismatch |logp_sampler - logp_trainer(fp32)| per token, {len(many)} rows, "
           f"temperature 1, natural stops:")
     with torch.no_grad():
-        for name, sampler_model in (("ours fp32", model), ("ours bf16 copy", low.model)):
+        for name, sampler_model in (("ours fp32", model), ("ours packed copy", packed.model),
+                                    ("ours bf16 copy", low.model)):
             gap = logprob_gap(sampler_model, model, tok, many, args.new_tokens, seeds=1234)
-            print(f"  {name:15s} mean {gap.mean():.5f}  median {gap.median():.5f}  p99 "
+            print(f"  {name:16s} mean {gap.mean():.5f}  median {gap.median():.5f}  p99 "
                   f"{gap.quantile(0.99):.4f}  max {gap.max():.4f}  over {gap.numel()} tokens; "
                   f"exp(gap) > 1.2 for {(gap > 0.1823).float().mean():.2%} of tokens")
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -22,10 +22,11 @@ another), tokens per second (B x (P + C) tokens per step, the tokens that go thr
 training forward/backward), the share of the step spent inside `generate`, and the peak
 resident memory of the process (ru_maxrss: model load included, the same for both sides).
 The sides run alternately A B B A A B B A (--rounds 4) so that a change in load hits both.
-Ours samples with models.generate's defaults (sampler "ours": one prefill per distinct prompt);
-`--bf16-sampling` adds a third side, "ours-bf16", that samples with a bf16 copy of the policy
-(models.SamplingCopy, refreshed every step) while its loss stays fp32: not the same work as TRL's
-fp32 sampling, so it is reported on its own line.
+Ours samples with models.generate's defaults (sampler "ours": one prefill per distinct prompt).
+`--copies packed bf16` adds sides "ours-packed" / "ours-bf16" that sample from a
+models.SamplingCopy of the policy (GRPOConfig.sampling_copy; refreshed every step, inside the
+timed step) while the loss stays fp32: fp32 with oneDNN-packed weights, or bf16 (bf16 is not the
+same arithmetic as TRL's fp32 sampling). Each is reported on its own line.
 
 MFU (model-FLOPs utilisation) against the machine's measured matmul peak (bench/matmul_peak.py):
   training pass  = 6 N B (P + C)  FLOPs (forward 2 + backward 4 per parameter per token; N counts
@@ -41,7 +42,7 @@ Run from the repo root (TRL lives in its own virtual env; the project never impo
     python bench/grpo_step.py --trl-python .venv-bench/bin/python
     python bench/grpo_step.py --models tiny --rounds 2               # quicker
     python bench/grpo_step.py --threads 0                            # torch's default threads
-    python bench/grpo_step.py --models smollm2-135m --bf16-sampling   # + ours with bf16 sampling
+    python bench/grpo_step.py --models smollm2-135m --copies packed   # + ours sampling from a copy
 The file is also the worker: `--worker ours|ours-bf16|trl` runs one side and prints a JSON line. The
 top of the file imports only the standard library, so it runs in either virtual env.
 """
@@ -130,7 +131,7 @@ def peak_rss_mib() -> float:
 # Worker: ours
 # ----------------------------------------------------------------------------------------------
 
-def run_ours(job: dict, sample_dtype: str = "float32") -> dict:
+def run_ours(job: dict, sampling_copy: str = "none") -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
@@ -145,8 +146,10 @@ def run_ours(job: dict, sample_dtype: str = "float32") -> dict:
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=job["beta"], eps_low=0.2,
         eps_high=0.28, loss_type="grpo", scale_rewards=True, num_iterations=1, micro_batch=B,
         max_new_tokens=job["completion_tokens"], temperature=1.0, top_p=1.0, seed=0,
-        sample_dtype=sample_dtype)
-    sampling = None if sample_dtype == "float32" else models.SamplingCopy(policy, getattr(torch, sample_dtype))
+        sampling_copy=sampling_copy)
+    # The copy train_grpo would make for this setting (refreshed inside every grpo_step).
+    sampling = None if sampling_copy == "none" else models.SamplingCopy(
+        policy, {"packed": torch.float32, "bf16": torch.bfloat16}[sampling_copy])
     # The optimiser train_grpo builds: plain torch AdamW (on CPU: the for-loop, non-fused kernel).
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
@@ -241,7 +244,7 @@ def worker(side: str, job_path: str) -> None:
     if job["threads"]:
         import torch
         torch.set_num_threads(job["threads"])
-    result = run_trl(job) if side == "trl" else run_ours(job, "bfloat16" if side == "ours-bf16" else "float32")
+    result = run_trl(job) if side == "trl" else run_ours(job, side.partition("-")[2] or "none")
     print("RESULT " + json.dumps(result))
 
 
@@ -328,9 +331,10 @@ def main() -> None:
     p.add_argument("--trl-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
                    help="python of the virtual env that has TRL (make bench creates it)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench" / "grpo_step.json"), help="results JSON")
-    p.add_argument("--bf16-sampling", action="store_true",
-                   help="also run 'ours-bf16': ours sampling with a bf16 copy of the policy")
-    p.add_argument("--worker", choices=["ours", "ours-bf16", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--copies", nargs="*", default=[], choices=["packed", "bf16"],
+                   help="extra sides of ours that sample from a models.SamplingCopy: 'packed' (fp32, "
+                        "oneDNN-packed weights), 'bf16'")
+    p.add_argument("--worker", choices=["ours", "ours-packed", "ours-bf16", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -365,7 +369,7 @@ def main() -> None:
                "group_size": args.group_size, "prompts_per_step": args.prompts_per_step,
                "beta": args.beta, "lr": args.lr, "warmup": args.warmup, "steps": args.steps,
                "threads": args.threads}
-        sides = ["ours", "trl"] + (["ours-bf16"] if args.bf16_sampling else [])
+        sides = ["ours", "trl"] + [f"ours-{c}" for c in args.copies]
         runs = {side: [] for side in sides}
         for r in range(args.rounds):
             for side in (sides if r % 2 == 0 else sides[::-1]):
@@ -384,7 +388,7 @@ def main() -> None:
         print(f"\n{name} ({ours['params'] / 1e6:.1f}M parameters)")
         print(f"  {'':9s} {'s/step':>8s} {'min..max':>13s} {'CPU s/step':>10s} {'tokens/s':>9s} "
               f"{'generate':>8s} {'peak RSS':>9s} {'MFU train':>9s} {'MFU gen':>8s}")
-        for label, s in [("ours", ours), ("TRL", trl)] + [("ours-bf16", summary[x]) for x in sides[2:]]:
+        for label, s in [("ours", ours), ("TRL", trl)] + [(x, summary[x]) for x in sides[2:]]:
             m_train, m_gen = mfu(s, job, peak)
             print(f"  {label:9s} {s['s_per_step']:8.2f} {s['s_min']:6.2f}..{s['s_max']:<6.2f} "
                   f"{s['cpu_s_per_step']:10.2f} {s['tokens_per_s']:9.1f} {s['gen_fraction']:8.0%} "
