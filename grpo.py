@@ -28,7 +28,9 @@ Where it sits in MASCOT (arXiv 2601.14230; see /work/shared/paper/NOTES.md):
 
 What this file simplifies relative to DeepSeekMath and TRL's GRPOTrainer:
   - Token-level importance ratios only (no GSPO sequence-level ratio), no entropy masking, no
-    importance-sampling correction for a separate inference engine (we sample with HF `generate`).
+    importance-sampling correction for a separate inference engine: we sample with
+    models.generate from the policy itself or from a SamplingCopy of it, and log the gap,
+    `logp_mismatch` (mean |logp_sampler - logp_trainer| per token); see bench/README.md for its size.
   - Two loss normalisations only: "grpo" (DeepSeekMath's per-sequence mean) and "dapo" (token mean
     over the batch, the default). Dr. GRPO's unscaled advantage is `scale=False`; its constant
     denominator (batch size x max length) is not offered: "dapo" already removes the length bias.

@@ -101,6 +101,11 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=48, help="tokens generated per row")
     p.add_argument("--group-size", type=int, default=4, help="G: rows per prompt at the grpo shape")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--shapes", nargs="+", default=["grpo", "distinct"], choices=["grpo", "distinct"],
+                   help="which shapes to time (the last line needs grpo)")
+    p.add_argument("--skip", nargs="*", default=[], help="rows not to time, e.g. 'ours bf16 copy'")
+    p.add_argument("--mismatch-prompts", type=int, default=6,
+                   help="distinct prompts (x G) for the log-prob mismatch; 0 skips it")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -115,11 +120,13 @@ def main() -> None:
 
     prompts = bench_prompts(8)
     shapes = {"grpo": [c for c in prompts[:2] for _ in range(args.group_size)], "distinct": prompts}
+    shapes = {s: batch for s, batch in shapes.items() if s in args.shapes}
     rows = {"hf generate fp32": lambda r: hf_generate(model, tok, r, args.new_tokens),
             "ours fp32": lambda r: ours(model, tok, r, args.new_tokens),
             "ours packed copy": lambda r: with_copy(packed, r),
             "ours bf16 copy": lambda r: with_copy(low, r),
             "previous loop fp32": lambda r: ours(model, tok, r, args.new_tokens, sampler="hf")}
+    rows = {r: fn for r, fn in rows.items() if r == "hf generate fp32" or r == "ours fp32" or r not in args.skip}
     lengths = [len(x) for x in models.chat_prompt_ids(tok, prompts)]
     print(f"SmolLM2-135M, {torch.get_num_threads()} threads, prompts of {min(lengths)}-{max(lengths)} "
           f"tokens, {args.new_tokens} new tokens, median of {args.repeats}; "
@@ -128,9 +135,8 @@ def main() -> None:
     seconds = {(s, r): [] for s in shapes for r in rows}
     cpu = {(s, r): [] for s in shapes for r in rows}     # CPU seconds: steadier on a shared machine
     with torch.no_grad():
-        for s, batch in shapes.items():                    # warm-up: one untimed call each
-            for fn in rows.values():
-                fn(batch)
+        for fn in rows.values():                           # warm-up: one untimed call each
+            fn(shapes[args.shapes[0]][:2])
         for _ in range(args.repeats):
             for s, batch in shapes.items():
                 for r, fn in rows.items():
@@ -152,17 +158,19 @@ def main() -> None:
             print(f"  {r:20s} {med:6.2f} s  {len(batch) * args.new_tokens / med:6.1f} tokens/s  "
                   f"{base / med:5.2f}x hf   CPU {med_cpu:6.2f} s ({base_cpu / med_cpu:4.2f}x)   (runs {runs})")
     # How far each sampler's log-probs are from the fp32 trainer's (24 rows: 6 prompts x G 4).
-    many = [c for c in prompts[:6] for _ in range(args.group_size)]
+    many = [c for c in prompts[:args.mismatch_prompts] for _ in range(args.group_size)]
     print(f"\nlog-prob mismatch |logp_sampler - logp_trainer(fp32)| per token, {len(many)} rows, "
           f"temperature 1, natural stops:")
     with torch.no_grad():
-        for name, sampler_model in (("ours fp32", model), ("ours packed copy", packed.model),
+        for name, sampler_model in [] if not many else (("ours fp32", model), ("ours packed copy", packed.model),
                                     ("ours bf16 copy", low.model)):
             gap = logprob_gap(sampler_model, model, tok, many, args.new_tokens, seeds=1234)
             print(f"  {name:16s} mean {gap.mean():.5f}  median {gap.median():.5f}  p99 "
                   f"{gap.quantile(0.99):.4f}  max {gap.max():.4f}  over {gap.numel()} tokens; "
                   f"exp(gap) > 1.2 for {(gap > 0.1823).float().mean():.2%} of tokens")
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if "grpo" not in shapes:
+        return
     grpo_hf = statistics.median(seconds[("grpo", "hf generate fp32")])
     grpo_ours = statistics.median(seconds[("grpo", "ours fp32")])
     print(f"speedup ours/hf: {grpo_hf / grpo_ours:.2f}x")
