@@ -28,7 +28,9 @@ Where it sits in MASCOT (arXiv 2601.14230):
 
 What this file simplifies relative to DeepSeekMath and TRL's GRPOTrainer:
   - Token-level importance ratios only (no GSPO sequence-level ratio), no entropy masking, no
-    importance-sampling correction for a separate inference engine (we sample with HF `generate`).
+    importance-sampling correction for a separate inference engine: we sample with
+    models.generate from the policy itself or from a SamplingCopy of it, and log the gap,
+    `logp_mismatch` (mean |logp_sampler - logp_trainer| per token); see bench/README.md for its size.
   - Two loss normalisations only: "grpo" (DeepSeekMath's per-sequence mean) and "dapo" (token mean
     over the batch, the default). Dr. GRPO's unscaled advantage is `scale=False`; its constant
     denominator (batch size x max length) is not offered: "dapo" already removes the length bias.
@@ -349,6 +351,15 @@ class GRPOConfig:
                                         "gradients and AdamW stay fp32")
     gradient_checkpointing: bool = option(False, "recompute activations in backward: much less "
                                                  "memory, ~1/3 more compute")
+    # Sampling (models.generate): "ours" shares each prompt's prefill across its G rows; "hf" is
+    # the fallback (HF's cache, one prefill per row). The loss always uses the fp32 policy; the
+    # sampler-trainer gap is logged as `logp_mismatch`.
+    sampler: str = option("ours", "ours: our KV-cache sampler with one prefill per distinct prompt; "
+                                  "hf: the HF-cache fallback", ["ours", "hf"])
+    sampling_copy: str = option("none", "sample from the policy itself (none) or from a copy refreshed "
+                                        "every step: packed (fp32, oneDNN-packed weights, CPU) or bf16 "
+                                        "(GPU, or CPUs with native bf16)", ["none", "packed", "bf16"])
+    compile_decode: bool = option(False, "torch.compile the one-token decode step (GPU)")
     # Fixed choices, not flags: say why where they are used.
     warmup_steps: int = 2           # linear warm-up, then constant (lr_at)
     weight_decay: float = 0.0
@@ -446,8 +457,10 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
     # One denominator for the whole optimiser step, so accumulating micro-batches gives exactly
     # the gradient of the full batch: all real tokens ("dapo") or all sequences ("grpo").
     normalizer = int(mask.sum().item()) if cfg.loss_type == "dapo" else B
-    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "finite": 1.0}
-    for _ in range(cfg.num_iterations):
+    sampler_logps = None if gen.sampler_logprobs is None else gen.sampler_logprobs[:, :C].to(device)
+    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "finite": 1.0,
+              "logp_mismatch": None}
+    for it in range(cfg.num_iterations):
         optimizer.zero_grad(set_to_none=True)
         loss_sum, stats_sum = 0.0, {"kl": 0.0, "clip_frac": 0.0}
         for i in range(0, B, cfg.micro_batch):
@@ -462,6 +475,11 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
                                  normalizer=normalizer)
             loss.backward()
             share = st["n_tokens"] / max(int(mask.sum().item()), 1)           # token-weighted stats
+            if it == 0 and sampler_logps is not None:
+                # How far the sampler's distribution is from the one trained: ~1e-6 when the fp32
+                # policy sampled, larger with a bf16 sampling copy (before any update of this step).
+                gap = masked_mean((logps.detach() - sampler_logps[sl]).abs(), mask[sl]).item()
+                totals["logp_mismatch"] = (totals["logp_mismatch"] or 0.0) + gap * share
             loss_sum += float(loss.item())
             stats_sum["kl"] += (st["kl"] * share) if ref_logps is not None else 0.0
             stats_sum["clip_frac"] += st["clip_frac"] * share
@@ -539,7 +557,7 @@ def load_checkpoint(path: Path, policy, optimizer) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig, step: int,
-              ref_model=None):
+              ref_model=None, sampling=None):
     """One GRPO step: sample G completions per prompt, score them, update the policy once.
 
     All G x len(prompts) completions are sampled in ONE batched `generate` call (prompt-major:
@@ -553,9 +571,13 @@ def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOC
     device = next(policy.parameters()).device
     rows_in = [p for p in prompts for _ in range(G)]                       # prompt-major groups
     policy.eval()
+    if sampling is not None:
+        sampling.refresh()                  # a models.SamplingCopy: take the last update's weights
     with autocast(cfg, device):
-        gen = models.generate(policy, tokenizer, rows_in, cfg.max_new_tokens, cfg.temperature,
-                              cfg.top_p, seeds=sample_seeds(cfg, step, len(rows_in)))
+        gen = models.generate(policy if sampling is None else sampling.model, tokenizer, rows_in,
+                              cfg.max_new_tokens, cfg.temperature, cfg.top_p,
+                              seeds=sample_seeds(cfg, step, len(rows_in)), sampler=cfg.sampler,
+                              compile_decode=cfg.compile_decode)
     # Rewards are constants of the loss: a reward model must never record an autograd graph.
     with torch.no_grad():
         rewards, components = reward_fn(meta, gen.texts, gen)
@@ -573,6 +595,7 @@ def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOC
              **{f"r_{k}": sum(v) / len(v) for k, v in components.items() if v},
              "loss": ustats["loss"], "kl": ustats["kl"], "clip_frac": ustats["clip_frac"],
              "grad_norm": ustats["grad_norm"], "skipped": not ustats["finite"],
+             "logp_mismatch": ustats["logp_mismatch"],
              "length": float(gen.completion_mask.sum(1).float().mean()), "lr": lr_at(step - 1, cfg)}
     return stats, gen, rewards
 
@@ -606,12 +629,15 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
         log(f"resumed from {ckpt} at step {start}")
     elif metrics_path.exists():
         metrics_path.unlink()
+    # A sampling copy is made once (after any resume) and refreshed inside every step.
+    sampling = None if cfg.sampling_copy == "none" else models.SamplingCopy(
+        policy, {"packed": torch.float32, "bf16": torch.bfloat16}[cfg.sampling_copy])
     rows, bad = [], 0
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.time()
         prompts, meta = sample_prompts(step)
         stats, gen, rewards = grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg,
-                                        step, ref_model)
+                                        step, ref_model, sampling)
         row = {"step": step, **stats, "seconds": time.time() - t0}
         bad = 0 if not row["skipped"] else bad + 1
         rows.append(row)
@@ -619,6 +645,7 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
         log(f"step {step:4d}/{cfg.steps} reward {row['reward_mean']:+.3f} ±{row['reward_std']:.3f} "
             f"kl {'-' if row['kl'] is None else format(row['kl'], '.4f')} clip {row['clip_frac']:.3f} len {row['length']:.1f} "
             f"zero-std {row['frac_zero_std']:.2f} gnorm {row['grad_norm']:.2f} "
+            f"mismatch {'-' if row['logp_mismatch'] is None else format(row['logp_mismatch'], '.4f')} "
             f"{'SKIPPED (non-finite) ' if row['skipped'] else ''}{row['seconds']:.1f}s")
         if describe and step % cfg.dump_every == 0:
             write_jsonl(out_dir / "samples" / f"step-{step:06d}.jsonl", describe(meta, gen.texts, rewards))
