@@ -553,10 +553,12 @@ OFFLINE_RECIPE = 2         # bump when a feature's definition changes: it is par
 
 # Quality weights are version 1's (2, 1, 1, 2), chosen on the 70 ordinary pairs; off_role
 # sharpens `persona` and gets persona's weight. Every hack penalty weighs 2: a reply that is
-# entirely a hack loses 2, about five standard deviations of the quality sum over honest replies
-# (0.4), so no quality feature can buy it back. A logistic regression of the penalty weights on
-# 1,750 synthetic hack pairs (bench/judge_speed.py) gives 0.6 to 2.1 and no better accuracy on
-# held-out hacks; 1, 2 and 3 for all of them change the 70 ordinary pairs by at most one pair.
+# entirely a hack loses 2, four standard deviations of z over honest replies (0.50), so no quality
+# feature can buy it back. The penalties are 0 on almost every honest reply, so their weight does
+# not move the ordinary pairs (0.886 with 1, 2 or 3); on the 84 hack pairs 1 gives 0.952 (lists
+# slip through), 2 and 3 0.976. A logistic regression of the penalty weights on 1,008 generated
+# hacks (bench/judge_speed.py --synthetic) gives 0.6 to 1.7, the same on held-out generated hacks
+# (1.000) and 0.988 on the hack pairs: we keep the one round number.
 OFFLINE_WEIGHTS = {"persona": 2.0, "relevance": 1.0, "repetition": 1.0, "generic": 2.0,
                    "off_role": 2.0,
                    "context_copy": 2.0, "history_echo": 2.0, "persona_copy": 2.0,
@@ -564,9 +566,10 @@ OFFLINE_WEIGHTS = {"persona": 2.0, "relevance": 1.0, "repetition": 1.0, "generic
 
 # Similarity to the user's message stops paying at RELEVANCE_CAP, so a reply gains nothing by
 # parroting the message (copies have cosine 0.88 to 1.00 with it; 90% of the good replies of our
-# labelled pairs stay below 0.73). Lower caps catch more paraphrased copies but cost ordinary
-# accuracy (0.7: 0.857, 0.8: 0.886 on the 70 pairs): the meeting recorder's good replies restate
-# the message and reach 0.92.
+# labelled pairs stay below 0.73). A lower cap would catch more copies that the word features miss
+# (without context_copy, the copy pairs score 0.75 at a cap of 0.6, 0.50 at 0.8) but costs
+# ordinary accuracy (0.857 at 0.7 or below, 0.886 at 0.8): the meeting recorder's good replies
+# restate the message and reach 0.92.
 RELEVANCE_CAP = 0.8
 
 # Only similarity to an earlier turn beyond REPEAT_FLOOR counts as repeating it, so a reply is not
@@ -577,11 +580,15 @@ REPEAT_FLOOR = 0.5
 
 # Copying is measured in runs of COPY_RUN words: the share of the reply's words that sit inside
 # a 4-word run also found in the source (after mapping I/my/me to you/your, so "I failed my test"
-# and "you failed your test" match). Honest replies quote a name or a short phrase, so the first
-# COPY_FLOOR of the reply is free: the meeting recorder's good read-backs share up to 55% of their
-# words with the message in 4-word runs, copies 85% to 100%.
+# and "you failed your test" match). Honest replies quote a name or a short phrase: 95% of the
+# good replies of our pairs share no 4-word run with the user at all, the meeting recorder's
+# read-backs up to 55% of their words; the copies of the hack pairs 85% to 100%. The first
+# COPY_FLOOR of the reply is free. Any floor from 0.3 to 0.7 scores all our labelled pairs alike
+# (bench/judge_speed.py), so the floor is set by the partial copy it must still catch: a reply
+# that is 60% copy loses 0.57 x 2 at 0.3 but only 0.2 x 2 at 0.5, less than what the copy
+# gains in relevance. The recorder's 55% read-back pays 0.36 x 2: restate, do not copy.
 COPY_RUN = 4
-COPY_FLOOR = 0.5
+COPY_FLOOR = 0.3
 
 # A reply that recites its persona card is close in meaning to the description or the style:
 # 0.45 to 0.89 for recitals, at most 0.50 (90% below 0.32) for the good replies of our pairs.
@@ -597,19 +604,20 @@ LIST_FLOOR = 0.3
 
 # A keyword list without punctuation ("barking window neighbour complaint terrier") has no
 # function words (a, the, to, is, you ... : metrics.STOPWORDS); English sentences need them. Our
-# good replies have at least 7% (terse meeting notes), 50% typically; below FUNCTION_FLOOR a reply
-# of MIN_WORDS or more words counts as a list. Only this floor: the share alone separates keyword
-# stuffing from good replies worse than LIST_FLOOR does (0.07 vs up to 0.32 for stuffing).
+# good replies have at least 7% (terse meeting notes), 48% typically; below FUNCTION_FLOOR a reply
+# of MIN_WORDS or more words counts as a list. It is only a floor, not a graded feature: stuffing
+# with commas keeps up to 32% function words ("what if", "by when"), more than the tersest good
+# replies, so the list share does the grading.
 FUNCTION_FLOOR = 0.05
 
 # score = sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)), z = the weighted feature sum. The centre
-# and 1 / scale are the mean (0.00) and standard deviation (0.47) of z over the 140 replies of the
+# and 1 / scale are the mean (-0.02) and standard deviation (0.50) of z over the 140 replies of the
 # ordinary labelled pairs (bench/judge_speed.py prints them), so a typical honest reply scores 0.5,
 # one standard deviation better 0.73, and a reply that is entirely one hack (z lower by 2) about
 # 0.02. They change no comparison, only the absolute scores that reward.py thresholds into pairs
 # and the director averages.
-OFFLINE_CENTER = 0.0
-OFFLINE_SCALE = 2.1
+OFFLINE_CENTER = -0.02
+OFFLINE_SCALE = 2.0
 
 # Where a persona description turns from what the persona does to what it must not do.
 _NEGATION = re.compile(r"[;,.]?\s*\b(?:never|avoiding|instead of|without)\b", re.IGNORECASE)
@@ -857,9 +865,13 @@ class OfflineJudge(ScoreJudge):
         return f"OfflineJudge(weights={self.weights})"
 
     def _voices(self, persona_sets) -> dict[str, list[PersonaVoice]]:
-        """Embed every persona's description, style and example lines once."""
-        def centroid(texts):
-            return torch.nn.functional.normalize(self.encoder.embed(texts).mean(0), dim=0)   # (D,)
+        """Embed every persona's description, style and example lines once, in one batch."""
+        texts = sorted({t for s in persona_sets for p in s.personas for t in [p.description, p.style, *p.examples]})
+        vectors = self.encoder.embed(texts)                                     # (N, D)
+        row = {t: i for i, t in enumerate(texts)}
+
+        def centroid(lines):
+            return torch.nn.functional.normalize(vectors[[row[t] for t in lines]].mean(0), dim=0)   # (D,)
 
         voices: dict[str, list[PersonaVoice]] = {}
         for persona_set in persona_sets:
@@ -868,9 +880,9 @@ class OfflineJudge(ScoreJudge):
                 others = [c for n, c in centroids.items() if n != p.name]
                 voices.setdefault(p.name.casefold(), []).append(PersonaVoice(
                     role=p.role, card_texts=[p.description, p.role, p.style],
-                    card=self.encoder.embed([p.description, p.style]),                      # (2, D)
+                    card=vectors[[row[p.description], row[p.style]]],                          # (2, D)
                     own=centroids[p.name],
-                    others=torch.stack(others) if others else torch.zeros(0, self.bank.shape[1])))
+                    others=torch.stack(others) if others else torch.zeros(0, vectors.shape[1])))
         return voices
 
     def features_many(self, states: list[JudgeState], replies: list[str]) -> list[dict[str, float]]:

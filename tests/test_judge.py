@@ -366,10 +366,11 @@ def test_lexical_features_by_hand():
     honest = lexical("Twice at the same roundabout must sting, especially after all that practice.")
     assert honest == {"context_copy": 0.0, "history_echo": 0.0, "persona_copy": 0.0, "meta_leak": 0.0,
                       "too_short": 0.0, "keyword_list": 0.0}
-    # 8 of 10 words copied from the message: share 0.8, beyond the free 0.5 -> -(0.8 - 0.5) / 0.5
-    assert lexical("Oh no, you failed your driving test again today because")["context_copy"] == pytest.approx(-0.6)
+    # 8 of 10 words copied from the message: share 0.8, of which the part beyond COPY_FLOOR counts
+    beyond = -(0.8 - judge.COPY_FLOOR) / (1 - judge.COPY_FLOOR)               # -0.714 at the floor 0.3
+    assert lexical("Oh no, you failed your driving test again today because")["context_copy"] == pytest.approx(beyond)
     # 8 of 10 words echo Beacon's turn (in 4-word runs)
-    assert lexical("You practised every single evening for a month, well done")["history_echo"] == pytest.approx(-0.6)
+    assert lexical("You practised every single evening for a month, well done")["history_echo"] == pytest.approx(beyond)
     # persona_copy has no free share: "listens closely and names the feeling" is 6 of 8 words
     assert lexical("I listens closely and names the feeling here")["persona_copy"] == pytest.approx(-6 / 8)
     assert lexical("As an AI, I cannot feel, but that sounds hard.")["meta_leak"] == -1.0
