@@ -52,6 +52,7 @@ How to run
     python mascot.py evaluate --set meeting           # meeting contexts, sliced by domain
     python mascot.py evaluate --data path/to/esconv/train.jsonl    # ESConv: held-out transfer
     python mascot.py evaluate --judge hf:HuggingFaceTB/SmolLM2-1.7B-Instruct --nli-model <folder>
+    python mascot.py evaluate --systems sft,mascot --add  # add systems to the evaluation in RUN/eval
     python mascot.py evaluate --human RUN/human/annotations.jsonl  # the human studies' statistics
 
 ESConv as transfer: the speakers and director were trained on the bundled (or ED) contexts, so
@@ -74,7 +75,6 @@ import baselines
 import data
 import director as dr
 import hacks
-import human
 import models
 import persona_id
 from data import UserError
@@ -753,6 +753,21 @@ def sft_folder(args) -> str:
     return args.sft or str(Path(args.run) / "sft" / "model")
 
 
+def earlier_systems(out: Path, protocol: dict, setup: Setup, redo: list[str]) -> tuple[dict, list]:
+    """--add: the systems of the evaluation already in RUN/eval that this run does not redo, with
+    their transcript rows. Only when it was made with the same protocol, judge and metric switches,
+    so its numbers are the ones this run would compute (every system's seeds are its own)."""
+    if not (out / "results.json").is_file():
+        return {}, []
+    old = data.read_json(out / "results.json")
+    if ({k: old["protocol"].get(k) for k in protocol} != json_safe(protocol) or old.get("judge") != setup.judge.name
+            or old.get("status") != setup.status):
+        raise UserError(f"--add: {out / 'results.json'} was made with other contexts, profiles, turns, seed, "
+                        "model, data, judge or metric flags; repeat those flags, or run without --add")
+    keep = {n: e for n, e in old["systems"].items() if n not in redo}
+    return keep, [r for r in data.read_jsonl(out / "transcripts.jsonl") if r["system"] in keep]
+
+
 def run(args, inputs) -> dict:
     """`python mascot.py evaluate`: run the systems, score them, print and write the tables.
 
@@ -770,14 +785,18 @@ def run(args, inputs) -> dict:
         raise UserError(f"--systems {args.systems}: none of these systems can run; "
                         + "; ".join(f"{n}: {w}" for n, w in skipped.items()))
     setup = prepare(args, inputs, systems, out, notes)
-
-    entries, convs_by_system = {}, {}
+    protocol = {"contexts": [c.id for c in setup.contexts], "profiles": setup.profiles, "turns": args.turns,
+                "user_every": args.user_every, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+                "model": args.model, "data": args.data, "set": args.set, "split": inputs.split,
+                "role_setting": args.role_setting}
+    entries, rows = earlier_systems(out, protocol, setup, [s.name for s in systems]) if args.add else ({}, [])
+    convs_by_system = {}
     for system in systems:
         convs_by_system[system.name], entries[system.name] = run_system(system, setup, inputs, args)
-    data.write_jsonl(out / "transcripts.jsonl", [{"system": name, "index": i, **c.to_json()}
-                                                 for name, convs in convs_by_system.items()
-                                                 for i, c in enumerate(convs)])
-    fields = slice_fields(args.set, entries[systems[0].name]["conversations"])
+        rows += [{"system": system.name, "index": i, **c.to_json()} for i, c in enumerate(convs_by_system[system.name])]
+    entries = {n: entries[n] for n in SYSTEM_NAMES if n in entries}          # table order
+    data.write_jsonl(out / "transcripts.jsonl", rows)
+    fields = slice_fields(args.set, next(iter(entries.values()))["conversations"])
     for entry in entries.values():
         entry["slices"] = slices(entry["conversations"], fields, setup.status, args.seed)
     pairwise = run_pairwise(args, convs_by_system, entries, setup.judge, inputs.personas, setup.status)
@@ -796,10 +815,7 @@ def run(args, inputs) -> dict:
                f"{inputs.split}; simulated user: {args.model}; {args.turns} agent turns, user every {args.user_every}; "
                f"{args.role_setting} persona cards in every system; every system sees the same contexts, profiles "
                "and sampling seeds.")
-    results = {"protocol": {"summary": summary, "contexts": [c.id for c in setup.contexts],
-                            "profiles": setup.profiles, "turns": args.turns, "user_every": args.user_every,
-                            "seed": args.seed, "model": args.model, "data": args.data, "set": args.set,
-                            "split": inputs.split, "role_setting": args.role_setting},
+    results = {"protocol": {"summary": summary, **protocol},
                "judge": setup.judge.name, "status": setup.status,
                "approximations": {k: APPROXIMATIONS[k] for k, v in setup.status.items() if v == APPROXIMATED},
                "evaluators": training_use(args, [m.title for m in RUBRIC_METRICS if setup.status[m.key] in (OK, APPROXIMATED)],
@@ -818,19 +834,6 @@ def run(args, inputs) -> dict:
     return results
 
 
-def run_human(args) -> dict:
-    """`evaluate --human FILE`: the human studies' statistics (human.py) from the judgements that
-    extras/annotate.py saved; written to RUN/eval/human.{md,json} and printed."""
-    result = human.analyse(human.load_records(args.human))
-    if not result:
-        raise UserError(f"--human {args.human}: the file holds no judgements yet")
-    text = human.report(result, args.human)
-    data.write_text_atomic(Path(args.run) / "eval" / "human.md", text)
-    data.write_json(Path(args.run) / "eval" / "human.json", json_safe(result))
-    print(text, end="", flush=True)
-    return result
-
-
 def run_pairwise(args, convs_by_system: dict, entries: dict, judge, personas, status: dict) -> dict:
     """Pairwise preference of system A over system B (--pairwise A,B; default mascot,round-robin),
     decided by the independent evaluator (--pairwise-by persona-id, default) or the judge."""
@@ -843,10 +846,11 @@ def run_pairwise(args, convs_by_system: dict, entries: dict, judge, personas, st
     else:
         names = ["mascot", "round-robin"]
     a, b = names
-    missing = [n for n in names if n not in convs_by_system]
-    if missing:
-        return {"a": a, "b": b, "line": f"pairwise {a} vs {b}: not run ({', '.join(missing)} did not run)"}
     by = args.pairwise_by if status["persona_log_ratio"] == OK else "judge"
+    missing = [n for n in names if n not in (entries if by == "persona-id" else convs_by_system)]
+    if missing:
+        return {"a": a, "b": b, "line": f"pairwise {a} vs {b}: not run ({', '.join(missing)} did not run in this "
+                                        "evaluation" + (", or was kept by --add" if by == "judge" else "") + ")"}
     if by == "persona-id":
         scores = {n: [r["metrics"].get("persona_log_ratio") for r in entries[n]["conversations"]] for n in names}
         how = ("decided by the independent evaluator (frozen base model, persona_id.py): the conversation whose "
@@ -859,7 +863,7 @@ def run_pairwise(args, convs_by_system: dict, entries: dict, judge, personas, st
         scores = {n: [r.get("judge_score") for r in entries[n]["conversations"]] for n in names}
         how = (f"decided by the judge {judge.name}: the conversation whose agent turns have the higher mean judge "
                "score wins. Check 'Who measured each column' for whether training used this judge")
-    outcomes, unreadable = pairwise_outcomes(convs_by_system[a], convs_by_system[b], judge, personas,
+    outcomes, unreadable = pairwise_outcomes(convs_by_system.get(a), convs_by_system.get(b), judge, personas,
                                              scores[a], scores[b])
     stats = win_rate(outcomes)
     rate = "n/a, every pair tied" if math.isnan(stats["win_rate"]) else f"{stats['win_rate']:.3f}"

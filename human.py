@@ -25,10 +25,12 @@ One record per judgement (one line):
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import data
 from data import UserError
 from metrics import cohen_kappa, fleiss_kappa, mann_whitney_u, win_rate
+from results import json_safe
 
 LIKERT = {"helpfulness": "This conversation would be helpful to someone in the situation described.",
           "emotional": "The agents respond in an emotionally appropriate way for the situation.",
@@ -143,3 +145,16 @@ def report(result: dict, path: str) -> str:
                            f"{s['mean_x'] - s['mean_y']:+.2f} | {s['u']:.1f} | {s['p_value']:.4g} | {s['method']} |")
             out.append("")
     return "\n".join(out) + "\n"
+
+
+def run(args) -> dict:
+    """`python mascot.py evaluate --human FILE`: the statistics of the judgements extras/annotate.py
+    saved, printed and written to RUN/eval/human.{md,json}. No model runs."""
+    result = analyse(load_records(args.human))
+    if not result:
+        raise UserError(f"--human {args.human}: the file holds no judgements yet")
+    text = report(result, args.human)
+    data.write_text_atomic(Path(args.run) / "eval" / "human.md", text)
+    data.write_json(Path(args.run) / "eval" / "human.json", json_safe(result))
+    print(text, end="", flush=True)
+    return result

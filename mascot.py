@@ -47,6 +47,7 @@ import data
 import director as dr
 import evaluate
 import grpo
+import human
 import models
 import report
 import reward
@@ -213,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default mascot,round-robin when both ran)")
     g.add_argument("--pairwise-by", default="persona-id", choices=["persona-id", "judge"],
                    help="who decides the pairwise preference: the independent evaluator or --judge")
+    g.add_argument("--add", action="store_true",
+                   help="keep the systems already in RUN/eval (same contexts, profiles, seeds, judge and flags) "
+                        "and add or redo only --systems")
     g.add_argument("--human", default=None,
                    help="JSONL of human judgements (extras/annotate.py): print the sign test, Mann-Whitney U "
                         "and kappa, write RUN/eval/human.{md,json}; no model is run")
@@ -457,7 +461,7 @@ def simulate_cmd(args) -> None:
 def evaluate_cmd(args) -> dict:
     run = Path(args.run)
     if args.human:
-        return evaluate.run_human(args)
+        return human.run(args)
     inputs = load_inputs(args, earlier=[run / f for f in ("stage1/config.json", "stage2/config.json", "sft/config.json")])
     data.save_config(args, run / "eval")
     return evaluate.run(args, inputs)

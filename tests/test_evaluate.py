@@ -519,3 +519,30 @@ def test_sft_command_trains_saves_and_evaluate_runs_it(tmp_path):
     # On data without strategy-labelled supporter turns the command says what it needs.
     with pytest.raises(data.UserError, match="ESConv"):
         mascot.sft_cmd(mascot.build_parser().parse_args(["sft", "--model", "tiny", "--run", str(tmp_path / "b")]))
+
+
+def test_evaluate_help_offers_every_baseline_of_the_paper():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, str(mascot.ROOT / "mascot.py"), "evaluate", "--help"],
+                         capture_output=True, text=True, timeout=300, cwd=mascot.ROOT)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    for name in ("zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "self-consistency", "sft",
+                 "multiagentesc", "round-robin", "mascot-p", "mascot-c", "mascot", "--role-setting", "--human",
+                 "--pairwise-by"):
+        assert name in text
+
+
+def test_add_keeps_earlier_systems_of_the_same_protocol(tmp_path):
+    base = ["--model", "tiny", "--contexts", "2", "--turns", "1", "--max-new-tokens", "2", "--run", str(tmp_path)]
+    first = run(base + ["--systems", "round-robin"])
+    both = run(base + ["--systems", "zero-shot", "--add", "--pairwise", "zero-shot,round-robin"])
+    assert list(both["systems"]) == ["zero-shot", "round-robin"]                 # table order
+    assert both["systems"]["round-robin"]["metrics"] == evaluate.json_safe(first["systems"]["round-robin"]["metrics"])
+    assert set(both["changes"]) == {"zero-shot"} and both["pairwise"]["wins"] + both["pairwise"]["losses"] \
+        + both["pairwise"]["ties"] == 2
+    lines = [json.loads(x) for x in (tmp_path / "eval" / "transcripts.jsonl").read_text().splitlines()]
+    assert Counter(x["system"] for x in lines) == {"round-robin": 2, "zero-shot": 2}
+    with pytest.raises(data.UserError, match="--add"):
+        run(base[:-4] + ["--contexts", "1", "--run", str(tmp_path), "--systems", "few-shot", "--add"])
