@@ -11,6 +11,14 @@ reads any of them in its official release format, detected from the file, and re
     ESConv.json / ESConv JSON lines  one Context per dialogue, starting at the seeker's first turn
     a QMSum folder or meeting file   one Context per meeting, the first speaker as the user
 
+Official splits (`load_splits`): when --data is a FOLDER that holds a dataset's official splits,
+training uses train and evaluation uses test (valid when there is no test), instead of our random
+held-out split. A split is recognised by name: files `train.csv / valid.csv / test.csv` (the ED
+release), `train_*.jsonl`, `valid_*.jsonl`... (any data file whose name starts with train, valid,
+val, dev or test), or QMSum's folders `.../train/`, `.../val/`, `.../test/` at any depth
+(`data/ALL/test/*.json`, `data/Product/val/*.json`). A folder with only one split (the shared
+ESConv copy holds only train.jsonl) falls back to the random split within it.
+
 This file is reference material, not a chapter: read it when a dataset does not load the way you
 expect. The datasets are not part of the project (licences: ED and ESConv CC BY-NC 4.0, QMSum MIT);
 pass their path with --data.
@@ -382,6 +390,42 @@ def _load_folder(folder: Path) -> list[Context]:
         return _load_file(files[0])
     listed = ", ".join(p.name for p in files) or "no data files"
     raise UserError(f"{folder}: folder holds {listed}; pass one file, or a folder of QMSum meetings")
+
+
+SPLIT_NAMES = {"train": "train", "valid": "valid", "val": "valid", "dev": "valid", "validation": "valid",
+               "test": "test"}
+_SPLIT_FILE = re.compile(r"(train|valid|validation|val|dev|test)(?:[_.\-]|$)")
+
+
+def load_splits(spec: str, persona_set: str | None = None) -> dict[str, list[Context]]:
+    """{"train": [...], "valid": [...], "test": [...]}: the official splits a dataset folder holds,
+    recognised by name (module docstring); {} when `spec` is not such a folder ('bundled', a file,
+    a folder without split names). `persona_set` keeps only that set's contexts."""
+    path = Path(spec).expanduser()
+    if spec == "bundled" or not path.is_dir():
+        return {}
+    found: dict[str, list[Context]] = {}
+    meetings: dict[str, list[tuple[Path, dict]]] = {}
+    for file in sorted(path.rglob("*.json")):
+        split = next((SPLIT_NAMES[p.lower()] for p in reversed(file.relative_to(path).parent.parts)
+                      if p.lower() in SPLIT_NAMES), None)
+        if split and not file.name.endswith("domains.json"):
+            value = read_json(file)
+            if isinstance(value, dict) and "meeting_transcripts" in value:
+                meetings.setdefault(split, []).append((file, value))
+    for split, files in meetings.items():
+        found[split] = _load_meetings(path, files, _Skips(path / split, "file"))
+    for file in sorted(p for p in path.iterdir() if p.suffix.lower() in (".csv", ".json", ".jsonl")):
+        match = _SPLIT_FILE.match(file.name.lower())
+        if match and not file.name.endswith("domains.json"):
+            found.setdefault(SPLIT_NAMES[match.group(1)], []).extend(_load_file(file))
+    for split, contexts in found.items():      # one copy per id (a meeting file and its opening)
+        kept: dict[str, Context] = {}
+        for c in contexts:
+            if not persona_set or c.persona_set == persona_set:
+                kept.setdefault(c.id, c)
+        found[split] = list(kept.values())
+    return {k: v for k, v in found.items() if v}
 
 
 def load_contexts(spec: str = "bundled", persona_set: str | None = None, limit: int | None = None,

@@ -8,13 +8,29 @@ the rubric parser) are pure functions in metrics.py; this file decides what is m
 
 Systems compared
 ----------------
-The paper compares MASCOT with prompting baselines (zero-shot, zero-shot CoT, few-shot,
-few-shot + CoT, self-consistency, SFT, MultiAgentESC) and two ablations: MASCOT-P (no persona
-alignment: base speakers) and MASCOT-C (no director: random speaking order). SYSTEMS below lists
-the ones this project builds. A system whose checkpoint is missing is skipped with a note, never
-stood in for. The simulated user is the base model for every system, and conversation i of every
-system has the same context, Big Five profile and sampling seeds, so differences come from the
-system alone.
+Every baseline of the paper, its two ablations and MASCOT (SYSTEMS below, one line each in the
+results): zero-shot, zero-shot CoT, few-shot, few-shot CoT, self-consistency, SFT, MultiAgentESC,
+plus our round-robin and prompted-director reference points, MASCOT-P (no persona alignment: base
+speakers), MASCOT-C (no director: random speaking order) and MASCOT. Every system gets the same
+persona cards (`--role-setting full`; `name` cuts them to name and role for an ablation), the
+same simulated user (the base model), and for conversation i the same context, Big Five profile
+and sampling seeds, so differences come from the system alone. A system whose checkpoint is
+missing is skipped, and the command that makes the checkpoint is printed; nothing stands in.
+
+What is measured, and by whom
+-----------------------------
+Every column names its evaluator, and whether training used that evaluator (results.md, "Who
+measured each column"): a number from the judge that labelled the reward model's pairs, or from
+the reward model itself, can rise because the speakers learned to please it. So the tables hold:
+  - judge rubrics (agent-specific and collective; Overall = the mean of the criteria, as in the
+    paper). The default offline judge cannot read rubrics: it approximates two (marked *);
+  - persona identification by the FROZEN base model (persona_id.py): an evaluator no stage of
+    training used, validated on the labelled wrong-role pairs;
+  - redundancy (Self-BLEU, distinct-n, embedding similarity, NLI rates);
+  - reward-hack diagnostics (hacks.py: context / persona-card copying, echoing other companions,
+    prompt leaks, empty replies, length) and crisis-guard stops, so hacking shows as numbers;
+  - the paired change of the key columns against round-robin (where MASCOT starts from).
+Pairwise preference is decided by the independent evaluator unless `--pairwise-by judge`.
 
 What we simplify relative to the paper
 --------------------------------------
@@ -24,29 +40,26 @@ What we simplify relative to the paper
   `--nli-model` gives (labels read from its config).
 - Agent-specific metrics are judged per agent turn and averaged over the conversation's agent
   turns; collective metrics once per conversation.
-- The default offline judge is not an LLM and cannot read a rubric. It approximates two metrics
-  (APPROXIMATIONS: persona consistency from its score, response relevance from its context
-  feature), marked with * in the tables; every other rubric metric is shown as n/a.
-- The paper crosses 50 contexts with 10 profiles (500 conversations). We take `--contexts`
-  held-out contexts and assign `--profiles` round-robin (plan_conversations), which costs one
-  conversation per context instead of ten.
 - The Self-BLEU n-gram order is not published; we use Texygen's BLEU-4 setting (max_n=4).
-- Pairwise preference comes from the judge, not from people (the paper asked humans).
+- The human studies need people: `extras/annotate.py` collects their judgements and
+  `evaluate --human FILE` tests them (human.py).
 
 How to run
 ----------
     python mascot.py evaluate --help                  # the flags, with defaults
     python mascot.py evaluate                         # every system with checkpoints, 8 contexts
-    python mascot.py evaluate --profiles all --contexts 11 --systems round-robin,mascot
+    python mascot.py evaluate --profiles all --contexts 50 --systems round-robin,mascot  # 50 x 10
     python mascot.py evaluate --set meeting           # meeting contexts, sliced by domain
     python mascot.py evaluate --data path/to/esconv/train.jsonl    # ESConv: held-out transfer
     python mascot.py evaluate --judge hf:HuggingFaceTB/SmolLM2-1.7B-Instruct --nli-model <folder>
+    python mascot.py evaluate --systems sft,mascot --add  # add systems to the evaluation in RUN/eval
+    python mascot.py evaluate --human RUN/human/annotations.jsonl  # the human studies' statistics
 
 ESConv as transfer: the speakers and director were trained on the bundled (or ED) contexts, so
 `--data <ESConv>` evaluates them on a dataset they never saw (its held-out split, as for any
 other source). Output: a table per metric group on stdout, slice tables (support valence,
-meeting domain, profile), the pairwise line, and RUN/eval/{results.md, results.json,
-transcripts.jsonl}.
+meeting domain, profile, Big Five trait), the pairwise line, and RUN/eval/{results.md,
+results.json, transcripts.jsonl}.
 """
 
 import math
@@ -58,26 +71,32 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+import baselines
 import data
 import director as dr
+import hacks
 import models
+import persona_id
 from data import UserError
 from judge import make_judge
 from metrics import (NLI_RELATIONS, bootstrap_ci, distinct_n, mean_pairwise_similarity, nli_label_index,
                      nli_rates, parse_ab, parse_rubric_score, rescale_0_100, self_bleu,
                      semantic_redundancy_rate, win_rate)
-from simulate import SAFETY, USER, Cast, RandomOrder, RoundRobin, judge_state, run_conversations
+from results import json_safe, result_notes, results_markdown, training_use
+from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, RandomOrder, RoundRobin, diagnose_reply,
+                      judge_state, role_setting, run_conversations)
 
 
 # =====================================================================================
 # Systems, conversations and the results tables (`python mascot.py evaluate`)
 # =====================================================================================
 # Everything below runs models. The protocol, in the order `run` follows it:
-#   1. pick the held-out contexts and give each conversation a Big Five profile and a seed;
+#   1. pick the held-out contexts and cross each with every Big Five profile, with a seed each;
 #   2. for each system, simulate all its conversations together (simulate.run_conversations),
 #      with the SAME contexts, profiles and seeds as every other system;
-#   3. score every conversation (judge rubrics, redundancy, crisis events), then report means
-#      with bootstrap CIs over conversations, per system and per slice;
+#   3. score every conversation (judge rubrics, persona identification, redundancy, hack
+#      diagnostics, crisis stops), then report means with bootstrap CIs over conversations, per
+#      system and per slice, and paired changes against round-robin;
 #   4. pairwise preference between two systems, conversation by conversation.
 
 
@@ -85,19 +104,33 @@ from simulate import SAFETY, USER, Cast, RandomOrder, RoundRobin, judge_state, r
 class System:
     """One row of the results table: which speakers, which prompt, which speaking order."""
     name: str
-    speakers: str     # "base" (the --model) | "trained" (RUN/stage1/speakers)
+    speakers: str     # "base" (the --model) | "trained" (RUN/stage1/speakers) | "sft" (RUN/sft/model)
     order: str        # "round-robin" | "random" | "prompted-director" | "trained-director"
     style: str        # speaker prompt style (simulate.STYLES)
     about: str        # one line for the system list in results.md
+    pipeline: str = ""  # "" (one call per turn) | "self-consistency" | "multiagentesc" (baselines.py)
 
 
 SYSTEMS = (
-    System("zero-shot", "base", "round-robin", "plain",
-           "base model speaks each persona in turn from a plain prompt (name and role only)"),
-    System("few-shot-cot", "base", "round-robin", "fewshot-cot",
-           "base model, worked examples with one-sentence thinking (data/fewshot.json), reply kept"),
+    System("zero-shot", "base", "round-robin", "zero-shot",
+           "base model; each companion gets its card and the conversation and is asked for a short reply"),
+    System("zero-shot-cot", "base", "round-robin", "zero-shot-cot",
+           "base model; the card, then one sentence of thinking before the reply (only the reply is kept)"),
+    System("few-shot", "base", "round-robin", "few-shot",
+           "base model; the card + worked examples of companions replying (data/fewshot.json)"),
+    System("few-shot-cot", "base", "round-robin", "few-shot-cot",
+           "base model; the card + the same examples with their one-sentence thinking; think, then reply"),
+    System("self-consistency", "base", "round-robin", "zero-shot-cot",
+           "base model; k zero-shot-CoT samples per turn, the one the others agree with most is kept "
+           "(--sc-samples, --sc-pick)", pipeline="self-consistency"),
+    System("sft", "sft", "round-robin", "persona",
+           "the base model fine-tuned on ESConv supporter turns mapped to personas by strategy "
+           "(python mascot.py sft), MASCOT's speaker prompt"),
+    System("multiagentesc", "base", "round-robin", "persona",
+           "base model; per turn: analysis -> every companion proposes a strategy -> one reply per "
+           "strategy -> vote -> refine (baselines.py)", pipeline="multiagentesc"),
     System("round-robin", "base", "round-robin", "persona",
-           "base speakers with the full persona card, fixed turn order (MultiAgentESC-style)"),
+           "base speakers with MASCOT's group-chat prompt, fixed roster order: where MASCOT starts from"),
     System("prompted-director", "base", "prompted-director", "persona",
            "untrained LLM director (the base model) + base speakers"),
     System("mascot-p", "base", "trained-director", "persona",
@@ -108,6 +141,7 @@ SYSTEMS = (
            "trained director + trained speakers (the full system)"),
 )
 SYSTEM_NAMES = tuple(s.name for s in SYSTEMS)
+REFERENCE = "round-robin"     # the paired-change table compares every system with this one
 
 
 @dataclass(frozen=True)
@@ -121,10 +155,18 @@ class Metric:
 
 # The rubrics (our own text: the paper does not publish its rubrics) are in data/rubrics.json, so
 # they can be read and edited as text. Each names what 1, 3 and 5 mean, because small judges score
-# more consistently against anchored levels than against a bare scale.
-AGENT_METRICS = tuple(Metric(**m) for m in data.asset("rubrics.json")["agent"])
-COLLECTIVE_METRICS = tuple(Metric(**m) for m in data.asset("rubrics.json")["collective"])
+# more consistently against anchored levels than against a bare scale. No judge is asked for an
+# "overall" score: as in the paper, Overall is the mean of the criteria (`with_overall`).
+AGENT_CRITERIA = tuple(Metric(**m) for m in data.asset("rubrics.json")["agent"])
+COLLECTIVE_CRITERIA = tuple(Metric(**m) for m in data.asset("rubrics.json")["collective"])
+AGENT_METRICS = AGENT_CRITERIA + (Metric("agent_overall", "agent overall (mean)"),)
+COLLECTIVE_METRICS = COLLECTIVE_CRITERIA + (Metric("collective_overall", "collective overall (mean)"),)
+OVERALL = {"agent_overall": AGENT_CRITERIA, "collective_overall": COLLECTIVE_CRITERIA}
 RUBRIC_METRICS = AGENT_METRICS + COLLECTIVE_METRICS
+INDEPENDENT_METRICS = (
+    Metric("persona_id_accuracy", "persona ID accuracy", digits=3),
+    Metric("persona_log_ratio", "persona log-ratio", digits=3),
+)
 REDUNDANCY_METRICS = (
     Metric("self_bleu", "Self-BLEU", digits=3),
     Metric("distinct_1", "distinct-1", digits=3),
@@ -135,7 +177,28 @@ REDUNDANCY_METRICS = (
     Metric("nli_contradiction", "NLI contradiction", digits=3),
     Metric("nli_neutral", "NLI neutral", digits=3),
 )
-ALL_METRICS = RUBRIC_METRICS + REDUNDANCY_METRICS
+HACK_METRICS = (
+    Metric("context_copy", "context copy", digits=3),
+    Metric("persona_copy", "persona-card copy", digits=3),
+    Metric("history_echo", "history echo", digits=3),
+    Metric("meta_leak", "meta/prompt leak", digits=3),
+    Metric("trivial", "empty or trivial", digits=3),
+    Metric("words", "reply length (words)", digits=1),
+    Metric("crisis_stop", "crisis stops", digits=3),
+)
+ALL_METRICS = RUBRIC_METRICS + INDEPENDENT_METRICS + REDUNDANCY_METRICS + HACK_METRICS
+METRIC_GROUPS = (   # one table each in results.md
+    ("Agent-specific (judge rubric, 0-100, mean over agent turns; overall = mean of the criteria)", AGENT_METRICS),
+    ("Collective (judge rubric, 0-100, whole conversation; overall = mean of the criteria)", COLLECTIVE_METRICS),
+    ("Persona consistency by an independent evaluator (the frozen base model; persona_id.py)", INDEPENDENT_METRICS),
+    ("Redundancy over agent turns (automatic)", REDUNDANCY_METRICS),
+    ("Reward-hack diagnostics (rates over agent turns) and crisis-guard stops", HACK_METRICS))
+# The metrics the slice tables show (the full set per slice is in results.json).
+HEADLINE = ("agent_overall", "collective_overall", "persona_consistency", "persona_id_accuracy",
+            "persona_log_ratio", "self_bleu", "distinct_2", "nli_entailment", "context_copy", "persona_copy")
+# The paired-change table: (key, +1 if higher is better, -1 if lower is better, 0 if neither).
+CHANGE_KEYS = (("persona_id_accuracy", 1), ("persona_log_ratio", 1), ("self_bleu", -1), ("context_copy", -1),
+               ("persona_copy", -1), ("history_echo", -1), ("meta_leak", -1), ("trivial", -1), ("words", 0))
 RUBRIC_LO, RUBRIC_HI = 1, 5
 JUDGE_MAX_TOKENS = 32   # room for "Score: 4" and a few words a judge adds; cached, so cheap to re-run
 
@@ -153,31 +216,33 @@ APPROXIMATIONS = {
 # -------------------------------------------------------------------------------------
 
 def plan_conversations(contexts: list, n_contexts: int, profile_ids: list[str]) -> list[tuple]:
-    """(context, profile id) of every conversation, identical for every system.
+    """(context, profile id) of every conversation, identical for every system: each of the first
+    n_contexts contexts with every profile, context by context. The paper crosses 50 contexts
+    with 10 profiles: 500 conversations per system.
 
-    The first n_contexts contexts are used; profiles are assigned round-robin (conversation i
-    gets profile i mod P). With several profiles the number of conversations is rounded UP to a
-    multiple of P, the contexts cycling, so each profile gets the same number of conversations
-    (the paper crosses every context with every profile: 50 x 10; that is P times the cost).
-
-    Example: 3 contexts c0..c2, profiles [p, q] -> (c0,p) (c1,q) (c2,p) (c0,q).
+    Example: contexts c0, c1, profiles [p, q] -> (c0,p) (c0,q) (c1,p) (c1,q).
     """
-    n_ctx = min(n_contexts, len(contexts))
-    P = len(profile_ids)
-    total = -(-n_ctx // P) * P                     # ceil(n_ctx / P) * P
-    return [(contexts[i % n_ctx], profile_ids[i % P]) for i in range(total)]
+    return [(c, p) for c in contexts[:n_contexts] for p in profile_ids]
 
 
 def resolve_profiles(spec: str, profiles: dict) -> list[str]:
-    """'all' -> every profile id in file order; 'a,b' -> those ids, checked."""
+    """'all' -> the profiles with one trait set high or low (the paper's ten; our all-average
+    profile is left out, name it to add it); 'a,b' -> those ids, checked."""
     if spec.strip() == "all":
-        return list(profiles)
+        one_trait = [pid for pid, p in profiles.items() if profile_trait(p) not in ("average", "mixed")]
+        return one_trait or list(profiles)
     ids = [p.strip() for p in spec.split(",") if p.strip()]
     unknown = [p for p in ids if p not in profiles]
     if not ids or unknown:
         raise UserError(f"--profiles {spec}: unknown profile id '{(unknown or [''])[0]}'; "
                         f"use 'all' or ids from the profiles file: {', '.join(profiles)}")
     return ids
+
+
+def profile_trait(profile) -> str:
+    """The Big Five trait a profile sets high or low ("openness"), "average" when none, "mixed" when several."""
+    moved = [t for t, level in getattr(profile, "levels", {}).items() if level != "average"]
+    return moved[0] if len(moved) == 1 else ("average" if not moved else "mixed")
 
 
 def load_fewshot(persona_set: str) -> list[dict]:
@@ -231,8 +296,9 @@ def _lines(turns) -> str:
 def rubric_scores(conv, personas, judge) -> tuple[dict, Counter]:
     """Every rubric metric of one conversation from an LLM judge, on 0-100.
 
-    Agent-specific metrics: one prompt per (agent turn, metric), the scores averaged over the
-    conversation's agent turns. Collective metrics: one prompt per metric on the whole transcript.
+    Agent-specific criteria: one prompt per (agent turn, criterion), the scores averaged over the
+    conversation's agent turns. Collective criteria: one prompt per criterion on the whole
+    transcript. The two Overall columns are the means of the criteria (with_overall).
     judge.complete decodes greedily (temperature 0, as in the paper). An answer that
     parse_rubric_score cannot read is counted in the returned Counter and left out of the mean;
     a metric with no readable answer at all is None for this conversation, and so is every
@@ -243,7 +309,7 @@ def rubric_scores(conv, personas, judge) -> tuple[dict, Counter]:
     """
     values, unparseable = {}, Counter()
     agent_idx = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
-    for m in AGENT_METRICS:
+    for m in AGENT_CRITERIA:
         scores = []
         for i in agent_idx:
             p = personas.find(conv.turns[i].speaker)
@@ -259,7 +325,7 @@ def rubric_scores(conv, personas, judge) -> tuple[dict, Counter]:
                 scores.append(rescale_0_100(score, RUBRIC_LO, RUBRIC_HI))
         values[m.key] = sum(scores) / len(scores) if scores else None
     roster = "; ".join(f"{p.name} ({p.role})" for p in personas.personas)
-    for m in COLLECTIVE_METRICS:
+    for m in COLLECTIVE_CRITERIA:
         if not agent_idx:               # stopped by the crisis guard before any agent spoke
             values[m.key] = None
             continue
@@ -270,7 +336,16 @@ def rubric_scores(conv, personas, judge) -> tuple[dict, Counter]:
         if score is None:
             unparseable[m.key] += 1
         values[m.key] = None if score is None else rescale_0_100(score, RUBRIC_LO, RUBRIC_HI)
-    return values, unparseable
+    return with_overall(values), unparseable
+
+
+def with_overall(values: dict) -> dict:
+    """Add agent_overall and collective_overall: the mean of their criteria (0-100), as the paper
+    computes Overall; None when any criterion has no score for this conversation."""
+    for key, criteria in OVERALL.items():
+        scores = [values.get(m.key) for m in criteria]
+        values[key] = None if any(v is None for v in scores) else sum(scores) / len(scores)
+    return values
 
 
 def approximate_scores(convs, personas, judge) -> list[dict]:
@@ -331,13 +406,52 @@ def redundancy_scores(convs, encoder, nli=None) -> list[dict]:
     return out
 
 
-def score_conversations(convs, personas, judge, encoder, nli=None) -> tuple[list[dict], Counter]:
+def hack_scores(conv, personas) -> dict:
+    """The reward-hack diagnostics of one conversation: each rate over its agent turns, and the
+    mean reply length in words; None for a conversation without agent turns.
+
+    The same per-reply definition stage 1 logs for every sampled reply
+    (simulate.diagnose_reply -> hacks.diagnose), judged against the speaker's FULL card,
+    whatever --role-setting showed the speaker."""
+    names, rows = personas.names(), []
+    for i, t in enumerate(conv.turns):
+        if t.speaker in (USER, SAFETY) or personas.find(t.speaker) is None:
+            continue
+        rows.append(diagnose_reply(personas.find(t.speaker), conv.turns[:i], conv.context.situation,
+                                   t.text, names))
+    rates = hacks.rates(rows)
+    return {m.key: rates.get(m.key) for m in HACK_METRICS if m.key in hacks.DIAGNOSTICS}
+
+
+def persona_id_scores(convs, identifier) -> list[dict]:
+    """Per conversation, the independent evaluator's two numbers over its agent turns
+    (persona_id.py): the share of turns whose own card is the base model's best guess, and the
+    mean per-token log-ratio own card vs the others. None without agent turns."""
+    items, owner = [], []
+    for n, c in enumerate(convs):
+        for i, t in enumerate(c.turns):
+            if t.speaker not in (USER, SAFETY):
+                items.append(persona_id.Item(t.speaker, c.context.situation,
+                                             [(u.speaker, u.text) for u in c.turns[:i]], t.text))
+                owner.append(n)
+    scores = identifier.score(items) if items else []
+    out = []
+    for n in range(len(convs)):
+        mine = [s for s, o in zip(scores, owner) if o == n and s["correct"] is not None]
+        out.append({"persona_id_accuracy": sum(s["correct"] for s in mine) / len(mine) if mine else None,
+                    "persona_log_ratio": sum(s["log_ratio"] for s in mine) / len(mine) if mine else None})
+    return out
+
+
+def score_conversations(convs, personas, judge, encoder, nli=None, identifier=None) -> tuple[list[dict], Counter]:
     """One record per conversation: what it was (context, profile, slices), its metrics, its
-    crisis events; plus the count of unparseable judge answers (LLM judges only)."""
+    crisis events; plus the count of unparseable judge answers (LLM judges only).
+    `personas` holds the full cards (the hack diagnostics and persona identification need them
+    even when the speakers saw only names); identifier: a persona_id.PersonaIdentifier or None."""
     records = [{"index": i, "context_id": c.context.id, "profile": c.profile,
                 "valence": c.context.valence, "domain": c.context.domain, "metrics": {},
                 "crisis_events": sum(e.get("type") == "crisis" for e in c.events),
-                "agent_turns": len(c.agent_turns())} for i, c in enumerate(convs)]
+                "agent_turns": len(c.agent_turns()), "turns": len(c.turns)} for i, c in enumerate(convs)]
     unparseable = Counter()
     if judge.can_generate:
         for rec, conv in zip(records, convs):
@@ -348,8 +462,14 @@ def score_conversations(convs, personas, judge, encoder, nli=None) -> tuple[list
         for rec, approx in zip(records, approximate_scores(convs, personas, judge)):
             rec["judge_score"] = approx.pop("judge_score")    # kept for the pairwise comparison
             rec["metrics"].update(approx)
+    if identifier is not None:
+        for rec, values in zip(records, persona_id_scores(convs, identifier)):
+            rec["metrics"].update(values)
     for rec, values in zip(records, redundancy_scores(convs, encoder, nli)):
         rec["metrics"].update(values)
+    for rec, conv in zip(records, convs):
+        rec["metrics"].update(hack_scores(conv, personas))
+        rec["metrics"]["crisis_stop"] = float(rec["crisis_events"] > 0)
     return records, unparseable
 
 
@@ -361,27 +481,23 @@ def pairwise_outcomes(convs_a: list, convs_b: list, judge, personas,
                       scores_a: list | None = None, scores_b: list | None = None) -> tuple[list[str], int]:
     """Which system's conversation is better, conversation index by conversation index.
 
-    LLM judge (judge.can_generate): PAIRWISE_PROMPT twice, with A shown first and then B shown
-    first; the outcome counts only when both orders pick the same system, otherwise it is a tie
-    (the judge followed the position, not the content; Zheng et al. 2023). An unreadable answer
-    also gives a tie and is counted.
-    Any other judge (offline, reward model): compare the mean judge score of each conversation's
-    agent turns (scores_a / scores_b, from approximate_scores); the rule does not look at an
-    order, so it is symmetric by construction; equal means are a tie.
+    With scores (scores_a / scores_b: one number or None per conversation, from the independent
+    evaluator or a judge that cannot generate): the higher score wins; None or equal is a tie.
+    The rule does not look at an order, so it is symmetric by construction.
+    Otherwise an LLM judge: data/prompts/eval_pairwise.txt twice, with A shown first and then B
+    shown first; the outcome counts only when both orders pick the same system, otherwise it is a
+    tie (the judge followed the position, not the content; Zheng et al. 2023). An unreadable
+    answer also gives a tie and is counted.
 
     Returns:
         (outcomes "A" | "B" | "tie" per conversation, number of unreadable judge answers).
     """
+    if scores_a is not None:
+        return ["tie" if sa is None or sb is None or sa == sb else "A" if sa > sb else "B"
+                for sa, sb in zip(scores_a, scores_b)], 0
     outcomes, unreadable = [], 0
     roster = "; ".join(f"{p.name} ({p.role})" for p in personas.personas)
-    for i, (a, b) in enumerate(zip(convs_a, convs_b)):
-        if not judge.can_generate:
-            sa, sb = scores_a[i], scores_b[i]
-            if sa is None or sb is None or sa == sb:
-                outcomes.append("tie")
-            else:
-                outcomes.append("A" if sa > sb else "B")
-            continue
+    for a, b in zip(convs_a, convs_b):
         text_a, text_b = _lines(a.turns), _lines(b.turns)
         first = parse_ab(judge.complete(data.prompt("eval_pairwise").format(roster=roster, situation=a.context.situation,
                                                                a=text_a, b=text_b), max_new_tokens=8))
@@ -401,7 +517,7 @@ def pairwise_outcomes(convs_a: list, convs_b: list, judge, personas,
 OK, APPROXIMATED = "ok", "approximated"
 
 
-def metric_status(judge, nli_given: bool) -> dict[str, str]:
+def metric_status(judge, nli_given: bool, identifier_given: bool = True) -> dict[str, str]:
     """For every metric: "ok", "approximated", or the reason it has no number (shown in tables)."""
     status = {}
     kind = judge.name.split(":")[0]
@@ -412,8 +528,12 @@ def metric_status(judge, nli_given: bool) -> dict[str, str]:
             status[m.key] = APPROXIMATED
         else:
             status[m.key] = f"n/a ({kind} judge)"
+    for m in INDEPENDENT_METRICS:
+        status[m.key] = OK if identifier_given else "skipped (--no-persona-id)"
     for m in REDUNDANCY_METRICS:
         status[m.key] = OK if nli_given or not m.key.startswith("nli_") else "skipped (no --nli-model)"
+    for m in HACK_METRICS:
+        status[m.key] = OK
     return status
 
 
@@ -437,14 +557,15 @@ def aggregate(records: list[dict], status: dict[str, str], seed: int) -> dict:
 
 
 def slice_fields(persona_set: str, records: list[dict]) -> list[str]:
-    """Which slices to report: valence (support), domain (meeting), profile (several profiles)."""
+    """Which slices to report: valence (support), domain (meeting), and with several profiles the
+    profile and its Big Five trait (high and low together)."""
     fields = []
     if persona_set == "support" and any(r["valence"] for r in records):
         fields.append("valence")
     if persona_set == "meeting" and any(r["domain"] for r in records):
         fields.append("domain")
     if len({r["profile"] for r in records}) > 1:
-        fields.append("profile")
+        fields += ["profile", "trait"]
     return fields
 
 
@@ -459,111 +580,50 @@ def slices(records: list[dict], fields: list[str], status: dict[str, str], seed:
     return out
 
 
-# -------------------------------------------------------------------------------------
-# Tables (markdown: printed, and written to RUN/eval/results.md)
-# -------------------------------------------------------------------------------------
-
-def format_cell(summary: dict, digits: int, n_rows: int) -> str:
-    """'mean [lo, hi]', with '(n=k)' when only k of the row's n_rows conversations have a value
-    (no agent turn, or no readable judge answer); or the reason there is no number."""
-    if summary["status"] not in (OK, APPROXIMATED):
-        return summary["status"]
-    if summary["n"] == 0:
-        return "n/a (no score)"
-    d = digits
-    cell = f"{summary['mean']:.{d}f} [{summary['lo']:.{d}f}, {summary['hi']:.{d}f}]"
-    return cell if summary["n"] == n_rows else f"{cell} (n={summary['n']})"
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(":--" if i < 5 else "--:" for i in range(len(header))) + "|"]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def column_title(m: Metric, status: dict[str, str]) -> str:
-    return m.title + ("*" if status[m.key] == APPROXIMATED else "")
-
-
-def system_columns(entry: dict) -> list[str]:
-    return [entry["speakers"], entry["director"], entry["judge"]]
-
-
-def results_markdown(results: dict) -> str:
-    """The whole report: protocol line, three metric tables, slice tables, pairwise, notes."""
-    status = results["status"]
-    systems = results["systems"]
-    head = ["system", "speakers", "director", "judge", "n"]
-    out = ["# Evaluation", "", results["protocol"]["summary"], ""]
-    out += [f"- **{name}**: {e['about']}" for name, e in systems.items()] + [""]
-    groups = [("Agent-specific (judge rubric, 0-100, mean over agent turns)", AGENT_METRICS),
-              ("Collective (judge rubric, 0-100, whole conversation)", COLLECTIVE_METRICS),
-              ("Redundancy over agent turns (automatic) and crisis events", REDUNDANCY_METRICS)]
-    for title, metrics in groups:
-        shown = [m for m in metrics if not status[m.key].startswith("skipped")]
-        header = head + [column_title(m, status) for m in shown]
-        if metrics is REDUNDANCY_METRICS:
-            header.append("crisis events")
-        rows = []
-        for name, e in systems.items():
-            row = [name] + system_columns(e) + [str(e["n"])]
-            row += [format_cell(e["metrics"][m.key], m.digits, e["n"]) for m in shown]
-            if metrics is REDUNDANCY_METRICS:
-                row.append(str(e["crisis_events"]))
-            rows.append(row)
-        out += [f"## {title}", "", markdown_table(header, rows), ""]
-    headline = [m for m in ALL_METRICS if m.key in HEADLINE and status[m.key] in (OK, APPROXIMATED)]
-    for field in results["slice_fields"]:
-        rows = []
-        for name, e in systems.items():
-            for value, sl in e["slices"][field].items():
-                rows.append([name] + system_columns(e) + [value, str(sl["n"])]
-                            + [format_cell(sl["metrics"][m.key], m.digits, sl["n"]) for m in headline])
-        header = head[:4] + [field, "n"] + [column_title(m, status) for m in headline]
-        out += [f"## Per {field}", "", markdown_table(header, rows), ""]
-    out += ["## Pairwise preference", "", results["pairwise"]["line"], ""]
-    out += ["## Notes", ""] + [f"- {note}" for note in results["notes"]]
-    return "\n".join(out) + "\n"
-
-
-# The metrics the slice tables show (the full set per slice is in results.json).
-HEADLINE = ("agent_overall", "collective_overall", "persona_consistency", "response_relevance",
-            "self_bleu", "distinct_2", "semantic_redundancy", "nli_entailment")
-
-
-def _json_safe(value):
-    """NaN is not JSON: write null instead (an empty CI, a win rate with no decided pair)."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
+def paired_changes(entries: dict, reference: str, seed: int) -> dict:
+    """{system: {key: summary}}: system minus `reference`, conversation by conversation (the same
+    context, profile and seeds), with a 95% bootstrap interval over the paired differences. A
+    change whose interval excludes 0 is more than the noise of these conversations."""
+    if reference not in entries:
+        return {}
+    base = entries[reference]["conversations"]
+    out = {}
+    for name, e in entries.items():
+        if name == reference:
+            continue
+        out[name] = {}
+        for key, _ in CHANGE_KEYS:
+            diffs = [a["metrics"].get(key) - b["metrics"].get(key) for a, b in zip(e["conversations"], base)
+                     if a["metrics"].get(key) is not None and b["metrics"].get(key) is not None]
+            out[name][key] = summarise(diffs, seed)
+    return out
 
 
 # -------------------------------------------------------------------------------------
 # The run
 # -------------------------------------------------------------------------------------
 
-def choose_systems(spec: str, has_speakers: bool, has_director: bool,
-                   speakers_dir: str, director_dir: str) -> tuple[list[System], dict[str, str]]:
-    """The systems to run, and {name: why skipped} for those whose checkpoints are missing."""
+def choose_systems(spec: str, args) -> tuple[list[System], dict[str, str]]:
+    """The systems to run, and {name: why skipped, with the command that makes what is missing}."""
     names = list(SYSTEM_NAMES) if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in SYSTEM_NAMES]
     if not names or unknown:
         raise UserError(f"--systems {spec}: unknown system '{(unknown or [''])[0]}'; "
                         f"use 'all' or a comma-separated subset of {', '.join(SYSTEM_NAMES)}")
+    run = f" --run {args.run}" + (f" --model {args.model}" if args.model != models.EMBEDDED else "")
+    data_flag = args.data if args.data != "bundled" else "<ESConv.json or an ESConv .jsonl>"
+    missing = {"trained": (speakers_folder(args), args.speakers, f"python mascot.py train --stage 1{run}"),
+               "trained-director": (director_folder(args), args.director, f"python mascot.py train --stage 2{run}"),
+               "sft": (sft_folder(args), args.sft, f"python mascot.py sft{run} --data {data_flag}")}
     chosen, skipped = [], {}
     for system in SYSTEMS:
         if system.name not in names:
             continue
-        if system.speakers == "trained" and not has_speakers:
-            skipped[system.name] = (f"no trained speakers at {speakers_dir} "
-                                    "(run: python mascot.py train --stage 1, or pass --speakers)")
-        elif system.order == "trained-director" and not has_director:
-            skipped[system.name] = (f"no trained director at {director_dir} "
-                                    "(run: python mascot.py train --stage 2, or pass --director)")
+        for need in (system.speakers, system.order):
+            if need in missing and missing[need][1] is None and not (Path(missing[need][0]) / "config.json").exists():
+                folder, _, command = missing[need]
+                skipped[system.name] = f"no model at {folder}; make it with: {command}"
+                break
         else:
             chosen.append(system)
     return chosen, skipped
@@ -582,39 +642,6 @@ def load_nli(name: str, device: str):
     return model, tok
 
 
-def result_notes(entries: dict, judge, status: dict[str, str], nli_given: bool, seed: int) -> list[str]:
-    """The notes under the tables: what is approximated or missing, and how to read the numbers."""
-    notes = []
-    if judge.can_generate:
-        convs = [r for e in entries.values() for r in e["conversations"]]
-        asked = (sum(r["agent_turns"] for r in convs) * len(AGENT_METRICS)
-                 + sum(r["agent_turns"] > 0 for r in convs) * len(COLLECTIVE_METRICS))
-        bad = sum(sum(e["unparseable"].values()) for e in entries.values())
-        notes.append(f"unparseable judge answers: {bad} of {asked}, left out of the means "
-                     "(per system and metric in results.json)")
-    else:
-        approx = [m for m in RUBRIC_METRICS if status[m.key] == APPROXIMATED]
-        notes.append(f"* approximated: the {judge.name.split(':')[0]} judge ({judge.name}) cannot read rubrics, so "
-                     + "; ".join(f"{m.title} = {APPROXIMATIONS[m.key]}" for m in approx)
-                     + ". Every other rubric metric is n/a: it needs an LLM judge "
-                       "(--judge hf:<model or folder> or openai:<base url>).")
-    silent = {n: sum(r["agent_turns"] == 0 for r in e["conversations"]) for n, e in entries.items()}
-    if any(silent.values()):
-        notes.append("conversations the crisis guard stopped before any agent spoke count in n and in "
-                     "crisis events but have no agent-turn metrics: "
-                     + ", ".join(f"{n} {k}" for n, k in silent.items()))
-    if not nli_given:
-        notes.append("NLI relation rates skipped: no --nli-model given (any MNLI-style classifier folder)")
-    for name, e in entries.items():
-        if "directives" in e:
-            notes.append(f"{name}: {e['invalid_directives']} of {e['directives']} directives unparseable "
-                         "(the least-spoken agent spoke instead)")
-    notes.append("lower Self-BLEU, semantic redundancy (share of agent-turn pairs with cosine >= 0.8), "
-                 "mean similarity and NLI entailment = less repetition; higher distinct-n = more varied wording")
-    notes.append(f"[lo, hi] = 95% percentile bootstrap interval over conversations (1000 resamples, seed {seed})")
-    return notes
-
-
 @dataclass
 class Setup:
     """What every system of one evaluation shares: the conversations to have, the frozen models,
@@ -622,12 +649,12 @@ class Setup:
     contexts: list               # conversation i's context ...
     profiles: list[str]          # ... and its simulated user's Big Five profile id
     base: tuple                  # (model, tokenizer): the simulated user of every system, base speakers
-    trained_speakers: tuple | None
-    trained_director: tuple | None
+    models: dict                 # "trained" | "sft" | "trained-director" -> (model, tokenizer) when needed
     fewshot: list[dict]
     encoder: object
     judge: object
     nli: tuple | None
+    identifier: object           # persona_id.PersonaIdentifier, or None with --no-persona-id
     status: dict[str, str]       # metric key -> "ok" | "approximated" | why it has no number
 
 
@@ -638,58 +665,74 @@ def prepare(args, inputs, systems: list[System], out: Path, notes: list[str]) ->
     if args.contexts > len(inputs.held_out):
         notes.append(f"asked for {args.contexts} contexts, the held-out split has {len(inputs.held_out)}: "
                      "all are used")
-    if len(plan) > min(args.contexts, len(inputs.held_out)):
-        notes.append(f"{len(plan)} conversations (contexts cycle) so each of the {len(profile_ids)} "
-                     "profiles gets the same number")
     encoder = MemoEncoder(models.SentenceEncoder(device=args.device))
     offline = args.judge.strip() == "offline"
     judge = make_judge(args.judge, cache_path=None if offline else out / "judge_cache.jsonl",
                        model_name=args.judge_model, **({"encoder": encoder} if offline else {}))
     nli = load_nli(args.nli_model, args.device) if args.nli_model else None
-    need = {s.speakers for s in systems} | {s.order for s in systems} | {s.style for s in systems}
-    return Setup(contexts=[c for c, _ in plan], profiles=[p for _, p in plan],
-                 base=models.load_model(args.model, device=args.device),
-                 trained_speakers=(models.load_model(speakers_folder(args), device=args.device)
-                                   if "trained" in need else None),
-                 trained_director=(models.load_model(director_folder(args), device=args.device)
-                                   if "trained-director" in need else None),
-                 fewshot=load_fewshot(args.set) if "fewshot-cot" in need else [],
-                 encoder=encoder, judge=judge, nli=nli, status=metric_status(judge, nli is not None))
+    need = {s.speakers for s in systems} | {s.order for s in systems}
+    folders = {"trained": speakers_folder(args), "sft": sft_folder(args), "trained-director": director_folder(args)}
+    base = models.load_model(args.model, device=args.device)
+    return Setup(contexts=[c for c, _ in plan], profiles=[p for _, p in plan], base=base,
+                 models={k: models.load_model(f, device=args.device) for k, f in folders.items() if k in need},
+                 fewshot=load_fewshot(args.set) if any(s.style in EXAMPLE_STYLES for s in systems) else [],
+                 encoder=encoder, judge=judge, nli=nli,
+                 identifier=persona_id.PersonaIdentifier(*base, inputs.personas, args.model) if args.persona_id else None,
+                 status=metric_status(judge, nli is not None, args.persona_id))
 
 
 def run_system(system: System, setup: Setup, inputs, args) -> tuple[list, dict]:
     """Simulate one system's conversations (all advanced together) and score them."""
     t0 = time.time()
-    speaker_model, speaker_tok = setup.trained_speakers if system.speakers == "trained" else setup.base
-    cast = Cast(inputs.personas, speaker_model, speaker_tok, setup.base[0], setup.base[1], args.max_new_tokens,
-                style=system.style, examples=setup.fewshot if system.style == "fewshot-cot" else [])
+    speaker_model, speaker_tok = setup.models.get(system.speakers, setup.base)
+    shown = role_setting(inputs.personas, args.role_setting)        # what the speakers' prompts hold
+    cast = Cast(shown, speaker_model, speaker_tok, setup.base[0], setup.base[1], args.max_new_tokens,
+                style=system.style, examples=setup.fewshot if system.style in EXAMPLE_STYLES else [])
     if system.order == "round-robin":
         policy = RoundRobin(inputs.personas)
     elif system.order == "random":
         policy = RandomOrder(inputs.personas, args.seed)
     else:
-        model, tok = setup.base if system.order == "prompted-director" else setup.trained_director
+        model, tok = setup.base if system.order == "prompted-director" else setup.models["trained-director"]
         policy = dr.LLMDirector(model, tok, inputs.personas, name=system.order)
-    convs = run_conversations(setup.contexts, policy, cast, inputs.profiles, setup.profiles, args.turns,
-                              args.user_every, args.seed)
+    pipeline = None
+    if system.pipeline == "self-consistency":
+        pipeline = baselines.SelfConsistency(args.sc_samples, args.sc_pick, setup.judge, system.style)
+    elif system.pipeline == "multiagentesc":
+        pipeline = baselines.MultiAgentESC()
+    if pipeline is None:
+        convs = run_conversations(setup.contexts, policy, cast, inputs.profiles, setup.profiles, args.turns,
+                                  args.user_every, args.seed)
+    else:
+        convs = baselines.run_conversations(setup.contexts, policy, pipeline, cast, inputs.profiles, setup.profiles,
+                                            args.turns, args.user_every, args.seed)
     t1 = time.time()
-    records, unparseable = score_conversations(convs, inputs.personas, setup.judge, setup.encoder, setup.nli)
+    records, unparseable = score_conversations(convs, inputs.personas, setup.judge, setup.encoder, setup.nli,
+                                               setup.identifier)
+    for rec in records:
+        rec["trait"] = profile_trait(inputs.profiles.get(rec["profile"]))
     t2 = time.time()
     print(f"{system.name}: {len(convs)} conversations simulated in {t1 - t0:.1f} s, "
           f"scored in {t2 - t1:.1f} s", flush=True)
-    where = speakers_folder(args) if system.speakers == "trained" else args.model
-    entry = {"about": system.about, "speakers": f"{system.speakers}: {where}, {system.style} prompt",
+    where = {"trained": speakers_folder(args), "sft": sft_folder(args)}.get(system.speakers, args.model)
+    about = system.about + (f"; picked by {args.sc_pick}" + (f" ({setup.judge.name})" if args.sc_pick == "judge" else "")
+                            if system.pipeline == "self-consistency" else "")
+    stopped = [r for r in records if r["crisis_events"]]
+    entry = {"about": about, "speakers": f"{system.speakers}: {where}, {system.style} prompt, "
+                                         f"{args.role_setting} role setting",
              "director": {"round-robin": "round-robin", "random": "random order",
                           "prompted-director": f"prompted: {args.model}",
                           "trained-director": f"trained: {director_folder(args)}"}[system.order],
              "judge": setup.judge.name, "n": len(convs), "seconds_simulate": round(t1 - t0, 1),
              "seconds_metrics": round(t2 - t1, 1), "metrics": aggregate(records, setup.status, args.seed),
              "unparseable": dict(unparseable),
-             "crisis_events": sum(r["crisis_events"] for r in records),
-             "crisis_conversations": sum(r["crisis_events"] > 0 for r in records),
+             "crisis_events": sum(r["crisis_events"] for r in records), "crisis_conversations": len(stopped),
+             "crisis_turn_share": sum(r["turns"] for r in stopped) / max(1, sum(r["turns"] for r in records)),
              "conversations": records}
     if isinstance(policy, dr.LLMDirector):
         entry["invalid_directives"], entry["directives"] = policy.invalid, policy.total
+    if isinstance(pipeline, baselines.MultiAgentESC):
+        entry["pipeline_unparseable"], entry["pipeline_asked"] = dict(pipeline.unparseable), dict(pipeline.asked)
     return convs, entry
 
 
@@ -701,6 +744,25 @@ def director_folder(args) -> str:
     return args.director or str(Path(args.run) / "stage2" / "director")
 
 
+def sft_folder(args) -> str:
+    return args.sft or str(Path(args.run) / "sft" / "model")
+
+
+def earlier_systems(out: Path, protocol: dict, setup: Setup, redo: list[str]) -> tuple[dict, list]:
+    """--add: the systems of the evaluation already in RUN/eval that this run does not redo, with
+    their transcript rows. Only when it was made with the same protocol, judge and metric switches,
+    so its numbers are the ones this run would compute (every system's seeds are its own)."""
+    if not (out / "results.json").is_file():
+        return {}, []
+    old = data.read_json(out / "results.json")
+    if ({k: old["protocol"].get(k) for k in protocol} != json_safe(protocol) or old.get("judge") != setup.judge.name
+            or old.get("status") != setup.status):
+        raise UserError(f"--add: {out / 'results.json'} was made with other contexts, profiles, turns, seed, "
+                        "model, data, judge or metric flags; repeat those flags, or run without --add")
+    keep = {n: e for n, e in old["systems"].items() if n not in redo}
+    return keep, [r for r in data.read_jsonl(out / "transcripts.jsonl") if r["system"] in keep]
+
+
 def run(args, inputs) -> dict:
     """`python mascot.py evaluate`: run the systems, score them, print and write the tables.
 
@@ -710,10 +772,7 @@ def run(args, inputs) -> dict:
     t_start = time.time()
     out = Path(args.run) / "eval"
     notes = []
-    has_speakers = args.speakers is not None or (Path(speakers_folder(args)) / "config.json").exists()
-    has_director = args.director is not None or (Path(director_folder(args)) / "config.json").exists()
-    systems, skipped = choose_systems(args.systems, has_speakers, has_director,
-                                      speakers_folder(args), director_folder(args))
+    systems, skipped = choose_systems(args.systems, args)
     for name, why in skipped.items():
         print(f"skipped {name}: {why}", flush=True)
         notes.append(f"skipped **{name}**: {why}")
@@ -721,45 +780,59 @@ def run(args, inputs) -> dict:
         raise UserError(f"--systems {args.systems}: none of these systems can run; "
                         + "; ".join(f"{n}: {w}" for n, w in skipped.items()))
     setup = prepare(args, inputs, systems, out, notes)
-
-    entries, convs_by_system = {}, {}
+    protocol = {"contexts": [c.id for c in setup.contexts], "profiles": setup.profiles, "turns": args.turns,
+                "user_every": args.user_every, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+                "model": args.model, "data": args.data, "set": args.set, "split": inputs.split,
+                "role_setting": args.role_setting}
+    entries, rows = earlier_systems(out, protocol, setup, [s.name for s in systems]) if args.add else ({}, [])
+    convs_by_system = {}
     for system in systems:
         convs_by_system[system.name], entries[system.name] = run_system(system, setup, inputs, args)
-    data.write_jsonl(out / "transcripts.jsonl", [{"system": name, "index": i, **c.to_json()}
-                                                 for name, convs in convs_by_system.items()
-                                                 for i, c in enumerate(convs)])
-    fields = slice_fields(args.set, entries[systems[0].name]["conversations"])
+        rows += [{"system": system.name, "index": i, **c.to_json()} for i, c in enumerate(convs_by_system[system.name])]
+    entries = {n: entries[n] for n in SYSTEM_NAMES if n in entries}          # table order
+    data.write_jsonl(out / "transcripts.jsonl", rows)
+    fields = slice_fields(args.set, next(iter(entries.values()))["conversations"])
     for entry in entries.values():
         entry["slices"] = slices(entry["conversations"], fields, setup.status, args.seed)
-    pairwise = run_pairwise(args.pairwise, convs_by_system, entries, setup.judge, inputs.personas)
+    pairwise = run_pairwise(args, convs_by_system, entries, setup.judge, inputs.personas, setup.status)
 
-    notes += result_notes(entries, setup.judge, setup.status, setup.nli is not None, args.seed)
+    notes += result_notes(entries, setup.judge, setup.status, setup.nli is not None, args.seed,
+                          (len(AGENT_CRITERIA), len(COLLECTIVE_CRITERIA)),
+                          {m.title: APPROXIMATIONS[m.key] for m in RUBRIC_METRICS if setup.status[m.key] == APPROXIMATED})
     total = time.time() - t_start
     spent = {k: sum(e[f"seconds_{k}"] for e in entries.values()) for k in ("simulate", "metrics")}
     notes.append(f"time: {total:.0f} s in all ({spent['simulate']:.0f} s simulating, {spent['metrics']:.0f} s "
                  f"scoring, the rest loading models and judging pairs) on {args.device}")
-    summary = (f"{len(setup.contexts)} conversations per system on {len({c.id for c in setup.contexts})} held-out "
-               f"'{args.set}' contexts from `{args.data}` (seed {args.seed}, held-out fraction {args.held_out}); "
-               f"simulated user: {args.model} with profile(s) {', '.join(dict.fromkeys(setup.profiles))}; "
-               f"{args.turns} agent turns, user every {args.user_every}; every system sees the same contexts, "
-               "profiles and sampling seeds.")
-    results = {"protocol": {"summary": summary, "contexts": [c.id for c in setup.contexts],
-                            "profiles": setup.profiles, "turns": args.turns, "user_every": args.user_every,
-                            "seed": args.seed, "model": args.model, "data": args.data, "set": args.set},
+    n_ctx = len({c.id for c in setup.contexts})
+    profiles = list(dict.fromkeys(setup.profiles))
+    summary = (f"{len(setup.contexts)} conversations per system: {n_ctx} held-out '{args.set}' contexts from "
+               f"`{args.data}` x {len(profiles)} simulated-user profile(s) ({', '.join(profiles)}); seed {args.seed}, "
+               f"{inputs.split}; simulated user: {args.model}; {args.turns} agent turns, user every {args.user_every}; "
+               f"{args.role_setting} persona cards in every system; every system sees the same contexts, profiles "
+               "and sampling seeds.")
+    results = {"protocol": {"summary": summary, **protocol},
                "judge": setup.judge.name, "status": setup.status,
                "approximations": {k: APPROXIMATIONS[k] for k, v in setup.status.items() if v == APPROXIMATED},
-               "systems": entries, "skipped": skipped, "slice_fields": fields, "pairwise": pairwise,
-               "notes": notes, "seconds": round(total, 1)}
+               "evaluators": training_use(args, [m.title for m in RUBRIC_METRICS if setup.status[m.key] in (OK, APPROXIMATED)],
+                                          [m.title for m in INDEPENDENT_METRICS], [m.title for m in HACK_METRICS[:-1]]),
+               "columns": [{"title": title, "crisis": group is HACK_METRICS,
+                            "metrics": [{"key": m.key, "title": m.title, "digits": m.digits} for m in group]}
+                           for title, group in METRIC_GROUPS],
+               "headline": HEADLINE, "systems": entries, "skipped": skipped, "reference": REFERENCE,
+               "change_keys": CHANGE_KEYS, "changes": paired_changes(entries, REFERENCE, args.seed),
+               "slice_fields": fields, "pairwise": pairwise, "notes": notes, "seconds": round(total, 1)}
     text = results_markdown(results)
     data.write_text_atomic(out / "results.md", text)
-    data.write_json(out / "results.json", _json_safe(results))
+    data.write_json(out / "results.json", json_safe(results))
     print(text, flush=True)
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'transcripts.jsonl'}", flush=True)
     return results
 
 
-def run_pairwise(spec: str | None, convs_by_system: dict, entries: dict, judge, personas) -> dict:
-    """Pairwise preference of system A over system B (--pairwise A,B; default mascot,round-robin)."""
+def run_pairwise(args, convs_by_system: dict, entries: dict, judge, personas, status: dict) -> dict:
+    """Pairwise preference of system A over system B (--pairwise A,B; default mascot,round-robin),
+    decided by the independent evaluator (--pairwise-by persona-id, default) or the judge."""
+    spec = args.pairwise
     if spec:
         names = [s.strip() for s in spec.split(",")]
         if len(names) != 2 or names[0] == names[1] or any(n not in SYSTEM_NAMES for n in names):
@@ -768,19 +841,30 @@ def run_pairwise(spec: str | None, convs_by_system: dict, entries: dict, judge, 
     else:
         names = ["mascot", "round-robin"]
     a, b = names
-    missing = [n for n in names if n not in convs_by_system]
+    by = args.pairwise_by if status["persona_log_ratio"] == OK else "judge"
+    missing = [n for n in names if n not in (entries if by == "persona-id" else convs_by_system)]
     if missing:
-        return {"a": a, "b": b, "line": f"pairwise {a} vs {b}: not run ({', '.join(missing)} did not run)"}
-    scores = {n: [r.get("judge_score") for r in entries[n]["conversations"]] for n in names}
-    outcomes, unreadable = pairwise_outcomes(convs_by_system[a], convs_by_system[b], judge, personas,
+        return {"a": a, "b": b, "line": f"pairwise {a} vs {b}: not run ({', '.join(missing)} did not run in this "
+                                        "evaluation" + (", or was kept by --add" if by == "judge" else "") + ")"}
+    if by == "persona-id":
+        scores = {n: [r["metrics"].get("persona_log_ratio") for r in entries[n]["conversations"]] for n in names}
+        how = ("decided by the independent evaluator (frozen base model, persona_id.py): the conversation whose "
+               "agent turns have the higher mean persona log-ratio wins. Training never used this evaluator")
+    elif judge.can_generate:
+        scores = {a: None, b: None}
+        how = (f"decided by the judge {judge.name}, asked in both presentation orders, a win only when both agree. "
+               "Check 'Who measured each column' for whether training used this judge")
+    else:
+        scores = {n: [r.get("judge_score") for r in entries[n]["conversations"]] for n in names}
+        how = (f"decided by the judge {judge.name}: the conversation whose agent turns have the higher mean judge "
+               "score wins. Check 'Who measured each column' for whether training used this judge")
+    outcomes, unreadable = pairwise_outcomes(convs_by_system.get(a), convs_by_system.get(b), judge, personas,
                                              scores[a], scores[b])
     stats = win_rate(outcomes)
-    how = ("asked in both presentation orders, a win only when both agree" if judge.can_generate
-           else "the conversation whose agent turns have the higher mean judge score wins; order plays no part")
     rate = "n/a, every pair tied" if math.isnan(stats["win_rate"]) else f"{stats['win_rate']:.3f}"
     line = (f"**{a} vs {b}**, {len(outcomes)} conversation pairs: {a} wins {stats['wins']}, loses "
             f"{stats['losses']}, ties {stats['ties']}; win rate {rate} (ties left out); exact two-sided "
-            f"binomial p = {stats['p_value']:.4g}. Judge {judge.name}: {how}.")
+            f"binomial p = {stats['p_value']:.4g}. {how}.")
     if unreadable:
         line += f" {unreadable} unreadable judge answers made ties."
-    return {"a": a, "b": b, "outcomes": outcomes, **stats, "unreadable": unreadable, "line": line}
+    return {"a": a, "b": b, "decided_by": by, "outcomes": outcomes, **stats, "unreadable": unreadable, "line": line}

@@ -5,6 +5,7 @@
     python mascot.py train --stage 2    Phase II: frozen speakers + simulated user; GRPO on the
                                         director over N-turn rollouts
     python mascot.py evaluate           compare systems on held-out contexts, with 95% CIs
+    python mascot.py sft                the SFT baseline: the base model on ESConv supporter turns
     python mascot.py simulate           write conversations for contexts, a profile and a policy
     python mascot.py chat               talk to the group yourself
     python mascot.py report             one HTML page with the curves, tables and conversations
@@ -19,7 +20,8 @@ Each command writes into a run folder (default runs/default):
                           reward_model/ metrics.jsonl samples/ checkpoints/ speakers/ summary.json
     runs/default/stage2/  config.json decision_points.jsonl warm_start.json director_warm/
                           metrics.jsonl samples/ checkpoints/ director/ summary.json
-    runs/default/eval/    config.json transcripts.jsonl results.md results.json
+    runs/default/sft/     config.json model/ summary.json
+    runs/default/eval/    config.json transcripts.jsonl results.md results.json [human.md human.json]
 
 This file only wires the stages together: read it top to bottom to see the whole pipeline, and
 follow the calls into the module that does each part (the README's reading order). The settings
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import random
 import sys
 import textwrap
 import time
@@ -45,9 +48,11 @@ import data
 import director as dr
 import evaluate
 import grpo
+import human
 import models
 import report
 import reward
+import sft
 from data import Context, PersonaSet, Profile, UserError, flag_type
 from judge import evaluate_pairs, format_eval_report, load_pairs, make_judge
 from metrics import paired_change
@@ -203,14 +208,44 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--contexts", type=flag_type("--contexts", int, "positive"), default=8,
                    help="held-out contexts to evaluate on (8 keeps a CPU run to minutes)")
     g.add_argument("--profiles", default="average",
-                   help="simulated-user profile ids (comma-separated), or 'all' = the 10 one-trait "
-                        "profiles + average, assigned round-robin so each gets as many conversations")
+                   help="simulated-user profile ids (comma-separated), or 'all' = the 10 one-trait Big Five "
+                        "profiles; every context is crossed with every profile (the paper: 50 x 10)")
+    g.add_argument("--role-setting", default="full", choices=["full", "name"],
+                   help="what every system's speaker prompt shows of each persona: the full card, or only "
+                        "name and role (an ablation)")
+    g.add_argument("--sft", default=None, help="SFT baseline model (default: RUN/sft/model; python mascot.py sft)")
+    g.add_argument("--sc-samples", type=flag_type("--sc-samples", int, "at-least-2"), default=5,
+                   help="self-consistency: zero-shot-CoT samples per turn")
+    g.add_argument("--sc-pick", default="majority", choices=["majority", "judge"],
+                   help="self-consistency: keep the sample the others agree with most, or the judge's best")
+    g.add_argument("--persona-id", action=argparse.BooleanOptionalAction, default=True,
+                   help="score persona consistency with the frozen base model (persona_id.py; 4 forward "
+                        "passes per agent turn)")
     g.add_argument("--nli-model", default=None,
                    help="folder or hub id of an MNLI-style sequence classifier for the NLI redundancy "
                         "rates; skipped when not given")
     g.add_argument("--pairwise", default=None,
-                   help="A,B: judge system A against system B per conversation "
+                   help="A,B: compare system A with system B per conversation "
                         "(default mascot,round-robin when both ran)")
+    g.add_argument("--pairwise-by", default="persona-id", choices=["persona-id", "judge"],
+                   help="who decides the pairwise preference: the independent evaluator or --judge")
+    g.add_argument("--add", action="store_true",
+                   help="keep the systems already in RUN/eval (same contexts, profiles, seeds, judge and flags) "
+                        "and add or redo only --systems")
+    g.add_argument("--human", default=None,
+                   help="JSONL of human judgements (extras/annotate.py): print the sign test, Mann-Whitney U "
+                        "and kappa, write RUN/eval/human.{md,json}; no model is run")
+
+    f = sub.add_parser("sft", help="the SFT baseline: fine-tune the base model on ESConv supporter turns",
+                       formatter_class=formatter)
+    add_model_flags(f)
+    add_data_flags(f)
+    f.add_argument("--steps", type=flag_type("--steps", int, "positive"), default=40, help="AdamW steps")
+    f.add_argument("--batch-size", type=flag_type("--batch-size", int, "positive"), default=4,
+                   help="examples per step")
+    f.add_argument("--lr", type=flag_type("--lr", float, "positive"), default=3e-5, help="learning rate")
+    f.add_argument("--heldout-examples", type=flag_type("--heldout-examples", int, "positive"), default=32,
+                   help="supporter turns of held-out dialogues whose loss is printed before and after")
 
     c = sub.add_parser("chat", help="talk to the companion group in the terminal", formatter_class=formatter)
     add_model_flags(c)
@@ -242,6 +277,7 @@ class Inputs(NamedTuple):
     train: list[Context]          # contexts training may use
     held_out: list[Context]       # contexts only the before/after checks and evaluation see
     profiles: dict[str, Profile]  # Big Five profile id -> profile
+    split: str = ""               # how train and held_out were chosen, for the results
 
 
 def load_inputs(args, earlier: list[Path] = ()) -> Inputs:
@@ -252,15 +288,25 @@ def load_inputs(args, earlier: list[Path] = ()) -> Inputs:
     """
     data.check_split(args, earlier)
     personas = data.load_personas(args.personas, args.set)
-    contexts = corpora.load_contexts(args.data, persona_set=args.set)
-    if len(contexts) < 2:
-        raise UserError(f"--data {args.data}: only {len(contexts)} '{args.set}' context(s); need at least 2")
-    train, held = data.split_contexts(contexts, args.held_out, seed=args.seed)
-    if not held:
-        raise UserError(f"--held-out {args.held_out}: no context of the {len(contexts)} in --data is held "
-                        "out; raise --held-out (the default is 0.25)")
+    # A dataset folder with official splits: train on train, evaluate on test (else valid); see corpora.py.
+    splits = corpora.load_splits(args.data, persona_set=args.set)
+    if "train" in splits and len(splits) > 1:
+        held_name = "test" if "test" in splits else "valid"
+        train, held = splits["train"], splits[held_name]
+        split = f"official splits: training uses 'train' ({len(train)}), evaluation '{held_name}' ({len(held)})"
+    else:
+        contexts = ([c for part in splits.values() for c in part] if splits
+                    else corpora.load_contexts(args.data, persona_set=args.set))
+        if len(contexts) < 2:
+            raise UserError(f"--data {args.data}: only {len(contexts)} '{args.set}' context(s); need at least 2")
+        train, held = data.split_contexts(contexts, args.held_out, seed=args.seed)
+        if not held:
+            raise UserError(f"--held-out {args.held_out}: no context of the {len(contexts)} in --data is held "
+                            "out; raise --held-out (the default is 0.25)")
+        split = f"random split, held-out fraction {args.held_out}" + (
+            f" (the folder holds only the '{next(iter(splits))}' split)" if splits else "")
     profiles = {p.id: p for p in data.load_profiles(args.profiles_file)}
-    return Inputs(personas, train, held, profiles)
+    return Inputs(personas, train, held, profiles, split)
 
 
 def save_model(model, tok, folder: Path) -> Path:
@@ -452,9 +498,40 @@ def simulate_cmd(args) -> None:
 
 def evaluate_cmd(args) -> dict:
     run = Path(args.run)
-    inputs = load_inputs(args, earlier=[run / "stage1" / "config.json", run / "stage2" / "config.json"])
+    if args.human:
+        return human.run(args)
+    inputs = load_inputs(args, earlier=[run / f for f in ("stage1/config.json", "stage2/config.json", "sft/config.json")])
     data.save_config(args, run / "eval")
     return evaluate.run(args, inputs)
+
+
+def sft_cmd(args) -> dict:
+    """The SFT baseline (sft.py): the base model fine-tuned on the training split's strategy-labelled
+    supporter turns, saved to RUN/sft/model; the held-out loss is printed before and after."""
+    out = Path(args.run) / "sft"
+    inputs = load_inputs(args)
+    data.save_config(args, out)
+    train = sft.supporter_examples(inputs.train, inputs.personas)
+    held = sft.supporter_examples(inputs.held_out, inputs.personas)[:args.heldout_examples]
+    if not train:
+        raise UserError(f"--data {args.data}: no strategy-labelled supporter turns in the training split; the "
+                        "SFT baseline learns from ESConv (ESConv.json or an ESConv .jsonl)")
+    random.Random(args.seed).shuffle(train)
+    print(f"sft: {len(train)} supporter turns from {len(inputs.train)} training dialogues ({inputs.split}); "
+          f"{len(held)} held-out turns")
+    model, tok = models.load_model(args.model, device=args.device)
+    before = sft.mean_nll(model, tok, held) if held else float("nan")
+    print(f"held-out loss before: {before:.3f} nats per token")
+    losses = sft.supervised_finetune(model, tok, train, args.steps, args.batch_size, args.lr,
+                                     log=lambda line: print(line.replace("warm start", "sft step")))
+    after = sft.mean_nll(model, tok, held) if held else float("nan")
+    print(f"held-out loss after:  {after:.3f} nats per token")
+    folder = save_model(model, tok, out / "model")
+    summary = {"train_examples": len(train), "heldout_examples": len(held), "heldout_loss_before": before,
+               "heldout_loss_after": after, "losses": losses, "model": args.model, "sft": str(folder)}
+    data.write_json(out / "summary.json", summary)
+    print(f"sft done: model saved to {folder}")
+    return summary
 
 
 # ----------------------------------------------------------------------------------------------
@@ -548,6 +625,8 @@ def main(argv=None) -> int:
             simulate_cmd(args)
         elif args.command == "evaluate":
             evaluate_cmd(args)
+        elif args.command == "sft":
+            sft_cmd(args)
         elif args.command == "chat":
             return chat.run_chat(args)
         elif args.command == "report":

@@ -2,9 +2,10 @@
 
 Where it sits in MASCOT (arXiv 2601.14230): the paper measures redundancy between the agent turns
 of one conversation (NLI relation rates and Self-BLEU), reports judge rubrics rescaled to 0-100,
-and tests pairwise human preferences with an exact sign test. Those formulas live here, together
-with the few statistics the training logs print (a standard error, a paired change), so that
-`evaluate.py`, `director.py` (the group reward) and `judge.py` share one definition of each.
+tests pairwise human preferences with an exact sign test and Likert ratings with Mann-Whitney U.
+Those formulas live here, together with the few statistics the training logs print (a standard
+error, a paired change) and the agreement between annotators (kappa), so that `evaluate.py`,
+`human.py`, `director.py` (the group reward) and `judge.py` share one definition of each.
 
 Everything in this file is a function of its arguments only: no files, no project imports, no
 model loaded here (nli_rates is handed its model). That is what makes each one testable against a
@@ -13,6 +14,7 @@ number computed by hand (tests/test_metrics.py).
     tokenize, ngram_counts, sentence_bleu, self_bleu, distinct_n      surface overlap
     binomial_two_sided_p, win_rate, bootstrap_ci, standard_error,     statistics
     paired_change
+    mann_whitney_u, cohen_kappa, fleiss_kappa                         the human studies
     rescale_0_100, parse_rubric_score, parse_ab                       reading a judge's answer
     pairs_of_turns, nli_label_index, nli_rates                        NLI relation rates
     semantic_redundancy_rate, mean_pairwise_similarity                embedding redundancy
@@ -582,3 +584,142 @@ def paired_change(before: list[float], after: list[float]) -> tuple[float, float
     same states and seeds before and after training, so pairing removes the between-state spread."""
     diffs = [a - b for a, b in zip(after, before)]
     return sum(diffs) / max(len(diffs), 1), standard_error(diffs)
+
+
+# -------------------------------------------------------------------------------------
+# The human studies: Mann-Whitney U for Likert ratings, kappa for agreement between raters
+# -------------------------------------------------------------------------------------
+# The paper tests its Likert items (helpfulness, emotional appropriateness, safety; 1-5) with
+# two-sided Mann-Whitney U tests, and its pairwise choices with the sign test above
+# (binomial_two_sided_p). Agreement between annotators is Cohen's kappa for two raters and
+# Fleiss' kappa for more. All three follow the textbook formulas, and the U test follows
+# scipy.stats.mannwhitneyu's defaults (method="auto", use_continuity=True), so its p-values can
+# be compared with scipy's; tests/test_metrics.py checks each against numbers worked by hand.
+
+def normal_sf(z: float) -> float:
+    """P(Z > z) for a standard normal Z: erfc(z / sqrt 2) / 2, exact to double precision."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def average_ranks(values: list[float]) -> list[float]:
+    """Ranks 1..n of the values, tied values sharing the mean of the ranks they occupy.
+
+    >>> average_ranks([10, 20, 20, 30])
+    [1.0, 2.5, 2.5, 4.0]
+    """
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for j in range(start, end + 1):                     # positions start..end hold one value
+            ranks[order[j]] = (start + end) / 2 + 1         # mean of ranks start+1 .. end+1
+        start = end + 1
+    return ranks
+
+
+def mann_whitney_counts(m: int, n: int) -> list[int]:
+    """How many of the C(m+n, m) orderings of two samples without ties give U = 0, 1, ..., m*n.
+
+    Recursion on the largest observation: it belongs to the first sample (then it beats all n of
+    the second: U drops by n) or to the second (U unchanged): c(m, n, u) = c(m-1, n, u-n) + c(m, n-1, u).
+    """
+    table = {(0, j): [1] for j in range(n + 1)}             # no first sample: U = 0, one way
+    for i in range(1, m + 1):
+        table[(i, 0)] = [1]
+        for j in range(1, n + 1):
+            counts = [0] * (i * j + 1)
+            for u, c in enumerate(table[(i - 1, j)]):
+                counts[u + j] += c
+            for u, c in enumerate(table[(i, j - 1)]):
+                counts[u] += c
+            table[(i, j)] = counts
+    return table[(m, n)]
+
+
+def mann_whitney_u(x: list[float], y: list[float], method: str = "auto") -> dict:
+    """Two-sided Mann-Whitney U test (Wilcoxon rank-sum) of two independent samples.
+
+        U_x = R_x - n_x (n_x + 1) / 2      R_x = sum of x's ranks in the pooled sample (ties averaged)
+        U_y = n_x n_y - U_x                U_x counts the (x, y) pairs with x > y, ties as 1/2
+
+    method "exact": p = 2 P(U >= max(U_x, U_y)) under the null, from mann_whitney_counts (valid
+    without ties only). method "asymptotic": the normal approximation with the tie correction and
+    a continuity correction of 1/2:
+        z = (max(U_x, U_y) - n_x n_y / 2 - 1/2) / sigma,
+        sigma^2 = n_x n_y / 12 * ((N + 1) - sum_t (t^3 - t) / (N (N - 1))),  t = size of each tie group
+    "auto" (scipy's rule) is exact when both samples have at most 8 values and there is no tie.
+
+    Returns:
+        {"u": U_x, "p_value": two-sided p in [0, 1], "method": "exact" | "asymptotic",
+         "mean_x", "mean_y"}; p = 1.0 when every value is the same (no evidence either way).
+    """
+    nx, ny = len(x), len(y)
+    if nx == 0 or ny == 0:
+        raise ValueError(f"mann_whitney_u needs two non-empty samples, got sizes {nx} and {ny}")
+    pooled = list(x) + list(y)
+    ranks = average_ranks(pooled)
+    u_x = sum(ranks[:nx]) - nx * (nx + 1) / 2
+    u_big = max(u_x, nx * ny - u_x)
+    ties = Counter(pooled)
+    has_ties = any(t > 1 for t in ties.values())
+    if method == "auto":
+        method = "exact" if nx <= 8 and ny <= 8 and not has_ties else "asymptotic"
+    if method == "exact":
+        if has_ties:
+            raise ValueError("the exact Mann-Whitney distribution assumes no ties; use method='asymptotic'")
+        counts = mann_whitney_counts(nx, ny)
+        p = 2 * sum(counts[int(round(u_big)):]) / sum(counts)
+    elif method == "asymptotic":
+        n = nx + ny
+        tie_term = sum(t ** 3 - t for t in ties.values())
+        var = nx * ny / 12 * ((n + 1) - tie_term / (n * (n - 1)))
+        if var <= 0:
+            p = 1.0                                          # all values equal
+        else:
+            p = 2 * normal_sf((u_big - nx * ny / 2 - 0.5) / math.sqrt(var))
+    else:
+        raise ValueError(f"mann_whitney_u method must be auto, exact or asymptotic, got {method!r}")
+    return {"u": u_x, "p_value": min(1.0, p), "method": method,
+            "mean_x": sum(x) / nx, "mean_y": sum(y) / ny}
+
+
+def cohen_kappa(a: list, b: list) -> float:
+    """Cohen's kappa of two raters' labels on the same items: (p_o - p_e) / (1 - p_e).
+
+    p_o = share of items where they agree; p_e = sum over labels of the product of each rater's
+    share of that label (agreement expected by chance). 1 = perfect, 0 = chance level.
+    Returns nan when p_e = 1 (both raters gave one and the same label to everything: kappa is
+    undefined) or when there are no items.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"cohen_kappa needs one label per item from each rater, got {len(a)} and {len(b)}")
+    n = len(a)
+    if n == 0:
+        return float("nan")
+    p_o = sum(u == v for u, v in zip(a, b)) / n
+    ca, cb = Counter(a), Counter(b)
+    p_e = sum(ca[k] * cb[k] for k in ca) / (n * n)
+    return float("nan") if p_e == 1 else (p_o - p_e) / (1 - p_e)
+
+
+def fleiss_kappa(counts: list[list[int]]) -> float:
+    """Fleiss' kappa for N items, each rated by the same number n >= 2 of raters into k categories.
+
+    counts[i][j] = how many raters put item i in category j (each row sums to n).
+        P_i   = (sum_j counts[i][j]^2 - n) / (n (n - 1))     agreement on item i
+        p_j   = sum_i counts[i][j] / (N n)                     share of category j
+        kappa = (mean P_i - sum_j p_j^2) / (1 - sum_j p_j^2)
+    Returns nan when there are no items or every rating falls in one category.
+    """
+    if not counts:
+        return float("nan")
+    n = sum(counts[0])
+    if n < 2 or any(sum(row) != n for row in counts):
+        raise ValueError("fleiss_kappa needs the same number (>= 2) of ratings for every item")
+    N = len(counts)
+    p_bar = sum((sum(c * c for c in row) - n) / (n * (n - 1)) for row in counts) / N
+    p_e = sum((sum(row[j] for row in counts) / (N * n)) ** 2 for j in range(len(counts[0])))
+    return float("nan") if p_e == 1 else (p_bar - p_e) / (1 - p_e)

@@ -600,9 +600,11 @@ def eval_section(run: Path) -> str:
     # The file's own "# Evaluation" title would repeat this section's heading.
     text = re.sub(r"\A\s*# [^\n]*\n", "", text)
     out.append(markdown_to_html(text))
-    out.append(watch("compare MASCOT with the round-robin baseline on the same contexts: lower "
-                     "redundancy (Self-BLEU, entailment rate) and higher judge scores are better; "
-                     "overlapping confidence intervals mean no clear difference."))
+    out.append(watch("compare MASCOT with round-robin on the same contexts, in the paired-change table: "
+                     "the persona columns of the independent evaluator (the frozen base model) should rise, "
+                     "Self-BLEU and the hack rates (copying, echoing, leaks, empty replies) should not; a "
+                     "column whose evaluator training used (see 'Who measured each column') can rise because "
+                     "the speakers learned to please it. Overlapping intervals mean no clear difference."))
     return "\n".join(out)
 
 

@@ -20,12 +20,16 @@ evaluation and stage-2 rollouts affordable on a CPU.
 Simplifications vs the paper: one speaker model conditioned on the persona plays every agent
 (the paper also shares one backbone); the simulated user is a small LLM, not GPT-4o.
 
-Prompt styles (`Cast.style`, used by evaluate.py to build the paper's prompting baselines):
-    "persona"      the full persona card (the default; what MASCOT's speakers are trained with)
-    "plain"        zero-shot: only "You are {name}, {role}. Reply briefly." and the conversation
-    "fewshot-cot"  few-shot + chain of thought: worked examples from data/fewshot.json (situation,
-                   user message, the companion's one-sentence thinking, its reply); the model
-                   writes "Thinking: ..." then "Reply: ...", and only the reply is kept
+Prompt styles (`Cast.style`, used by evaluate.py to build the paper's prompting baselines). Every
+style starts from the same persona card (the paper: "all methods use identical role settings");
+`role_setting(personas, "name")` cuts every card to name and role for the ablation:
+    "persona"       the card + the group-chat instructions (what MASCOT's speakers are trained with)
+    "zero-shot"     the card and a plain instruction to reply
+    "zero-shot-cot" the card; the model writes one sentence after "Thinking:", then "Reply:"
+    "few-shot"      the card + worked examples from data/fewshot.json (situation, user message,
+                    companion, reply)
+    "few-shot-cot"  the same examples with their one-sentence thinking, then think-then-reply
+For the "Reply:" styles only the reply is kept (`reply_text`); CoT styles get twice the tokens.
 
 Run (writes transcripts as JSONL):
 
@@ -160,9 +164,15 @@ def render_history(turns: list[Turn], max_turns: int = 8) -> str:
 
 
 def persona_card(persona: Persona) -> str:
-    examples = " / ".join(f'"{e}"' for e in persona.examples[:3])
-    return (f"You are {persona.name}, the {persona.role}. {persona.description} "
-            f"Style: {persona.style} Examples of your voice: {examples}")
+    """The persona's system-prompt card. Fields left empty (the name-only role setting) are left out."""
+    card = f"You are {persona.name}, the {persona.role}."
+    if persona.description:
+        card += f" {persona.description}"
+    if persona.style:
+        card += f" Style: {persona.style}"
+    if persona.examples:
+        card += " Examples of your voice: " + " / ".join(f'"{e}"' for e in persona.examples[:3])
+    return card
 
 
 def persona_texts(persona: Persona) -> list[str]:
@@ -181,13 +191,35 @@ def diagnose_reply(persona: Persona, turns: list[Turn], situation: str, reply: s
     return hacks.diagnose(reply, user, persona_texts(persona), earlier, names)
 
 
-STYLES = ("persona", "plain", "fewshot-cot")
+ROLE_SETTINGS = ("full", "name")
 
 
-def fewshot_block(examples: list[dict]) -> str:
-    """Worked examples for the few-shot + chain-of-thought prompt (data/fewshot.json entries)."""
+def role_setting(personas: PersonaSet, setting: str) -> PersonaSet:
+    """The persona set as the speakers' prompts show it: "full" = the whole card (every system's
+    default, so a difference between systems is not a difference of prompt detail); "name" =
+    name and role only, the ablation that shows what the card itself is worth."""
+    if setting == "full":
+        return personas
+    if setting != "name":
+        raise ValueError(f"role setting must be one of {', '.join(ROLE_SETTINGS)}, got {setting!r}")
+    return PersonaSet(personas.name, personas.description,
+                      [Persona(p.name, p.role, "", "", []) for p in personas.personas],
+                      personas.strategies, personas.tones)
+
+
+STYLES = ("persona", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot")
+COT_STYLES = ("zero-shot-cot", "few-shot-cot")      # these get twice the tokens (agents_speak)
+EXAMPLE_STYLES = ("few-shot", "few-shot-cot")       # these need data/fewshot.json examples
+_THINK_THEN_REPLY = ("First write one sentence of thinking after 'Thinking:' (what the person needs "
+                     "and what your role adds), then your short reply after 'Reply:'.")
+
+
+def fewshot_block(examples: list[dict], thinking: bool = True) -> str:
+    """Worked examples for the few-shot prompts (data/fewshot.json entries), with or without the
+    one-sentence thinking."""
     return "\n\n".join(f"Situation: {e['situation']}\nUser: {e['user']}\nCompanion: {e['persona']}\n"
-                       f"Thinking: {e['thinking']}\nReply: {e['reply']}" for e in examples)
+                        + (f"Thinking: {e['thinking']}\n" if thinking else "") + f"Reply: {e['reply']}"
+                        for e in examples)
 
 
 def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, turns: list[Turn],
@@ -195,31 +227,36 @@ def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, t
                      examples: list[dict] = ()) -> list[dict]:
     """The chat prompt for one agent's next reply.
 
-    style "persona" (default): the system message holds the persona card (this is what
-    "conditioned on the persona" means: one shared model, a different card per agent).
-    style "plain": the zero-shot baseline, name and role only, no card.
-    style "fewshot-cot": name and role, then `examples` (data/fewshot.json entries, one per
-    companion, with their thinking) and the instruction to think in one sentence first; the
-    examples stand in for the card. `reply_text` keeps only what follows "Reply:".
+    The system message always opens with the persona card (this is what "conditioned on the
+    persona" means: one shared model, a different card per agent); the style decides what follows:
+    "persona" (default) the group-chat instructions MASCOT's speakers are trained with; "zero-shot"
+    a plain request for a short reply; "zero-shot-cot" think in one sentence, then reply;
+    "few-shot" / "few-shot-cot" `examples` (data/fewshot.json entries, one per companion) without /
+    with their thinking. `reply_text` keeps only what follows "Reply:".
     The user message holds the conversation so far and, when the director gave one, its
-    instruction. We put the whole transcript in ONE user message rather than alternating roles
-    because several speakers share the conversation and the chat template only knows two roles.
+    instruction; it is the same in every style. We put the whole transcript in ONE user message
+    rather than alternating roles because several speakers share the conversation and the chat
+    template only knows two roles.
     """
+    card = persona_card(persona)
+    if style in EXAMPLE_STYLES and not examples:
+        raise ValueError(f"speaker_messages: style {style!r} needs examples (data/fewshot.json)")
     if style == "persona":
         others = ", ".join(f"{p.name} ({p.role})" for p in personas.personas if p.name != persona.name)
-        system = (f"{persona_card(persona)}\nYou are one of several companions in a group chat with one "
+        system = (f"{card}\nYou are one of several companions in a group chat with one "
                   f"person. The others are {others}. Stay in your own role and do not repeat them. "
                   "Reply with one short message of one to three sentences, in your own voice. "
                   "Do not write your name or anyone else's lines.")
-    elif style == "plain":
-        system = f"You are {persona.name}, {persona.role}. Reply briefly."
-    elif style == "fewshot-cot":
-        if not examples:
-            raise ValueError("speaker_messages: style 'fewshot-cot' needs examples (data/fewshot.json)")
-        system = (f"You are {persona.name}, {persona.role}, one of several companions in a group chat. "
-                  f"Examples of companions thinking, then replying:\n\n{fewshot_block(examples)}\n\n"
-                  "First write one sentence of thinking after 'Thinking:', then your short reply "
-                  "after 'Reply:'.")
+    elif style == "zero-shot":
+        system = f"{card}\nReply to the person with one short message of one to three sentences."
+    elif style == "zero-shot-cot":
+        system = f"{card}\n{_THINK_THEN_REPLY}"
+    elif style == "few-shot":
+        system = (f"{card}\nExamples of companions replying:\n\n{fewshot_block(examples, thinking=False)}"
+                  "\n\nWrite your short reply after 'Reply:'.")
+    elif style == "few-shot-cot":
+        system = (f"{card}\nExamples of companions thinking, then replying:\n\n{fewshot_block(examples)}"
+                  f"\n\n{_THINK_THEN_REPLY}")
     else:
         raise ValueError(f"speaker_messages: unknown style {style!r}; use one of {', '.join(STYLES)}")
     task = f"Situation: {context.situation}\n\nConversation so far:\n{render_history(turns)}\n\n"
@@ -234,15 +271,15 @@ _NEXT_EXAMPLE = re.compile(r"\b(?:thinking|situation|companion)\s*\**\s*:", re.I
 
 
 def reply_text(raw: str, style: str = "persona") -> str:
-    """For "fewshot-cot", the text after the first "Reply:" (the thinking is dropped), cut where
-    the model starts another example ("Thinking:", "Situation:", "Companion:"). A reply without
-    the label is kept whole, so a model that ignores the format is judged on what it said.
-    Other styles: unchanged.
+    """For the styles that ask for "Reply:" (the CoT and few-shot ones), the text after the first
+    "Reply:" (the thinking is dropped), cut where the model starts another example ("Thinking:",
+    "Situation:", "Companion:"). A reply without the label is kept whole, so a model that ignores
+    the format is judged on what it said. Other styles: unchanged.
 
-    >>> reply_text("Thinking: they are proud. Reply: That took nerve! Thinking: more", "fewshot-cot")
+    >>> reply_text("Thinking: they are proud. Reply: That took nerve! Thinking: more", "few-shot-cot")
     'That took nerve! '
     """
-    if style == "fewshot-cot":
+    if style in COT_STYLES + EXAMPLE_STYLES:
         parts = _REPLY_LABEL.split(raw, maxsplit=1)
         if len(parts) == 2:
             return _NEXT_EXAMPLE.split(parts[1], maxsplit=1)[0]
@@ -327,8 +364,8 @@ class Cast:
     max_new_tokens: int                  # the --max-new-tokens flag
     temperature: float = 0.8
     top_p: float = 0.95
-    style: str = "persona"               # speaker prompt style: persona | plain | fewshot-cot
-    examples: list = field(default_factory=list)   # data/fewshot.json entries for "fewshot-cot"
+    style: str = "persona"               # speaker prompt style (STYLES)
+    examples: list = field(default_factory=list)   # data/fewshot.json entries (EXAMPLE_STYLES)
 
 
 def turn_seed(conv: Conversation, salt: int = 0) -> int:
@@ -353,7 +390,7 @@ def agents_speak(convs: list[Conversation], directives: list[Directive], cast: C
     if not prompts:
         return
     # Chain of thought gets twice the budget, so the one-sentence thinking does not eat the reply.
-    budget = cast.max_new_tokens * (2 if cast.style == "fewshot-cot" else 1)
+    budget = cast.max_new_tokens * (2 if cast.style in COT_STYLES else 1)
     gen = models.generate(cast.speaker_model, cast.speaker_tok, prompts, budget,
                           cast.temperature, cast.top_p, seeds=[turn_seed(c) for c, _, _ in live])
     names = cast.personas.names()

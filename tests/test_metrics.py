@@ -373,3 +373,68 @@ def test_semantic_redundancy_edge_cases():
     assert math.isnan(metrics.mean_pairwise_similarity(one))
     with pytest.raises(ValueError):
         metrics.semantic_redundancy_rate(torch.tensor([[2.0, 0.0], [0.0, 1.0]]))
+
+
+# ------------------------------------------------------------------ the human studies: U test, kappa
+
+def test_average_ranks_share_tied_ranks():
+    assert metrics.average_ranks([10, 20, 20, 30]) == [1.0, 2.5, 2.5, 4.0]
+    assert metrics.average_ranks([3, 1, 3, 3]) == [3.0, 1.0, 3.0, 3.0]     # ranks 2, 3, 4 -> 3
+
+
+def test_mann_whitney_exact_null_distribution_by_hand():
+    # Two samples of 3: U = 0..9 is the number of partitions of u into at most 3 parts of size
+    # at most 3: 1 1 2 3 3 3 3 2 1 1 ways, 20 = C(6, 3) in all.
+    assert metrics.mann_whitney_counts(3, 3) == [1, 1, 2, 3, 3, 3, 3, 2, 1, 1]
+    assert sum(metrics.mann_whitney_counts(4, 5)) == math.comb(9, 4)
+
+
+def test_mann_whitney_exact_cases_by_hand():
+    # Complete separation: U_x = 0, U_y = 9; p = 2 P(U >= 9) = 2 / 20.
+    r = metrics.mann_whitney_u([1, 2, 3], [4, 5, 6])
+    assert (r["u"], r["method"]) == (0.0, "exact") and r["p_value"] == pytest.approx(0.1)
+    # Interleaved: ranks of x are 1, 3, 5 -> R = 9, U_x = 9 - 6 = 3, max(U) = 6;
+    # P(U >= 6) = (3 + 2 + 1 + 1) / 20, so p = 0.7.
+    r = metrics.mann_whitney_u([1, 3, 5], [2, 4, 6])
+    assert r["u"] == 3.0 and r["p_value"] == pytest.approx(0.7)
+
+
+def test_mann_whitney_normal_approximation_with_ties_by_hand():
+    # Likert ratings. Pooled and sorted: 1 2 3 3 3 4 4 4 5 5; the 3s share ranks 3-5 (4), the
+    # 4s ranks 6-8 (7), the 5s ranks 9-10 (9.5). x = 5 4 4 3 5 has R = 9.5+7+7+4+9.5 = 37, so
+    # U_x = 37 - 15 = 22 and U_y = 25 - 22 = 3. Tie groups 1, 1, 3, 3, 2: sum (t^3 - t) = 54;
+    # var = 25/12 * (11 - 54/90) = 65/3; z = (22 - 12.5 - 0.5) / sqrt(65/3); p = 2 P(Z > z).
+    r = metrics.mann_whitney_u([5, 4, 4, 3, 5], [3, 2, 3, 4, 1])
+    z = 9 / math.sqrt(65 / 3)
+    assert r["u"] == 22.0 and r["method"] == "asymptotic"
+    assert r["p_value"] == pytest.approx(math.erfc(z / math.sqrt(2)), rel=1e-12)
+    assert r["p_value"] == pytest.approx(0.0531733827, abs=1e-9)   # scipy.stats.mannwhitneyu agrees
+    assert (r["mean_x"], r["mean_y"]) == (4.2, 2.6)
+    # Every value equal: no evidence, p = 1; the exact method refuses ties.
+    assert metrics.mann_whitney_u([3, 3], [3, 3, 3])["p_value"] == 1.0
+    with pytest.raises(ValueError):
+        metrics.mann_whitney_u([1, 2], [2, 3], method="exact")
+    with pytest.raises(ValueError):
+        metrics.mann_whitney_u([], [1])
+
+
+def test_cohen_kappa_by_hand():
+    # 50 items: both "yes" 20, a yes / b no 5, a no / b yes 10, both "no" 15.
+    # p_o = 35/50 = 0.7; a says yes 25/50, b 30/50: p_e = 0.5*0.6 + 0.5*0.4 = 0.5; kappa = 0.4.
+    a = ["yes"] * 25 + ["no"] * 25
+    b = ["yes"] * 20 + ["no"] * 5 + ["yes"] * 10 + ["no"] * 15
+    assert metrics.cohen_kappa(a, b) == pytest.approx(0.4)
+    assert metrics.cohen_kappa(["x", "y"], ["x", "y"]) == 1.0
+    assert math.isnan(metrics.cohen_kappa(["x", "x"], ["x", "x"]))    # p_e = 1: undefined
+
+
+def test_fleiss_kappa_textbook_example():
+    # Fleiss (1971) as worked on Wikipedia: 10 items, 14 raters, 5 categories.
+    # mean P_i = 0.378, sum p_j^2 = 0.213, kappa = (0.378 - 0.213) / (1 - 0.213) = 0.210.
+    table = [[0, 0, 0, 0, 14], [0, 2, 6, 4, 2], [0, 0, 3, 5, 6], [0, 3, 9, 2, 0], [2, 2, 8, 1, 1],
+             [7, 7, 0, 0, 0], [3, 2, 6, 3, 0], [2, 5, 3, 2, 2], [6, 5, 2, 1, 0], [0, 2, 2, 3, 7]]
+    assert metrics.fleiss_kappa(table) == pytest.approx(0.20993, abs=1e-5)
+    # Two raters, two items, full agreement on different categories: kappa = 1.
+    assert metrics.fleiss_kappa([[2, 0], [0, 2]]) == 1.0
+    with pytest.raises(ValueError):
+        metrics.fleiss_kappa([[2, 0], [1, 0]])
