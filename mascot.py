@@ -337,10 +337,28 @@ def train_stage2(args) -> dict:
                          judge, options(dr.RewardWeights, args, prefix="w-"), dcfg.rollout_turns, args.user_every)
 
     director = dr.LLMDirector(policy, tok, inputs.personas)
-    before = rollout.evaluate(director, held_points)
-    print(f"held-out mean group reward before: {before['reward']:.3f}  agent choices: {before['choices']}"
-          f"  unparseable: {before['invalid']}/{before['n']}")
-    warm = dr.warm_start(dcfg, out, policy, tok, inputs.personas, train_points, held_points, rollout,
+    rollout.follow = director          # turns 2..N of every training rollout: the director itself, greedy
+
+    def heldout(label: str, policy_) -> dict:
+        """Evaluate on the held-out points; the rollouts go to heldout_<label>.jsonl, not the summary."""
+        result = rollout.evaluate(policy_, held_points, args.seed)
+        data.write_jsonl(out / f"heldout_{label}.jsonl", result.pop("rollouts"))
+        print(f"held-out, {label}: {dr.describe_heldout(result)}")
+        return result
+
+    before = heldout("prompted", director)
+    heuristic = heldout("least-spoken", dr.LeastSpoken(inputs.personas))
+    # The warm start's targets: ESConv's strategies (training split only) or random agents.
+    n_examples = dcfg.director_warmup * 4
+    if dcfg.director_warmup_data:
+        esconv = corpora.load_contexts(dcfg.director_warmup_data, persona_set=args.set)
+        esconv_train, _ = data.split_contexts(esconv, args.held_out, seed=args.seed)
+        examples = dr.esconv_examples(esconv_train, inputs.personas, n_examples, args.seed)
+        source = f"ESConv strategies, {len(esconv_train)} training dialogues of {dcfg.director_warmup_data}"
+    else:
+        examples = dr.format_examples(inputs.personas, train_points, n_examples, args.seed)
+        source = "format only, random agents"
+    warm = dr.warm_start(dcfg, out, policy, tok, inputs.personas, examples, source, held_points, rollout,
                          args.seed, args.resume)
     # The KL anchor is the director GRPO starts from: the warm-started one when the warm start ran.
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=dr.DIRECTIVE_MAX_TOKENS)
@@ -360,10 +378,17 @@ def train_stage2(args) -> dict:
 
     grpo.train_grpo(policy, tok, sample_prompts, reward_fn, cfg, out, ref_model=ref, resume=args.resume,
                     describe=describe)
-    after = rollout.evaluate(director, held_points)
-    print(f"held-out mean group reward after:  {after['reward']:.3f}  agent choices: {after['choices']}")
+    after = heldout("trained", director)
+    # Paired changes on the same points and seeds: trained vs warm start, trained vs least-spoken.
+    vs = {"least-spoken": dr.compare(after, heuristic), "prompted": dr.compare(after, before)}
+    if warm:
+        vs["warm-start"] = dr.compare(after, warm["heldout"])
+    for name, c in vs.items():
+        print(f"held-out group reward, trained - {name}: {c['change']:+.3f} ± {c['se']:.3f} (paired se, "
+              f"{c['n']} points)")
     folder = save_model(policy, tok, out / "director")
-    summary = {"heldout_before": before, "warm_start": warm, "heldout_after": after, "speakers": speakers_name,
+    summary = {"heldout_before": before, "heldout_least_spoken": heuristic, "warm_start": warm,
+               "heldout_after": after, "paired_vs": vs, "speakers": speakers_name,
                "judge": judge.name, "model": args.model, "director": str(folder),
                "invalid_directives": rollout.invalid, "directives": rollout.total}
     data.write_json(out / "summary.json", summary)
