@@ -564,7 +564,7 @@ class Rollout:
                 "block_choices": {name: block.get(name, 0) for name in names},
                 "diagnostics": choice_diagnostics(agents, [stage_feature(p) for p in points], names, seed=seed),
                 "agree_least_spoken": sum(agree) / n,
-                "invalid": sum(not d.valid for d in firsts), "n": n,
+                "invalid": sum(not d.valid for d in firsts), "n": n, "example": copies[0].to_json(),
                 "rollouts": [{"stage": stage_feature(p), "first_turn": len(p.turns), **c.to_json()}
                              for c, p in zip(copies, points)]}
 
