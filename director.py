@@ -214,6 +214,9 @@ class DirectorConfig:
                                       "with random agents; 0 skips it (director.py, section 6)",
                                   "non-negative")
     warmup_lr: float = option(2e-5, "learning rate of the warm start", "positive")
+    eval_prompted: bool = option(True, "evaluate the prompted base model as a director on the held-out "
+                                       "points too (--no-eval-prompted saves the time where it is known "
+                                       "to write no parseable directive, as SmolLM2-135M)")
     director_warmup_data: str = option("", "ESConv file (the JSON-lines split or the official ESConv.json): "
                                            "its annotated supporter strategies, mapped onto the personas, "
                                            "are the warm start's targets; only the training split of "

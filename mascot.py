@@ -346,7 +346,7 @@ def train_stage2(args) -> dict:
         print(f"held-out, {label}: {dr.describe_heldout(result)}")
         return result
 
-    before = heldout("prompted", director)
+    before = heldout("prompted", director) if dcfg.eval_prompted else None
     heuristic = heldout("least-spoken", dr.LeastSpoken(inputs.personas))
     # The warm start's targets: ESConv's strategies (training split only) or random agents.
     n_examples = dcfg.director_warmup * 4
@@ -380,7 +380,9 @@ def train_stage2(args) -> dict:
                     describe=describe)
     after = heldout("trained", director)
     # Paired changes on the same points and seeds: trained vs warm start, trained vs least-spoken.
-    vs = {"least-spoken": dr.compare(after, heuristic), "prompted": dr.compare(after, before)}
+    vs = {"least-spoken": dr.compare(after, heuristic)}
+    if before:
+        vs["prompted"] = dr.compare(after, before)
     if warm:
         vs["warm-start"] = dr.compare(after, warm["heldout"])
     for name, c in vs.items():
