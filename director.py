@@ -712,7 +712,8 @@ def warm_start(cfg: DirectorConfig, out, policy, tok, personas: PersonaSet, exam
     seconds = time.time() - t0
     held = rollout.evaluate(LLMDirector(policy, tok, personas), held_points, seed)
     write_jsonl(out / "heldout_warm-start.jsonl", held.pop("rollouts"))
-    print(f"held-out after the warm start ({source}): {describe_heldout(held)}", flush=True)
+    print(f"held-out mean group reward after the {source.split(' warm start')[0]} warm start: "
+          f"{describe_heldout(held)}", flush=True)
     with atomic_folder(out / "director_warm") as tmp:
         policy.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -726,7 +727,7 @@ def warm_start(cfg: DirectorConfig, out, policy, tok, personas: PersonaSet, exam
 def describe_heldout(result: dict) -> str:
     """One log line for a held-out evaluation: reward ± se, choices, entropy, dependence test."""
     d = result["diagnostics"]
-    return (f"mean group reward {result['reward']:.3f} ± {result['se']:.3f} (se, {result['n']} points)  "
+    return (f"{result['reward']:.3f} ± {result['se']:.3f} (se, {result['n']} points)  "
             f"agent choices {result['choices']}  entropy {d['entropy']:.2f} bits  "
             f"I(choice; stage) {d['mi']:.2f} bits  chi2 {d['chi2']:.1f} (df {d['df']}) "
             f"p {d['p_chi2']:.3g}, permutation p {d['p_perm']:.3g}  unparseable {result['invalid']}/{result['n']}")

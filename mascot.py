@@ -339,25 +339,26 @@ def train_stage2(args) -> dict:
     director = dr.LLMDirector(policy, tok, inputs.personas)
     rollout.follow = director          # turns 2..N of every training rollout: the director itself, greedy
 
-    def heldout(label: str, policy_) -> dict:
+    def heldout(label: str, policy_, when: str) -> dict:
         """Evaluate on the held-out points; the rollouts go to heldout_<label>.jsonl, not the summary."""
         result = rollout.evaluate(policy_, held_points, args.seed)
         data.write_jsonl(out / f"heldout_{label}.jsonl", result.pop("rollouts"))
-        print(f"held-out, {label}: {dr.describe_heldout(result)}")
+        print(f"held-out mean group reward {when}: {dr.describe_heldout(result)}")
         return result
 
-    before = heldout("prompted", director) if dcfg.eval_prompted else None
-    heuristic = heldout("least-spoken", dr.LeastSpoken(inputs.personas))
+    before = heldout("prompted", director, "before (prompted director)") if dcfg.eval_prompted else None
+    heuristic = heldout("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule")
     # The warm start's targets: ESConv's strategies (training split only) or random agents.
     n_examples = dcfg.director_warmup * 4
     if dcfg.director_warmup_data:
         esconv = corpora.load_contexts(dcfg.director_warmup_data, persona_set=args.set)
         esconv_train, _ = data.split_contexts(esconv, args.held_out, seed=args.seed)
         examples = dr.esconv_examples(esconv_train, inputs.personas, n_examples, args.seed)
-        source = f"ESConv strategies, {len(esconv_train)} training dialogues of {dcfg.director_warmup_data}"
+        source = (f"ESConv strategy warm start: {len(esconv_train)} training dialogues of "
+                  f"{dcfg.director_warmup_data}")
     else:
         examples = dr.format_examples(inputs.personas, train_points, n_examples, args.seed)
-        source = "format only, random agents"
+        source = "format warm start: random agents"
     warm = dr.warm_start(dcfg, out, policy, tok, inputs.personas, examples, source, held_points, rollout,
                          args.seed, args.resume)
     # The KL anchor is the director GRPO starts from: the warm-started one when the warm start ran.
@@ -378,7 +379,7 @@ def train_stage2(args) -> dict:
 
     grpo.train_grpo(policy, tok, sample_prompts, reward_fn, cfg, out, ref_model=ref, resume=args.resume,
                     describe=describe)
-    after = heldout("trained", director)
+    after = heldout("trained", director, "after training")
     # Paired changes on the same points and seeds: trained vs warm start, trained vs least-spoken.
     vs = {"least-spoken": dr.compare(after, heuristic)}
     if before:
