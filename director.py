@@ -374,7 +374,7 @@ def entropy_bits(labels: list[str]) -> float:
     1.0
     """
     n = len(labels)
-    return -sum(c / n * math.log2(c / n) for c in Counter(labels).values()) if n else 0.0
+    return 0.0 - sum(c / n * math.log2(c / n) for c in Counter(labels).values()) if n else 0.0  # no -0.0
 
 
 def mutual_information_bits(xs: list[str], ys: list[str]) -> float:

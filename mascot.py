@@ -314,6 +314,9 @@ def train_stage2(args) -> dict:
     run = Path(args.run)
     out = run / "stage2"
     inputs = load_inputs(args, earlier=[run / "stage1" / "config.json"])
+    if args.resume and grpo.latest_checkpoint(out / "checkpoints") is None:
+        # Say so before minutes of decision points and held-out rollouts, not after them.
+        raise UserError(f"--resume: no complete checkpoint in {out / 'checkpoints'}; run without --resume")
     data.save_config(args, out)
     speakers_name = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
     print(f"stage 2: speakers from {speakers_name} (frozen), simulated user {args.model} (frozen)")
