@@ -375,6 +375,9 @@ def train_stage2(args) -> dict:
     run = Path(args.run)
     out = run / "stage2"
     inputs = load_inputs(args, earlier=[run / "stage1" / "config.json"])
+    if args.resume and grpo.latest_checkpoint(out / "checkpoints") is None:
+        # Say so before minutes of decision points and held-out rollouts, not after them.
+        raise UserError(f"--resume: no complete checkpoint in {out / 'checkpoints'}; run without --resume")
     data.save_config(args, out)
     speakers_name = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
     print(f"stage 2: speakers from {speakers_name} (frozen), simulated user {args.model} (frozen)")
@@ -398,10 +401,29 @@ def train_stage2(args) -> dict:
                          judge, options(dr.RewardWeights, args, prefix="w-"), dcfg.rollout_turns, args.user_every)
 
     director = dr.LLMDirector(policy, tok, inputs.personas)
-    before = rollout.evaluate(director, held_points)
-    print(f"held-out mean group reward before: {before['reward']:.3f}  agent choices: {before['choices']}"
-          f"  unparseable: {before['invalid']}/{before['n']}")
-    warm = dr.warm_start(dcfg, out, policy, tok, inputs.personas, train_points, held_points, rollout,
+    rollout.follow = director          # turns 2..N of every training rollout: the director itself, greedy
+
+    def heldout(label: str, policy_, when: str) -> dict:
+        """Evaluate on the held-out points; the rollouts go to heldout_<label>.jsonl, not the summary."""
+        result = rollout.evaluate(policy_, held_points, args.seed)
+        data.write_jsonl(out / f"heldout_{label}.jsonl", result.pop("rollouts"))
+        print(f"held-out mean group reward {when}: {dr.describe_heldout(result)}")
+        return result
+
+    before = heldout("prompted", director, "before (prompted director)") if dcfg.eval_prompted else None
+    heuristic = heldout("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule")
+    # The warm start's targets: ESConv's strategies (training split only) or random agents.
+    n_examples = dcfg.director_warmup * 4
+    if dcfg.director_warmup_data:
+        esconv = corpora.load_contexts(dcfg.director_warmup_data, persona_set=args.set)
+        esconv_train, _ = data.split_contexts(esconv, args.held_out, seed=args.seed)
+        examples = dr.esconv_examples(esconv_train, inputs.personas, n_examples, args.seed)
+        source = (f"ESConv strategy warm start: {len(esconv_train)} training dialogues of "
+                  f"{dcfg.director_warmup_data}")
+    else:
+        examples = dr.format_examples(inputs.personas, train_points, n_examples, args.seed)
+        source = "format warm start: random agents"
+    warm = dr.warm_start(dcfg, out, policy, tok, inputs.personas, examples, source, held_points, rollout,
                          args.seed, args.resume)
     # The KL anchor is the director GRPO starts from: the warm-started one when the warm start ran.
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=dr.DIRECTIVE_MAX_TOKENS)
@@ -421,10 +443,19 @@ def train_stage2(args) -> dict:
 
     grpo.train_grpo(policy, tok, sample_prompts, reward_fn, cfg, out, ref_model=ref, resume=args.resume,
                     describe=describe)
-    after = rollout.evaluate(director, held_points)
-    print(f"held-out mean group reward after:  {after['reward']:.3f}  agent choices: {after['choices']}")
+    after = heldout("trained", director, "after training")
+    # Paired changes on the same points and seeds: trained vs warm start, trained vs least-spoken.
+    vs = {"least-spoken": dr.compare(after, heuristic)}
+    if before:
+        vs["prompted"] = dr.compare(after, before)
+    if warm:
+        vs["warm-start"] = dr.compare(after, warm["heldout"])
+    for name, c in vs.items():
+        print(f"held-out group reward, trained - {name}: {c['change']:+.3f} ± {c['se']:.3f} (paired se, "
+              f"{c['n']} points)")
     folder = save_model(policy, tok, out / "director")
-    summary = {"heldout_before": before, "warm_start": warm, "heldout_after": after, "speakers": speakers_name,
+    summary = {"heldout_before": before, "heldout_least_spoken": heuristic, "warm_start": warm,
+               "heldout_after": after, "paired_vs": vs, "speakers": speakers_name,
                "judge": judge.name, "model": args.model, "director": str(folder),
                "invalid_directives": rollout.invalid, "directives": rollout.total}
     data.write_json(out / "summary.json", summary)

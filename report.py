@@ -548,40 +548,67 @@ def stage1_section(run: Path) -> str:
     return "\n".join(out)
 
 
+STAGE2_PARTS = ["coherence", "nonredundancy", "contribution", "clean", "balance", "format"]
+
+
 def stage2_section(run: Path) -> str:
     rows, missing, summary, summary_missing, out = load_stage(
         run, 2, "Stage 2: the director (group reward + GRPO)")
     if not rows and not summary:
         return "\n".join(out)
     if rows:
-        parts = ["coherence", "nonredundancy", "contribution", "balance", "format"]
         # Roster order, as the metrics rows list the agents.
         agents = list(dict.fromkeys(k[len("r_pick_"):] for r in rows for k in r if k.startswith("r_pick_")))
+        collapse = {label: column(rows, key) for key, label in
+                    (("r_choice_entropy", "entropy of the agent choice (bits)"),
+                     ("r_choice_mi", "I(choice; stage) (bits)")) if any(key in r for r in rows)}
         out.append(charts(
             reward_chart(rows, "Group reward per step (mean, band = ± 1 std)"),
-            svg_line_chart({p: column(rows, f"r_{p}") for p in parts if any(f"r_{p}" in r for r in rows)},
-                           "Group-reward components", "GRPO step", "component (0-1)"),
+            svg_line_chart({p: column(rows, f"r_{p}") for p in STAGE2_PARTS if any(f"r_{p}" in r for r in rows)},
+                           "Group-reward components (balance, format: our additions)", "GRPO step",
+                           "component (0-1)"),
             svg_line_chart({a: column(rows, f"r_pick_{a}") for a in agents},
                            "How often the director picks each agent", "GRPO step", "share of directives"),
+            *([svg_line_chart(collapse, "Collapse diagnostics of the sampled directives", "GRPO step", "bits")]
+              if collapse else []),
             *health_charts(rows)))
         out.append(watch("the group reward should rise. A director that collapses onto one agent "
-                         "shows up as one pick line going to 1 and the balance component falling."))
+                         "shows up as one pick line going to 1, the entropy falling to 0 and the "
+                         "balance component falling; a director that reads the conversation keeps "
+                         "I(choice; stage) above 0."))
     else:
         out.append(note(f"No training curves: {missing}."))
     if summary:
-        # The format warm start (when it ran) sits between the prompted and the trained director.
-        stages = [("before", "before training", part(summary, "heldout_before")),
-                  ("after warm start", "after the format warm start", part(part(summary, "warm_start"), "heldout")),
+        # The warm start (when it ran) sits between the prompted and the trained director; the
+        # least-spoken rule is the heuristic the trained director must beat.
+        stages = [("prompted", "prompted base model", part(summary, "heldout_before")),
+                  ("least-spoken", "least-spoken rule", part(summary, "heldout_least_spoken")),
+                  ("after warm start", "after the warm start", part(part(summary, "warm_start"), "heldout")),
                   ("after", "after training", part(summary, "heldout_after"))]
         stages = [stage for stage in stages if stage[2]]
         choices = {label: b["choices"] for label, _, b in stages if isinstance(b.get("choices"), dict)}
-        out.append(charts(svg_bar_chart(choices, "Held-out agent choices, before vs after", "directives")))
-        flat = [(row, {"reward": b.get("reward"), **part(b, "components"), "invalid": b.get("invalid"), "n": b.get("n")})
+        out.append(charts(svg_bar_chart(choices, "Held-out agent choices (first turn of each block)",
+                                        "directives")))
+        flat = [(row, {"reward": b.get("reward"), "se": b.get("se"), **part(b, "components"),
+                       **{f"d_{k}": v for k, v in part(b, "diagnostics").items()},
+                       "invalid": b.get("invalid"), "n": b.get("n")})
                 for _, row, b in stages]
-        parts = ["coherence", "nonredundancy", "contribution", "balance", "format"]
-        keys = ([("reward", "group reward")] + [(k, k) for k in parts if any(k in f for _, f in flat)]
+        keys = ([("reward", "group reward"), ("se", "± se")]
+                + [(k, k) for k in STAGE2_PARTS if any(k in f for _, f in flat)]
+                + [(f"d_{k}", label) for k, label in (("distinct", "agents named"), ("entropy", "entropy (bits)"),
+                                                      ("mi", "I(choice; stage)"), ("p_chi2", "chi-square p"),
+                                                      ("p_perm", "permutation p"))
+                   if any(f"d_{k}" in f for _, f in flat)]
                 + [("invalid", "invalid directives"), ("n", "decision points")])
         out.append(before_after_table(flat, keys))
+        vs = part(summary, "paired_vs")
+        if vs:
+            out.append("<p>Paired change of the held-out group reward (same points, same seeds): "
+                       + "; ".join(f"trained - {esc(name)}: {fmt(part(vs, name).get('change'))} ± "
+                                   f"{fmt(part(vs, name).get('se'))} (se)" for name in vs) + ".</p>")
+        source_line = part(summary, "warm_start").get("source")
+        if source_line:
+            out.append(f"<p>Warm-start targets: {esc(source_line)}.</p>")
         if finite(summary.get("directives")):
             out.append(f"<p>During training {esc(summary.get('invalid_directives', 0))} of "
                        f"{esc(summary['directives'])} sampled directives could not be parsed "
