@@ -45,12 +45,13 @@ import corpora  # noqa: E402  (needs the repo root on sys.path first)
 import data  # noqa: E402
 import hacks  # noqa: E402
 import judge  # noqa: E402
+import judge_features  # noqa: E402
 
 PAIR_FILES = {"ordinary": ["judge_pairs_support.jsonl", "judge_pairs_meeting.jsonl"],
               "blind": ["judge_pairs_blind.jsonl"],
               "hacks": ["judge_pairs_hacks.jsonl"]}
 QUALITY = ("persona", "relevance", "repetition", "generic", "off_role")
-PENALTIES = tuple(k for k in judge.OFFLINE_WEIGHTS if k not in QUALITY)
+PENALTIES = tuple(k for k in judge_features.OFFLINE_WEIGHTS if k not in QUALITY)
 
 
 class MemoEncoder:
@@ -152,7 +153,7 @@ def fit_penalty_weights(rows: list[dict], l2: float = 1e-2) -> dict[str, float]:
     """Bradley-Terry on feature differences: maximise log sigmoid(z(good) - z(bad)) over the
     penalty weights, the quality part of z fixed at OFFLINE_WEIGHTS, plus an L2 term (generated
     hacks are separable, so without it the weights would grow without bound)."""
-    quality = {k: judge.OFFLINE_WEIGHTS[k] for k in QUALITY}
+    quality = {k: judge_features.OFFLINE_WEIGHTS[k] for k in QUALITY}
     offset = torch.tensor([z(r["fg"], quality) - z(r["fb"], quality) for r in rows], dtype=torch.float64)   # (N,)
     x = torch.tensor([[r["fg"][k] - r["fb"][k] for k in PENALTIES] for r in rows], dtype=torch.float64)     # (N, P)
     w = torch.zeros(len(PENALTIES), dtype=torch.float64, requires_grad=True)                                # (P,)
@@ -269,7 +270,7 @@ def main(argv=None) -> int:
     for rows in sets.values():
         for r in rows:
             for reply in (r["good"], r["bad"]):
-                judge.lexical_features(reply, r["state"], [r["state"].persona_desc])
+                judge_features.lexical_features(reply, r["state"], [r["state"].persona_desc])
     print(f"  of which the word features: {time.process_time() - t0:.2f} CPU-seconds")
 
     for rows in sets.values():
@@ -287,14 +288,14 @@ def main(argv=None) -> int:
     # --- each feature alone ---------------------------------------------------------------------
     print("\nfeature alone (accuracy: " + " | ".join(sets) + "; per kind on the hack pairs)")
     print(header)
-    for name in ["context"] + list(judge.OFFLINE_WEIGHTS):
+    for name in ["context"] + list(judge_features.OFFLINE_WEIGHTS):
         print(line(name, sets, lambda f, k=name: f[k], "hacks"))
 
     # --- the judge without each feature ---------------------------------------------------------
     print("\nthe judge without one feature")
     print(header)
     print(line("(all features)", sets, lambda f: z(f, j.weights), "hacks"))
-    for name in judge.OFFLINE_WEIGHTS:
+    for name in judge_features.OFFLINE_WEIGHTS:
         weights = {k: v for k, v in j.weights.items() if k != name}
         print(line(f"- {name}", sets, lambda f, w=weights: z(f, w), "hacks"))
 
@@ -333,22 +334,22 @@ def main(argv=None) -> int:
               + f"   | copy pairs without context_copy "
               f"{accuracy(copies, lambda f, c=cap: z({**f, 'relevance': min(f['context'], c)}, no_copy))[0]:.2f}")
     for floor in (0.3, 0.4, 0.5, 0.6, 0.7):
-        saved, judge.COPY_FLOOR = judge.COPY_FLOOR, floor
+        saved, judge_features.COPY_FLOOR = judge_features.COPY_FLOOR, floor
         for rows in sets.values():
             for r in rows:
                 for side, reply in (("fg", r["good"]), ("fb", r["bad"])):
-                    r[side + "@copy"] = {**r[side], **{k: v for k, v in judge.lexical_features(
+                    r[side + "@copy"] = {**r[side], **{k: v for k, v in judge_features.lexical_features(
                         reply, r["state"], lexical_card(j, r["state"]), lexical_role(j, r["state"])).items()
                         if k in ("context_copy", "history_echo")}}
-        judge.COPY_FLOOR = saved
+        judge_features.COPY_FLOOR = saved
         print(line(f"COPY_FLOOR {floor}", {k: [{**r, "fg": r["fg@copy"], "fb": r["fb@copy"]} for r in rows]
                                           for k, rows in sets.items()}, lambda f: z(f, j.weights), "hacks"))
 
     # --- where OFFLINE_CENTER and OFFLINE_SCALE come from ---------------------------------------
     zs = [z(r[side], j.weights) for r in sets["ordinary"] for side in ("fg", "fb")]
     print(f"\nweighted sum z over the {len(zs)} ordinary replies: mean {statistics.mean(zs):.3f}, "
-          f"std {statistics.pstdev(zs):.3f}  (OFFLINE_CENTER = {judge.OFFLINE_CENTER}, "
-          f"1 / OFFLINE_SCALE = {1 / judge.OFFLINE_SCALE:.3f})")
+          f"std {statistics.pstdev(zs):.3f}  (OFFLINE_CENTER = {judge_features.OFFLINE_CENTER}, "
+          f"1 / OFFLINE_SCALE = {1 / judge_features.OFFLINE_SCALE:.3f})")
     good = [r["fg"] for name in PAIR_FILES for r in sets[name]]
     for name in PENALTIES:
         fired = sorted(f[name] for f in good if f[name] < 0)

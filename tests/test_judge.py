@@ -15,6 +15,7 @@ import pytest
 
 import data
 import judge
+import judge_features
 from data import UserError
 from judge import JudgeCache, JudgeState, Verdict
 
@@ -304,29 +305,29 @@ def test_offline_doctests():
 
 
 def test_copied_share_counts_words_inside_shared_runs():
-    context = judge.person_neutral_words("I failed my driving test again today because of the roundabout")
+    context = judge_features.person_neutral_words("I failed my driving test again today because of the roundabout")
     # "you failed your driving test again today because": 8 copied words (after I/my -> you/your) of 10
-    reply = judge.person_neutral_words("Oh no, you failed your driving test again today because")
-    assert judge.copied_share(reply, [context]) == pytest.approx(0.8)
+    reply = judge_features.person_neutral_words("Oh no, you failed your driving test again today because")
+    assert judge_features.copied_share(reply, [context]) == pytest.approx(0.8)
     # Scattered shared words are not a copy: no 4-word run in common.
-    assert judge.copied_share(judge.person_neutral_words("The test, again, today: the roundabout"), [context]) == 0.0
-    assert judge.copied_share(["you", "failed"], [context]) == 0.0            # shorter than a run
-    assert judge.copied_share(reply, []) == 0.0
+    assert judge_features.copied_share(judge_features.person_neutral_words("The test, again, today: the roundabout"), [context]) == 0.0
+    assert judge_features.copied_share(["you", "failed"], [context]) == 0.0            # shorter than a run
+    assert judge_features.copied_share(reply, []) == 0.0
 
 
 def test_hinge_list_share_and_function_share_by_hand():
-    assert judge.hinge(0.8, 0.5) == pytest.approx(0.6)
-    assert judge.hinge(0.3, 0.5) == 0.0 and judge.hinge(1.0, 0.5) == 1.0
-    assert judge.list_share("Guilt, grief, Gran, care home and love.") == 1.0
-    assert judge.list_share("That guilt sounds heavy, and it makes sense.") == 0.0
+    assert judge_features.hinge(0.8, 0.5) == pytest.approx(0.6)
+    assert judge_features.hinge(0.3, 0.5) == 0.0 and judge_features.hinge(1.0, 0.5) == 1.0
+    assert judge_features.list_share("Guilt, grief, Gran, care home and love.") == 1.0
+    assert judge_features.list_share("That guilt sounds heavy, and it makes sense.") == 0.0
     # "Noted", "Agreed" (1 word each) and "effective immediately" (2) sit in short fragments:
     # 4 of the 13 words.
-    assert judge.list_share("Noted: Lina raised the Friday failures. Agreed: no deploys after 2pm, "
+    assert judge_features.list_share("Noted: Lina raised the Friday failures. Agreed: no deploys after 2pm, "
                             "effective immediately.") == pytest.approx(4 / 13)
-    assert judge.function_share("You kept going") == pytest.approx(1 / 3)   # "you" is a stopword
-    assert judge.function_share("barking window neighbour complaint") == 0.0
-    assert judge.list_likeness("barking window neighbour complaint terrier rescue") == 1.0  # no commas, no grammar
-    assert judge.list_likeness("Okay.") == 0.0                               # too_short's business
+    assert judge_features.function_share("You kept going") == pytest.approx(1 / 3)   # "you" is a stopword
+    assert judge_features.function_share("barking window neighbour complaint") == 0.0
+    assert judge_features.list_likeness("barking window neighbour complaint terrier rescue") == 1.0  # no commas, no grammar
+    assert judge_features.list_likeness("Okay.") == 0.0                               # too_short's business
 
 
 @pytest.mark.parametrize("reply, leaks", [
@@ -347,7 +348,7 @@ def test_hinge_list_share_and_function_share_by_hand():
     ("Our users will notice the change.", False),
 ])
 def test_talks_about_prompt(reply, leaks):
-    assert judge.talks_about_prompt(reply, "Anchor", "emotional validator", ["User", "Beacon"]) is leaks
+    assert judge_features.talks_about_prompt(reply, "Anchor", "emotional validator", ["User", "Beacon"]) is leaks
 
 
 LEX_STATE = JudgeState(persona_name="Anchor", persona_desc="emotional validator: names feelings; never advises.",
@@ -359,7 +360,7 @@ CARD_TEXTS = [LEX_STATE.persona_desc, "emotional validator", "Listens closely an
 
 
 def lexical(reply):
-    return judge.lexical_features(reply, LEX_STATE, CARD_TEXTS, role="emotional validator")
+    return judge_features.lexical_features(reply, LEX_STATE, CARD_TEXTS, role="emotional validator")
 
 
 def test_lexical_features_by_hand():
@@ -367,7 +368,7 @@ def test_lexical_features_by_hand():
     assert honest == {"context_copy": 0.0, "history_echo": 0.0, "persona_copy": 0.0, "meta_leak": 0.0,
                       "too_short": 0.0, "keyword_list": 0.0}
     # 8 of 10 words copied from the message: share 0.8, of which the part beyond COPY_FLOOR counts
-    beyond = -(0.8 - judge.COPY_FLOOR) / (1 - judge.COPY_FLOOR)               # -0.714 at the floor 0.3
+    beyond = -(0.8 - judge_features.COPY_FLOOR) / (1 - judge_features.COPY_FLOOR)               # -0.714 at the floor 0.3
     assert lexical("Oh no, you failed your driving test again today because")["context_copy"] == pytest.approx(beyond)
     # 8 of 10 words echo Beacon's turn (in 4-word runs)
     assert lexical("You practised every single evening for a month, well done")["history_echo"] == pytest.approx(beyond)
@@ -383,27 +384,27 @@ def test_semantic_features_by_hand():
     import torch
     e = torch.eye(6)                                           # orthonormal "embeddings"
     reply = torch.tensor([0.6, 0.8, 0.0, 0.0, 0.0, 0.0])
-    f = judge.semantic_features(reply, reply[None], does=e[0], card=e[1][None], context=e[1],
+    f = judge_features.semantic_features(reply, reply[None], does=e[0], card=e[1][None], context=e[1],
                                 history=torch.stack([reply, e[2]]), bank=e[3:], own=e[0], others=e[1][None])
     assert f == pytest.approx({
         "persona": 0.6,                                        # (cos does 0.6 + cos own lines 0.6) / 2
         "context": 0.8,
-        "relevance": min(0.8, judge.RELEVANCE_CAP),
-        "repetition": -(1.0 - judge.REPEAT_FLOOR),             # the reply is in the history
+        "relevance": min(0.8, judge_features.RELEVANCE_CAP),
+        "repetition": -(1.0 - judge_features.REPEAT_FLOOR),             # the reply is in the history
         "generic": 0.0,
         "off_role": -(0.8 - 0.6),                              # closer to the other persona's lines
-        "persona_recital": -(0.8 - judge.RECITAL_FLOOR) / (1 - judge.RECITAL_FLOOR),
+        "persona_recital": -(0.8 - judge_features.RECITAL_FLOOR) / (1 - judge_features.RECITAL_FLOOR),
     })
-    plain = judge.semantic_features(reply, reply[None], e[0], e[1][None], e[1], torch.zeros(0, 6), e[3:])
+    plain = judge_features.semantic_features(reply, reply[None], e[0], e[1][None], e[1], torch.zeros(0, 6), e[3:])
     assert plain["repetition"] == 0.0 and plain["off_role"] == 0.0 and plain["persona"] == pytest.approx(0.6)
     # Parroting the message: cosine 1 pays no more than RELEVANCE_CAP.
-    assert judge.semantic_features(e[1], e[1][None], e[0], e[0][None], e[1], torch.zeros(0, 6),
-                                   e[3:])["relevance"] == judge.RELEVANCE_CAP
+    assert judge_features.semantic_features(e[1], e[1][None], e[0], e[0][None], e[1], torch.zeros(0, 6),
+                                   e[3:])["relevance"] == judge_features.RELEVANCE_CAP
 
 
 def test_persona_does_drops_the_never_part():
-    assert judge.persona_does("Anchor: names feelings; never gives advice.") == "Anchor: names feelings"
-    assert judge.persona_does("Never rushes.") == "Never rushes."
+    assert judge_features.persona_does("Anchor: names feelings; never gives advice.") == "Anchor: names feelings"
+    assert judge_features.persona_does("Never rushes.") == "Never rushes."
 
 
 class HashEncoder:
@@ -419,7 +420,7 @@ class HashEncoder:
 def test_offline_name_changes_with_the_recipe_and_persona_cards_are_found():
     base = judge.OfflineJudge(encoder=HashEncoder())
     assert base.name == judge.OfflineJudge(encoder=HashEncoder()).name
-    assert judge.OfflineJudge(encoder=HashEncoder(), weights={**judge.OFFLINE_WEIGHTS, "persona": 1.0}).name != base.name
+    assert judge.OfflineJudge(encoder=HashEncoder(), weights={**judge_features.OFFLINE_WEIGHTS, "persona": 1.0}).name != base.name
     fewer = [data.load_personas("personas.json", "support")]
     assert judge.OfflineJudge(encoder=HashEncoder(), persona_sets=fewer).name != base.name
     # A speaker is matched to its card by name and role; a stranger who shares the name is not.
@@ -428,7 +429,7 @@ def test_offline_name_changes_with_the_recipe_and_persona_cards_are_found():
     assert judge.find_voice(JudgeState("Anchor", "a ship's mate who tells sea stories", "hi"), base.voices) is None
     assert judge.find_voice(JudgeState("Ember", "a candid friend", "hi"), base.voices) is None
     features = base.features_many([anchor, anchor], ["That sounds heavy to carry.", "Okay."])
-    assert set(features[0]) == set(judge.OFFLINE_WEIGHTS) | {"context"}      # evaluate.py reads "context"
+    assert set(features[0]) == set(judge_features.OFFLINE_WEIGHTS) | {"context"}      # evaluate.py reads "context"
 
 
 @pytest.fixture(scope="module")
