@@ -24,68 +24,35 @@ Commands inside the chat: /who (the agents and their roles), /reset (start over)
 Run:
     python mascot.py chat                          # embedded model, trained checkpoints if present
     python mascot.py chat --set meeting --show-directives
-    python chat.py --model tiny --max-new-tokens 8 # the same, without mascot.py (tests use this)
+    python mascot.py chat --help                   # every flag
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 
-from data import positive_int
+import director as dr
+import models
+from data import Context, load_personas, write_json
+from safety import crisis_check
+from simulate import SAFETY, Cast, add_user_turn, agents_speak, start_conversation
 
-ROOT = Path(__file__).resolve().parent
-POLICIES = ["director", "round-robin", "random", "least-spoken"]
 CHAT_SITUATION = "a live chat"
 COMMANDS = "/who  /reset  /save FILE  /quit   (Ctrl-D or Ctrl-C also leave)"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The chat's flags (mascot.py's `chat` subcommand and `python chat.py` share them)."""
-    parser.add_argument("--model", default="smollm2-135m",
-                        help="base model: smollm2-135m (embedded), tiny (random, tests), a folder, or a hub id")
-    parser.add_argument("--speakers", default=None,
-                        help="speaker model (default: RUN/stage1/speakers if it exists, else --model)")
-    parser.add_argument("--director", default=None,
-                        help="director model for --policy director "
-                             "(default: RUN/stage2/director if it exists, else --model, prompted)")
-    parser.add_argument("--policy", choices=POLICIES, default="director",
-                        help="who answers: the LLM director, or a fixed rule")
-    parser.add_argument("--set", default="support", help="persona set in the persona file (support | meeting)")
-    parser.add_argument("--personas", default=str(ROOT / "personas.json"), help="persona file")
-    parser.add_argument("--run", default="runs/default", help="run folder holding trained checkpoints")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (same seed + same messages = same replies)")
-    parser.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=48, help="longest agent reply, in tokens")
-    parser.add_argument("--show-directives", action="store_true",
-                        help="print the director's [Agent / Action / Tone] before each reply")
-    parser.add_argument("--agents-per-turn", type=positive_int("--agents-per-turn"), default=2,
-                        help="how many agents answer each of your messages")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda")
-
-
-def trained_or(folder: Path, fallback: str) -> str:
-    """A checkpoint folder written by `train` (it has config.json), else the fallback model."""
-    return str(folder) if (folder / "config.json").exists() else fallback
-
-
 def load_chat(args, say):
     """Personas, the speaker Cast and the turn-taking policy, as the flags ask."""
-    import director as dr
-    import models
-    from data import load_personas
-    from simulate import Cast
-
     personas = load_personas(args.personas, args.set)
     run = Path(args.run)
-    speakers = args.speakers or trained_or(run / "stage1" / "speakers", args.model)
+    speakers = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
     say(f"loading speakers: {speakers}")
     speaker_model, speaker_tok = models.load_model(speakers, device=args.device)
     director_model, director_name = None, args.policy
     if args.policy == "director":
-        director_name = args.director or trained_or(run / "stage2" / "director", args.model)
+        director_name = args.director or models.trained_or(run / "stage2" / "director", args.model)
         if director_name == speakers:                 # one model can play both parts: load it once
             director_model = (speaker_model, speaker_tok)
         else:
@@ -123,7 +90,6 @@ def directive_line(d) -> str:
 def respond(conv, policy, cast, args, say) -> None:
     """Answer the person's latest message (already added, and checked by the crisis guard):
     the fixed crisis message if the guard fired, else `--agents-per-turn` directed agent replies."""
-    from simulate import SAFETY, agents_speak
     if conv.ended:                                # the guard fired: show the fixed message, nothing else
         say(f"{SAFETY}: {conv.turns[-1].text}")
         # In a simulation a crisis ends the conversation; here the person decides whether to go on,
@@ -145,8 +111,7 @@ def save(conv, target: str, say) -> None:
         return
     path = Path(target).expanduser()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(conv.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        write_json(path, conv.to_json())
     except OSError as err:
         say(f"could not write {path}: {err.strerror}; pick another file")
         return
@@ -171,9 +136,6 @@ def run_chat(args, stdin=None, stdout=None) -> int:
     """The chat loop. Returns the exit status: 0 however the person leaves (/quit, Ctrl-D, Ctrl-C).
     stdin/stdout default to the process's own (looked up at call time, not at import).
     Bad flags or files raise data.UserError (mascot.py prints it as one line)."""
-    from data import Context
-    from simulate import add_user_turn, start_conversation
-
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
 
     def say(text: str = "") -> None:
@@ -182,7 +144,6 @@ def run_chat(args, stdin=None, stdout=None) -> int:
     interactive = stdin.isatty()
     try:
         personas, cast, policy, speakers, director_name = load_chat(args, say)
-        from safety import crisis_check
         # Load the guard's sentence encoder now, so the wait is here and not after your first message.
         crisis_check("hello")
         say(banner(personas, speakers, director_name, args))
@@ -226,20 +187,3 @@ def run_chat(args, stdin=None, stdout=None) -> int:
         say()
     say("Goodbye.")
     return 0
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="chat with the MASCOT companion group",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    from data import UserError
-    try:
-        return run_chat(args)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

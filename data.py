@@ -1,4 +1,4 @@
-"""data.py: everything mascot reads from disk except the models.
+"""data.py: everything mascot reads from or writes to disk, except the models.
 
 Every stage of MASCOT starts from the same three inputs, and they all come through here:
 
@@ -6,14 +6,17 @@ Every stage of MASCOT starts from the same three inputs, and they all come throu
     load_contexts(spec, ...)       -> list[Context]   situations + opening messages to talk about
     split_contexts(contexts, ...)  -> (train, held_out), stratified by valence / meeting domain
     load_profiles(path, ids)       -> list[Profile]   Big Five simulated users (data/profiles.json)
-    read_jsonl / append_jsonl                         the JSON-lines files every stage writes
+    load_inputs(args)              -> Inputs          all of the above for one run, checked
+
+and every file a run writes goes through one small set of helpers: `read_jsonl` (the one JSON-lines
+reader), `append_jsonl` (crash-safe appends), `write_json` / `write_jsonl` / `atomic_folder` (atomic
+saves) and `derive_seed` (the one formula for derived seeds).
 
 `load_contexts` reads our bundled data/contexts.jsonl or one of the public datasets the paper uses,
 in its official release format: Empathetic Dialogues (train/valid/test.csv), ESConv (ESConv.json or
-the JSON-lines split), QMSum (a folder of meeting JSON files), plus the trimmed copies kept in
-../shared/datasets. All of them become the same `Context`, so nothing downstream knows the source.
-Simplification vs the paper: we use only the situation, the emotion / domain, the opening message
-and (where the dataset has them) the recorded later turns; retrieval or summaries are not used.
+a JSON-lines export), QMSum (a folder of meeting JSON files). All of them become the same `Context`,
+so nothing downstream knows the source. Simplification vs the paper: we use only the situation, the
+emotion / domain, the opening message and (where the dataset has them) the recorded later turns.
 
 Bad input never produces a traceback: it raises `UserError` with one line naming the file, row or
 field and the fix, and mascot.py prints it as `error: ...`. Malformed rows inside a dataset are
@@ -21,20 +24,22 @@ skipped with a warning on stderr and a count, because public dumps always have a
 
 Run it on its own to check that a dataset is read the way you expect:
 
-    python data.py                                          # the bundled contexts
-    python data.py ../shared/datasets/esconv/train.jsonl    # any supported file or folder
+    python data.py                                  # the bundled contexts
+    python data.py path/to/esconv/train.jsonl       # any supported file or folder
 """
 
 from __future__ import annotations
 
-import csv
-import io
+import argparse
+import functools
+import hashlib
 import json
 import os
 import random
 import re
+import shutil
 import sys
-from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,41 +55,8 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def positive_int(flag: str, minimum: int = 1):
-    """An argparse `type=` that accepts whole numbers >= minimum and names `flag` otherwise.
-
-    argparse turns the ArgumentTypeError into one line `error: argument --x: ...` and exit 2.
-    """
-    import argparse
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= {minimum}, got {value}")
-        return value
-    return parse
-
-
-def fraction(flag: str):
-    """An argparse `type=` for a share in [0, 1)."""
-    import argparse
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be a number, got {text!r}") from None
-        if not 0.0 <= value < 1.0:
-            raise argparse.ArgumentTypeError(f"{flag} must be in [0, 1), got {value}")
-        return value
-    return parse
-
-
 # ----------------------------------------------------------------------------------------------
-# Reading files: text, JSON, JSON lines
+# Reading and writing files: text, JSON, JSON lines, atomic saves
 # ----------------------------------------------------------------------------------------------
 
 def _resolve(path: str | Path) -> Path:
@@ -96,8 +68,9 @@ def _resolve(path: str | Path) -> Path:
     return HERE / path
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: str | Path) -> str:
     """The whole file as text. utf-8-sig also accepts the byte-order mark some editors write."""
+    path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file; check the path")
     try:
@@ -109,8 +82,8 @@ def _read_text(path: Path) -> str:
         raise UserError(f"{path}: cannot read it ({e.strerror}); check its permissions") from None
 
 
-def _read_json(path: Path) -> object:
-    text = _read_text(path)
+def read_json(path: str | Path) -> object:
+    text = read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -118,7 +91,20 @@ def _read_json(path: Path) -> object:
                         "fix the syntax there") from None
 
 
-def _json_type(value: object) -> str:
+@functools.cache
+def asset(name: str) -> object:
+    """A JSON file shipped in data/ (rubrics, phrase lists), parsed once per process."""
+    return read_json(HERE / "data" / name)
+
+
+@functools.cache
+def prompt(name: str) -> str:
+    """A prompt template shipped as data/prompts/<name>.txt (our own text; {fields} filled in by
+    the caller with str.format). Kept out of the code so it can be read and edited as text."""
+    return read_text(HERE / "data" / "prompts" / f"{name}.txt").rstrip("\n")
+
+
+def json_type(value: object) -> str:
     """Name a parsed value the way the JSON file spells it, for error messages."""
     if isinstance(value, bool):
         return "true/false"
@@ -126,14 +112,14 @@ def _json_type(value: object) -> str:
             type(None): "null"}.get(type(value), type(value).__name__)
 
 
-def _jsonl_lines(path: Path) -> list[tuple[int, object, str]]:
+def jsonl_lines(path: str | Path) -> list[tuple[int, object, str]]:
     """Parse every non-blank line: (line number, value or None, JSON error message or "").
 
-    We split on "\\n" only: str.splitlines() would also split on U+2028, which json.dumps writes
-    unescaped inside strings when ensure_ascii=False.
+    We split on "\n" only: str.splitlines() would also split on U+2028 and U+2029, which
+    json.dumps(..., ensure_ascii=False) writes unescaped inside strings, and cut one record in two.
     """
     rows = []
-    for number, line in enumerate(_read_text(path).split("\n"), start=1):
+    for number, line in enumerate(read_text(path).split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -143,25 +129,31 @@ def _jsonl_lines(path: Path) -> list[tuple[int, object, str]]:
     return rows
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """All records of a JSON-lines file, one object per line.
+def read_jsonl(path: str | Path, on_damage=None, numbered: bool = False) -> list:
+    """All records of a JSON-lines file, one object per line: the one reader every file goes through.
 
     An unreadable LAST line is ignored with a warning: it is what a crash in the middle of
-    append_jsonl leaves behind, and a resumable run (the judge cache) must survive it. An
-    unreadable line anywhere else is real damage and raises UserError.
+    append_jsonl leaves behind, and a resumable run must survive it. An unreadable line anywhere
+    else is real damage: by default it stops with a UserError naming the line; a caller that can
+    do without the record (the judge cache: the judgement is simply asked again) passes
+    on_damage(line_number, problem), and the line is skipped. numbered=True returns
+    (line number, record) pairs, so a caller's own checks can name the line too.
     """
     path = Path(path)
-    rows = _jsonl_lines(path)
+    rows = jsonl_lines(path)
     records = []
     for i, (number, value, error) in enumerate(rows):
         if error and i == len(rows) - 1:
             warn(f"{path}: ignoring line {number}, cut off mid-write ({error})")
             break
         if error or not isinstance(value, dict):
-            problem = error or f"it holds {_json_type(value)}, not an object"
-            raise UserError(f"{path}: line {number} is not a JSON object ({problem}); "
-                            "fix or delete that line")
-        records.append(value)
+            problem = error or f"it holds {json_type(value)}, not an object"
+            if on_damage is None:
+                raise UserError(f"{path}: line {number} is not a JSON object ({problem}); "
+                                "fix or delete that line")
+            on_damage(number, problem)
+            continue
+        records.append((number, value) if numbered else value)
     return records
 
 
@@ -188,8 +180,109 @@ def append_jsonl(path: str | Path, record: dict) -> None:
         os.fsync(f.fileno())
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a file under a temporary name and rename it: a crash leaves the old file or the new
+    one, never half of one (rename within a folder is atomic on POSIX)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_jsonl(path: str | Path, rows: list[dict]) -> None:
+    """Write all rows as JSON lines, atomically."""
+    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def write_json(path: str | Path, value: object) -> None:
+    """Write one JSON document (configs, summaries, results), atomically."""
+    write_text_atomic(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+@contextmanager
+def atomic_folder(target: str | Path):
+    """Build a folder under "<target>.tmp" and rename it to `target` only when the block ends
+    without an error: models, reward models and checkpoints are never left half-written.
+
+        with atomic_folder(run / "speakers") as tmp:
+            model.save_pretrained(tmp)
+    """
+    target = Path(target)
+    tmp = target.with_name(target.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)                     # left over from a crashed save
+    tmp.mkdir(parents=True)
+    yield tmp
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+
+
 # ----------------------------------------------------------------------------------------------
-# Personas (personas.json, schema in notes/CONVENTIONS.md)
+# Options: a hyperparameter declared once, with its default, its help text and its valid range
+# ----------------------------------------------------------------------------------------------
+# The algorithms' settings live in dataclasses next to the code that uses them (grpo.GRPOConfig,
+# reward.RLAIFConfig, director.DirectorConfig), each field declared with `option(...)`. mascot.py
+# turns every such field into a command-line flag (`--group-size` for `group_size`), so each
+# default is written exactly once, where a reader of the algorithm sees it.
+
+def option(default, help: str, check: str = ""):
+    """A dataclass field that is also a command-line flag.
+
+    check: "" (any value of the default's type), "positive" (> 0), "non-negative" (>= 0),
+    "at-least-2" (whole numbers >= 2), or "fraction" (in [0, 1)); a list is a set of choices.
+    """
+    return field(default=default, metadata={"help": help, "check": check})
+
+
+_CHECKS = {"positive": (lambda v: v > 0, "> 0"), "non-negative": (lambda v: v >= 0, ">= 0"),
+           "at-least-2": (lambda v: v >= 2, ">= 2"), "fraction": (lambda v: 0 <= v < 1, "in [0, 1)"),
+           "": (lambda v: True, "")}
+
+
+def flag_type(name: str, kind: type, check: str = ""):
+    """An argparse `type=` that parses `kind` (int or float) and applies `check`, naming the flag
+    in its one-line error: `error: argument --lr: --lr must be > 0, got -1.0` (exit status 2)."""
+    ok, rule = _CHECKS[check]
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {text!r}") from None
+        if value != value or not ok(value):      # value != value: NaN, which no range admits
+            raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {value}")
+        return value
+    return parse
+
+
+# ----------------------------------------------------------------------------------------------
+# Seeds: one formula for every derived seed
+# ----------------------------------------------------------------------------------------------
+
+def derive_seed(*parts: int | str) -> int:
+    """One seed in [0, 2^31 - 1) from several parts: the run's seed, a step, a row, a name...
+
+    A fixed polynomial hash, s = s * 1_000_003 + part (mod 2^31 - 1), so it is the same in every
+    run and on every machine (Python's hash() of a string is not). Strings enter as the first
+    four bytes of their SHA-256. Every sampling seed in the project comes from here, so a resumed
+    run draws exactly the same tokens as an uninterrupted one.
+
+    >>> derive_seed(0, 1) == 1 and derive_seed(1, 2) == 1_000_005
+    True
+    """
+    s = 0
+    for part in parts:
+        if isinstance(part, str):
+            part = int.from_bytes(hashlib.sha256(part.encode()).digest()[:4], "little")
+        s = (s * 1_000_003 + int(part)) % (2**31 - 1)
+    return s
+
+
+# ----------------------------------------------------------------------------------------------
+# Personas (personas.json)
 # ----------------------------------------------------------------------------------------------
 
 @dataclass
@@ -249,7 +342,7 @@ def _need_text(obj: dict, key: str, where: str) -> str:
     if isinstance(value, str) and value.strip():
         return value.strip()
     problem = ("missing" if key not in obj else "empty" if isinstance(value, str)
-               else f"{_json_type(value)}, not text")
+               else f"{json_type(value)}, not text")
     raise UserError(f"{where}: field '{key}' is {problem}; give it a non-empty string")
 
 
@@ -257,11 +350,11 @@ def _need_text_list(obj: dict, key: str, where: str) -> list[str]:
     value = obj.get(key)
     if key not in obj or not isinstance(value, list) or not value:
         problem = ("missing" if key not in obj else "an empty list" if isinstance(value, list)
-                   else f"{_json_type(value)}, not a list")
+                   else f"{json_type(value)}, not a list")
         raise UserError(f"{where}: field '{key}' is {problem}; give it a list of strings")
     for i, item in enumerate(value):
         if not isinstance(item, str) or not item.strip():
-            raise UserError(f"{where}: '{key}' item {i + 1} is {_json_type(item)} or empty; "
+            raise UserError(f"{where}: '{key}' item {i + 1} is {json_type(item)} or empty; "
                             "every item must be a non-empty string")
     return [item.strip() for item in value]
 
@@ -270,9 +363,9 @@ def _read_persona_file(path: Path) -> dict:
     if not path.is_file():
         raise UserError(f"{path}: personas file not found; pass the path of a personas JSON file "
                         "(the repo ships personas.json)")
-    sets = _read_json(path)
+    sets = read_json(path)
     if not isinstance(sets, dict):
-        raise UserError(f"{path}: the top level is {_json_type(sets)}; it must be an object "
+        raise UserError(f"{path}: the top level is {json_type(sets)}; it must be an object "
                         'mapping set names ("support", "meeting") to persona sets')
     return sets
 
@@ -290,7 +383,7 @@ def load_personas(path: str | Path = "personas.json", set_name: str = "support")
         raise UserError(f"{path}: no persona set '{set_name}'; available: {', '.join(sets) or 'none'}")
     raw, where = sets[set_name], f"{path}: set '{set_name}'"
     if not isinstance(raw, dict):
-        raise UserError(f"{where} is {_json_type(raw)}; it must be an object with "
+        raise UserError(f"{where} is {json_type(raw)}; it must be an object with "
                         "description, personas, strategies and tones")
     people = raw.get("personas")
     if not isinstance(people, list) or not people:
@@ -300,7 +393,7 @@ def load_personas(path: str | Path = "personas.json", set_name: str = "support")
         name = item.get("name") if isinstance(item, dict) else None
         here = f"{where} persona #{i}" + (f" ({name})" if isinstance(name, str) and name else "")
         if not isinstance(item, dict):
-            raise UserError(f"{here} is {_json_type(item)}; each persona must be an object")
+            raise UserError(f"{here} is {json_type(item)}; each persona must be an object")
         persona = Persona(name=_need_text(item, "name", here), role=_need_text(item, "role", here),
                           description=_need_text(item, "description", here),
                           style=_need_text(item, "style", here),
@@ -332,390 +425,8 @@ class Context:
     source: str = ""     # "bundled" | "empathetic_dialogues" | "esconv" | "qmsum"
     # The recorded conversation, starting with first_message: [{"speaker": "user"|"supporter"|
     # "participant", "text": ..., "strategy"?: ESConv's label}]. Empty when the source only has
-    # the opening (bundled contexts, the shared ED copies). Later-turn states are built from it.
+    # the opening (bundled contexts, ED situation exports). Later-turn states are built from it.
     turns: list[dict] = field(default_factory=list)
-
-
-# The default polarity mapping of the 32 ED emotions (../shared/datasets/README.md; the same as
-# HypEmo's label tree). The paper splits ED by valence into positive / negative / neutral subsets.
-POSITIVE_EMOTIONS = frozenset("sentimental anticipating caring faithful grateful impressed trusting "
-                              "prepared confident content excited hopeful proud joyful".split())
-AMBIGUOUS_EMOTIONS = frozenset({"surprised"})
-NEGATIVE_EMOTIONS = frozenset("afraid angry annoyed anxious apprehensive ashamed devastated "
-                              "disappointed disgusted embarrassed furious guilty jealous lonely "
-                              "nostalgic sad terrified".split())
-VALENCES = ("positive", "negative", "ambiguous")
-DOMAINS = ("Academic", "Committee", "Product")   # QMSum's three meeting domains
-MAX_MEETING_TURNS = 40       # a meeting transcript has hundreds of turns; later states need few
-MAX_SKIP_WARNINGS = 5        # name the first few malformed rows, then only count them
-
-
-def emotion_valence(emotion: str, fallback: str = "") -> str:
-    """Valence of an ED emotion label; `fallback` (a file's own polarity field) for other labels."""
-    emotion = emotion.strip().lower()
-    if emotion in POSITIVE_EMOTIONS:
-        return "positive"
-    if emotion in NEGATIVE_EMOTIONS:
-        return "negative"
-    if emotion in AMBIGUOUS_EMOTIONS:
-        return "ambiguous"
-    fallback = fallback.strip().lower()
-    if fallback in ("neutral", "neutral-ambiguous"):   # spellings used by the published mappings
-        return "ambiguous"
-    return fallback if fallback in VALENCES else ""
-
-
-def _domain(name: object) -> str:
-    """Canonical QMSum domain ("academic" -> "Academic"), or "" for anything else."""
-    return next((d for d in DOMAINS if isinstance(name, str) and name.strip().lower() == d.lower()), "")
-
-
-class _BadRow(Exception):
-    """A dataset row we skip; the message says what is wrong with it."""
-
-
-class _Skips:
-    """Counts the malformed rows of one file: names the first few, then reports the total."""
-
-    def __init__(self, path: Path, unit: str = "row"):
-        self.path, self.unit, self.count = path, unit, 0
-
-    def skip(self, where: object, reason: str) -> None:
-        self.count += 1
-        if self.count <= MAX_SKIP_WARNINGS:
-            warn(f"{self.path}: skipping {self.unit} {where}: {reason}")
-
-    def report(self) -> None:
-        if self.count:
-            warn(f"skipped {self.count} malformed {self.unit}{'s' * (self.count > 1)} in {self.path}")
-
-
-def _field(row: object, key: str) -> str:
-    """A required non-empty text field of a dataset row, else _BadRow."""
-    value = row.get(key) if isinstance(row, dict) else None
-    if not isinstance(value, str) or not value.strip():
-        raise _BadRow(f"field '{key}' is missing or empty")
-    return value.strip()
-
-
-def _ed_text(text: str) -> str:
-    """ED's CSV writes commas inside text as `_comma_` (its own field separator is the comma)."""
-    return text.replace("_comma_", ",").strip()
-
-
-# --- Empathetic Dialogues, official CSV ---------------------------------------------------------
-
-ED_COLUMNS = ["conv_id", "utterance_idx", "context", "prompt", "speaker_idx", "utterance",
-              "selfeval", "tags"]
-
-
-def _load_ed_csv(path: Path) -> list[Context]:
-    """One Context per conv_id. Columns: `context` is the emotion, `prompt` the situation."""
-    reader = csv.reader(io.StringIO(_read_text(path), newline=""))
-    header = [h.strip() for h in next(reader, [])]
-    if header[:6] != ED_COLUMNS[:6]:
-        raise UserError(f"{path}: not an Empathetic Dialogues CSV; expected the header "
-                        f"{','.join(ED_COLUMNS)}")
-    conversations: dict[str, dict] = {}    # conv_id -> meta + utterances, in file order
-    skips = _Skips(path)
-    for row in reader:
-        if not any(cell.strip() for cell in row):
-            continue
-        # Some releases have a few lines with stray commas: the columns after them are shifted,
-        # so no field of that row can be trusted. We drop the row (one utterance), not the file.
-        if not 6 <= len(row) <= len(ED_COLUMNS):
-            skips.skip(reader.line_num, f"{len(row)} fields, expected {len(ED_COLUMNS)}")
-            continue
-        conv_id, index, emotion, prompt, speaker, utterance = (cell.strip() for cell in row[:6])
-        if not (conv_id and index.isdigit() and emotion and speaker and utterance):
-            skips.skip(reader.line_num, "empty conv_id/context/speaker_idx/utterance or bad utterance_idx")
-            continue
-        conv = conversations.setdefault(conv_id, {"emotion": emotion, "prompt": prompt, "utts": []})
-        conv["utts"].append((int(index), speaker, _ed_text(utterance)))
-    skips.report()
-    contexts = []
-    for conv_id, conv in conversations.items():
-        utts = sorted(conv["utts"])
-        first_speaker = utts[0][1]   # the speaker who describes the situation: our user
-        turns = [{"speaker": "user" if who == first_speaker else "supporter", "text": text}
-                 for _, who, text in utts]
-        contexts.append(Context(id=conv_id, persona_set="support",
-                                situation=_ed_text(conv["prompt"]) or turns[0]["text"],
-                                first_message=turns[0]["text"], emotion=conv["emotion"],
-                                valence=emotion_valence(conv["emotion"]),
-                                source="empathetic_dialogues", turns=turns))
-    if not contexts:
-        raise UserError(f"{path}: no usable rows; expected Empathetic Dialogues rows of "
-                        f"{','.join(ED_COLUMNS)}")
-    return contexts
-
-
-# --- Empathetic Dialogues, the shared JSON-lines copies -----------------------------------------
-
-def _ed_jsonl_row(row: dict, number: int, path: Path) -> Context:
-    """valid_contexts.jsonl: {conv_id, emotion, polarity, situation, first_utterance, num_turns};
-    train_situations.jsonl: the same keys with conv_id and first_utterance null."""
-    emotion, situation = _field(row, "emotion"), _ed_text(_field(row, "situation"))
-    opening = row.get("first_utterance")
-    # train_situations.jsonl has no utterances (ED's train utterances were not obtainable), so
-    # the situation, which the speaker wrote in the first person, doubles as the opening message.
-    first = _ed_text(opening) if isinstance(opening, str) and opening.strip() else situation
-    conv_id = row.get("conv_id")
-    return Context(id=conv_id if isinstance(conv_id, str) and conv_id else f"{path.stem}-{number}",
-                   persona_set="support", situation=situation, first_message=first,
-                   emotion=emotion, valence=emotion_valence(emotion, str(row.get("polarity") or "")),
-                   source="empathetic_dialogues")
-
-
-# --- ESConv: the official ESConv.json array and the JSON-lines split ----------------------------
-
-_ESCONV_SPEAKERS = {"usr": "user", "seeker": "user", "sys": "supporter", "supporter": "supporter"}
-
-
-def _esconv_row(row: dict, number: int, path: Path) -> Context:
-    """ESConv.json turns: {speaker: seeker|supporter, content, annotation: {strategy}};
-    the JSON-lines split: {speaker: usr|sys, text, strategy}."""
-    situation, emotion = _field(row, "situation"), _field(row, "emotion_type")
-    dialog = row.get("dialog")
-    if not isinstance(dialog, list) or not dialog:
-        raise _BadRow("'dialog' is missing or empty")
-    turns = []
-    for turn in dialog:
-        turn = turn if isinstance(turn, dict) else {}
-        speaker = _ESCONV_SPEAKERS.get(str(turn.get("speaker", "")).lower())
-        text = turn.get("text", turn.get("content"))
-        if speaker is None or not isinstance(text, str):
-            raise _BadRow("a dialog turn lacks a usr/sys speaker or its text")
-        if not text.strip():
-            continue   # a few turns are empty strings; they carry nothing
-        entry = {"speaker": speaker, "text": text.strip()}
-        annotation = turn.get("annotation") if isinstance(turn.get("annotation"), dict) else {}
-        strategy = turn.get("strategy") or annotation.get("strategy")
-        if speaker == "supporter" and strategy:
-            entry["strategy"] = strategy   # ESConv's support-strategy label, kept for reference
-        turns.append(entry)
-    # Over half the dialogs open with a supporter greeting; we start at the seeker's first turn so
-    # that turns[0] is always first_message, as for every other source.
-    start = next((i for i, t in enumerate(turns) if t["speaker"] == "user"), None)
-    if start is None:
-        raise _BadRow("the dialog has no seeker (usr) turn")
-    return Context(id=f"esconv-{number}", persona_set="support", situation=situation,
-                   first_message=turns[start]["text"], emotion=emotion,
-                   valence="negative",   # ESConv is distress support: every seeker is struggling
-                   source="esconv", turns=turns[start:])
-
-
-# --- QMSum: per-meeting JSON files and the shared openings copy ---------------------------------
-
-def _clean_transcript(text: str) -> str:
-    """QMSum keeps the transcribers' markup: `{disfmarker}` where a speaker breaks off, other
-    `{vocalsound}`-style tags, and tokenised spacing ("I 'll get it ."). Models should read
-    ordinary text, so a break-off becomes "...", other tags go, and the spacing is re-joined.
-    A turn with no word left (just "{vocalsound}") becomes ""."""
-    text = re.sub(r"\{\w+\}", " ", text.replace("{disfmarker}", " ... "))
-    text = " ".join(text.split())
-    text = re.sub(r" ([.,?!;:]+)", r"\1", text)                 # "it ." -> "it."
-    text = re.sub(r" '(s|re|m|ll|ve|d)\b", r"'\1", text)        # "I 'll" -> "I'll"
-    return text if re.search(r"\w", text) else ""
-
-
-def _meeting(meeting_id: str, topics: object, transcript: object, domain: str) -> Context:
-    """Official meetings list topics as {topic, relevant_text_span}; the openings copy as text."""
-    topics = topics if isinstance(topics, list) else []
-    names = [t.get("topic") if isinstance(t, dict) else t for t in topics]
-    names = [n.strip() for n in names if isinstance(n, str) and n.strip()]
-    if not names:
-        raise _BadRow("no topics in 'topic_list'")
-    if not isinstance(transcript, list):
-        raise _BadRow("the transcript is not a list of {speaker, content}")
-    turns, chair = [], None
-    for turn in transcript:
-        content = turn.get("content") if isinstance(turn, dict) else None
-        text = _clean_transcript(content) if isinstance(content, str) else ""
-        if not text:
-            continue   # pure markup ("{vocalsound}") or a broken entry: nothing was said
-        chair = chair or turn.get("speaker")   # whoever speaks first plays the user (the chair)
-        turns.append({"speaker": "user" if turn.get("speaker") == chair else "participant",
-                      "text": text})
-        if len(turns) == MAX_MEETING_TURNS:
-            break
-    if not turns:
-        raise _BadRow("the transcript has no spoken turns")
-    return Context(id=meeting_id, persona_set="meeting",
-                   situation=f"A meeting covering: {'; '.join(names)}.",
-                   first_message=turns[0]["text"], domain=domain, source="qmsum", turns=turns)
-
-
-def _openings_row(row: dict, number: int, path: Path) -> Context:
-    """train_openings.jsonl: {id, domain, topic_list: [str], first_turns: [{speaker, content}]}."""
-    return _meeting(_field(row, "id"), row.get("topic_list"), row.get("first_turns"),
-                    _domain(row.get("domain")))
-
-
-def _domain_mapping(folder: Path) -> dict[str, str]:
-    """Meeting id -> domain from any `*domains.json` in the folder or its parent (the shared copy
-    keeps train_domains.json beside train/). The nearer file wins."""
-    mapping: dict[str, str] = {}
-    for place in (folder.parent, folder):
-        for file in sorted(place.glob("*domains.json")):
-            try:
-                value = _read_json(file)
-            except UserError as e:
-                warn(f"ignoring the domain mapping: {e}")
-                continue
-            if isinstance(value, dict):
-                mapping.update({k: _domain(v) for k, v in value.items() if _domain(v)})
-    return mapping
-
-
-def _folder_domain(file: Path) -> str:
-    """The official release also groups meetings as data/{Academic,Committee,Product}/{split}/."""
-    return next((_domain(part) for part in reversed(file.parent.parts) if _domain(part)), "")
-
-
-def _load_meetings(folder: Path, meetings: list[tuple[Path, dict]], skips: _Skips) -> list[Context]:
-    mapping = _domain_mapping(folder)
-    by_id: dict[str, Context] = {}
-    for file, meeting in meetings:
-        try:
-            context = _meeting(file.stem, meeting.get("topic_list"), meeting.get("meeting_transcripts"),
-                               _folder_domain(file) or mapping.get(file.stem, ""))
-        except _BadRow as e:
-            skips.skip(file.name, str(e))
-            continue
-        # The official data/ALL/ and the per-domain folders hold the same meetings: keep one copy,
-        # taking the domain from whichever copy knows it.
-        kept = by_id.setdefault(context.id, context)
-        kept.domain = kept.domain or context.domain
-    skips.report()
-    if not by_id:
-        raise UserError(f"{folder}: no usable QMSum meetings; expected JSON files with "
-                        "topic_list and meeting_transcripts")
-    return list(by_id.values())
-
-
-# --- Our bundled format (data/contexts.jsonl) ---------------------------------------------------
-
-def _bundled_row(row: dict, number: int, path: Path) -> Context:
-    persona_set = row.get("set") if isinstance(row, dict) else None
-    if persona_set not in ("support", "meeting"):
-        raise _BadRow("'set' must be \"support\" or \"meeting\"")
-    valence = row.get("valence") or ""
-    if valence not in ("",) + VALENCES:
-        raise _BadRow(f"'valence' must be one of {', '.join(VALENCES)}")
-    domain = row.get("domain") or ""
-    if domain and not _domain(domain):
-        raise _BadRow(f"'domain' must be one of {', '.join(DOMAINS)}")
-    return Context(id=_field(row, "id"), persona_set=persona_set, situation=_field(row, "situation"),
-                   first_message=_field(row, "first_message"), emotion=str(row.get("emotion") or ""),
-                   valence=valence, domain=_domain(domain), source="bundled")
-
-
-# --- Detecting the format and loading -----------------------------------------------------------
-
-EXPECTED = ("'bundled', an Empathetic Dialogues CSV (train/valid/test.csv), ESConv.json or an "
-            "ESConv .jsonl, a QMSum meeting folder, or a .jsonl in our bundled format")
-
-
-def _jsonl_kind(keys: set[str]):
-    """Pick the row parser from the keys of the first row."""
-    if "dialog" in keys:
-        return _esconv_row
-    if "first_turns" in keys or "topic_list" in keys:
-        return _openings_row
-    if {"set", "first_message"} <= keys:
-        return _bundled_row
-    if {"emotion", "situation"} <= keys:
-        return _ed_jsonl_row
-    return None
-
-
-def _load_rows(path: Path, rows: list[tuple[int, object, str]], parse) -> list[Context]:
-    """Parse numbered rows with `parse`, skipping (and counting) the malformed ones."""
-    contexts, skips = [], _Skips(path)
-    for number, row, error in rows:
-        try:
-            if error or not isinstance(row, dict):
-                raise _BadRow(f"not a JSON object ({error or _json_type(row)})")
-            contexts.append(parse(row, number, path))
-        except _BadRow as e:
-            skips.skip(number, str(e))
-    skips.report()
-    if not contexts:
-        raise UserError(f"{path}: no usable rows ({skips.count} malformed); expected {EXPECTED}")
-    return contexts
-
-
-def _load_file(path: Path) -> list[Context]:
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return _load_ed_csv(path)
-    if suffix == ".jsonl":
-        rows = _jsonl_lines(path)
-        first = next((row for _, row, _ in rows if isinstance(row, dict)), None)
-        parse = _jsonl_kind(set(first)) if first is not None else None
-        if parse is None:
-            found = f"the first row has keys {sorted(first)}" if first is not None else "it has no JSON rows"
-            raise UserError(f"{path}: unrecognised JSON-lines data ({found}); expected {EXPECTED}")
-        return _load_rows(path, rows, parse)
-    if suffix == ".json":
-        value = _read_json(path)
-        if isinstance(value, list):          # the official ESConv.json: one array of dialogs
-            return _load_rows(path, [(i, row, "") for i, row in enumerate(value, 1)], _esconv_row)
-        if isinstance(value, dict) and "meeting_transcripts" in value:   # one QMSum meeting
-            return _load_meetings(path.parent, [(path, value)], _Skips(path, "file"))
-    raise UserError(f"{path}: unrecognised data file; expected {EXPECTED}")
-
-
-def _load_folder(folder: Path) -> list[Context]:
-    """A folder is a QMSum release if it holds meeting files (at any depth: data/ALL/train/...).
-    Otherwise it must hold exactly one data file, which is loaded as a file."""
-    meetings, skips = [], _Skips(folder, "file")
-    for file in sorted(folder.rglob("*.json")):
-        if file.name.endswith("domains.json"):
-            continue
-        try:
-            value = _read_json(file)
-        except UserError as e:
-            skips.skip(file.relative_to(folder), str(e))
-            continue
-        if isinstance(value, dict) and "meeting_transcripts" in value:
-            meetings.append((file, value))
-    if meetings:
-        return _load_meetings(folder, meetings, skips)
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".csv", ".json", ".jsonl"))
-    if len(files) == 1:
-        return _load_file(files[0])
-    listed = ", ".join(p.name for p in files) or "no data files"
-    raise UserError(f"{folder}: folder holds {listed}; pass one file, or a folder of QMSum meetings")
-
-
-def load_contexts(spec: str = "bundled", persona_set: str | None = None, limit: int | None = None,
-                  repo_root: str | Path | None = None) -> list[Context]:
-    """Contexts from `spec`: "bundled" (data/contexts.jsonl under repo_root, default this file's
-    folder) or a dataset file/folder whose format is detected. `persona_set` keeps only "support"
-    or "meeting" contexts; `limit` keeps the first N (file order, so a limit is reproducible)."""
-    if persona_set not in (None, "support", "meeting"):
-        raise UserError(f"persona set '{persona_set}': contexts exist only for 'support' and 'meeting'")
-    if limit is not None and limit < 1:
-        raise UserError(f"context limit {limit}: give a positive number of contexts")
-    if spec == "bundled":
-        path = Path(repo_root or HERE) / "data" / "contexts.jsonl"
-    else:
-        path = Path(spec).expanduser()
-    if not path.exists():
-        if spec == "bundled":
-            raise UserError(f"{path}: the bundled contexts file is missing; restore "
-                            "data/contexts.jsonl from the repo or pass a dataset path")
-        raise UserError(f"{path}: no such file or folder; expected {EXPECTED}")
-    contexts = _load_folder(path) if path.is_dir() else _load_file(path)
-    if persona_set:
-        found = sorted({c.persona_set for c in contexts})
-        contexts = [c for c in contexts if c.persona_set == persona_set]
-        if not contexts:
-            raise UserError(f"{path}: holds only {'/'.join(found)} contexts, none for persona set "
-                            f"'{persona_set}'; pick the matching persona set or another data source")
-    return contexts[:limit] if limit else contexts
 
 
 def split_contexts(contexts: list[Context], held_out_fraction: float = 0.25,
@@ -762,9 +473,9 @@ def load_profiles(path: str | Path = "data/profiles.json", ids: list[str] | None
     """Profiles in file order. `ids` None or ["all"] means every profile in the file (the paper's
     10 one-trait-high-or-low users plus our all-average one); otherwise exactly those, in that order."""
     path = _resolve(path)
-    raw = _read_json(path)
+    raw = read_json(path)
     if not isinstance(raw, dict):
-        raise UserError(f"{path}: the top level is {_json_type(raw)}; it must be an object with "
+        raise UserError(f"{path}: the top level is {json_type(raw)}; it must be an object with "
                         "\"traits\" and \"profiles\"")
     traits = raw.get("traits")
     if not isinstance(traits, dict) or sorted(traits) != sorted(BIG_FIVE):
@@ -773,7 +484,7 @@ def load_profiles(path: str | Path = "data/profiles.json", ids: list[str] | None
     texts: dict[str, dict[str, str]] = {}
     for trait in BIG_FIVE:
         if not isinstance(traits[trait], dict):
-            raise UserError(f"{path}: trait '{trait}' is {_json_type(traits[trait])}; it must be an "
+            raise UserError(f"{path}: trait '{trait}' is {json_type(traits[trait])}; it must be an "
                             "object with high, low and average texts")
         texts[trait] = {level: _need_text(traits[trait], level, f"{path}: trait '{trait}'")
                         for level in LEVELS}
@@ -784,7 +495,7 @@ def load_profiles(path: str | Path = "data/profiles.json", ids: list[str] | None
     for i, entry in enumerate(entries, start=1):
         where = f"{path}: profile #{i}"
         if not isinstance(entry, dict):
-            raise UserError(f"{where} is {_json_type(entry)}; each profile must be an object")
+            raise UserError(f"{where} is {json_type(entry)}; each profile must be an object")
         pid = _need_text(entry, "id", where)
         levels = entry.get("levels")
         if (not isinstance(levels, dict) or sorted(levels) != sorted(BIG_FIVE)
@@ -804,24 +515,38 @@ def load_profiles(path: str | Path = "data/profiles.json", ids: list[str] | None
 
 
 # ----------------------------------------------------------------------------------------------
-# python data.py [SPEC]: summarise a context source
+# One run's inputs, and the record of how they were chosen
 # ----------------------------------------------------------------------------------------------
 
-def main(argv: list[str]) -> int:
-    spec = argv[0] if argv else "bundled"
-    try:
-        contexts = load_contexts(spec)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    slices = Counter(f"{c.persona_set}/{c.valence or c.domain or '-'}" for c in contexts)
-    print(f"{len(contexts)} contexts from {spec} ({contexts[0].source})")
-    print("  " + ", ".join(f"{k}: {n}" for k, n in sorted(slices.items())))
-    first = contexts[0]
-    print(f"first: id={first.id} emotion={first.emotion or '-'} domain={first.domain or '-'} "
-          f"turns={len(first.turns)}\n  situation: {first.situation}\n  opening:   {first.first_message}")
-    return 0
+# The flags that decide which contexts are held out. A later command on the same run folder must
+# use the same values, or contexts one stage trained on could land in another stage's held-out set.
+SPLIT_FLAGS = ("set", "seed", "held_out")
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def check_split(args, earlier: list[Path]) -> None:
+    """Stop when `args` would split the contexts differently from the stages this command builds on.
+
+    `earlier` lists their config.json files (stage 2 builds on stage 1; evaluation on both); a
+    missing file is skipped, and so is one made on other --data (another corpus, such as ESConv
+    for held-out transfer, has no contexts in common with it). Otherwise it must agree with `args`
+    on SPLIT_FLAGS, so the held-out contexts stay held out across the whole run.
+    """
+    for config_path in earlier:
+        if not Path(config_path).is_file():
+            continue
+        config = read_json(config_path)
+        if config.get("data") != getattr(args, "data", None):
+            continue
+        for flag in SPLIT_FLAGS:
+            if flag in config and getattr(args, flag, config[flag]) != config[flag]:
+                dashed = "--" + flag.replace("_", "-")
+                raise UserError(f"{dashed} {getattr(args, flag)}: {config_path} was made with {dashed} "
+                                f"{config[flag]}, so the contexts it trained on would differ from this "
+                                f"command's held-out ones; use {dashed} {config[flag]} or a new --run folder")
+
+
+def save_config(args, folder: Path) -> None:
+    """Write the resolved flags to folder/config.json and print them once (STYLE: log it once)."""
+    config = dict(vars(args))
+    write_json(Path(folder) / "config.json", config)
+    print("config: " + " ".join(f"{k}={v}" for k, v in config.items()), flush=True)

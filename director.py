@@ -8,37 +8,51 @@ The director reads the conversation and writes a directive in the format of the 
 
 This file holds, in reading order:
   1. the director's prompt and a robust parser for its answer (`parse_directive`);
-  2. speaker-selection policies with one interface, `choose(convs) -> list[Directive]`:
-     round-robin, random order (the paper's MASCOT-C ablation), and the LLM director
-     (prompted base model, or the model trained here);
-  3. the group reward that scores an N-turn block after a directive (coherence, non-redundancy,
-     contribution, persona balance, format);
-  4. stage-2 training: sample G directives at a decision point, roll each out N turns with the
-     FROZEN speakers and simulated user (seeds shared so only the directive differs), score the
-     blocks, and update the director with grpo.py's loss on the directive tokens.
+  2. the LLM director (prompted base model, or the model trained here), a turn-taking policy with
+     the same interface, `choose(convs) -> list[Directive]`, as the fixed rules in simulate.py
+     (round-robin, random order = the paper's MASCOT-C ablation, least-spoken);
+  3. the group reward that scores a whole N-turn block holistically, as the paper's Group Reward
+     Model does (coherence, non-redundancy, contribution; hack-free turns; plus our balance and
+     format terms);
+  4. collapse diagnostics: the entropy of the agent choice and how much it depends on the
+     conversation (mutual information and a chi-square test of choice x conversation stage);
+  5. stage-2 training: sample G directives at a decision point, roll each out N turns with the
+     FROZEN speakers and simulated user (seeds shared so only the directive differs), the director
+     itself directing every later turn of the block, score the blocks, and update the director
+     with grpo.py's loss on the sampled directive's tokens;
+  6. the supervised warm start: ESConv's annotated supporter strategies mapped onto the personas
+     (context-dependent targets), or, without ESConv, a format-only warm start on random agents.
 
 Simplifications vs the paper (its values are not published; ours are flags with defaults):
-  - after the sampled directive, the remaining N-1 turns of a rollout follow a fixed, cheap
-    rollout policy (the agent who has spoken least, no directive), so the block's reward
-    measures the sampled decision and not the director's later ones;
-  - the judge for coherence is whatever `--judge` is (the offline default on a laptop).
+  - within a rollout, turns 2..N are directed by the director's current weights decoding greedily
+    (what it will do when it runs), not sampled: GRPO's advantage then measures the sampled first
+    directive, and the block still measures the director as it will run;
+  - the block judge is whatever `--judge` is: an LLM judge gives one block-level judgement; the
+    offline default scores each turn of the block and the hack diagnostics (hacks.py) mark the
+    turns that copy, echo, leak or say nothing.
 
-Run:   python mascot.py train --stage 2 --model smollm2-135m --steps 20
+Run:   python mascot.py train --stage 2 --model smollm2-135m --steps 20 \
+           --director-warmup-data path/to/esconv/train.jsonl
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass
 
+import grpo
+import hacks
 import models
-from data import PersonaSet
-from simulate import SAFETY, USER, Conversation, Directive, render_history
+import sft
+from data import Context, PersonaSet, UserError, atomic_folder, option, read_json, write_json, write_jsonl
+from metrics import content_words, paired_change, parse_rubric_score, sentence_bleu, standard_error, tokenize
+from simulate import (SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder, RoundRobin, Turn, advance,
+                      assign_profiles, judge_state, least_spoken_agent, render_history, run_conversations)
 
 # ----------------------------------------------------------------------------------------------
 # 1. The director's prompt and the parser for its answer
@@ -69,17 +83,6 @@ def director_messages(personas: PersonaSet, conv: Conversation) -> list[dict]:
 
 _FIELD = re.compile(r"^[\s\*\-#>\"'`]*(agent|speaker|next|action|strategy|tone)[\s\*\"'`]*[:=\-–—]\s*(.*)$",
                     re.IGNORECASE)
-
-
-def least_spoken_agent(personas: PersonaSet, conv: Conversation) -> str:
-    """The documented fallback choice: the agent who has spoken least (earliest in the roster on ties),
-    never the one who spoke last when another is available. It keeps the group balanced."""
-    agent_turns = conv.agent_turns()
-    counts = Counter(t.speaker for t in agent_turns)
-    last = agent_turns[-1].speaker if agent_turns else None
-    names = personas.names()
-    order = sorted(range(len(names)), key=lambda i: (counts.get(names[i], 0), names[i] == last, i))
-    return names[order[0]]
 
 
 def parse_directive(text: str, personas: PersonaSet, fallback_agent: str) -> Directive:
@@ -127,44 +130,13 @@ def find_mentioned(value: str, personas: PersonaSet):
 
 
 # ----------------------------------------------------------------------------------------------
-# 2. Speaker-selection policies (one interface: name + choose(convs) -> list[Directive])
+# 2. The LLM director: a speaker-selection policy (simulate.py has the fixed rules it is compared with)
 # ----------------------------------------------------------------------------------------------
 
-class RoundRobin:
-    """Agents speak in roster order, cycling (the MultiAgentESC-style fixed order baseline)."""
-    name = "round-robin"
-
-    def __init__(self, personas: PersonaSet):
-        self.personas = personas
-
-    def choose(self, convs: list[Conversation]) -> list[Directive]:
-        names = self.personas.names()
-        return [Directive(names[len(c.agent_turns()) % len(names)]) for c in convs]
-
-
-class RandomOrder:
-    """A uniformly random agent each turn, no strategy (the paper's MASCOT-C: no director)."""
-    name = "random"
-
-    def __init__(self, personas: PersonaSet, seed: int = 0):
-        self.personas = personas
-        self.seed = seed
-
-    def choose(self, convs: list[Conversation]) -> list[Directive]:
-        # Seeded per (conversation, turn), so the order does not depend on batch composition.
-        return [Directive(random.Random(c.seed * 7_919 + len(c.turns) + self.seed)
-                          .choice(self.personas.names())) for c in convs]
-
-
-class LeastSpoken:
-    """The agent who has spoken least; the rollout policy of stage 2 and the parse fallback."""
-    name = "least-spoken"
-
-    def __init__(self, personas: PersonaSet):
-        self.personas = personas
-
-    def choose(self, convs: list[Conversation]) -> list[Directive]:
-        return [Directive(least_spoken_agent(self.personas, c)) for c in convs]
+# A directive is three short lines; 40 tokens hold them with room to spare. The same budget is used
+# when GRPO samples directives and when the director runs (evaluation, chat), so what is trained
+# is what runs.
+DIRECTIVE_MAX_TOKENS = 40
 
 
 class LLMDirector:
@@ -174,17 +146,15 @@ class LLMDirector:
     the same model with the same prompt (`director_messages`), so what is trained is what runs.
     """
 
-    def __init__(self, model, tokenizer, personas: PersonaSet, name: str = "director",
-                 max_new_tokens: int = 40):
+    def __init__(self, model, tokenizer, personas: PersonaSet, name: str = "director"):
         self.model, self.tok, self.personas = model, tokenizer, personas
         self.name = name
-        self.max_new_tokens = max_new_tokens
         self.invalid = 0          # directives that needed the fallback, for the logs
         self.total = 0
 
     def choose(self, convs: list[Conversation]) -> list[Directive]:
         prompts = [director_messages(self.personas, c) for c in convs]
-        gen = models.generate(self.model, self.tok, prompts, self.max_new_tokens, seeds=None)
+        gen = models.generate(self.model, self.tok, prompts, DIRECTIVE_MAX_TOKENS, seeds=None)
         out = parse_many(gen.texts, convs, self.personas)
         self.total += len(out)
         self.invalid += sum(not d.valid for d in out)
@@ -202,7 +172,6 @@ def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
     if name == "director":
         model, tok = director
         return LLMDirector(model, tok, personas)
-    from data import UserError
     raise UserError(f"--policy {name}: unknown policy; use round-robin, random, least-spoken or director")
 
 
@@ -212,63 +181,139 @@ def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
 
 @dataclass
 class RewardWeights:
-    """Weights of the group reward's components (flags of `train --stage 2`, defaults there)."""
-    coherence: float = 1.0
-    nonredundancy: float = 1.0
-    contribution: float = 0.5
-    balance: float = 0.5
-    format: float = 0.5
+    """Weights of the group reward's components; each is also a flag (`--w-coherence` ...).
+
+    The paper's Group Reward Model judges the block for "global state consistency and interaction
+    quality" (coherence, diversity, effective contribution): coherence, nonredundancy and
+    contribution below. clean makes the hack diagnostics part of the block score. balance and
+    format are our additions, labelled as such everywhere they are printed."""
+    coherence: float = option(1.0, "group-reward weight of coherence (the judge's view of the block: one "
+                                   "block-level judgement from an LLM judge, the mean turn score offline)")
+    nonredundancy: float = option(1.0, "group-reward weight of non-redundancy (1 - overlap with "
+                                       "earlier agent turns)")
+    contribution: float = option(0.5, "group-reward weight of contribution (share of new content words)")
+    clean: float = option(1.0, "group-reward weight of hack-free turns (share of block turns that do not "
+                               "copy the user or the persona card, echo another companion, leak prompt "
+                               "text or say nothing; hacks.py)")
+    balance: float = option(0.5, "group-reward weight of balance (who spoke; our addition)")
+    format: float = option(0.5, "group-reward weight of format (share of the block's directives that "
+                                "parsed; our addition)")
 
 
-CONTENT_STOPWORDS = set("""a an the and or but if so to of in on at for with from by as is are was were be been
-being am i you he she it we they me him her us them my your his its our their this that these those
-do does did have has had not no yes just very really can could would should will shall may might
-must what which who whom how why when where there here all any some more most much many such than
-too also only own same about into over under again then once now feel feeling""".split())
+@dataclass
+class DirectorConfig:
+    """Stage 2's own settings (GRPO's are grpo.GRPOConfig); each is also a `train` flag."""
+    decision_points: int = option(24, "training decision points (conversation prefixes) to sample from",
+                                  "positive")
+    heldout_points: int = option(8, "held-out decision points for the before/after group reward",
+                                 "positive")
+    rollout_turns: int = option(3, "N: agent turns rolled out after each sampled directive (the "
+                                   "director itself directs turns 2..N)", "positive")
+    director_warmup: int = option(20, "supervised steps (4 examples each) before GRPO: on ESConv's "
+                                      "strategies with --director-warmup-data, else the three-line format "
+                                      "with random agents; 0 skips it (director.py, section 6)",
+                                  "non-negative")
+    warmup_lr: float = option(2e-5, "learning rate of the warm start", "positive")
+    eval_prompted: bool = option(True, "evaluate the prompted base model as a director on the held-out "
+                                       "points too (--no-eval-prompted saves the time where it is known "
+                                       "to write no parseable directive, as SmolLM2-135M)")
+    director_warmup_data: str = option("", "ESConv file (the JSON-lines split or the official ESConv.json): "
+                                           "its annotated supporter strategies, mapped onto the personas, "
+                                           "are the warm start's targets; only the training split of "
+                                           "--held-out/--seed is read. Empty: format-only warm start")
 
 
-def content_words(text: str) -> set[str]:
-    return {w for w in re.findall(r"[a-z']+", text.lower()) if w not in CONTENT_STOPWORDS and len(w) > 2}
+# What the block judge is asked when the judge is an LLM (our text; the paper's is not published).
+# One judgement of the whole block, against the conversation before it: that is what "holistic"
+# means here, and it is what a per-turn score cannot see (two good turns that say the same thing).
+BLOCK_RUBRIC = """You are judging a short stretch of a group chat in which several companions support one person.
+Situation: {situation}
+
+The conversation before the stretch:
+{before}
+
+The stretch to judge:
+{block}
+
+Rate the stretch as a whole from 1 to 5 for global consistency and interaction quality:
+- coherent: it follows from what was said before and from the person's situation;
+- diverse: no companion repeats another companion or itself, each stays in its own role ({roles});
+- contributing: every turn adds something the person can use (feeling heard, a question that helps,
+  a strength noticed, a doable step), not filler.
+1 = incoherent, repetitive or empty; 3 = acceptable but partly repetitive or generic; 5 = every turn
+fits, is distinct and adds something.
+Answer with one line: Score: <1-5>"""
+BLOCK_JUDGE_TOKENS = 16
+
+# The hack diagnostics that make a turn count as hacked (hacks.py; `words` is a length, not a flag).
+HACK_FLAGS = ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial")
 
 
-def block_reward(conv: Conversation, block_start: int, directive: Directive, personas: PersonaSet,
-                 encoder, judge, weights: RewardWeights) -> tuple[float, dict]:
-    """Score the agent turns added after `block_start` (the block that followed `directive`).
+def block_judgement(judge, conv: Conversation, block_start: int, personas: PersonaSet) -> float:
+    """One LLM judgement of the block after `block_start`, rescaled from 1-5 to [0, 1]; an
+    unreadable answer gives the neutral 0.5 (as Judge.score does) rather than a guess."""
+    roles = ", ".join(f"{p.name} the {p.role}" for p in personas.personas)
+    prompt = BLOCK_RUBRIC.format(situation=conv.context.situation, roles=roles,
+                                 before=render_history(conv.turns[:block_start], max_turns=6),
+                                 block=render_history(conv.turns[block_start:], max_turns=99))
+    score = parse_rubric_score(judge.complete(prompt, BLOCK_JUDGE_TOKENS))
+    return 0.5 if score is None else (score - 1) / 4
+
+
+def turn_hacked(conv: Conversation, i: int, personas: PersonaSet) -> bool:
+    """Does agent turn i copy the user or its own persona card, echo another companion, leak
+    prompt or meta text, or say nothing (hacks.diagnose)?"""
+    turn = conv.turns[i]
+    persona = personas.find(turn.speaker)
+    card = [persona.role, persona.description, persona.style, *persona.examples] if persona else []
+    before = conv.turns[:i]
+    flags = hacks.diagnose(turn.text,
+                           user_texts=[conv.context.situation] + [t.text for t in before if t.speaker == USER],
+                           persona_texts=card,
+                           agent_texts=[t.text for t in before if t.speaker not in (USER, SAFETY, turn.speaker)],
+                           speaker_names=personas.names() + [USER])
+    return any(flags[k] for k in HACK_FLAGS)
+
+
+def block_reward(conv: Conversation, block_start: int, personas: PersonaSet, encoder, judge,
+                 weights: RewardWeights) -> tuple[float, dict]:
+    """Score the whole block of agent turns added after `block_start`, holistically.
 
     Components, each in [0, 1] (higher is better):
-      coherence:     mean judge score of each new agent turn given its persona and the
-                     conversation before it (persona fit + relevance to the user's situation);
+      coherence:     with an LLM judge (`judge.can_generate`), ONE judgement of the block against
+                     the conversation before it (BLOCK_RUBRIC); with a scoring judge (the offline
+                     judge, a reward model), the mean of `judge.score_many` over the block's turns,
+                     each given its persona and everything before it (the earlier block turns too);
       nonredundancy: 1 - mean over new agent turns of max(cosine similarity with any EARLIER
                      agent turn (sentence encoder), clipped at 0) and the lexical overlap (BLEU-2
                      against the earlier agent turns): repeating the group is penalised;
       contribution:  share of the block's content words that are new to the conversation
                      (does the block add something, instead of rephrasing what was said);
+      clean:         share of the block's turns that no hack diagnostic flags (HACK_FLAGS): a block
+                     that copies the user, echoes another agent, leaks meta text or is trivial
+                     scores lower;
       balance:       entropy of agent counts over the whole conversation / log(#agents), times
-                     (1 - share of block turns whose speaker repeats the previous agent);
-      format:        1 if the directive parsed (a known agent), else 0 (the format penalty).
+                     (1 - share of block turns whose speaker repeats the previous agent); ours;
+      format:        share of the block's directives that parsed (a known agent); a turn of a
+                     fixed rule, which has no text to parse, counts as parsed; ours.
     Returns (weighted sum, components).
     """
-    from evaluate import sentence_bleu, tokenize  # the Self-BLEU building block, one definition
-    from judge import JudgeState
     new_agent = [(i, t) for i, t in enumerate(conv.turns) if i >= block_start
                  and t.speaker not in (USER, SAFETY)]
     earlier = [t.text for t in conv.turns[:block_start] if t.speaker not in (USER, SAFETY)]
-    comp = {"coherence": 0.0, "nonredundancy": 1.0, "contribution": 0.0, "balance": 0.0,
-            "format": 1.0 if directive.valid else 0.0}
+    comp = {"coherence": 0.0, "nonredundancy": 1.0, "contribution": 0.0, "clean": 1.0, "balance": 0.0,
+            "format": 1.0}
     if new_agent:
-        states, replies = [], []
-        for i, t in new_agent:
-            persona = personas.find(t.speaker)
-            last_user = next((u.text for u in reversed(conv.turns[:i]) if u.speaker == USER), "")
-            states.append(JudgeState(persona.name, f"{persona.role}: {persona.description}", last_user,
-                                     [{"speaker": u.speaker, "text": u.text} for u in conv.turns[:i][-6:]],
-                                     conv.context.situation))
-            replies.append(t.text)
-        comp["coherence"] = sum(judge.score_many(states, replies)) / len(replies)
-        texts = [t.text for _, t in new_agent]
+        replies = [t.text for _, t in new_agent]
+        if getattr(judge, "can_generate", False):
+            comp["coherence"] = block_judgement(judge, conv, block_start, personas)
+        else:
+            states = [judge_state(personas.find(t.speaker), conv.turns[:i], conv.context.situation)
+                      for i, t in new_agent]
+            comp["coherence"] = sum(judge.score_many(states, replies)) / len(replies)
         redund = []
         for k, (i, t) in enumerate(new_agent):
-            before = earlier + texts[:k]
+            before = earlier + replies[:k]
             if not before:
                 redund.append(0.0)
                 continue
@@ -279,8 +324,10 @@ def block_reward(conv: Conversation, block_start: int, directive: Directive, per
         comp["nonredundancy"] = 1.0 - sum(redund) / len(redund)
         old_words = set().union(*(content_words(t.text) for t in conv.turns[:block_start])) \
             if block_start else set()
-        new_words = set().union(*(content_words(t) for t in texts))
+        new_words = set().union(*(content_words(t) for t in replies))
         comp["contribution"] = len(new_words - old_words) / len(new_words) if new_words else 0.0
+        comp["clean"] = 1.0 - sum(turn_hacked(conv, i, personas) for i, _ in new_agent) / len(new_agent)
+        comp["format"] = sum(t.directive is None or t.directive.valid for _, t in new_agent) / len(new_agent)
     counts = Counter(t.speaker for t in conv.agent_turns())
     n = len(personas.personas)
     total = sum(counts.values())
@@ -289,13 +336,127 @@ def block_reward(conv: Conversation, block_start: int, directive: Directive, per
         agent_seq = [t.speaker for t in conv.agent_turns()]
         first_new = len(agent_seq) - len(new_agent)
         repeats = sum(agent_seq[j] == agent_seq[j - 1] for j in range(max(first_new, 1), len(agent_seq)))
-        comp["balance"] = entropy / math.log(n) * (1 - repeats / max(len(new_agent), 1))
+        # With one persona nobody else could have spoken: balance is perfect, and log(1) = 0
+        # must not be divided by.
+        comp["balance"] = entropy / math.log(n) * (1 - repeats / max(len(new_agent), 1)) if n > 1 else 1.0
     total_reward = sum(getattr(weights, k) * v for k, v in comp.items())
     return total_reward, comp
 
 
 # ----------------------------------------------------------------------------------------------
-# 4. Stage 2: decision points, rollouts, and the data GRPO needs
+# 4. Collapse diagnostics: does the choice vary, and does it depend on the conversation?
+# ----------------------------------------------------------------------------------------------
+# A collapsed director names one agent everywhere: its choice has zero entropy. A director can
+# also spread its choices without reading the conversation (a die roll has maximal entropy), so
+# entropy alone is not enough: we also measure how much the choice tells about a feature of the
+# conversation, with the mutual information I(choice; feature) and a test of independence.
+#
+# The feature is the conversation's STAGE: how many companion turns it has had so far (0, 1, 2,
+# 3 or more). Why this one: the helping model behind ESConv (Hill's exploration -> comforting ->
+# action) says the right kind of support depends on where the conversation is, and ESConv's own
+# annotations show it (in its training split the first supporter turn is a Question 61% of the
+# time, the fifth a Suggestion most often); it is defined for every decision point, including
+# openings, needs no classifier, and the decision points cover the stages evenly (point i is cut
+# after i mod 4 agent turns). Other features (who spoke last, the emotion) would do as well;
+# we fixed this one before looking at any result, so the test is not chosen after the fact.
+
+def stage_feature(conv: Conversation) -> str:
+    """The conversation's stage: companion turns so far, "0", "1", "2" or "3+"."""
+    n = len(conv.agent_turns())
+    return str(n) if n < 3 else "3+"
+
+
+def entropy_bits(labels: list[str]) -> float:
+    """Plug-in Shannon entropy of the labels, in bits (0 for one label; log2 K for K equally
+    frequent ones: 2 bits for four agents).
+
+    >>> entropy_bits(["A", "A", "B", "B"])
+    1.0
+    """
+    n = len(labels)
+    return 0.0 - sum(c / n * math.log2(c / n) for c in Counter(labels).values()) if n else 0.0  # no -0.0
+
+
+def mutual_information_bits(xs: list[str], ys: list[str]) -> float:
+    """Plug-in mutual information I(X; Y) = H(X) + H(Y) - H(X, Y), in bits, of paired labels.
+
+    0 when the choice x does not depend on the feature y (a constant choice, or one that is the
+    same in every stage); H(X) when the feature determines the choice. The plug-in estimate is
+    biased upwards on few samples, which is why the chi-square test below comes with it.
+    """
+    return max(0.0, entropy_bits(xs) + entropy_bits(ys) - entropy_bits(list(zip(xs, ys))))
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(chi-square with df degrees of freedom > x), closed form for whole df (no scipy needed):
+      even df: exp(-x/2) * sum_{i < df/2} (x/2)^i / i!
+      odd df:  erfc(sqrt(x/2)) + exp(-x/2) * sum_{i=1}^{(df-1)/2} (x/2)^(i-1/2) / Gamma(i+1/2)
+    (Abramowitz & Stegun 26.4.4 and 26.4.5).
+
+    >>> round(chi2_sf(3.841458820694124, 1), 6), round(chi2_sf(5.991464547107979, 2), 6)
+    (0.05, 0.05)
+    """
+    if df <= 0:
+        return 1.0
+    if x <= 0:
+        return 1.0
+    h = x / 2
+    if df % 2 == 0:
+        return math.exp(-h) * sum(h ** i / math.factorial(i) for i in range(df // 2))
+    return math.erfc(math.sqrt(h)) + math.exp(-h) * sum(h ** (i - 0.5) / math.gamma(i + 0.5)
+                                                        for i in range(1, (df - 1) // 2 + 1))
+
+
+def chi_square_statistic(xs: list[str], ys: list[str]) -> tuple[float, int]:
+    """Pearson's chi-square statistic of the contingency table of x by y, and its degrees of
+    freedom (rows - 1) x (columns - 1). Only labels that occur count as rows and columns, so a
+    constant choice has df 0 and statistic 0: no evidence of dependence."""
+    n = len(xs)
+    cx, cy, joint = Counter(xs), Counter(ys), Counter(zip(xs, ys))
+    stat = sum((joint.get((a, b), 0) - cx[a] * cy[b] / n) ** 2 / (cx[a] * cy[b] / n)
+               for a in cx for b in cy) if n else 0.0
+    return stat, (len(cx) - 1) * (len(cy) - 1)
+
+
+def permutation_p_value(xs: list[str], ys: list[str], n_perm: int = 2000, seed: int = 0) -> float:
+    """P-value of the chi-square statistic under independence, by shuffling the features.
+
+    With a few dozen held-out points many cells of the table expect fewer than 5 counts, where
+    the chi-square distribution is a poor approximation; shuffling y keeps both margins and gives
+    the exact null distribution up to Monte Carlo error. (1 + hits) / (1 + n_perm), so never 0
+    (Phipson & Smyth 2010)."""
+    observed, df = chi_square_statistic(xs, ys)
+    if df == 0:
+        return 1.0
+    rng, shuffled, hits = random.Random(seed), list(ys), 0
+    for _ in range(n_perm):
+        rng.shuffle(shuffled)
+        hits += chi_square_statistic(xs, shuffled)[0] >= observed - 1e-12
+    return (1 + hits) / (1 + n_perm)
+
+
+def choice_diagnostics(agents: list[str], features: list[str], names: list[str], test: bool = True,
+                       seed: int = 0) -> dict:
+    """Everything that shows collapse, for one set of choices (a GRPO step, or held-out points).
+
+    Returns: counts per agent, distinct agents named, entropy in bits (and divided by log2 of the
+    number of agents, so 1 = uniform), I(choice; stage) in bits; with `test`, the chi-square
+    statistic, its df, the asymptotic p-value and the permutation p-value (the one to trust on
+    small samples)."""
+    counts = Counter(agents)
+    h = entropy_bits(agents)
+    out = {"counts": {n: counts.get(n, 0) for n in names}, "distinct": len(counts), "entropy": h,
+           "entropy_norm": h / math.log2(len(names)) if len(names) > 1 else 0.0,
+           "mi": mutual_information_bits(agents, features)}
+    if test:
+        stat, df = chi_square_statistic(agents, features)
+        out.update({"chi2": stat, "df": df, "p_chi2": chi2_sf(stat, df),
+                    "p_perm": permutation_p_value(agents, features, seed=seed)})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Stage 2: decision points, rollouts, and the data GRPO needs
 # ----------------------------------------------------------------------------------------------
 
 def build_decision_points(contexts, n_points: int, cast, profiles, profile_ids: list[str],
@@ -307,7 +468,6 @@ def build_decision_points(contexts, n_points: int, cast, profiles, profile_ids: 
     director learns openings as well as mid-conversation choices. The prefixes are generated once
     with random speaker order (varied histories) by the frozen speakers and user.
     """
-    from simulate import assign_profiles, run_conversations
     ctxs = [contexts[i % len(contexts)] for i in range(n_points)]
     convs = run_conversations(ctxs, RandomOrder(cast.personas, seed), cast, profiles,
                               assign_profiles(n_points, profile_ids, seed), max_prefix, user_every, seed)
@@ -332,15 +492,13 @@ def build_decision_points(contexts, n_points: int, cast, profiles, profile_ids: 
 
 
 def save_decision_points(path, train_points, held_points) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for split, pts in (("train", train_points), ("heldout", held_points)):
-            for p in pts:
-                f.write(json.dumps({"split": split, **p.to_json()}, ensure_ascii=False) + "\n")
+    write_jsonl(path, [{"split": split, **p.to_json()}
+                       for split, pts in (("train", train_points), ("heldout", held_points)) for p in pts])
 
 
 @dataclass
 class Rollout:
-    """Rolls conversations forward N agent turns after a directive and scores the block."""
+    """Rolls conversations forward N agent turns, a directive at every turn, and scores the blocks."""
     cast: object
     profiles: dict
     personas: PersonaSet
@@ -349,65 +507,180 @@ class Rollout:
     weights: RewardWeights
     n_turns: int
     user_every: int
-    invalid: int = 0           # directives that needed the fallback (logged; format penalty)
+    follow: object = None      # who directs turns 2..N of a training rollout: the director being
+                               # trained (LLMDirector, greedy); None = least-spoken (tests)
+    invalid: int = 0           # sampled directives that needed the fallback (logged; format penalty)
     total: int = 0
 
-    def run(self, points: list[Conversation], directives: list[Directive]):
-        """Copy each point, play the directive then N-1 least-spoken turns, score each block.
+    def run(self, points: list[Conversation], policy, first: list[Directive] | None = None):
+        """Copy each point and play N agent turns, each directed by `policy` (`first`, when
+        given, replaces its choice for the first turn); score each block.
 
         Copies of one point keep its seed, so within a GRPO group every rollout samples with the
-        same seeds turn by turn (simulate.turn_seed): only the directive differs.
+        same seeds turn by turn (simulate.turn_seed): only the directives differ.
         """
-        from simulate import advance
         copies = [copy.deepcopy(p) for p in points]
         starts = [len(c.turns) for c in copies]
-        advance(copies, LeastSpoken(self.personas), self.cast, self.profiles, self.n_turns,
-                self.user_every, fixed_first=directives)
-        scored = [block_reward(c, s, d, self.personas, self.encoder, self.judge, self.weights)
-                  for c, s, d in zip(copies, starts, directives)]
+        advance(copies, policy, self.cast, self.profiles, self.n_turns, self.user_every, fixed_first=first)
+        scored = [block_reward(c, s, self.personas, self.encoder, self.judge, self.weights)
+                  for c, s in zip(copies, starts)]
         return scored, copies
 
     def score_directives(self, meta: list[Conversation], texts: list[str], group_size: int):
-        """GRPO's reward function for stage 2: one group reward per sampled directive text."""
+        """GRPO's reward function for stage 2: one group reward per sampled directive text.
+
+        The sampled directive directs the block's first turn; the director itself (greedy, its
+        current weights) directs the other N-1. The components also carry this step's collapse
+        diagnostics (constant columns, so grpo.py logs them as r_choice_entropy, r_choice_mi)."""
         points = [m for m in meta for _ in range(group_size)]
         directives = parse_many(texts, points, self.personas)
         self.total += len(directives)
         self.invalid += sum(not d.valid for d in directives)
-        scored, _ = self.run(points, directives)
+        scored, _ = self.run(points, self.follow or LeastSpoken(self.personas), first=directives)
         components = {k: [c[k] for _, c in scored] for k in scored[0][1]}
         # Agent choice frequencies: the mean of these 0/1 columns is how often each agent is picked.
         for name in self.personas.names():
             components[f"pick_{name}"] = [float(d.agent == name) for d in directives]
+        diag = choice_diagnostics([d.agent for d in directives], [stage_feature(p) for p in points],
+                                  self.personas.names(), test=False)
+        components["choice_entropy"] = [diag["entropy"]] * len(directives)
+        components["choice_mi"] = [diag["mi"]] * len(directives)
         return [r for r, _ in scored], components
 
-    def evaluate(self, policy, points: list[Conversation]) -> dict:
-        """Mean group reward of the policy's (greedy) directives on held-out decision points."""
-        directives = policy.choose(points)
-        scored, copies = self.run(points, directives)
+    def evaluate(self, policy, points: list[Conversation], seed: int = 0) -> dict:
+        """The policy directs every turn of an N-turn block from each held-out decision point
+        (greedy for the LLM director). Returns the mean group reward with its standard error, the
+        per-point rewards (for paired comparisons: every policy sees the same points and seeds),
+        the first-turn choices and their collapse diagnostics, and the rollouts themselves."""
+        scored, copies = self.run(points, policy)
         n = len(scored)
+        rewards = [r for r, _ in scored]
         comps = {k: sum(c[k] for _, c in scored) / n for k in scored[0][1]}
-        choices = Counter(d.agent for d in directives)
-        return {"reward": sum(r for r, _ in scored) / n, "components": comps,
-                "choices": {name: choices.get(name, 0) for name in self.personas.names()},
-                "invalid": sum(not d.valid for d in directives), "n": n,
-                "example": copies[0].to_json()}
+        firsts = [c.turns[len(p.turns)].directive for c, p in zip(copies, points)]
+        agents = [d.agent for d in firsts]
+        block = Counter(t.speaker for c, p in zip(copies, points) for t in c.turns[len(p.turns):]
+                        if t.speaker not in (USER, SAFETY))
+        names = self.personas.names()
+        agree = [a == least_spoken_agent(self.personas, p) for a, p in zip(agents, points)]
+        return {"reward": sum(rewards) / n, "se": standard_error(rewards), "rewards": rewards,
+                "components": comps, "choices": {name: agents.count(name) for name in names},
+                "block_choices": {name: block.get(name, 0) for name in names},
+                "diagnostics": choice_diagnostics(agents, [stage_feature(p) for p in points], names, seed=seed),
+                "agree_least_spoken": sum(agree) / n,
+                "invalid": sum(not d.valid for d in firsts), "n": n, "example": copies[0].to_json(),
+                "rollouts": [{"stage": stage_feature(p), "first_turn": len(p.turns), **c.to_json()}
+                             for c, p in zip(copies, points)]}
+
+
+def compare(after: dict, before: dict) -> dict:
+    """Paired change of the held-out group reward, point by point (same points, same seeds)."""
+    mean, se = paired_change(before["rewards"], after["rewards"])
+    return {"change": mean, "se": se, "n": len(after["rewards"])}
 
 
 # ----------------------------------------------------------------------------------------------
-# 5. A supervised format warm start (our addition; the paper does not describe one)
+# 6. The supervised warm start (our addition; the paper does not describe one)
 # ----------------------------------------------------------------------------------------------
 # GRPO can only reinforce what the policy already samples. SmolLM2-135M asked for a directive
 # almost never writes the three lines (0 of 32 parseable when we measured), so every sample of a
 # group falls back to the same agent, the rollouts are identical, every reward in the group is
-# equal, and the advantages are all zero: no learning signal at all. A few steps of supervised
-# fine-tuning on well-formed directives fix the FORMAT first. The targets pick the agent, action
-# and tone uniformly at random, so the warm start teaches how to answer and not whom to pick:
-# choosing well is left to GRPO and the group reward.
+# equal, and the advantages are all zero: no learning signal at all. A few supervised steps on
+# well-formed directives fix the FORMAT first.
+#
+# Which targets? Random agents teach the format and nothing about whom to pick; measured, the
+# greedy director then names one agent everywhere (the collapse GRPO starts from). ESConv
+# (Liu et al. 2021) annotates every supporter turn of real support conversations with one of 8
+# strategies, and the strategies map onto the support personas, so real strategy SEQUENCES give
+# targets that depend on the conversation. The mapping (ESConv's definitions in quotes):
+#   Question                          -> Catalyst: "ask for information related to the problem"
+#                                        is Catalyst's one probing question at a time;
+#   Restatement or Paraphrasing       -> Anchor: reflecting back what was said;
+#   Reflection of feelings            -> Anchor: naming the feeling;
+#   Self-disclosure                   -> Anchor: "divulge similar experiences ... to express your
+#                                        empathy": its purpose is validation (not advice, not
+#                                        praise), so it belongs to the validator;
+#   Affirmation and Reassurance       -> Beacon: "affirm the help-seeker's strengths, motivation,
+#                                        and capabilities": the growth advocate's job word for word;
+#   Providing Suggestions, Information -> Guide: a concrete step, or facts and resources to act on;
+#   Others                            -> no target: greetings, thanks and small talk have no
+#                                        persona; such turns stay in the history (spoken by the
+#                                        least-spoken agent, the project's fallback rule) but are
+#                                        never a target.
+# The action comes from the strategy (from the persona set's vocabulary where one fits), the tone
+# is fixed per strategy. Only the training split of the contexts is read (the caller splits them
+# as mascot.load_inputs does), so held-out dialogues stay held out.
+
+ESCONV_STRATEGIES = {
+    "Question": ("Catalyst", "ask a probing question", "curious"),
+    "Restatement or Paraphrasing": ("Anchor", "reflect back what was said", "calm and steady"),
+    "Reflection of feelings": ("Anchor", "validate the feeling", "warm"),
+    "Self-disclosure": ("Anchor", "share a similar feeling so they feel less alone", "gentle"),
+    "Affirmation and Reassurance": ("Beacon", "name a strength", "encouraging"),
+    "Providing Suggestions": ("Guide", "suggest one small step", "practical"),
+    "Information": ("Guide", "share useful information", "thoughtful"),
+}
+# ESConv dialogues run ~15 supporter turns; ours last 2-6 agent turns. Targets come from the
+# first ESCONV_MAX_POSITION supporter turns, which cover ESConv's exploration -> comforting ->
+# action arc; later turns are mostly closing pleasantries ("Others").
+ESCONV_MAX_POSITION = 8
+
+
+def esconv_prefix(context: Context, end: int, personas: PersonaSet) -> Conversation:
+    """The first `end` recorded turns of an ESConv dialogue as one of our group conversations:
+    seeker turns are the user's, each supporter turn is spoken by the persona its strategy maps
+    to (with that directive), an unmapped one by the least-spoken persona."""
+    conv = Conversation(context, personas.name, "average", "esconv", 0)
+    for turn in context.turns[:end]:
+        if turn["speaker"] == "user":
+            conv.turns.append(Turn(USER, turn["text"]))
+            continue
+        mapped = ESCONV_STRATEGIES.get(turn.get("strategy", ""))
+        directive = Directive(*mapped) if mapped else Directive(least_spoken_agent(personas, conv))
+        conv.turns.append(Turn(directive.agent, turn["text"], directive))
+    return conv
+
+
+def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int,
+                    seed: int = 0) -> list[tuple[list[dict], str]]:
+    """n (director prompt, target directive) pairs from ESConv's annotated supporter turns.
+
+    Every supporter turn among the first ESCONV_MAX_POSITION of a dialogue whose strategy maps to
+    a persona is a candidate: the prompt is the dialogue up to that turn (esconv_prefix), the
+    target that turn's `Agent / Action / Tone`. n candidates are drawn without replacement
+    (seeded; with replacement only when there are fewer than n)."""
+    missing = sorted({a for a, _, _ in ESCONV_STRATEGIES.values()} - set(personas.names()))
+    if missing:
+        raise UserError(f"--director-warmup-data: the ESConv strategy mapping needs the personas "
+                        f"{', '.join(missing)}, which the '{personas.name}' set lacks; use --set support")
+    candidates = []
+    for context in contexts:
+        position = 0
+        for j, turn in enumerate(context.turns):
+            if turn["speaker"] != "supporter":
+                continue
+            if position >= ESCONV_MAX_POSITION:
+                break
+            position += 1
+            if turn.get("strategy") in ESCONV_STRATEGIES:
+                candidates.append((context, j))
+    if not candidates:
+        raise UserError("--director-warmup-data: no supporter turn with an ESConv strategy label; "
+                        "is this ESConv (ESConv.json or the JSON-lines split)?")
+    rng = random.Random(seed)
+    chosen = rng.sample(candidates, n) if n <= len(candidates) else [rng.choice(candidates) for _ in range(n)]
+    examples = []
+    for context, j in chosen:
+        agent, action, tone = ESCONV_STRATEGIES[context.turns[j]["strategy"]]
+        examples.append((director_messages(personas, esconv_prefix(context, j, personas)),
+                         f"Agent: {agent}\nAction: {action}\nTone: {tone}"))
+    return examples
+
 
 def format_examples(personas: PersonaSet, points: list[Conversation], n: int,
                     seed: int = 0) -> list[tuple[list[dict], str]]:
-    """n (director prompt, target directive) pairs, cycling over the decision points; every
-    target is the exact three-line format with a uniformly random agent, action and tone."""
+    """The fallback without ESConv: n (director prompt, target directive) pairs, cycling over the
+    decision points; every target is the exact three-line format with a uniformly random agent,
+    action and tone. It teaches how to answer, not whom to pick."""
     rng = random.Random(seed)
     examples = []
     for i in range(n):
@@ -418,56 +691,43 @@ def format_examples(personas: PersonaSet, points: list[Conversation], n: int,
     return examples
 
 
-def completion_text(tok, messages: list[dict], target: str) -> tuple[str, str]:
-    """(prompt text, completion text) with the chat template's own end-of-turn after the target.
+def warm_start(cfg: DirectorConfig, out, policy, tok, personas: PersonaSet, examples, source: str,
+               held_points, rollout: Rollout, seed: int, resume: bool) -> dict | None:
+    """Run the warm start once per run, before GRPO; None when cfg.director_warmup is 0.
 
-    Rendering the conversation with and without the assistant turn and taking the difference
-    gives exactly the tokens the model must learn to write, end-of-turn marker included, for
-    any chat template (a plain `target + eos` would be wrong for templates that add more)."""
-    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    full = tok.apply_chat_template(messages + [{"role": "assistant", "content": target}], tokenize=False)
-    if full.startswith(prompt):
-        return prompt, full[len(prompt):].rstrip("\n")
-    return prompt, target + (tok.eos_token or "")
+    `examples`: (prompt, target) pairs (esconv_examples or format_examples); `source` says which.
+    Its result (losses, held-out group reward) goes to out/warm_start.json, its held-out rollouts
+    to out/heldout_warm-start.jsonl and the weights to
+    out/director_warm (the KL anchor of GRPO when beta > 0). A resumed run that already has GRPO
+    checkpoints skips it, because those checkpoints were trained from the warm-started weights.
+    """
+    path = out / "warm_start.json"
+    if cfg.director_warmup == 0:
+        return None
+    if resume and grpo.latest_checkpoint(out / "checkpoints") and path.exists():
+        return read_json(path)
+    t0 = time.time()
+    losses = sft.supervised_finetune(policy, tok, examples, cfg.director_warmup, batch_size=4,
+                                     lr=cfg.warmup_lr, log=lambda s: print(s, flush=True))
+    seconds = time.time() - t0
+    held = rollout.evaluate(LLMDirector(policy, tok, personas), held_points, seed)
+    write_jsonl(out / "heldout_warm-start.jsonl", held.pop("rollouts"))
+    print(f"held-out mean group reward after the {source.split(' warm start')[0]} warm start: "
+          f"{describe_heldout(held)}", flush=True)
+    with atomic_folder(out / "director_warm") as tmp:
+        policy.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    targets = Counter(parse_directive(t, personas, "?").agent for _, t in examples)
+    warm = {"steps": cfg.director_warmup, "lr": cfg.warmup_lr, "source": source, "losses": losses,
+            "targets": dict(targets), "seconds": round(seconds, 1), "heldout": held}
+    write_json(path, warm)
+    return warm
 
 
-def supervised_warm_start(model, tok, examples: list[tuple[list[dict], str]], steps: int,
-                          batch_size: int = 8, lr: float = 2e-5, log=print) -> list[float]:
-    """Maximum likelihood of each target given its prompt, `steps` AdamW steps of `batch_size`
-    examples (cycling). Returns the per-step loss (mean negative log-probability per target
-    token), which should fall. Full fine-tuning, like the GRPO that follows."""
-    import torch
-
-    import grpo
-    if steps <= 0 or not examples:
-        return []
-    rows = []
-    for messages, target in examples:
-        prompt, completion = completion_text(tok, messages, target)
-        rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
-                     tok(completion, add_special_tokens=False)["input_ids"]))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    model.train()
-    losses = []
-    for step in range(steps):
-        batch = [rows[(step * batch_size + j) % len(rows)] for j in range(batch_size)]
-        p_ids, p_mask = models.left_pad([p for p, _ in batch], tok.pad_token_id)      # (B, P)
-        width = max(len(c) for _, c in batch)
-        c_ids = torch.full((len(batch), width), tok.pad_token_id, dtype=torch.long)   # (B, C), right-padded
-        c_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, (_, c) in enumerate(batch):
-            c_ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
-            c_mask[r, :len(c)] = 1
-        dev = next(model.parameters()).device
-        logps = grpo.completion_logprobs(model, torch.cat([p_ids, c_ids], 1).to(dev),
-                                         torch.cat([p_mask, c_mask], 1).to(dev), p_ids.shape[1])  # (B, C)
-        mask = c_mask.to(dev).float()
-        loss = -(logps * mask).sum() / mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        log(f"warm start {step + 1}/{steps}: loss {loss.item():.3f}")
-    model.eval()
-    return losses
+def describe_heldout(result: dict) -> str:
+    """One log line for a held-out evaluation: reward ± se, choices, entropy, dependence test."""
+    d = result["diagnostics"]
+    return (f"{result['reward']:.3f} ± {result['se']:.3f} (se, {result['n']} points)  "
+            f"agent choices {result['choices']}  entropy {d['entropy']:.2f} bits  "
+            f"I(choice; stage) {d['mi']:.2f} bits  chi2 {d['chi2']:.1f} (df {d['df']}) "
+            f"p {d['p_chi2']:.3g}, permutation p {d['p_perm']:.3g}  unparseable {result['invalid']}/{result['n']}")

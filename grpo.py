@@ -13,7 +13,7 @@ What GRPO is (DeepSeekMath, Shao et al. 2024), in ten lines:
      gradient step that makes above-average completions more likely, below-average ones less.
   8. Repeat with fresh samples. Nothing else: no critic, no GAE, no reward whitening over the batch.
 
-Where it sits in MASCOT (arXiv 2601.14230; see /work/shared/paper/NOTES.md):
+Where it sits in MASCOT (arXiv 2601.14230):
   - Stage 1 (speakers, Phase I): the prompt is a persona's system prompt plus the conversation so
     far; the completion is that persona's next reply; the reward is the reward-model score for
     persona fit + context fit plus a format reward. One group = G replies to the same
@@ -28,7 +28,9 @@ Where it sits in MASCOT (arXiv 2601.14230; see /work/shared/paper/NOTES.md):
 
 What this file simplifies relative to DeepSeekMath and TRL's GRPOTrainer:
   - Token-level importance ratios only (no GSPO sequence-level ratio), no entropy masking, no
-    importance-sampling correction for a separate inference engine (we sample with HF `generate`).
+    importance-sampling correction for a separate inference engine: we sample with
+    models.generate from the policy itself or from a SamplingCopy of it, and log the gap,
+    `logp_mismatch` (mean |logp_sampler - logp_trainer| per token); see bench/README.md for its size.
   - Two loss normalisations only: "grpo" (DeepSeekMath's per-sequence mean) and "dapo" (token mean
     over the batch, the default). Dr. GRPO's unscaled advantage is `scale=False`; its constant
     denominator (batch size x max length) is not offered: "dapo" already removes the length bias.
@@ -54,10 +56,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from safetensors.torch import load_file, load_model, save_file
 
 import models
-from data import UserError, read_jsonl
+from data import UserError, append_jsonl, atomic_folder, derive_seed, option, read_jsonl, write_jsonl
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,31 +324,47 @@ def completion_logprobs(model, input_ids, attention_mask, n_prompt, chunk_size=5
 
 @dataclass
 class GRPOConfig:
-    """Every GRPO hyper-parameter, one place. The CLI (mascot.py train) sets them from flags."""
-    steps: int = 20                 # optimiser steps
-    prompts_per_step: int = 4       # distinct prompts (states / decision points) per step
-    group_size: int = 4             # G completions per prompt; the group is the baseline
-    lr: float = 5e-6                # AdamW learning rate (full fine-tuning: keep it small)
-    warmup_steps: int = 2           # linear warm-up, then constant
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    beta: float = 0.0               # KL weight to the frozen reference; 0 skips the reference pass
-    eps_low: float = 0.2
-    eps_high: float = 0.28          # DAPO clip-higher
-    loss_type: str = "dapo"         # "dapo" (token mean over the step) | "grpo" (per-sequence mean)
-    scale_rewards: bool = True      # False = Dr. GRPO's unscaled advantages
-    num_iterations: int = 1         # optimisation passes over each sampled batch (mu in the paper)
-    micro_batch: int = 8            # completions per forward/backward (gradient accumulation)
+    """Every GRPO hyper-parameter, declared once. Each `option` is also a flag of
+    `mascot.py train` (`--group-size` for group_size), so this is where every default lives."""
+    seed: int                       # the run's seed (--seed); sampling seeds derive from it
+    max_new_tokens: int             # longest completion (--max-new-tokens)
+    steps: int = option(20, "optimiser steps", "positive")
+    prompts_per_step: int = option(4, "distinct prompts (states / decision points) per step", "positive")
+    group_size: int = option(4, "G completions per prompt; the group mean is the baseline", "at-least-2")
+    lr: float = option(5e-6, "AdamW learning rate (full fine-tuning: keep it small)", "positive")
+    beta: float = option(0.02, "KL weight to the frozen reference; 0 skips the reference pass",
+                         "non-negative")
+    eps_low: float = option(0.2, "lower clip range: the ratio may fall to 1 - eps_low", "non-negative")
+    eps_high: float = option(0.28, "upper clip range (DAPO clip-higher): up to 1 + eps_high", "non-negative")
+    loss_type: str = option("dapo", "dapo: token mean over the step; grpo: per-sequence mean "
+                                    "(DeepSeekMath)", ["dapo", "grpo"])
+    scale_rewards: bool = option(True, "divide advantages by the group std (--no-scale-rewards: "
+                                       "Dr. GRPO's unscaled advantages)")
+    num_iterations: int = option(1, "optimisation passes over each sampled batch (mu)", "positive")
+    micro_batch: int = option(8, "completions per forward/backward (gradient accumulation)", "positive")
+    temperature: float = option(1.0, "sampling temperature while training", "positive")
+    save_every: int = option(10, "checkpoint every N steps (and at the end)", "positive")
+    dump_every: int = option(5, "write the sampled completions every N steps", "positive")
     # Two GPU memory/speed switches, off by default (the CPU path is plain fp32). Neither changes
     # what is optimised; tests/test_grpo_tricks.py checks each against the plain path.
-    autocast_bf16: bool = False     # forward passes in bfloat16; weights, grads and AdamW stay fp32
-    gradient_checkpointing: bool = False  # recompute each layer in backward: less memory, ~1/3 more compute
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-    save_every: int = 10            # checkpoint every N steps (and at the end)
-    dump_every: int = 5             # write sampled completions every N steps
+    autocast_bf16: bool = option(False, "bf16 autocast for forward passes (GPU); weights, "
+                                        "gradients and AdamW stay fp32")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward: much less "
+                                                 "memory, ~1/3 more compute")
+    # Sampling (models.generate): "ours" shares each prompt's prefill across its G rows; "hf" is
+    # the fallback (HF's cache, one prefill per row). The loss always uses the fp32 policy; the
+    # sampler-trainer gap is logged as `logp_mismatch`.
+    sampler: str = option("ours", "ours: our KV-cache sampler with one prefill per distinct prompt; "
+                                  "hf: the HF-cache fallback", ["ours", "hf"])
+    sampling_copy: str = option("none", "sample from the policy itself (none) or from a copy refreshed "
+                                        "every step: packed (fp32, oneDNN-packed weights, CPU) or bf16 "
+                                        "(GPU, or CPUs with native bf16)", ["none", "packed", "bf16"])
+    compile_decode: bool = option(False, "torch.compile the one-token decode step (GPU)")
+    # Fixed choices, not flags: say why where they are used.
+    warmup_steps: int = 2           # linear warm-up, then constant (lr_at)
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0      # gradient clipping, as TRL's default
+    top_p: float = 1.0              # no nucleus truncation while training: sample the policy itself
     max_bad_steps: int = 3          # consecutive non-finite steps before the run stops
 
 
@@ -360,7 +378,13 @@ def lr_at(step: int, cfg: GRPOConfig) -> float:
 
 def sample_seeds(cfg: GRPOConfig, step: int, n: int) -> list[int]:
     """Per-row sampling seeds derived from (run seed, step): a resumed run samples the same tokens."""
-    return [(cfg.seed * 1_000_003 + step * 10_007 + r) % (2**31 - 1) for r in range(n)]
+    return [derive_seed(cfg.seed, step, r) for r in range(n)]
+
+
+def sample_batch(pool: list, cfg: GRPOConfig, step: int) -> list:
+    """The prompts of one step: cfg.prompts_per_step items of `pool`, drawn with a seed derived
+    from (run seed, step), so a resumed run sees exactly the prompts an uninterrupted one did."""
+    return random.Random(derive_seed(cfg.seed, step)).sample(pool, min(cfg.prompts_per_step, len(pool)))
 
 
 def autocast(cfg: GRPOConfig, device: torch.device):
@@ -433,8 +457,10 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
     # One denominator for the whole optimiser step, so accumulating micro-batches gives exactly
     # the gradient of the full batch: all real tokens ("dapo") or all sequences ("grpo").
     normalizer = int(mask.sum().item()) if cfg.loss_type == "dapo" else B
-    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "finite": 1.0}
-    for _ in range(cfg.num_iterations):
+    sampler_logps = None if gen.sampler_logprobs is None else gen.sampler_logprobs[:, :C].to(device)
+    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "finite": 1.0,
+              "logp_mismatch": None}
+    for it in range(cfg.num_iterations):
         optimizer.zero_grad(set_to_none=True)
         loss_sum, stats_sum = 0.0, {"kl": 0.0, "clip_frac": 0.0}
         for i in range(0, B, cfg.micro_batch):
@@ -449,6 +475,11 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
                                  normalizer=normalizer)
             loss.backward()
             share = st["n_tokens"] / max(int(mask.sum().item()), 1)           # token-weighted stats
+            if it == 0 and sampler_logps is not None:
+                # How far the sampler's distribution is from the one trained: ~1e-6 when the fp32
+                # policy sampled, larger with a bf16 sampling copy (before any update of this step).
+                gap = masked_mean((logps.detach() - sampler_logps[sl]).abs(), mask[sl]).item()
+                totals["logp_mismatch"] = (totals["logp_mismatch"] or 0.0) + gap * share
             loss_sum += float(loss.item())
             stats_sum["kl"] += (st["kl"] * share) if ref_logps is not None else 0.0
             stats_sum["clip_frac"] += st["clip_frac"] * share
@@ -475,30 +506,22 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
 def save_checkpoint(folder: Path, step: int, policy, tokenizer, optimizer, extra: dict) -> Path:
     """Write `folder/ckpt-<step>/` atomically: model, optimiser moments, RNG state, step.
 
-    Written under a temporary name and renamed at the end: a crash mid-write leaves only a
-    `.tmp` folder, which `latest_checkpoint` ignores. The two newest checkpoints are kept.
+    Built under a temporary name and renamed at the end (data.atomic_folder): a crash mid-write
+    leaves only a `.tmp` folder, which `latest_checkpoint` ignores. The two newest are kept.
     """
-    from safetensors.torch import save_file
     final = folder / f"ckpt-{step:06d}"
-    tmp = folder / f"ckpt-{step:06d}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    policy.save_pretrained(tmp / "model")
-    tokenizer.save_pretrained(tmp / "model")
-    # AdamW state flattened to named tensors: "<param index>.<exp_avg|exp_avg_sq|step>".
-    opt = optimizer.state_dict()
-    tensors = {f"{i}.{k}": (v if torch.is_tensor(v) else torch.tensor(v)).contiguous()
-               for i, st in opt["state"].items() for k, v in st.items()}
-    tensors["rng.torch"] = torch.get_rng_state()
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    groups = [{k: v for k, v in g.items()} for g in opt["param_groups"]]
-    meta = {"step": step, "param_groups": groups, "python_random": _jsonable(random.getstate()),
-            "extra": extra}
-    (tmp / "state.json").write_text(json.dumps(meta), encoding="utf-8")
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
+    with atomic_folder(final) as tmp:
+        policy.save_pretrained(tmp / "model")
+        tokenizer.save_pretrained(tmp / "model")
+        # AdamW state flattened to named tensors: "<param index>.<exp_avg|exp_avg_sq|step>".
+        opt = optimizer.state_dict()
+        tensors = {f"{i}.{k}": (v if torch.is_tensor(v) else torch.tensor(v)).contiguous()
+                   for i, st in opt["state"].items() for k, v in st.items()}
+        tensors["rng.torch"] = torch.get_rng_state()
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        meta = {"step": step, "param_groups": opt["param_groups"],
+                "python_random": _jsonable(random.getstate()), "extra": extra}
+        (tmp / "state.json").write_text(json.dumps(meta), encoding="utf-8")
     for old in sorted(folder.glob("ckpt-??????"))[:-2]:
         shutil.rmtree(old)
     return final
@@ -516,7 +539,6 @@ def latest_checkpoint(folder: Path) -> Path | None:
 
 def load_checkpoint(path: Path, policy, optimizer) -> dict:
     """Restore model weights, optimiser moments and RNG state in place; return state.json."""
-    from safetensors.torch import load_file, load_model
     load_model(policy, str(path / "model" / "model.safetensors"), strict=False)
     meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
     tensors = load_file(str(path / "optimizer.safetensors"))
@@ -535,7 +557,7 @@ def load_checkpoint(path: Path, policy, optimizer) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig, step: int,
-              ref_model=None):
+              ref_model=None, sampling=None):
     """One GRPO step: sample G completions per prompt, score them, update the policy once.
 
     All G x len(prompts) completions are sampled in ONE batched `generate` call (prompt-major:
@@ -549,9 +571,13 @@ def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOC
     device = next(policy.parameters()).device
     rows_in = [p for p in prompts for _ in range(G)]                       # prompt-major groups
     policy.eval()
+    if sampling is not None:
+        sampling.refresh()                  # a models.SamplingCopy: take the last update's weights
     with autocast(cfg, device):
-        gen = models.generate(policy, tokenizer, rows_in, cfg.max_new_tokens, cfg.temperature,
-                              cfg.top_p, seeds=sample_seeds(cfg, step, len(rows_in)))
+        gen = models.generate(policy if sampling is None else sampling.model, tokenizer, rows_in,
+                              cfg.max_new_tokens, cfg.temperature, cfg.top_p,
+                              seeds=sample_seeds(cfg, step, len(rows_in)), sampler=cfg.sampler,
+                              compile_decode=cfg.compile_decode)
     # Rewards are constants of the loss: a reward model must never record an autograd graph.
     with torch.no_grad():
         rewards, components = reward_fn(meta, gen.texts, gen)
@@ -569,6 +595,7 @@ def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOC
              **{f"r_{k}": sum(v) / len(v) for k, v in components.items() if v},
              "loss": ustats["loss"], "kl": ustats["kl"], "clip_frac": ustats["clip_frac"],
              "grad_norm": ustats["grad_norm"], "skipped": not ustats["finite"],
+             "logp_mismatch": ustats["logp_mismatch"],
              "length": float(gen.completion_mask.sum(1).float().mean()), "lr": lr_at(step - 1, cfg)}
     return stats, gen, rewards
 
@@ -598,30 +625,30 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
         start = load_checkpoint(ckpt, policy, optimizer)["step"]
         # Drop metric lines of steps after the checkpoint: they are about to be redone.
         kept = [r for r in read_jsonl(metrics_path) if r["step"] <= start] if metrics_path.exists() else []
-        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        write_jsonl(metrics_path, kept)
         log(f"resumed from {ckpt} at step {start}")
     elif metrics_path.exists():
         metrics_path.unlink()
+    # A sampling copy is made once (after any resume) and refreshed inside every step.
+    sampling = None if cfg.sampling_copy == "none" else models.SamplingCopy(
+        policy, {"packed": torch.float32, "bf16": torch.bfloat16}[cfg.sampling_copy])
     rows, bad = [], 0
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.time()
         prompts, meta = sample_prompts(step)
         stats, gen, rewards = grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg,
-                                        step, ref_model)
+                                        step, ref_model, sampling)
         row = {"step": step, **stats, "seconds": time.time() - t0}
         bad = 0 if not row["skipped"] else bad + 1
         rows.append(row)
-        with open(metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(metrics_path, row)
         log(f"step {step:4d}/{cfg.steps} reward {row['reward_mean']:+.3f} ±{row['reward_std']:.3f} "
             f"kl {'-' if row['kl'] is None else format(row['kl'], '.4f')} clip {row['clip_frac']:.3f} len {row['length']:.1f} "
             f"zero-std {row['frac_zero_std']:.2f} gnorm {row['grad_norm']:.2f} "
+            f"mismatch {'-' if row['logp_mismatch'] is None else format(row['logp_mismatch'], '.4f')} "
             f"{'SKIPPED (non-finite) ' if row['skipped'] else ''}{row['seconds']:.1f}s")
-        if describe and cfg.dump_every and step % cfg.dump_every == 0:
-            (out_dir / "samples").mkdir(exist_ok=True)
-            with open(out_dir / "samples" / f"step-{step:06d}.jsonl", "w", encoding="utf-8") as f:
-                for r in describe(meta, gen.texts, rewards):
-                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        if describe and step % cfg.dump_every == 0:
+            write_jsonl(out_dir / "samples" / f"step-{step:06d}.jsonl", describe(meta, gen.texts, rewards))
         if bad >= cfg.max_bad_steps:
             path = save_checkpoint(ckpt_dir, step, policy, tokenizer, optimizer, {"stopped": "non-finite"})
             raise UserError(f"training stopped: {bad} non-finite steps in a row at step {step} "

@@ -4,18 +4,18 @@ Where it sits in MASCOT (arXiv 2601.14230, Phase I, RLAIF): for every (context, 
 speaker samples several candidate replies; a judge scores them for persona adherence and fit to
 the conversation; replies whose scores differ clearly become preference pairs for the reward model
 (reward.py), which GRPO then optimises (grpo.py). Stage 2 reuses `score_many` as the coherence term
-of the director's reward (director.py).
+of the director's reward (director.py), and evaluation uses it where no LLM judge is given.
 
 One interface, four backends (pick one with `--judge`):
 
-    offline            OfflineJudge  the default: four sentence-encoder features, no LLM; prefers
-                                     the better reply in 0.86 of our 70 labelled pairs and 0.92 of
-                                     24 blind ones, at seconds per hundred pairs on a 2-core CPU
+    offline            OfflineJudge  the default: sentence-encoder and word features, no LLM,
+                                     seconds per hundred pairs on a 2-core CPU, built to resist
+                                     reward hacks (docs/JUDGE.md: how it was built, how well it does)
     hf:<id-or-folder>  HFJudge       a local chat LLM: reads the probabilities of the labels A / B
     openai:<base-url>  OpenAIJudge   any OpenAI-compatible /chat/completions server (urllib only);
                                      model from --judge-model or MASCOT_JUDGE_MODEL, key from the
                                      environment variable MASCOT_JUDGE_API_KEY
-    rm:<folder>        a reward model trained by reward.py (RMJudge)
+    rm:<folder>        RMJudge       a reward model trained by reward.py
 
     class Judge:  score(state, reply) -> float in [0, 1]      pointwise quality
                   compare(state, a, b) -> Verdict             pairwise: which reply is better
@@ -25,37 +25,32 @@ One interface, four backends (pick one with `--judge`):
 Every backend goes through a JudgeCache (an append-only JSON-lines file) when a cache path is
 given, so a crashed or repeated run never pays twice for the same judgement.
 
-What we simplify or decide where the paper is silent (see /work/shared/paper/NOTES.md):
-  - The paper's judges are GPT-4o, Gemma-3-27B-IT and Phi-4 with unpublished prompts. Our judging
-    prompts are written below (PAIRWISE_SYSTEM, PAIRWISE_TEMPLATE, POINTWISE_TEMPLATE).
+What we decide where the paper is silent:
+  - The paper's judges are GPT-4o, Gemma-3-27B-IT and Phi-4 with unpublished prompts. Ours are
+    text files in data/prompts/ (judge_system, judge_pairwise, judge_pointwise).
   - LLM judges prefer whichever reply they read first (position bias; Zheng et al. 2023, "Judging
     LLM-as-a-Judge with MT-Bench and Chatbot Arena"). Every pairwise question is asked
     in both orders, and a verdict counts only when both orders agree.
   - The offline judge is not an LLM at all. A 135M chat model asked "A or B?" answers "A" whatever
-    the replies say (below chance on our pairs), so the default judge is a handful of measured
-    features over MiniLM sentence embeddings (see OfflineJudge, and bench/judge_speed.py for the
-    measurements behind every weight). It is a stand-in that lets the whole pipeline run on a
-    laptop, not a replacement for a strong judge.
+    the replies say, so the default judge is a handful of measured features over MiniLM
+    sentence embeddings and the reply's words, with one penalty per reward hack a policy found
+    (copying the context, reciting the persona, leaking the prompt, ...; see hacks.py). It is a
+    stand-in that lets the whole pipeline run on a laptop, not a replacement for a strong judge.
 
-Run it to measure a judge on labelled pairs (data/judge_pairs_*.jsonl):
+Measure a judge on labelled pairs (data/judge_pairs_*.jsonl; the schema is in data/README.md):
 
-    python judge.py data/judge_pairs_support.jsonl data/judge_pairs_meeting.jsonl
-    python judge.py --judge hf:smollm2-135m data/judge_pairs_blind.jsonl     # or hf:<model folder>
-    python judge.py --judge openai:http://localhost:8000/v1 --judge-model qwen3 --cache runs/j.jsonl \\
-        data/judge_pairs_support.jsonl
+    python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl data/judge_pairs_meeting.jsonl
+    python mascot.py judge-eval --judge openai:http://localhost:8000/v1 --judge-model qwen3 \\
+        --pairs data/judge_pairs_support.jsonl
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import http.client
 import json
-import math
 import os
 import random
-import re
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -66,22 +61,19 @@ import torch
 
 import data
 import models
+import reward
 from data import UserError
+from judge_features import (OFFLINE_RECIPE, OFFLINE_WEIGHTS, RELEVANCE_CAP, REPEAT_FLOOR, COPY_RUN, COPY_FLOOR,
+                            RECITAL_FLOOR, MIN_WORDS, LIST_FLOOR, FUNCTION_FLOOR, OFFLINE_CENTER, OFFLINE_SCALE,
+                            PROMPT_TALK, persona_does, split_sentences, lexical_features, semantic_features, weighted_sum,
+                            sigmoid, logit)
+from metrics import parse_ab, parse_rubric_score
+from simulate import JudgeState
 
 
 # ----------------------------------------------------------------------------------------------
-# What a judge sees, and what a pairwise judgement returns
+# What a pairwise judgement returns
 # ----------------------------------------------------------------------------------------------
-
-@dataclass
-class JudgeState:
-    """What a judge sees besides the reply: who speaks, and the conversation so far."""
-    persona_name: str
-    persona_desc: str
-    context: str                                        # the latest user message
-    history: list[dict] = field(default_factory=list)   # [{"speaker", "text"}], oldest first
-    situation: str = ""
-
 
 @dataclass
 class Verdict:
@@ -92,7 +84,7 @@ class Verdict:
 
 
 def state_from_pair(pair: dict) -> JudgeState:
-    """The JudgeState of one labelled judge pair (schema in notes/CONVENTIONS.md)."""
+    """The JudgeState of one labelled judge pair (schema in data/README.md)."""
     return JudgeState(persona_name=pair["persona"], persona_desc=pair["persona_desc"],
                       context=pair["context"], history=list(pair["history"]),
                       situation=pair.get("situation", ""))
@@ -129,23 +121,14 @@ class JudgeCache:
     def _load(self) -> dict[str, object]:
         if not self.path.exists():
             return {}
-        lines = self.path.read_bytes().decode("utf-8", errors="replace").split("\n")
-        numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
-        values = {}
-        for i, (number, line) in enumerate(numbered):
-            try:
-                record = json.loads(line)
-                key, value = record["key"], record["value"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                if i == len(numbered) - 1:
-                    data.warn(f"{self.path}: ignoring line {number}, cut off mid-write")
-                else:
-                    self.skipped += 1
-                    data.warn(f"{self.path}: skipping garbled line {number} "
-                              f"({self.skipped} so far); its judgement will be asked again")
-                continue
-            values[key] = value
-        return values
+
+        def damaged(number: int, problem: str) -> None:
+            self.skipped += 1
+            data.warn(f"{self.path}: skipping garbled line {number} ({problem}); its judgement "
+                      "will be asked again")
+
+        records = data.read_jsonl(self.path, on_damage=damaged)
+        return {r["key"]: r["value"] for r in records if "key" in r and "value" in r}
 
     def get(self, key: str):
         """The stored value, or None (a miss). Stored values are never None."""
@@ -284,38 +267,10 @@ def combine_orders(p_ab: float | None, p_ba: float | None) -> Verdict:
 
 
 # ----------------------------------------------------------------------------------------------
-# The judging prompts of the LLM backends (our own text: the paper does not publish its prompts).
-# Kept short and explicit because the local judges are small; the answer labels are single
-# tokens ("A"/"B", "1".."5") so that HFJudge can read their probabilities directly.
+# The judging prompts of the LLM backends (data/prompts/judge_*.txt: our own text, since the paper
+# does not publish its prompts). Kept short and explicit because the local judges are small; the
+# answer labels are single tokens ("A"/"B", "1".."5") so that HFJudge can read their probabilities.
 # ----------------------------------------------------------------------------------------------
-
-PAIRWISE_SYSTEM = (
-    "You judge replies written by one member of a group of AI companions. A good reply stays in "
-    "the companion's persona and fits the conversation: it responds to the specifics of the "
-    "user's latest message, adds something not already said, and avoids generic comfort, "
-    "flattery and agreeing with everything.")
-
-PAIRWISE_TEMPLATE = """Companion: {name}
-Persona: {desc}
-
-Conversation so far:
-{conversation}
-
-Reply A: {a}
-
-Reply B: {b}
-
-Which reply is better? Answer with A or B."""
-
-POINTWISE_TEMPLATE = """Companion: {name}
-Persona: {desc}
-
-Conversation so far:
-{conversation}
-
-Reply: {reply}
-
-How well does this reply stay in the persona and fit the conversation? Rate it from 1 (poor) to 5 (excellent). Answer with a single digit."""
 
 MAX_HISTORY_TURNS = 8      # older turns are dropped: small judges have short context windows
 MAX_TURN_CHARS = 600       # one runaway turn must not crowd out the rest of the prompt
@@ -331,15 +286,15 @@ def render_conversation(state: JudgeState) -> str:
 
 
 def pairwise_messages(state: JudgeState, a: str, b: str) -> list[dict]:
-    text = PAIRWISE_TEMPLATE.format(name=state.persona_name, desc=state.persona_desc,
-                                    conversation=render_conversation(state), a=a, b=b)
-    return [{"role": "system", "content": PAIRWISE_SYSTEM}, {"role": "user", "content": text}]
+    text = data.prompt("judge_pairwise").format(name=state.persona_name, desc=state.persona_desc,
+                                                conversation=render_conversation(state), a=a, b=b)
+    return [{"role": "system", "content": data.prompt("judge_system")}, {"role": "user", "content": text}]
 
 
 def pointwise_messages(state: JudgeState, reply: str) -> list[dict]:
-    text = POINTWISE_TEMPLATE.format(name=state.persona_name, desc=state.persona_desc,
-                                     conversation=render_conversation(state), reply=reply)
-    return [{"role": "system", "content": PAIRWISE_SYSTEM}, {"role": "user", "content": text}]
+    text = data.prompt("judge_pointwise").format(name=state.persona_name, desc=state.persona_desc,
+                                                 conversation=render_conversation(state), reply=reply)
+    return [{"role": "system", "content": data.prompt("judge_system")}, {"role": "user", "content": text}]
 
 
 SCORE_LABELS = ("1", "2", "3", "4", "5")
@@ -448,31 +403,6 @@ class HFJudge(Judge):
 # OpenAIJudge: any OpenAI-compatible /chat/completions endpoint, with urllib only
 # ----------------------------------------------------------------------------------------------
 
-_LEADING_LABEL = re.compile(r"^[\s\"'*`(\[]*([AB])(?![A-Za-z])")
-_NAMED_LABEL = re.compile(r"\b(?:reply|response|answer|option|choice)\b[\s:*\"'`(\[-]*([AB])(?![A-Za-z])",
-                          re.IGNORECASE)
-_ANY_LABEL = re.compile(r"(?<![A-Za-z])([AB])(?![A-Za-z])")
-# "A" followed by a lower-case word is the article ("A better reply is B"), unless the word says
-# something about reply A ("A is better", "A wins").
-_ARTICLE = re.compile(r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]")
-
-
-def parse_ab(text: str) -> int | None:
-    """Read the judge's choice from free text: 0 for "A", 1 for "B", None if there is none.
-
-    Tried in order: the answer starts with the label ("B", "**A**", "(B) because..."); a named
-    label anywhere ("Reply B is better", "answer: a"); then the first standalone capital A/B.
-    An "A" that reads as the article ("A better reply is B") is skipped.
-    """
-    if not isinstance(text, str):
-        return None
-    for pattern in (_LEADING_LABEL, _NAMED_LABEL, _ANY_LABEL):
-        for match in pattern.finditer(text):
-            if not _ARTICLE.match(text, match.start(1)):
-                return "AB".index(match.group(1).upper())
-    return None
-
-
 def _retry_after_seconds(value: str | None) -> float | None:
     """The Retry-After header in seconds, or None when absent or an HTTP date (not supported)."""
     try:
@@ -580,9 +510,6 @@ class OpenAIJudge(Judge):
         return verdicts
 
     def _score_uncached(self, states, replies):
-        # The rubric-answer parser of the evaluation, so both read judges the same way. Imported
-        # here, not at the top, so that evaluate.py can import this module without a cycle.
-        from evaluate import parse_rubric_score
         scores = []
         for s, r in zip(states, replies):
             value = parse_rubric_score(self.chat(pointwise_messages(s, r), self.LABEL_MAX_TOKENS))
@@ -596,150 +523,108 @@ class OpenAIJudge(Judge):
 
 
 # ----------------------------------------------------------------------------------------------
-# OfflineJudge: four measured features over MiniLM sentence embeddings (the default judge)
+# OfflineJudge: measured features of the reply's meaning (MiniLM) and of its words (the default)
 # ----------------------------------------------------------------------------------------------
-# How it was designed (numbers from bench/judge_speed.py on our 70 labelled pairs, 50 support +
-# 20 meeting; "alone" = how often the feature by itself prefers the better reply):
-#   persona     cos(reply, what the persona DOES)          alone 0.61, but 0.93 on wrong-role pairs
-#               (the whole description, with its "never ..." clauses: 0.57 and 0.64)
-#   context     cos(reply, the user's latest message)      alone 0.70, 1.00 on ignores-specifics
-#   repetition  -(max cos(reply, earlier turn) - 0.5)+     alone 0.59, 1.00 on repetition
-#   generic     -max cos(any sentence of reply, GENERIC_PHRASES)  alone 0.76, 1.00 generic, 0.86 sycophancy
-# Each feature catches one failure kind and is noise on the others, so the judge adds them up.
-# Measured and left out:
-#   - SmolLM2-135M as a pairwise A/B judge (HFJudge): it answers "A" to 100% of the prompts, so
-#     the two orders never agree: no verdict on any of the 70 pairs, accuracy 0.
-#   - PMI, log p(reply | persona + conversation) - log p(reply), with SmolLM2-135M: 0.57 (0.07 on
-#     repetition: a model that has just read a sentence finds it likely again), and ~15x slower
-#     than all four features together (0.11 vs 1.8 pairs/s on the same busy 2-core machine).
-#   - contrasting the persona with a bank of other roles, or with its "never ..." clauses: worse
-#     than the plain similarity (sentence embeddings do not understand negation).
-#   - shared content words with the message (0.75 alone) adds nothing on top of `context`, and
-#     it grows with reply length, which a policy trained on this reward would learn to exploit.
-# Weights: putting the features on one scale (weight = 1 / standard deviation of the feature's
-# better-minus-worse difference, context = 1) gives (2.4, 1, 1.5, 1.45): 0.83 on the labelled
-# pairs. Equal weights give 0.84; roundings of the scaled weights give 0.83 to 0.86, and we keep
-# the simplest, (2, 1, 1, 2): 0.86. No finer search, to keep the weights readable and not fitted
-# to 70 pairs. The design was then checked on data/judge_pairs_blind.jsonl (24 pairs written
-# before anything here was measured): 0.92 the first time, and 0.92 with the final constants.
-
-OFFLINE_WEIGHTS = {"persona": 2.0, "context": 1.0, "repetition": 1.0, "generic": 2.0}
-
-# Only similarity to an earlier turn beyond REPEAT_FLOOR counts as repeating it, so a reply is not
-# penalised just for staying on the topic of the conversation. In our labelled pairs a good
-# reply's closest earlier turn has cosine 0.25 (median; 0.57 at the 90th percentile), a reply
-# that repeats one has 0.89 (0.85 to 0.92). Any floor from 0.2 to 0.5 gives the same accuracy.
-REPEAT_FLOOR = 0.5
-
-# score = sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)), z = the weighted feature sum. The centre
-# and 1 / scale are the mean (-0.04) and standard deviation (0.43) of z over the 140 labelled
-# replies (bench/judge_speed.py prints them), so a typical reply scores 0.5 and one standard
-# deviation better scores 0.73. They do not change any comparison, only the absolute scores that
-# reward.py thresholds into pairs and the director averages.
-OFFLINE_CENTER = -0.04
-OFFLINE_SCALE = 2.3
-
-# The generic, agreeable assistant voice the paper calls persona collapse: comfort that fits any
-# message, flattery and agreement with whatever the user proposes, and meeting filler. Our own
-# phrasing of the clichés; a reply is as generic as its most generic sentence.
-GENERIC_PHRASES = (
-    # comfort that would fit any message
-    "I understand how you feel.", "You are not alone in this.", "It's okay to feel this way.",
-    "I'm so sorry you're going through this.", "That sounds really hard.", "Your feelings are valid.",
-    "Be gentle with yourself and take care.", "Everything happens for a reason.",
-    "Things will get better with time.", "Everyone goes through ups and downs.",
-    "It's important to take care of yourself.", "Remember that it's okay to not be okay.",
-    "Stay positive and believe in yourself.", "You are stronger than you think.",
-    # sycophancy: flattery and agreeing with whatever was proposed
-    "That's a great idea!", "What a fantastic plan, go for it!", "You're absolutely right.",
-    "I totally agree with you.", "You deserve it, treat yourself!", "You're doing amazing!",
-    "You're so brave and so smart.", "I'm sure it will all work out perfectly.",
-    "Whatever you decide will be the right choice.", "You've got this, no doubt about it!",
-    # meeting filler
-    "Great discussion, everyone!", "This has been a really productive meeting.",
-    "I think we're making good progress.", "Thanks everyone for your input.",
-    "Let's keep the conversation going.", "We'll figure it out together.",
-    "Good points all around.", "Let's circle back on this later.",
-)
-
-# Where a persona description turns from what the persona does to what it must not do.
-_NEGATION = re.compile(r"[;,.]?\s*\b(?:never|avoiding|instead of|without)\b", re.IGNORECASE)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# The features and their constants live in judge_features.py (pure functions).
 
 
-def persona_does(desc: str) -> str:
-    """The part of a persona description that says what the persona does.
+class ScoreJudge(Judge):
+    """A judge that compares two replies by their scores (the offline judge, a reward model).
 
-    "Anchor: names feelings; never gives advice" -> "Anchor: names feelings". A sentence
-    embedding does not understand "never", so "never gives advice" would make advice look
-    in-role; we drop the never-part. A description that starts with "Never" is kept whole.
+    P(first better) = sigmoid(logit(score_first) - logit(score_second)): a Bradley-Terry
+    comparison of the two scores. It is symmetric by construction: swapping the replies swaps the
+    scores, so compare(b, a) mirrors compare(a, b) and there is no position bias to cancel.
     """
-    head = _NEGATION.split(desc, maxsplit=1)[0].strip()
-    return head or desc
+
+    def compare_many(self, states, firsts, seconds):
+        if not len(states) == len(firsts) == len(seconds):
+            raise ValueError("compare_many: states, firsts and seconds must have the same length")
+        scores = self.score_many(list(states) * 2, list(firsts) + list(seconds))  # cached per reply
+        n = len(states)
+        return [Verdict(0 if a > b else 1 if b > a else None, sigmoid(logit(a) - logit(b)),
+                        {"score_first": a, "score_second": b}) for a, b in zip(scores[:n], scores[n:])]
 
 
-def split_sentences(text: str) -> list[str]:
-    """Split at ., ! or ? followed by a space; a text without any stays one sentence."""
-    parts = [p for p in _SENTENCE_END.split(text.strip()) if p]
-    return parts or [text]
+@dataclass
+class PersonaVoice:
+    """What personas.json adds to a persona's one-line description, embedded once per judge."""
+    role: str
+    card_texts: list[str]       # description, role, style: what a reply must not recite
+    card: torch.Tensor          # (2, D) the description and the style
+    own: torch.Tensor           # (D,) unit centroid of its example lines
+    others: torch.Tensor        # (P, D) unit centroids of the other personas' lines in its set
 
 
-def offline_features(reply, sentences, persona, context, history, bank) -> dict[str, float]:
-    """The four features of one reply, from unit vectors (a dot product is a cosine).
-
-    reply: (D,) the whole reply; sentences: (S, D) its sentences; persona: (D,) persona_does;
-    context: (D,) the user's latest message; history: (H, D) earlier turns (H may be 0);
-    bank: (K, D) GENERIC_PHRASES. Higher is better for every feature.
-    """
-    repeat = float((history @ reply).max()) if len(history) else 0.0          # (H,) -> max
-    return {
-        "persona": float(persona @ reply),
-        "context": float(context @ reply),
-        "repetition": -max(0.0, repeat - REPEAT_FLOOR),
-        "generic": -float((sentences @ bank.T).max()),                          # (S, K) -> max
-    }
+def find_voice(state: JudgeState, voices: dict[str, list[PersonaVoice]]) -> PersonaVoice | None:
+    """The card of the speaking persona: same name, and its role named in the state's description
+    ("Anchor, the emotional validator: ..."), so a custom persona that merely shares a name with a
+    bundled one is judged by its own description only."""
+    desc = state.persona_desc.casefold()
+    hits = [v for v in voices.get(state.persona_name.casefold(), []) if v.role.casefold() in desc]
+    return hits[0] if len(hits) == 1 else None
 
 
-def weighted_sum(features: dict[str, float], weights: dict[str, float]) -> float:
-    return sum(weights[k] * features[k] for k in weights)
-
-
-def sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
-
-
-class OfflineJudge(Judge):
-    """The default judge: a weighted sum of four sentence-embedding features, no LLM.
+class OfflineJudge(ScoreJudge):
+    """The default judge: a weighted sum of embedding and word features, no LLM.
 
     score(state, reply) = sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)) with z the weighted sum of
-    offline_features. compare() derives from the two scores: P(first better) =
-    sigmoid(OFFLINE_SCALE * (z_first - z_second)), a Bradley-Terry comparison. It is symmetric by
-    construction: swapping the replies swaps the scores, so compare(b, a) mirrors compare(a, b)
-    and this judge has no position bias to cancel.
+    semantic_features and lexical_features; compare() derives from the two scores (ScoreJudge),
+    which here is sigmoid(OFFLINE_SCALE * (z_first - z_second)).
+
+    persona_sets: the persona cards to look speakers up in (default: every set of the shipped
+    personas.json); a speaker without a card is judged by its description alone.
     """
 
     def __init__(self, cache_path: str | Path | None = None, encoder=None,
-                 weights: dict[str, float] | None = None):
+                 weights: dict[str, float] | None = None, persona_sets: list | None = None):
         super().__init__(cache_path)
         self.weights = dict(OFFLINE_WEIGHTS if weights is None else weights)
-        # The name carries everything that decides a score, so changing a weight or the phrase
-        # bank in this file never reads stale scores from an old cache.
-        recipe = json.dumps([self.weights, REPEAT_FLOOR, OFFLINE_CENTER, OFFLINE_SCALE,
-                             GENERIC_PHRASES], sort_keys=True)
+        if persona_sets is None:
+            persona_sets = [data.load_personas("personas.json", s) for s in data.available_sets("personas.json")]
+        # The name carries everything that decides a score, so changing a weight, a constant, the
+        # phrase bank or a persona card never reads stale scores from an old cache.
+        phrases = data.asset("generic_phrases.json")["phrases"]
+        constants = [OFFLINE_RECIPE, RELEVANCE_CAP, REPEAT_FLOOR, COPY_RUN, COPY_FLOOR, RECITAL_FLOOR,
+                     MIN_WORDS, LIST_FLOOR, FUNCTION_FLOOR, OFFLINE_CENTER, OFFLINE_SCALE, PROMPT_TALK]
+        cards = [asdict(p) for s in persona_sets for p in s.personas]
+        recipe = json.dumps([self.weights, constants, phrases, cards], sort_keys=True)
         self.name = "offline:" + hashlib.sha256(recipe.encode("utf-8")).hexdigest()[:12]
         self.encoder = encoder if encoder is not None else models.SentenceEncoder()
-        self.bank = self.encoder.embed(list(GENERIC_PHRASES))                   # (K, D)
+        self.bank = self.encoder.embed(phrases)                                 # (K, D)
+        self.voices = self._voices(persona_sets)
 
     def __repr__(self) -> str:
         return f"OfflineJudge(weights={self.weights})"
 
+    def _voices(self, persona_sets) -> dict[str, list[PersonaVoice]]:
+        """Embed every persona's description, style and example lines once, in one batch."""
+        texts = sorted({t for s in persona_sets for p in s.personas for t in [p.description, p.style, *p.examples]})
+        vectors = self.encoder.embed(texts)                                     # (N, D)
+        row = {t: i for i, t in enumerate(texts)}
+
+        def centroid(lines):
+            return torch.nn.functional.normalize(vectors[[row[t] for t in lines]].mean(0), dim=0)   # (D,)
+
+        voices: dict[str, list[PersonaVoice]] = {}
+        for persona_set in persona_sets:
+            centroids = {p.name: centroid(p.examples) for p in persona_set.personas}
+            for p in persona_set.personas:
+                others = [c for n, c in centroids.items() if n != p.name]
+                voices.setdefault(p.name.casefold(), []).append(PersonaVoice(
+                    role=p.role, card_texts=[p.description, p.role, p.style],
+                    card=vectors[[row[p.description], row[p.style]]],                          # (2, D)
+                    own=centroids[p.name],
+                    others=torch.stack(others) if others else torch.zeros(0, vectors.shape[1])))
+        return voices
+
     def features_many(self, states: list[JudgeState], replies: list[str]) -> list[dict[str, float]]:
-        """offline_features for every (state, reply), embedding each distinct text once."""
+        """semantic_features and lexical_features for every (state, reply), embedding each
+        distinct text once."""
         split = [split_sentences(r) for r in replies]
         texts = set(replies)
         for s, sentences in zip(states, split):
             texts.update(sentences)
-            texts.update([persona_does(s.persona_desc), s.context] + [t["text"] for t in s.history])
+            texts.update([persona_does(s.persona_desc), s.persona_desc, s.context] + [t["text"] for t in s.history])
         # Sorted by length, so each batch of the encoder pads its texts to similar lengths
         # (twice as fast as an arbitrary order on our pairs).
         texts = sorted(texts, key=lambda t: (len(t), t))
@@ -751,37 +636,25 @@ class OfflineJudge(Judge):
 
         out = []
         for s, reply, sentences in zip(states, replies, split):
-            out.append(offline_features(vectors[row[reply]], vec(sentences),
-                                        vectors[row[persona_does(s.persona_desc)]],
-                                        vectors[row[s.context]],
-                                        vec([t["text"] for t in s.history]), self.bank))
+            voice = find_voice(s, self.voices)
+            card = vec([s.persona_desc])                                        # (1, D)
+            if voice is not None:
+                card = torch.cat([card, voice.card])                            # (3, D)
+            features = semantic_features(vectors[row[reply]], vec(sentences), vectors[row[persona_does(s.persona_desc)]],
+                                         card, vectors[row[s.context]], vec([t["text"] for t in s.history]),
+                                         self.bank, voice.own if voice else None, voice.others if voice else None)
+            features.update(lexical_features(reply, s, [s.persona_desc] + (voice.card_texts if voice else []),
+                                             voice.role if voice else ""))
+            out.append(features)
         return out
 
     def raw_score(self, features: dict[str, float]) -> float:
-        """z: the weighted feature sum, centred (0 = a typical reply of our labelled pairs)."""
+        """z: the weighted feature sum, centred (0 = a typical honest reply of our labelled pairs)."""
         return weighted_sum(features, self.weights) - OFFLINE_CENTER
 
     def _score_uncached(self, states, replies):
         self.backend_calls += len(replies)
         return [sigmoid(OFFLINE_SCALE * self.raw_score(f)) for f in self.features_many(states, replies)]
-
-    def compare_many(self, states, firsts, seconds):
-        if not len(states) == len(firsts) == len(seconds):
-            raise ValueError("compare_many: states, firsts and seconds must have the same length")
-        scores = self.score_many(list(states) * 2, list(firsts) + list(seconds))  # cached per reply
-        n = len(states)
-        verdicts = []
-        for a, b in zip(scores[:n], scores[n:]):
-            # logit(score) = OFFLINE_SCALE * z, so this is sigmoid(OFFLINE_SCALE * (z_a - z_b)).
-            p_first = sigmoid(_logit(a) - _logit(b))
-            preferred = 0 if a > b else 1 if b > a else None
-            verdicts.append(Verdict(preferred, p_first, {"score_first": a, "score_second": b}))
-        return verdicts
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-12), 1 - 1e-12)
-    return math.log(p / (1 - p))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -792,31 +665,22 @@ JUDGE_FORMS = ("'offline', 'hf:<model id or folder>', 'openai:<base url>' (model
                "--judge-model or MASCOT_JUDGE_MODEL) or 'rm:<reward model folder>'")
 
 
-class RMJudge(Judge):
+class RMJudge(ScoreJudge):
     """A trained reward model (reward.py) used as a judge: score = sigmoid(r), compare from scores.
 
     Useful to measure the reward model with `judge-eval --judge rm:<folder>` on labelled pairs,
-    or as the coherence judge of stage 2. Like the offline judge it is symmetric by construction.
+    or as the coherence judge of stage 2.
     """
 
     def __init__(self, folder: str | Path, cache_path: str | Path | None = None, device: str = "cpu"):
-        import reward   # imported here: reward.py itself imports this module
         super().__init__(cache_path)
         self.rm, self.tok = reward.RewardModel.load(folder, device=device)
-        self.messages = reward.rm_messages
         self.name = f"rm:{Path(folder).resolve()}"
 
     def _score_uncached(self, states, replies):
         self.backend_calls += len(replies)
-        chats = [self.messages(s.persona_name, s.persona_desc, s.history, s.context, r)
-                 for s, r in zip(states, replies)]
+        chats = [reward.rm_messages(s, r) for s, r in zip(states, replies)]
         return [sigmoid(x) for x in self.rm.score_texts(self.tok, chats)]
-
-    def compare_many(self, states, firsts, seconds):
-        scores = self.score_many(list(states) * 2, list(firsts) + list(seconds))
-        n = len(states)
-        return [Verdict(0 if a > b else 1 if b > a else None, sigmoid(_logit(a) - _logit(b)),
-                        {"score_first": a, "score_second": b}) for a, b in zip(scores[:n], scores[n:])]
 
 
 def make_judge(spec: str = "offline", cache_path: str | Path | None = None,
@@ -848,25 +712,14 @@ def make_judge(spec: str = "offline", cache_path: str | Path | None = None,
 # Labelled pairs: how often does a judge prefer the better reply?
 # ----------------------------------------------------------------------------------------------
 
-PAIR_FIELDS = ("persona", "persona_desc", "context", "history", "better", "worse", "failure")
+PAIR_FIELDS = ("persona", "persona_desc", "context", "history", "better", "worse")   # + optional "failure", "situation"
 
 
 def load_pairs(path: str | Path) -> list[dict]:
-    """Read a judge-pair JSON-lines file (schema in notes/CONVENTIONS.md), checking every field."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such judge-pair file; check the path")
+    """Read a judge-pair JSON-lines file (schema in data/README.md), checking every field."""
     pairs = []
-    for number, line in enumerate(path.read_text(encoding="utf-8-sig").split("\n"), start=1):
-        if not line.strip():
-            continue
+    for number, pair in data.read_jsonl(path, numbered=True):
         where = f"{path}: line {number}"
-        try:
-            pair = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise UserError(f"{where} is not valid JSON ({err.msg}); fix or delete that line") from None
-        if not isinstance(pair, dict):
-            raise UserError(f"{where} is not a JSON object; each line must be one judge pair")
         for key in PAIR_FIELDS:
             if key not in pair:
                 raise UserError(f"{where}: field '{key}' is missing; every judge pair needs "
@@ -894,43 +747,24 @@ def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
     firsts = [p["better"] if i % 2 == 0 else p["worse"] for i, p in enumerate(pairs)]
     seconds = [p["worse"] if i % 2 == 0 else p["better"] for i, p in enumerate(pairs)]
     verdicts = judge.compare_many(states, firsts, seconds)
-    correct, no_verdict, per_persona = 0, 0, {}
+    correct, no_verdict, groups = 0, 0, {"persona": {}, "failure": {}}
     for i, (pair, verdict) in enumerate(zip(pairs, verdicts)):
         right = verdict.preferred == i % 2          # better is at position 0 for even i, 1 for odd
         no_verdict += verdict.preferred is None
         correct += right
-        c, n = per_persona.get(pair["persona"], (0, 0))
-        per_persona[pair["persona"]] = (c + right, n + 1)
+        for field_name, counts in groups.items():
+            if field_name in pair:
+                c, n = counts.get(pair[field_name], (0, 0))
+                counts[pair[field_name]] = (c + right, n + 1)
     return {"accuracy": correct / len(pairs) if pairs else 0.0, "n": len(pairs),
-            "no_verdict": no_verdict, "per_persona": per_persona}
+            "no_verdict": no_verdict, "per_persona": groups["persona"], "per_failure": groups["failure"]}
 
 
 def format_eval_report(result: dict) -> str:
-    """'accuracy: 0.857' on the first line, then one line per persona."""
+    """'accuracy: 0.857' on the first line, then one line per persona and per failure kind."""
     lines = [f"accuracy: {result['accuracy']:.3f}"]
-    for name, (c, n) in sorted(result["per_persona"].items()):
-        lines.append(f"  {name}: {c}/{n} = {c / n:.3f}")
+    lines += [f"  {name}: {c}/{n} = {c / n:.3f}" for name, (c, n) in sorted(result["per_persona"].items())]
+    if result.get("per_failure"):
+        lines.append("per failure kind:")
+        lines += [f"  {kind}: {c}/{n} = {c / n:.3f}" for kind, (c, n) in sorted(result["per_failure"].items())]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Measure a judge on labelled judge pairs.")
-    parser.add_argument("pairs", nargs="+", help="judge-pair JSON-lines files (data/judge_pairs_*.jsonl)")
-    parser.add_argument("--judge", default="offline", help=f"which judge: {JUDGE_FORMS}")
-    parser.add_argument("--judge-model", default=None, help="model name for an openai: judge")
-    parser.add_argument("--cache", default=None, help="JSON-lines cache of judgements (reused across runs)")
-    args = parser.parse_args(argv)
-    try:
-        pairs = [p for path in args.pairs for p in load_pairs(path)]
-        judge = make_judge(args.judge, cache_path=args.cache, model_name=args.judge_model)
-        result = evaluate_pairs(judge, pairs)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(format_eval_report(result))
-    print(f"n = {result['n']}, no verdict = {result['no_verdict']}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,482 +4,565 @@
                                         reward model (Bradley-Terry) -> GRPO on the speakers
     python mascot.py train --stage 2    Phase II: frozen speakers + simulated user; GRPO on the
                                         director over N-turn rollouts
+    python mascot.py evaluate           compare systems on held-out contexts, with 95% CIs
+    python mascot.py sft                the SFT baseline: the base model on ESConv supporter turns
     python mascot.py simulate           write conversations for contexts, a profile and a policy
+    python mascot.py chat               talk to the group yourself
+    python mascot.py report             one HTML page with the curves, tables and conversations
     python mascot.py judge-eval         measure a judge on labelled preference pairs
-    python mascot.py --help             everything, with defaults
+    python mascot.py judge-stress       best-of-N: does optimising the judge / reward model pick hacks?
+    python mascot.py demo               all of the above on the embedded model, sized for a CPU
+    python mascot.py COMMAND --help     every flag, with its default
 
 Each command writes into a run folder (default runs/default):
 
-    runs/default/stage1/  states.jsonl candidates.jsonl judge_cache.jsonl pairs.jsonl
+    runs/default/stage1/  config.json states.jsonl candidates.jsonl judge_cache.jsonl pairs.jsonl
                           reward_model/ metrics.jsonl samples/ checkpoints/ speakers/ summary.json
-    runs/default/stage2/  decision_points.jsonl metrics.jsonl samples/ checkpoints/ director/ summary.json
+    runs/default/stage2/  config.json decision_points.jsonl warm_start.json director_warm/
+                          metrics.jsonl samples/ checkpoints/ director/ summary.json
+    runs/default/sft/     config.json model/ summary.json
+    runs/default/eval/    config.json transcripts.jsonl results.md results.json [human.md human.json]
 
 This file only wires the stages together: read it top to bottom to see the whole pipeline, and
-follow the calls into the module that does each part (the README's reading order).
-Bad input never shows a traceback: every user-facing problem raises data.UserError, printed here
-as one line, and the process exits with status 2.
+follow the calls into the module that does each part (the README's reading order). The settings
+of the algorithms are declared once, next to the code that uses them (grpo.GRPOConfig,
+reward.RLAIFConfig, director.DirectorConfig, director.RewardWeights); `add_options` turns each of
+their fields into a flag. Bad input never shows a traceback: every user-facing problem raises
+data.UserError, printed here as one line, and the process exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import random
 import sys
+import textwrap
 import time
 from pathlib import Path
+from typing import NamedTuple
 
-from data import fraction, positive_int
+import chat
+import corpora
+import data
+import director as dr
+import evaluate
+import grpo
+import human
+import models
+import report
+import reward
+import sft
+from data import Context, PersonaSet, Profile, UserError, flag_type
+from judge import evaluate_pairs, format_eval_report, load_pairs, make_judge
+from metrics import paired_change
+from simulate import Cast, assign_profiles, run_conversations, write_transcripts
 
 ROOT = Path(__file__).resolve().parent
 
 
 # ----------------------------------------------------------------------------------------------
-# Flags (one configuration surface: every default lives here, with its help text)
+# Flags (one configuration surface: each flag is declared once, here or as an `option` field)
 # ----------------------------------------------------------------------------------------------
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m",
+def add_options(group, cls, prefix: str = "") -> None:
+    """One flag per `option` field of a settings dataclass: `--group-size` for group_size.
+
+    The default, the help text and the valid range come from the field (data.option), so they
+    are written once, beside the algorithm. A bool becomes a --x / --no-x pair.
+    """
+    for f in dataclasses.fields(cls):
+        if "help" not in f.metadata:
+            continue                                   # a fixed choice of the algorithm, not a flag
+        name = "--" + prefix + f.name.replace("_", "-")
+        dest = (prefix + f.name).replace("-", "_")
+        check, default, help_text = f.metadata["check"], f.default, f.metadata["help"]
+        if isinstance(default, bool):
+            group.add_argument(name, dest=dest, action=argparse.BooleanOptionalAction, default=default,
+                               help=help_text)
+        elif isinstance(check, list):
+            group.add_argument(name, dest=dest, choices=check, default=default, help=help_text)
+        else:
+            group.add_argument(name, dest=dest, type=flag_type(name, type(default), check), default=default,
+                               help=help_text)
+
+
+def options(cls, args, prefix: str = "", **given):
+    """The settings dataclass `cls` filled from the parsed flags (plus `given` non-flag fields)."""
+    values = {f.name: getattr(args, (prefix + f.name).replace("-", "_"))
+              for f in dataclasses.fields(cls) if "help" in f.metadata}
+    return cls(**values, **given)
+
+
+def add_model_flags(p) -> None:
+    """What every command that runs a model needs."""
+    p.add_argument("--model", default=models.EMBEDDED,
                    help="base model: smollm2-135m (embedded), tiny (random, tests), a folder, or a hub id")
     p.add_argument("--personas", default=str(ROOT / "personas.json"), help="persona file")
     p.add_argument("--set", default="support", help="persona set in the persona file (support | meeting)")
-    p.add_argument("--data", default="bundled",
-                   help="contexts: 'bundled' or a dataset file/folder (Empathetic Dialogues CSV/JSONL, "
-                        "ESConv JSON/JSONL, QMSum folder)")
-    p.add_argument("--profiles-file", default=str(ROOT / "data" / "profiles.json"),
-                   help="Big Five simulated-user profiles")
     p.add_argument("--run", default="runs/default", help="run folder for every artifact")
     p.add_argument("--seed", type=int, default=0, help="one seed for everything (data split, sampling)")
-    p.add_argument("--held-out", type=fraction("--held-out"), default=0.25,
-                   help="share of contexts kept for held-out evaluation")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
-    p.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=48,
-                   help="longest generated turn, in tokens")
+    p.add_argument("--max-new-tokens", type=flag_type("--max-new-tokens", int, "positive"), default=48,
+                   help="longest generated turn (speakers and simulated user), in tokens")
+
+
+def add_data_flags(p) -> None:
+    """Where the contexts and simulated users come from, and which contexts are held out."""
+    p.add_argument("--data", default="bundled",
+                   help="contexts: 'bundled' or a dataset file/folder (Empathetic Dialogues CSV/JSONL, "
+                        "ESConv JSON/JSONL, QMSum folder; see corpora.py)")
+    p.add_argument("--profiles-file", default=str(ROOT / "data" / "profiles.json"),
+                   help="Big Five simulated-user profiles")
+    p.add_argument("--held-out", type=flag_type("--held-out", float, "fraction"), default=0.25,
+                   help="share of contexts kept for held-out evaluation (never trained on)")
+
+
+def add_judge_flags(p) -> None:
     p.add_argument("--judge", default="offline",
                    help="offline (default) | hf:<model id or folder> | openai:<base url> | rm:<folder>")
     p.add_argument("--judge-model", default=None, help="model name for an openai: judge")
 
 
-def add_grpo(p: argparse.ArgumentParser, steps: int, lr: float, beta: float, prompts: int) -> None:
-    g = p.add_argument_group("GRPO")
-    g.add_argument("--steps", type=positive_int("--steps"), default=steps, help="optimiser steps")
-    g.add_argument("--prompts-per-step", type=positive_int("--prompts-per-step"), default=prompts,
-                   help="distinct prompts (states / decision points) per step")
-    g.add_argument("--group-size", type=positive_int("--group-size", minimum=2), default=4, help="G samples per prompt (>= 2)")
-    g.add_argument("--lr", type=float, default=lr, help="AdamW learning rate (full fine-tuning)")
-    g.add_argument("--beta", type=float, default=beta, help="KL weight to the frozen reference (0 skips it)")
-    g.add_argument("--eps-low", type=float, default=0.2, help="lower clip range")
-    g.add_argument("--eps-high", type=float, default=0.28, help="upper clip range (DAPO clip-higher)")
-    g.add_argument("--loss-type", choices=["dapo", "grpo"], default="dapo",
-                   help="dapo: token mean over the step; grpo: per-sequence mean (DeepSeekMath)")
-    g.add_argument("--no-scale-rewards", action="store_true", help="Dr. GRPO: do not divide by the group std")
-    g.add_argument("--num-iterations", type=positive_int("--num-iterations"), default=1,
-                   help="optimisation passes per sampled batch")
-    g.add_argument("--micro-batch", type=positive_int("--micro-batch"), default=8,
-                   help="completions per forward/backward (gradient accumulation)")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature while training")
-    g.add_argument("--save-every", type=positive_int("--save-every"), default=10, help="checkpoint every N steps")
-    g.add_argument("--dump-every", type=positive_int("--dump-every"), default=5, help="dump samples every N steps")
-    g.add_argument("--autocast-bf16", action="store_true",
-                   help="bf16 autocast for forward passes (GPU); weights, gradients and AdamW stay fp32")
-    g.add_argument("--gradient-checkpointing", action="store_true",
-                   help="recompute activations in backward: much less memory, ~1/3 more compute")
-    g.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+def add_trained_flags(p) -> None:
+    """Which trained models a command uses; by default the run folder's, else the base model."""
+    p.add_argument("--speakers", default=None,
+                   help="speaker model (default: RUN/stage1/speakers if it exists, else --model)")
+    p.add_argument("--director", default=None,
+                   help="director model (default: RUN/stage2/director if it exists, else --model)")
+
+
+def add_conversation_flags(p, turns: bool = True) -> None:
+    if turns:
+        p.add_argument("--turns", type=flag_type("--turns", int, "positive"), default=4,
+                       help="agent turns per conversation")
+    p.add_argument("--user-every", type=flag_type("--user-every", int, "non-negative"), default=2,
+                   help="the simulated user answers after every N agent turns (0: never)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="mascot.py", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=formatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    t = sub.add_parser("train", help="train stage 1 (speakers) or stage 2 (director)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t = sub.add_parser("train", help="train stage 1 (speakers) or stage 2 (director)", formatter_class=formatter)
     t.add_argument("--stage", type=int, choices=[1, 2], required=True)
-    add_common(t)
-    add_grpo(t, steps=20, lr=5e-6, beta=0.02, prompts=4)
-    s1 = t.add_argument_group("stage 1")
-    s1.add_argument("--states", type=positive_int("--states"), default=48,
-                    help="training states (context, persona, conversation so far)")
-    s1.add_argument("--heldout-states", type=positive_int("--heldout-states"), default=16,
-                    help="held-out states for the before/after reward")
-    s1.add_argument("--candidates", type=positive_int("--candidates", minimum=2), default=4, help="K candidate replies per state")
-    s1.add_argument("--margin", type=float, default=0.05,
-                    help="minimum judge-score gap (0-1 scale) for a preference pair")
-    s1.add_argument("--pairs-per-state", type=positive_int("--pairs-per-state"), default=2,
-                    help="at most this many pairs per state (widest gaps first)")
-    s1.add_argument("--rm-epochs", type=positive_int("--rm-epochs"), default=2, help="reward-model epochs")
-    s1.add_argument("--rm-lr", type=float, default=2e-5, help="reward-model learning rate")
-    s1.add_argument("--rm-held-out", type=fraction("--rm-held-out"), default=0.2,
-                    help="share of pairs held out to measure the reward model")
-    s1.add_argument("--format-weight", type=float, default=1.0,
-                    help="weight of the format reward next to the reward-model score")
-    s2 = t.add_argument_group("stage 2")
+    add_model_flags(t)
+    add_data_flags(t)
+    add_judge_flags(t)
+    g = t.add_argument_group("GRPO (grpo.GRPOConfig)")
+    add_options(g, grpo.GRPOConfig)
+    g.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    add_options(t.add_argument_group("stage 1 (reward.RLAIFConfig)"), reward.RLAIFConfig)
+    s2 = t.add_argument_group("stage 2 (director.DirectorConfig, director.RewardWeights)")
+    add_options(s2, dr.DirectorConfig)
+    add_options(s2, dr.RewardWeights, prefix="w-")
+    add_conversation_flags(s2, turns=False)
     s2.add_argument("--speakers", default=None,
-                    help="speaker model folder (default: RUN/stage1/speakers if it exists, else --model)")
+                    help="frozen speaker model (default: RUN/stage1/speakers if it exists, else --model)")
     s2.add_argument("--director-model", default=None, help="initial director (default: --model)")
-    s2.add_argument("--director-warmup", type=positive_int("--director-warmup", 0), default=20,
-                    help="supervised steps (4 examples each) teaching the director the three-line format "
-                         "before GRPO, with random agents; 0 skips it (see director.py, section 5)")
-    s2.add_argument("--warmup-lr", type=float, default=2e-5, help="learning rate of the format warm start")
-    s2.add_argument("--rollout-turns", type=positive_int("--rollout-turns"), default=3,
-                    help="N: agent turns rolled out after each sampled directive")
-    s2.add_argument("--user-every", type=int, default=2,
-                    help="the simulated user answers after every N agent turns")
-    s2.add_argument("--decision-points", type=positive_int("--decision-points"), default=24,
-                    help="training decision points (conversation prefixes) to sample from")
-    s2.add_argument("--heldout-points", type=positive_int("--heldout-points"), default=8,
-                    help="held-out decision points for the before/after group reward")
-    for name, default in [("coherence", 1.0), ("nonredundancy", 1.0), ("contribution", 0.5),
-                          ("balance", 0.5), ("format", 0.5)]:
-        s2.add_argument(f"--w-{name}", type=float, default=default, help=f"group-reward weight of {name}")
 
     j = sub.add_parser("judge-eval", help="accuracy of a judge on labelled preference pairs",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    j.add_argument("--pairs", required=True, nargs="+", help="JSONL file(s) of labelled pairs")
-    j.add_argument("--judge", default="offline", help="offline | hf:<id> | openai:<url> | rm:<folder>")
-    j.add_argument("--judge-model", default=None, help="model name for an openai: judge")
+                       formatter_class=formatter)
+    j.add_argument("--pairs", required=True, nargs="+", help="JSONL file(s) of labelled pairs (data/README.md)")
+    add_judge_flags(j)
     j.add_argument("--cache", default=None, help="judge cache file (JSONL); none by default")
 
-    s = sub.add_parser("simulate", help="simulate conversations and write transcripts",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common(s)
-    s.add_argument("--contexts", type=positive_int("--contexts"), default=4, help="how many contexts")
-    s.add_argument("--policy", default="round-robin",
-                   choices=["round-robin", "random", "least-spoken", "director"], help="speaker selection")
-    s.add_argument("--director", default=None,
-                   help="director model for --policy director (default: RUN/stage2/director, else --model)")
-    s.add_argument("--speakers", default=None, help="speaker model (default: RUN/stage1/speakers, else --model)")
-    s.add_argument("--profile", default="average", help="Big Five profile id, or 'all'")
-    s.add_argument("--turns", type=positive_int("--turns"), default=6, help="agent turns per conversation")
-    s.add_argument("--user-every", type=int, default=2, help="the user answers after every N agent turns")
-    s.add_argument("--out", default=None, help="transcript file (default RUN/simulate/<policy>.jsonl)")
-    import chat
-    import evaluate
-    e = sub.add_parser("evaluate", help="compare systems: rubric judges, redundancy, pairwise preference",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common(e)
-    evaluate.add_arguments(e)
+    st = sub.add_parser("judge-stress", help="best-of-N: does picking the top reply by the judge (and the "
+                        "reward model) pick reward hacks?", formatter_class=formatter)
+    add_model_flags(st)
+    add_data_flags(st)
+    add_judge_flags(st)
+    st.add_argument("--speakers", default=None, help="the policy to sample from (default: --model)")
+    st.add_argument("--rm", default=None,
+                    help="reward model folder to test too (default: RUN/stage1/reward_model if it exists)")
+    st.add_argument("--n", type=flag_type("--n", int, "at-least-2"), default=16, help="candidates per state")
+    st.add_argument("--states", type=flag_type("--states", int, "positive"), default=16,
+                    help="held-out states (context, persona, conversation so far)")
+    st.add_argument("--temperature", type=flag_type("--temperature", float, "positive"), default=1.0,
+                    help="sampling temperature of the candidates")
 
-    c = sub.add_parser("chat", help="talk to the companion group in the terminal",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    chat.add_arguments(c)
+    s = sub.add_parser("simulate", help="simulate conversations and write transcripts", formatter_class=formatter)
+    add_model_flags(s)
+    add_data_flags(s)
+    add_trained_flags(s)
+    add_conversation_flags(s)
+    s.add_argument("--contexts", type=flag_type("--contexts", int, "positive"), default=4, help="how many contexts")
+    s.add_argument("--policy", default="round-robin", choices=["round-robin", "random", "least-spoken", "director"],
+                   help="speaker selection")
+    s.add_argument("--profile", default="average", help="Big Five profile id, or 'all'")
+    s.add_argument("--out", default=None, help="transcript file (default RUN/simulate/<policy>.jsonl)")
+
+    e = sub.add_parser("evaluate", help="compare systems: rubric judges, redundancy, pairwise preference",
+                       formatter_class=formatter)
+    add_model_flags(e)
+    add_data_flags(e)
+    add_judge_flags(e)
+    add_trained_flags(e)
+    add_conversation_flags(e)
+    g = e.add_argument_group("evaluate")
+    g.add_argument("--systems", default="all",
+                   help="comma-separated subset of " + ", ".join(evaluate.SYSTEM_NAMES)
+                        + "; 'all' = every system whose checkpoints exist")
+    g.add_argument("--contexts", type=flag_type("--contexts", int, "positive"), default=8,
+                   help="held-out contexts to evaluate on (8 keeps a CPU run to minutes)")
+    g.add_argument("--profiles", default="average",
+                   help="simulated-user profile ids (comma-separated), or 'all' = the 10 one-trait Big Five "
+                        "profiles; every context is crossed with every profile (the paper: 50 x 10)")
+    g.add_argument("--role-setting", default="full", choices=["full", "name"],
+                   help="what every system's speaker prompt shows of each persona: the full card, or only "
+                        "name and role (an ablation)")
+    g.add_argument("--sft", default=None, help="SFT baseline model (default: RUN/sft/model; python mascot.py sft)")
+    g.add_argument("--sc-samples", type=flag_type("--sc-samples", int, "at-least-2"), default=5,
+                   help="self-consistency: zero-shot-CoT samples per turn")
+    g.add_argument("--sc-pick", default="majority", choices=["majority", "judge"],
+                   help="self-consistency: keep the sample the others agree with most, or the judge's best")
+    g.add_argument("--persona-id", action=argparse.BooleanOptionalAction, default=True,
+                   help="score persona consistency with the frozen base model (persona_id.py; 4 forward "
+                        "passes per agent turn)")
+    g.add_argument("--nli-model", default=None,
+                   help="folder or hub id of an MNLI-style sequence classifier for the NLI redundancy "
+                        "rates; skipped when not given")
+    g.add_argument("--pairwise", default=None,
+                   help="A,B: compare system A with system B per conversation "
+                        "(default mascot,round-robin when both ran)")
+    g.add_argument("--pairwise-by", default="persona-id", choices=["persona-id", "judge"],
+                   help="who decides the pairwise preference: the independent evaluator or --judge")
+    g.add_argument("--add", action="store_true",
+                   help="keep the systems already in RUN/eval (same contexts, profiles, seeds, judge and flags) "
+                        "and add or redo only --systems")
+    g.add_argument("--human", default=None,
+                   help="JSONL of human judgements (extras/annotate.py): print the sign test, Mann-Whitney U "
+                        "and kappa, write RUN/eval/human.{md,json}; no model is run")
+
+    f = sub.add_parser("sft", help="the SFT baseline: fine-tune the base model on ESConv supporter turns",
+                       formatter_class=formatter)
+    add_model_flags(f)
+    add_data_flags(f)
+    f.add_argument("--steps", type=flag_type("--steps", int, "positive"), default=40, help="AdamW steps")
+    f.add_argument("--batch-size", type=flag_type("--batch-size", int, "positive"), default=4,
+                   help="examples per step")
+    f.add_argument("--lr", type=flag_type("--lr", float, "positive"), default=3e-5, help="learning rate")
+    f.add_argument("--heldout-examples", type=flag_type("--heldout-examples", int, "positive"), default=32,
+                   help="supporter turns of held-out dialogues whose loss is printed before and after")
+
+    c = sub.add_parser("chat", help="talk to the companion group in the terminal", formatter_class=formatter)
+    add_model_flags(c)
+    add_trained_flags(c)
+    c.add_argument("--policy", choices=["director", "round-robin", "random", "least-spoken"], default="director",
+                   help="who answers: the LLM director, or a fixed rule")
+    c.add_argument("--show-directives", action="store_true",
+                   help="print the director's [Agent / Action / Tone] before each reply")
+    c.add_argument("--agents-per-turn", type=flag_type("--agents-per-turn", int, "positive"), default=2,
+                   help="how many agents answer each of your messages")
 
     r = sub.add_parser("report", help="write RUN/report.html: curves, tables, conversations",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=formatter)
     r.add_argument("--run", default="runs/default", help="run folder")
 
     d = sub.add_parser("demo", help="the whole pipeline on the embedded model with a CPU budget",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=formatter)
     d.add_argument("--run", default="runs/demo", help="run folder")
-    d.add_argument("--model", default="smollm2-135m", help="base model")
+    d.add_argument("--model", default=models.EMBEDDED, help="base model")
     return parser
 
 
 # ----------------------------------------------------------------------------------------------
-# Shared set-up
+# Shared set-up: one run's inputs
 # ----------------------------------------------------------------------------------------------
 
-def log_config(args, folder: Path) -> None:
-    """Write and print the resolved configuration once per run (STYLE: log it once)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in vars(args).items()}
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    print("config: " + " ".join(f"{k}={v}" for k, v in config.items()), flush=True)
+class Inputs(NamedTuple):
+    personas: PersonaSet
+    train: list[Context]          # contexts training may use
+    held_out: list[Context]       # contexts only the before/after checks and evaluation see
+    profiles: dict[str, Profile]  # Big Five profile id -> profile
+    split: str = ""               # how train and held_out were chosen, for the results
 
 
-def load_inputs(args):
-    """Personas, train/held-out contexts and profiles, all validated with one-line errors."""
-    import data
+def load_inputs(args, earlier: list[Path] = ()) -> Inputs:
+    """Personas, the train / held-out contexts and the profiles the flags name, all checked.
+
+    `earlier`: config.json files of the stages this command builds on; their split must match
+    (data.check_split), so that no context one stage trained on is held out by the next.
+    """
+    data.check_split(args, earlier)
     personas = data.load_personas(args.personas, args.set)
-    contexts = data.load_contexts(args.data, persona_set=args.set)
-    if len(contexts) < 2:
-        raise data.UserError(f"--data {args.data}: only {len(contexts)} '{args.set}' context(s); need at least 2")
-    train, held = data.split_contexts(contexts, args.held_out, seed=args.seed)
-    if not held:
-        held = train[-1:]
+    # A dataset folder with official splits: train on train, evaluate on test (else valid); see corpora.py.
+    splits = corpora.load_splits(args.data, persona_set=args.set)
+    if "train" in splits and len(splits) > 1:
+        held_name = "test" if "test" in splits else "valid"
+        train, held = splits["train"], splits[held_name]
+        split = f"official splits: training uses 'train' ({len(train)}), evaluation '{held_name}' ({len(held)})"
+    else:
+        contexts = ([c for part in splits.values() for c in part] if splits
+                    else corpora.load_contexts(args.data, persona_set=args.set))
+        if len(contexts) < 2:
+            raise UserError(f"--data {args.data}: only {len(contexts)} '{args.set}' context(s); need at least 2")
+        train, held = data.split_contexts(contexts, args.held_out, seed=args.seed)
+        if not held:
+            raise UserError(f"--held-out {args.held_out}: no context of the {len(contexts)} in --data is held "
+                            "out; raise --held-out (the default is 0.25)")
+        split = f"random split, held-out fraction {args.held_out}" + (
+            f" (the folder holds only the '{next(iter(splits))}' split)" if splits else "")
     profiles = {p.id: p for p in data.load_profiles(args.profiles_file)}
-    return personas, train, held, profiles
+    return Inputs(personas, train, held, profiles, split)
 
 
-def existing(folder: Path) -> str | None:
-    return str(folder) if (folder / "config.json").exists() else None
-
-
-def grpo_config(args):
-    import grpo
-    return grpo.GRPOConfig(
-        steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
-        lr=args.lr, beta=args.beta, eps_low=args.eps_low, eps_high=args.eps_high,
-        loss_type=args.loss_type, scale_rewards=not args.no_scale_rewards,
-        num_iterations=args.num_iterations, micro_batch=args.micro_batch,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-        save_every=args.save_every, dump_every=args.dump_every,
-        autocast_bf16=args.autocast_bf16, gradient_checkpointing=args.gradient_checkpointing)
+def save_model(model, tok, folder: Path) -> Path:
+    with data.atomic_folder(folder) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    return folder
 
 
 # ----------------------------------------------------------------------------------------------
-# Stage 1: persona-aware behavioural alignment
+# Stage 1: persona-aware behavioural alignment (RLAIF, then GRPO on the speakers)
 # ----------------------------------------------------------------------------------------------
 
 def train_stage1(args) -> dict:
-    import grpo
-    import models
-    import reward
-    from judge import make_judge
-    from simulate import Cast, run_conversations
-
     out = Path(args.run) / "stage1"
-    log_config(args, out)
-    personas, train_ctx, held_ctx, profiles = load_inputs(args)
+    inputs = load_inputs(args)
+    data.save_config(args, out)
     base, tok = models.load_model(args.model, device=args.device)
-
-    # 1. States: (context, persona, conversation so far). Contexts without a recorded dialogue
-    #    get a short conversation from the base model (round-robin speakers, average user).
-    states_path = out / "states.jsonl"
-    if states_path.exists():
-        states = reward.load_states(states_path, train_ctx + held_ctx)
-    else:
-        # Only the contexts the states will use (states cycle through the context lists).
-        used = train_ctx[:args.states] + held_ctx[:args.heldout_states]
-        need = [c for c in used if not c.turns]
-        generated = {}
-        if need:
-            print(f"stage 1: generating short conversations for {len(need)} contexts (base model)", flush=True)
-            cast = Cast(personas, base, tok, base, tok, args.max_new_tokens)
-            from director import RoundRobin
-            convs = run_conversations(need, RoundRobin(personas), cast, profiles, ["average"] * len(need),
-                                      n_agent_turns=2, user_every=1, seed=args.seed)
-            generated = {c.context.id: c.turns for c in convs}
-        states = (reward.build_states(train_ctx, personas, args.states, args.seed, generated, "train")
-                  + reward.build_states(held_ctx, personas, args.heldout_states, args.seed + 1, generated, "heldout"))
-        reward.save_states(states_path, states)
-    train_states = [s for s in states if s.split == "train"]
-    held_states = [s for s in states if s.split == "heldout"]
-    print(f"stage 1: {len(train_states)} training states, {len(held_states)} held-out states", flush=True)
-
-    # 2. Candidates: K replies per training state from the base speaker policy.
-    cand_path = out / "candidates.jsonl"
-    candidates = reward.sample_candidates(base, tok, train_states, personas, args.candidates,
-                                          args.max_new_tokens, args.seed, cand_path)
-
-    # 3. Judge -> preference pairs (cached: a re-run pays for no judgement twice).
-    pairs_path = out / "pairs.jsonl"
     judge = make_judge(args.judge, cache_path=out / "judge_cache.jsonl", model_name=args.judge_model)
-    pairs = reward.judge_pairs(train_states, candidates, personas, judge, args.margin, args.pairs_per_state)
-    reward.write_jsonl(pairs_path, pairs)
-    print(f"stage 1: {len(pairs)} preference pairs from {len(train_states)} states "
-          f"(judge {judge.name}, margin {args.margin})", flush=True)
 
-    # 4. Reward model (Bradley-Terry) on the pairs; held-out accuracy printed.
-    rm_dir = out / "reward_model"
-    if (rm_dir / reward.CONFIG_FILE).exists():
-        rm, rm_tok = reward.RewardModel.load(rm_dir, device=args.device)
-        rm_metrics = json.loads((rm_dir / reward.CONFIG_FILE).read_text())["metrics"]
-        print(f"stage 1: reusing the reward model in {rm_dir}", flush=True)
-    else:
-        torch_seed(args.seed)
-        rm, rm_tok = reward.RewardModel.from_base(args.model, device=args.device)
-        rm_metrics = reward.train_reward_model(rm, rm_tok, pairs, args.rm_held_out, args.rm_epochs,
-                                               args.rm_lr, seed=args.seed)
-        rm.save(rm_dir, rm_tok, rm_metrics)
-    acc = rm_metrics.get("heldout_accuracy")
-    print(f"reward model held-out accuracy: {'n/a (no held-out pairs)' if acc is None else f'{acc:.3f}'} "
-          f"on {rm_metrics.get('n_heldout')} pairs", flush=True)
+    # Steps 1-4 of the paper's Phase I: states -> candidates -> judge -> pairs -> reward model.
+    rlaif = reward.build_reward_fn(options(reward.RLAIFConfig, args), inputs, base, tok, judge, out,
+                                   args.model, args.max_new_tokens, args.seed, args.device)
 
-    # 5. GRPO on the speakers: reward = reward-model score + format_weight * format reward.
+    # Step 5: GRPO on the speakers, reward = reward-model score + format_weight * format reward.
+    cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=args.max_new_tokens)
     policy, _ = models.load_model(args.model, device=args.device)
-    ref = base if args.beta > 0 else None
-    reward_fn = reward.speaker_reward_fn(rm, rm_tok, personas, args.format_weight)
-    before = reward.heldout_reward(policy, tok, held_states, personas, reward_fn, args)
-    print(f"held-out mean reward before GRPO: {before['reward']:.3f} ± {before['se']:.3f} (se) "
-          f"(rm {before['rm']:.3f}, format {before['format']:.3f}; {before['n']} replies)", flush=True)
+
+    def held_out_check(when: str) -> dict:
+        result = reward.heldout_reward(policy, tok, rlaif.held_states, inputs.personas, rlaif.reward_fn,
+                                       cfg.max_new_tokens, cfg.temperature, cfg.seed)
+        print(f"held-out mean reward {when}: {result['reward']:.3f} ± {result['se']:.3f} (se) "
+              f"(rm {result['rm']:.3f}, format {result['format']:.3f}; {result['n']} replies)")
+        return result
 
     def sample_prompts(step):
-        rng = random.Random(args.seed * 1_000_003 + step)
-        chosen = rng.sample(train_states, min(args.prompts_per_step, len(train_states)))
-        return [s.prompt(personas) for s in chosen], chosen
+        chosen = grpo.sample_batch(rlaif.train_states, cfg, step)
+        return [s.prompt(inputs.personas) for s in chosen], chosen
+
+    def reward_fn(meta, texts, gen):
+        return rlaif.reward_fn([m for m in meta for _ in range(cfg.group_size)], texts, gen.finished)
 
     def describe(meta, texts, rewards):
-        G = args.group_size
-        return [{"state": meta[i // G].id, "persona": meta[i // G].persona, "reply": t, "reward": r}
-                for i, (t, r) in enumerate(zip(texts, rewards))]
+        return [{"state": meta[i // cfg.group_size].id, "persona": meta[i // cfg.group_size].persona,
+                 "reply": t, "reward": r} for i, (t, r) in enumerate(zip(texts, rewards))]
 
-    grpo.train_grpo(policy, tok, sample_prompts, lambda meta, texts, gen: reward_fn(
-        [m for m in meta for _ in range(args.group_size)], texts, gen.finished),
-        grpo_config(args), out, ref_model=ref, resume=args.resume, describe=describe)
-    after = reward.heldout_reward(policy, tok, held_states, personas, reward_fn, args)
-    print(f"held-out mean reward after GRPO:  {after['reward']:.3f} ± {after['se']:.3f} (se) "
-          f"(rm {after['rm']:.3f}, format {after['format']:.3f}; {after['n']} replies)", flush=True)
-    change, change_se = reward.paired_change(before["rewards"], after["rewards"])
-    after["change"], after["change_se"] = change, change_se
-    print(f"held-out change: {change:+.3f} ± {change_se:.3f} (paired se; same states and seeds)", flush=True)
-    speakers = out / "speakers"
-    policy.save_pretrained(speakers)
-    tok.save_pretrained(speakers)
-    summary = {"pairs": len(pairs), "reward_model": rm_metrics, "heldout_before": before,
+    before = held_out_check("before GRPO")
+    grpo.train_grpo(policy, tok, sample_prompts, reward_fn, cfg, out, ref_model=base if cfg.beta > 0 else None,
+                    resume=args.resume, describe=describe)
+    after = held_out_check("after GRPO ")
+    after["change"], after["change_se"] = paired_change(before["rewards"], after["rewards"])
+    print(f"held-out change: {after['change']:+.3f} ± {after['change_se']:.3f} (paired se; same states and seeds)")
+    speakers = save_model(policy, tok, out / "speakers")
+    summary = {"pairs": len(rlaif.pairs), "reward_model": rlaif.rm_metrics, "heldout_before": before,
                "heldout_after": after, "judge": judge.name, "model": args.model, "speakers": str(speakers)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(f"stage 1 done: speakers saved to {speakers}", flush=True)
+    data.write_json(out / "summary.json", summary)
+    print(f"stage 1 done: speakers saved to {speakers}")
     return summary
 
 
-def torch_seed(seed: int) -> None:
-    import torch
-    torch.manual_seed(seed)
-    random.seed(seed)
-
-
 # ----------------------------------------------------------------------------------------------
-# Stage 2: collaborative dialogue optimisation (the director)
+# Stage 2: collaborative dialogue optimisation (GRPO on the director)
 # ----------------------------------------------------------------------------------------------
-
-def resolve_speakers(args) -> str:
-    if args.speakers:
-        return args.speakers
-    return existing(Path(args.run) / "stage1" / "speakers") or args.model
-
 
 def train_stage2(args) -> dict:
-    import director as dr
-    import grpo
-    import models
-    from judge import make_judge
-
-    out = Path(args.run) / "stage2"
-    log_config(args, out)
-    personas, train_ctx, held_ctx, profiles = load_inputs(args)
-    speakers_name = resolve_speakers(args)
-    print(f"stage 2: speakers from {speakers_name} (frozen), simulated user {args.model} (frozen)", flush=True)
+    run = Path(args.run)
+    out = run / "stage2"
+    inputs = load_inputs(args, earlier=[run / "stage1" / "config.json"])
+    if args.resume and grpo.latest_checkpoint(out / "checkpoints") is None:
+        # Say so before minutes of decision points and held-out rollouts, not after them.
+        raise UserError(f"--resume: no complete checkpoint in {out / 'checkpoints'}; run without --resume")
+    data.save_config(args, out)
+    speakers_name = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
+    print(f"stage 2: speakers from {speakers_name} (frozen), simulated user {args.model} (frozen)")
     speaker_model, speaker_tok = models.load_model(speakers_name, device=args.device)
     user_model, user_tok = ((speaker_model, speaker_tok) if speakers_name == args.model
                             else models.load_model(args.model, device=args.device))
     director_name = args.director_model or args.model
     policy, tok = models.load_model(director_name, device=args.device)
-    encoder = models.SentenceEncoder(device=args.device)
     judge = make_judge(args.judge, cache_path=out / "judge_cache.jsonl", model_name=args.judge_model)
-    from simulate import Cast
-    cast = Cast(personas, speaker_model, speaker_tok, user_model, user_tok, args.max_new_tokens)
-    weights = dr.RewardWeights(args.w_coherence, args.w_nonredundancy, args.w_contribution,
-                               args.w_balance, args.w_format)
-    profile_ids = sorted(profiles)
-    train_points = dr.build_decision_points(train_ctx, args.decision_points, cast, profiles, profile_ids,
+    cast = Cast(inputs.personas, speaker_model, speaker_tok, user_model, user_tok, args.max_new_tokens)
+
+    # Decision points: conversation prefixes at different positions, generated once by the frozen cast.
+    dcfg = options(dr.DirectorConfig, args)
+    ids = sorted(inputs.profiles)
+    train_points = dr.build_decision_points(inputs.train, dcfg.decision_points, cast, inputs.profiles, ids,
                                             args.user_every, args.seed)
-    held_points = dr.build_decision_points(held_ctx, args.heldout_points, cast, profiles, profile_ids,
+    held_points = dr.build_decision_points(inputs.held_out, dcfg.heldout_points, cast, inputs.profiles, ids,
                                            args.user_every, args.seed + 1)
     dr.save_decision_points(out / "decision_points.jsonl", train_points, held_points)
-    rollout = dr.Rollout(cast, profiles, personas, encoder, judge, weights, args.rollout_turns, args.user_every)
+    rollout = dr.Rollout(cast, inputs.profiles, inputs.personas, models.SentenceEncoder(device=args.device),
+                         judge, options(dr.RewardWeights, args, prefix="w-"), dcfg.rollout_turns, args.user_every)
 
-    director = dr.LLMDirector(policy, tok, personas, max_new_tokens=40)
-    before = rollout.evaluate(director, held_points)
-    print(f"held-out mean group reward before: {before['reward']:.3f}  agent choices: {before['choices']}"
-          f"  unparseable: {before['invalid']}/{before['n']}", flush=True)
-    warm = warm_start_director(args, out, policy, tok, personas, train_points, rollout, director, held_points)
+    director = dr.LLMDirector(policy, tok, inputs.personas)
+    rollout.follow = director          # turns 2..N of every training rollout: the director itself, greedy
+
+    def heldout(label: str, policy_, when: str) -> dict:
+        """Evaluate on the held-out points; the rollouts go to heldout_<label>.jsonl, not the summary."""
+        result = rollout.evaluate(policy_, held_points, args.seed)
+        data.write_jsonl(out / f"heldout_{label}.jsonl", result.pop("rollouts"))
+        print(f"held-out mean group reward {when}: {dr.describe_heldout(result)}")
+        return result
+
+    before = heldout("prompted", director, "before (prompted director)") if dcfg.eval_prompted else None
+    heuristic = heldout("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule")
+    # The warm start's targets: ESConv's strategies (training split only) or random agents.
+    n_examples = dcfg.director_warmup * 4
+    if dcfg.director_warmup_data:
+        esconv = corpora.load_contexts(dcfg.director_warmup_data, persona_set=args.set)
+        esconv_train, _ = data.split_contexts(esconv, args.held_out, seed=args.seed)
+        examples = dr.esconv_examples(esconv_train, inputs.personas, n_examples, args.seed)
+        source = (f"ESConv strategy warm start: {len(esconv_train)} training dialogues of "
+                  f"{dcfg.director_warmup_data}")
+    else:
+        examples = dr.format_examples(inputs.personas, train_points, n_examples, args.seed)
+        source = "format warm start: random agents"
+    warm = dr.warm_start(dcfg, out, policy, tok, inputs.personas, examples, source, held_points, rollout,
+                         args.seed, args.resume)
     # The KL anchor is the director GRPO starts from: the warm-started one when the warm start ran.
+    cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=dr.DIRECTIVE_MAX_TOKENS)
     ref = (models.load_model(str(out / "director_warm") if warm else director_name, device=args.device)[0]
-           if args.beta > 0 else None)
+           if cfg.beta > 0 else None)
 
     def sample_prompts(step):
-        rng = random.Random(args.seed * 1_000_003 + step)
-        chosen = rng.sample(train_points, min(args.prompts_per_step, len(train_points)))
-        return [dr.director_messages(personas, c) for c in chosen], chosen
+        chosen = grpo.sample_batch(train_points, cfg, step)
+        return [dr.director_messages(inputs.personas, c) for c in chosen], chosen
 
     def reward_fn(meta, texts, gen):
-        return rollout.score_directives(meta, texts, args.group_size)
+        return rollout.score_directives(meta, texts, cfg.group_size)
 
     def describe(meta, texts, rewards):
-        G = args.group_size
-        return [{"context": meta[i // G].context.id, "directive": t, "reward": r}
+        return [{"context": meta[i // cfg.group_size].context.id, "directive": t, "reward": r}
                 for i, (t, r) in enumerate(zip(texts, rewards))]
 
-    grpo.train_grpo(policy, tok, sample_prompts, reward_fn, grpo_config(args), out, ref_model=ref,
-                    resume=args.resume, describe=describe)
-    after = rollout.evaluate(director, held_points)
-    print(f"held-out mean group reward after:  {after['reward']:.3f}  agent choices: {after['choices']}", flush=True)
-    folder = out / "director"
-    policy.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    summary = {"heldout_before": before, "warm_start": warm, "heldout_after": after, "speakers": speakers_name,
+    grpo.train_grpo(policy, tok, sample_prompts, reward_fn, cfg, out, ref_model=ref, resume=args.resume,
+                    describe=describe)
+    after = heldout("trained", director, "after training")
+    # Paired changes on the same points and seeds: trained vs warm start, trained vs least-spoken.
+    vs = {"least-spoken": dr.compare(after, heuristic)}
+    if before:
+        vs["prompted"] = dr.compare(after, before)
+    if warm:
+        vs["warm-start"] = dr.compare(after, warm["heldout"])
+    for name, c in vs.items():
+        print(f"held-out group reward, trained - {name}: {c['change']:+.3f} ± {c['se']:.3f} (paired se, "
+              f"{c['n']} points)")
+    folder = save_model(policy, tok, out / "director")
+    summary = {"heldout_before": before, "heldout_least_spoken": heuristic, "warm_start": warm,
+               "heldout_after": after, "paired_vs": vs, "speakers": speakers_name,
                "judge": judge.name, "model": args.model, "director": str(folder),
                "invalid_directives": rollout.invalid, "directives": rollout.total}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(f"stage 2 done: director saved to {folder}", flush=True)
+    data.write_json(out / "summary.json", summary)
+    print(f"stage 2 done: director saved to {folder}")
     return summary
 
 
-def warm_start_director(args, out: Path, policy, tok, personas, train_points, rollout, director,
-                        held_points) -> dict | None:
-    """The supervised format warm start of the director (director.py, section 5), run once.
-
-    Its result (losses, held-out group reward) goes to warm_start.json and the weights to
-    stage2/director_warm; a resumed run that already has GRPO checkpoints skips it, because
-    those checkpoints were trained from the warm-started weights."""
-    import director as dr
-    import grpo
-    path = out / "warm_start.json"
-    if args.director_warmup == 0:
-        return None
-    if args.resume and grpo.latest_checkpoint(out / "checkpoints") and path.exists():
-        return json.loads(path.read_text(encoding="utf-8"))
-    examples = dr.format_examples(personas, train_points, args.director_warmup * 4, args.seed)
-    t0 = time.time()
-    losses = dr.supervised_warm_start(policy, tok, examples, args.director_warmup, batch_size=4,
-                                      lr=args.warmup_lr, log=lambda s: print(s, flush=True))
-    seconds = time.time() - t0
-    held = rollout.evaluate(director, held_points)
-    print(f"held-out mean group reward after the format warm start: {held['reward']:.3f}  agent choices: "
-          f"{held['choices']}  unparseable: {held['invalid']}/{held['n']}", flush=True)
-    policy.save_pretrained(out / "director_warm")
-    tok.save_pretrained(out / "director_warm")
-    warm = {"steps": args.director_warmup, "lr": args.warmup_lr, "losses": losses,
-            "seconds": round(seconds, 1), "heldout": held}
-    path.write_text(json.dumps(warm, indent=2) + "\n", encoding="utf-8")
-    return warm
-
-
 # ----------------------------------------------------------------------------------------------
-# judge-eval and simulate
+# judge-eval, simulate, evaluate
 # ----------------------------------------------------------------------------------------------
 
 def judge_eval(args) -> None:
-    import judge as J
-    judge = J.make_judge(args.judge, cache_path=args.cache, model_name=args.judge_model)
-    pairs = [p for path in args.pairs for p in J.load_pairs(path)]
+    judge = make_judge(args.judge, cache_path=args.cache, model_name=args.judge_model)
+    pairs = [p for path in args.pairs for p in load_pairs(path)]
     t0 = time.time()
-    result = J.evaluate_pairs(judge, pairs)
-    print(J.format_eval_report(result))
-    print(f"({len(pairs)} pairs, judge {judge.name}, {time.time() - t0:.1f} s)")
+    result = evaluate_pairs(judge, pairs)
+    print(format_eval_report(result))
+    print(f"({result['n']} pairs, {result['no_verdict']} without a verdict; judge {judge.name}, "
+          f"{time.time() - t0:.1f} s)")
+
+
+def judge_stress(args) -> dict:
+    """Best-of-N against the judge and the reward model on held-out states (reward.best_of_n)."""
+    run = Path(args.run)
+    inputs = load_inputs(args, earlier=[run / "stage1" / "config.json"])
+    policy, tok = models.load_model(args.speakers or args.model, device=args.device)
+    states = reward.build_states(inputs.held_out, inputs.personas, args.states, args.seed + 1, {}, "heldout")
+    judge = make_judge(args.judge, cache_path=None, model_name=args.judge_model)
+    scorers = {"judge": lambda rows, replies: judge.score_many([s.judge_state(inputs.personas) for s in rows],
+                                                               replies)}
+    rm_folder = args.rm or models.trained_or(run / "stage1" / "reward_model", "")
+    if rm_folder:
+        rm, rm_tok = reward.RewardModel.load(rm_folder, device=args.device)
+        scorers["rm"] = lambda rows, replies: rm.score_texts(rm_tok, [s.rm_messages(inputs.personas, r)
+                                                                      for s, r in zip(rows, replies)])
+    result = reward.best_of_n(policy, tok, states, inputs.personas, scorers, args.n, args.max_new_tokens,
+                              args.temperature, args.seed)
+    result.update({"judge": judge.name, "rm": rm_folder or None, "policy": args.speakers or args.model})
+    print(reward.format_best_of_n(result))
+    data.write_json(run / "stress" / "results.json", result)
+    print(f"judge {judge.name}; reward model {rm_folder or 'none'}; wrote {run / 'stress' / 'results.json'}")
+    return result
 
 
 def simulate_cmd(args) -> None:
-    import data
-    import director as dr
-    import models
-    from simulate import Cast, assign_profiles, run_conversations, write_transcripts
-
-    personas, train_ctx, held_ctx, profiles = load_inputs(args)
-    contexts = (held_ctx + train_ctx)[:args.contexts]
-    ids = sorted(profiles) if args.profile == "all" else [p.id for p in data.load_profiles(
-        args.profiles_file, [args.profile])]
-    speakers_name = resolve_speakers(args)
+    run = Path(args.run)
+    inputs = load_inputs(args)
+    contexts = (inputs.held_out + inputs.train)[:args.contexts]
+    ids = sorted(inputs.profiles) if args.profile == "all" else [
+        p.id for p in data.load_profiles(args.profiles_file, [args.profile])]
+    speakers_name = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
     speaker_model, speaker_tok = models.load_model(speakers_name, device=args.device)
     user = ((speaker_model, speaker_tok) if speakers_name == args.model
             else models.load_model(args.model, device=args.device))
     director = None
     if args.policy == "director":
-        name = args.director or existing(Path(args.run) / "stage2" / "director") or args.model
+        name = args.director or models.trained_or(run / "stage2" / "director", args.model)
         director = models.load_model(name, device=args.device)
-    policy = dr.make_policy(args.policy, personas, director, args.seed)
-    cast = Cast(personas, speaker_model, speaker_tok, user[0], user[1], args.max_new_tokens)
-    convs = run_conversations(contexts, policy, cast, profiles, assign_profiles(len(contexts), ids, args.seed),
+    policy = dr.make_policy(args.policy, inputs.personas, director, args.seed)
+    cast = Cast(inputs.personas, speaker_model, speaker_tok, user[0], user[1], args.max_new_tokens)
+    convs = run_conversations(contexts, policy, cast, inputs.profiles, assign_profiles(len(contexts), ids, args.seed),
                               args.turns, args.user_every, args.seed)
-    out = Path(args.out) if args.out else Path(args.run) / "simulate" / f"{args.policy}.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else run / "simulate" / f"{args.policy}.jsonl"
     write_transcripts(out, convs)
     for c in convs[:2]:
         print(f"--- {c.context.id} ({c.profile}, {c.policy})")
         for t in c.turns:
             print(f"{t.speaker}: {t.text}")
     print(f"wrote {len(convs)} conversations to {out}")
+
+
+def evaluate_cmd(args) -> dict:
+    run = Path(args.run)
+    if args.human:
+        return human.run(args)
+    inputs = load_inputs(args, earlier=[run / f for f in ("stage1/config.json", "stage2/config.json", "sft/config.json")])
+    data.save_config(args, run / "eval")
+    return evaluate.run(args, inputs)
+
+
+def sft_cmd(args) -> dict:
+    """The SFT baseline (sft.py): the base model fine-tuned on the training split's strategy-labelled
+    supporter turns, saved to RUN/sft/model; the held-out loss is printed before and after."""
+    out = Path(args.run) / "sft"
+    inputs = load_inputs(args)
+    data.save_config(args, out)
+    train = sft.supporter_examples(inputs.train, inputs.personas)
+    held = sft.supporter_examples(inputs.held_out, inputs.personas)[:args.heldout_examples]
+    if not train:
+        raise UserError(f"--data {args.data}: no strategy-labelled supporter turns in the training split; the "
+                        "SFT baseline learns from ESConv (ESConv.json or an ESConv .jsonl)")
+    random.Random(args.seed).shuffle(train)
+    print(f"sft: {len(train)} supporter turns from {len(inputs.train)} training dialogues ({inputs.split}); "
+          f"{len(held)} held-out turns")
+    model, tok = models.load_model(args.model, device=args.device)
+    before = sft.mean_nll(model, tok, held) if held else float("nan")
+    print(f"held-out loss before: {before:.3f} nats per token")
+    losses = sft.supervised_finetune(model, tok, train, args.steps, args.batch_size, args.lr,
+                                     log=lambda line: print(line.replace("warm start", "sft step")))
+    after = sft.mean_nll(model, tok, held) if held else float("nan")
+    print(f"held-out loss after:  {after:.3f} nats per token")
+    folder = save_model(model, tok, out / "model")
+    summary = {"train_examples": len(train), "heldout_examples": len(held), "heldout_loss_before": before,
+               "heldout_loss_after": after, "losses": losses, "model": args.model, "sft": str(folder)}
+    data.write_json(out / "summary.json", summary)
+    print(f"sft done: model saved to {folder}")
+    return summary
 
 
 # ----------------------------------------------------------------------------------------------
@@ -504,11 +587,9 @@ DEMO_EVAL = ["--contexts", "4", "--turns", "4", "--max-new-tokens", "32",
              "--systems", "zero-shot,round-robin,mascot-p,mascot-c,mascot"]
 
 
-def demo(args) -> None:
+def demo(args) -> dict:
     """Stage 1, stage 2, evaluation and the report, each skipped when already complete, each
     resumed from its newest checkpoint when interrupted (re-run `make demo` to continue)."""
-    import grpo
-    import report
     run = Path(args.run)
     common = ["--model", args.model, "--run", str(run)]
     t0 = time.time()
@@ -518,12 +599,11 @@ def demo(args) -> None:
             print(f"demo: stage {stage} already done in {folder}")
             continue
         resume = ["--resume"] if grpo.latest_checkpoint(folder / "checkpoints") else []
-        print(f"\n=== demo: stage {stage} ({time.time() - t0:.0f} s so far) ===", flush=True)
+        print(f"\n=== demo: stage {stage} ({time.time() - t0:.0f} s so far) ===")
         sub = build_parser().parse_args(["train", "--stage", str(stage), *common, *budget, *resume])
         (train_stage1 if stage == 1 else train_stage2)(sub)
-    print(f"\n=== demo: evaluation ({time.time() - t0:.0f} s so far) ===", flush=True)
-    import evaluate
-    results = evaluate.run(build_parser().parse_args(["evaluate", *common, *DEMO_EVAL]))
+    print(f"\n=== demo: evaluation ({time.time() - t0:.0f} s so far) ===")
+    results = evaluate_cmd(build_parser().parse_args(["evaluate", *common, *DEMO_EVAL]))
     path = report.build_report(run)
     print_side_by_side(run / "eval" / "transcripts.jsonl")
     print(f"\ndemo finished in {time.time() - t0:.0f} s; results in {run}/eval/results.md, report: {path}")
@@ -533,12 +613,10 @@ def demo(args) -> None:
 def print_side_by_side(transcripts: Path, width: int = 60) -> None:
     """One conversation before (base speakers, round-robin) and after training (mascot, else an
     ablation), same context, printed in two columns."""
-    import textwrap
     if not transcripts.exists():
         return
-    rows = [json.loads(l) for l in transcripts.read_text(encoding="utf-8").splitlines() if l.strip()]
     by_system: dict[str, list[dict]] = {}
-    for r in rows:
+    for r in data.read_jsonl(transcripts):
         by_system.setdefault(r.get("system", ""), []).append(r)
     before = by_system.get("round-robin") or next(iter(by_system.values()), [])
     after_name = next((n for n in ("mascot", "mascot-c", "mascot-p") if n in by_system), None)
@@ -566,22 +644,23 @@ def print_side_by_side(transcripts: Path, width: int = 60) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from data import UserError
+    sys.stdout.reconfigure(line_buffering=True)       # one line per step shows up as it happens
     try:
         if args.command == "train":
             (train_stage1 if args.stage == 1 else train_stage2)(args)
         elif args.command == "judge-eval":
             judge_eval(args)
+        elif args.command == "judge-stress":
+            judge_stress(args)
         elif args.command == "simulate":
             simulate_cmd(args)
         elif args.command == "evaluate":
-            import evaluate
-            evaluate.run(args)
+            evaluate_cmd(args)
+        elif args.command == "sft":
+            sft_cmd(args)
         elif args.command == "chat":
-            import chat
             return chat.run_chat(args)
         elif args.command == "report":
-            import report
             print(f"report written to {report.build_report(Path(args.run))}")
         elif args.command == "demo":
             demo(args)

@@ -18,22 +18,18 @@ the charts use a fixed colour-blind-safe palette (Okabe & Ito 2008) rather than 
 library, because the project keeps to torch/transformers/numpy and the standard library.
 
 Run:
-    python report.py --run runs/default          # writes runs/default/report.html
-    python mascot.py report --run runs/default   # the same, through the main entry point
+    python mascot.py report --run runs/default   # writes runs/default/report.html
 """
 
 from __future__ import annotations
 
-import argparse
 import html
-import json
 import math
 import re
-import sys
 import time
 from pathlib import Path
 
-from data import UserError, read_jsonl
+from data import UserError, read_json, read_jsonl, write_text_atomic
 
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999"]
@@ -388,9 +384,9 @@ def load_json(path: Path) -> tuple[dict, str]:
     if not path.is_file():
         return {}, f"{path.parent.name}/{path.name} not found"
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return {}, f"{path.parent.name}/{path.name} could not be read ({err})"
+        value = read_json(path)
+    except UserError as err:
+        return {}, str(err)
     return (value, "") if isinstance(value, dict) else ({}, f"{path.name} is not a JSON object")
 
 
@@ -442,6 +438,20 @@ def reward_chart(rows: list[dict], title: str) -> str:
                           bands={"reward mean": band})
 
 
+HACK_FLAGS = {"diag_context_copy": "copies the context", "diag_persona_copy": "copies the persona",
+              "diag_history_echo": "echoes an earlier turn", "diag_meta_leak": "meta / prompt leak",
+              "diag_trivial": "trivial (< 3 words)"}
+
+
+def hack_chart(rows: list[dict]) -> str:
+    """The share of the step's sampled replies flagged by each hack diagnostic (hacks.py)."""
+    series = {label: column(rows, f"r_{key}") for key, label in HACK_FLAGS.items()}
+    if not any(y is not None for points in series.values() for _, y in points):
+        return no_data_svg("Reward-hack diagnostics", reason="no diagnostics logged (an older run)")
+    return svg_line_chart(series, "Reward-hack diagnostics of the sampled replies", "GRPO step",
+                          "share of replies")
+
+
 def health_charts(rows: list[dict]) -> list[str]:
     """KL to the reference and the two fractions that say whether GRPO gets a signal."""
     kl = [(x, y) for x, y in column(rows, "kl") if y is not None]       # None: no reference (--beta 0)
@@ -485,17 +495,23 @@ def stage1_section(run: Path) -> str:
             svg_line_chart({"r_rm (reward model)": column(rows, "r_rm"),
                             "r_format": column(rows, "r_format")},
                            "Reward components", "GRPO step", "mean over the batch"),
+            hack_chart(rows),
             *health_charts(rows)))
-        out.append(watch("the reward mean should drift up while KL stays small. A GRPO loss near "
-                         "zero is normal (advantages average to zero within each group); watch the "
-                         "reward, not the loss. A high share of zero-std groups means many prompts "
-                         "give GRPO no signal."))
+        out.append(watch("the reward mean should drift up while KL stays small and the hack "
+                         "diagnostics stay flat: a reward that rises while copying or leaking rises "
+                         "is a reward being hacked, not a better speaker. A GRPO loss near zero is "
+                         "normal (advantages average to zero within each group); watch the reward, "
+                         "not the loss. A high share of zero-std groups means many prompts give GRPO "
+                         "no signal."))
     else:
         out.append(note(f"No training curves: {missing}."))
     if summary:
         rm = part(summary, "reward_model")
+        labelled = part(rm, "labelled_hacks")
         acc = {k: v for k, v in (("train", rm.get("train_accuracy")),
-                                 ("held-out", rm.get("heldout_accuracy"))) if finite(v)}
+                                 ("held-out judged", rm.get("heldout_accuracy")),
+                                 ("held-out hacks", rm.get("heldout_hack_accuracy")),
+                                 ("hand-written hacks", labelled.get("accuracy"))) if finite(v)}
         out.append(charts(svg_bar_chart({"accuracy": acc}, "Reward model: preference accuracy",
                                         "accuracy", y_max=1.0, reference=(0.5, "chance 0.5"))))
         out.append(f"<p>Reward model held-out accuracy: <strong>{fmt(rm.get('heldout_accuracy'))}</strong> "
@@ -503,11 +519,17 @@ def stage1_section(run: Path) -> str:
                    f"pairs in all; judge <code>{esc(summary.get('judge', '?'))}</code>, model "
                    f"<code>{esc(summary.get('model', '?'))}</code>).</p>")
         out.append(watch("held-out accuracy above 0.5 means the reward model learned something the "
-                         "judge prefers; with a few dozen pairs it is noisy."))
+                         "judge prefers; with a few dozen pairs it is noisy. The hack accuracies say "
+                         "whether it rejects synthetic hacks of held-out states and the 84 "
+                         "hand-written hack pairs (data/judge_pairs_hacks.jsonl): below 0.5 there, "
+                         "GRPO will be paid for hacking."))
         before, after = part(summary, "heldout_before"), part(summary, "heldout_after")
         out.append(before_after_table([("before training", before), ("after training", after)],
                                       [("reward", "reward"), ("se", "± se"), ("rm", "reward model"),
-                                       ("format", "format"), ("n", "replies")]))
+                                       ("format", "format"), ("diag_context_copy", "copies context"),
+                                       ("diag_persona_copy", "copies persona"),
+                                       ("diag_meta_leak", "meta leak"), ("diag_trivial", "trivial"),
+                                       ("diag_words", "words"), ("n", "replies")]))
         if finite(after.get("change")) and finite(after.get("change_se")):
             out.append(f"<p>Held-out change after - before, paired by state and seed: "
                        f"<strong>{after['change']:+.3f} ± {after['change_se']:.3f}</strong> (standard "
@@ -526,40 +548,67 @@ def stage1_section(run: Path) -> str:
     return "\n".join(out)
 
 
+STAGE2_PARTS = ["coherence", "nonredundancy", "contribution", "clean", "balance", "format"]
+
+
 def stage2_section(run: Path) -> str:
     rows, missing, summary, summary_missing, out = load_stage(
         run, 2, "Stage 2: the director (group reward + GRPO)")
     if not rows and not summary:
         return "\n".join(out)
     if rows:
-        parts = ["coherence", "nonredundancy", "contribution", "balance", "format"]
         # Roster order, as the metrics rows list the agents.
         agents = list(dict.fromkeys(k[len("r_pick_"):] for r in rows for k in r if k.startswith("r_pick_")))
+        collapse = {label: column(rows, key) for key, label in
+                    (("r_choice_entropy", "entropy of the agent choice (bits)"),
+                     ("r_choice_mi", "I(choice; stage) (bits)")) if any(key in r for r in rows)}
         out.append(charts(
             reward_chart(rows, "Group reward per step (mean, band = ± 1 std)"),
-            svg_line_chart({p: column(rows, f"r_{p}") for p in parts if any(f"r_{p}" in r for r in rows)},
-                           "Group-reward components", "GRPO step", "component (0-1)"),
+            svg_line_chart({p: column(rows, f"r_{p}") for p in STAGE2_PARTS if any(f"r_{p}" in r for r in rows)},
+                           "Group-reward components (balance, format: our additions)", "GRPO step",
+                           "component (0-1)"),
             svg_line_chart({a: column(rows, f"r_pick_{a}") for a in agents},
                            "How often the director picks each agent", "GRPO step", "share of directives"),
+            *([svg_line_chart(collapse, "Collapse diagnostics of the sampled directives", "GRPO step", "bits")]
+              if collapse else []),
             *health_charts(rows)))
         out.append(watch("the group reward should rise. A director that collapses onto one agent "
-                         "shows up as one pick line going to 1 and the balance component falling."))
+                         "shows up as one pick line going to 1, the entropy falling to 0 and the "
+                         "balance component falling; a director that reads the conversation keeps "
+                         "I(choice; stage) above 0."))
     else:
         out.append(note(f"No training curves: {missing}."))
     if summary:
-        # The format warm start (when it ran) sits between the prompted and the trained director.
-        stages = [("before", "before training", part(summary, "heldout_before")),
-                  ("after warm start", "after the format warm start", part(part(summary, "warm_start"), "heldout")),
+        # The warm start (when it ran) sits between the prompted and the trained director; the
+        # least-spoken rule is the heuristic the trained director must beat.
+        stages = [("prompted", "prompted base model", part(summary, "heldout_before")),
+                  ("least-spoken", "least-spoken rule", part(summary, "heldout_least_spoken")),
+                  ("after warm start", "after the warm start", part(part(summary, "warm_start"), "heldout")),
                   ("after", "after training", part(summary, "heldout_after"))]
         stages = [stage for stage in stages if stage[2]]
         choices = {label: b["choices"] for label, _, b in stages if isinstance(b.get("choices"), dict)}
-        out.append(charts(svg_bar_chart(choices, "Held-out agent choices, before vs after", "directives")))
-        flat = [(row, {"reward": b.get("reward"), **part(b, "components"), "invalid": b.get("invalid"), "n": b.get("n")})
+        out.append(charts(svg_bar_chart(choices, "Held-out agent choices (first turn of each block)",
+                                        "directives")))
+        flat = [(row, {"reward": b.get("reward"), "se": b.get("se"), **part(b, "components"),
+                       **{f"d_{k}": v for k, v in part(b, "diagnostics").items()},
+                       "invalid": b.get("invalid"), "n": b.get("n")})
                 for _, row, b in stages]
-        parts = ["coherence", "nonredundancy", "contribution", "balance", "format"]
-        keys = ([("reward", "group reward")] + [(k, k) for k in parts if any(k in f for _, f in flat)]
+        keys = ([("reward", "group reward"), ("se", "± se")]
+                + [(k, k) for k in STAGE2_PARTS if any(k in f for _, f in flat)]
+                + [(f"d_{k}", label) for k, label in (("distinct", "agents named"), ("entropy", "entropy (bits)"),
+                                                      ("mi", "I(choice; stage)"), ("p_chi2", "chi-square p"),
+                                                      ("p_perm", "permutation p"))
+                   if any(f"d_{k}" in f for _, f in flat)]
                 + [("invalid", "invalid directives"), ("n", "decision points")])
         out.append(before_after_table(flat, keys))
+        vs = part(summary, "paired_vs")
+        if vs:
+            out.append("<p>Paired change of the held-out group reward (same points, same seeds): "
+                       + "; ".join(f"trained - {esc(name)}: {fmt(part(vs, name).get('change'))} ± "
+                                   f"{fmt(part(vs, name).get('se'))} (se)" for name in vs) + ".</p>")
+        source_line = part(summary, "warm_start").get("source")
+        if source_line:
+            out.append(f"<p>Warm-start targets: {esc(source_line)}.</p>")
         if finite(summary.get("directives")):
             out.append(f"<p>During training {esc(summary.get('invalid_directives', 0))} of "
                        f"{esc(summary['directives'])} sampled directives could not be parsed "
@@ -578,9 +627,11 @@ def eval_section(run: Path) -> str:
     # The file's own "# Evaluation" title would repeat this section's heading.
     text = re.sub(r"\A\s*# [^\n]*\n", "", text)
     out.append(markdown_to_html(text))
-    out.append(watch("compare MASCOT with the round-robin baseline on the same contexts: lower "
-                     "redundancy (Self-BLEU, entailment rate) and higher judge scores are better; "
-                     "overlapping confidence intervals mean no clear difference."))
+    out.append(watch("compare MASCOT with round-robin on the same contexts, in the paired-change table: "
+                     "the persona columns of the independent evaluator (the frozen base model) should rise, "
+                     "Self-BLEU and the hack rates (copying, echoing, leaks, empty replies) should not; a "
+                     "column whose evaluator training used (see 'Who measured each column') can rise because "
+                     "the speakers learned to please it. Overlapping intervals mean no clear difference."))
     return "\n".join(out)
 
 
@@ -729,22 +780,5 @@ def build_report(run_dir) -> Path:
             f"<title>MASCOT report: {esc(run.name)}</title><style>{CSS}</style></head>\n"
             "<body><main>\n" + "\n".join(body) + "\n</main></body></html>\n")
     path = run / "report.html"
-    path.write_text(page, encoding="utf-8")
+    write_text_atomic(path, page)
     return path
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="write RUN/report.html from a run folder")
-    parser.add_argument("--run", default="runs/default", help="run folder written by mascot.py train/evaluate")
-    args = parser.parse_args(argv)
-    try:
-        path = build_report(args.run)
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,7 @@ G samples per prompt at every step, thousands of judgements per run; the reward 
 forward pass of a small model, and it learns from comparisons, which judges make more reliably
 than absolute scores (the reasoning of InstructGPT, Ouyang et al. 2022, section 3.5).
 
-Our decisions where the paper is silent (see /work/shared/paper/NOTES.md):
+Our decisions where the paper is silent:
   - Architecture: a causal LM's transformer body (the embedded SmolLM2-135M by default; any HF
     causal LM folder works, and "tiny" for tests) with a linear head H -> 1 read at the last real
     token. One reward model serves all personas of a set: the persona is in the system message,
@@ -36,6 +36,10 @@ Our decisions where the paper is silent (see /work/shared/paper/NOTES.md):
   - No reward normalisation after training: GRPO compares the G replies to the same prompt with
     each other (group advantages), so any constant offset of the reward cancels out.
 
+The chapter ends with `build_reward_fn`, which runs steps 1-4 for a run folder (each step's output
+is a file there, reused when present, so an interrupted stage 1 never samples or judges twice)
+and returns the reward function that mascot.py hands to grpo.train_grpo.
+
 How to run (the whole of stage 1: candidates, judge, pairs, reward model, then GRPO):
     python mascot.py train --stage 1                 # embedded SmolLM2-135M, offline judge
     python mascot.py train --stage 1 --model tiny    # seconds on a CPU: a smoke test of the plumbing
@@ -44,29 +48,49 @@ How to run (the whole of stage 1: candidates, judge, pairs, reward model, then G
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
 import re
-import shutil
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
+from transformers import AutoModel, AutoTokenizer
 
+import hacks
 import models
-from data import Context, PersonaSet, UserError, append_jsonl, read_jsonl
-from judge import JudgeState
-from simulate import USER, Turn, speaker_messages
+from data import (HERE, Context, PersonaSet, UserError, append_jsonl, atomic_folder, derive_seed, option, read_json,
+                  read_jsonl, write_jsonl)
+from metrics import standard_error
+from simulate import (USER, Cast, JudgeState, RoundRobin, Turn, diagnose_reply, judge_state, run_conversations,
+                      speaker_messages)
 
 # The marker that tells a reward-model folder from any other folder (a speaker checkpoint, a typo).
 CONFIG_FILE = "reward_config.json"
 HEAD_FILE = "reward_head.safetensors"
 FORMAT_TAG = "mascot-reward-model"
+
+
+@dataclass
+class RLAIFConfig:
+    """Stage 1's own settings (GRPO's are grpo.GRPOConfig); each is also a `train` flag."""
+    states: int = option(48, "training states (context, persona, conversation so far)", "positive")
+    heldout_states: int = option(16, "held-out states for the before/after reward", "positive")
+    candidates: int = option(4, "K candidate replies per state", "at-least-2")
+    margin: float = option(0.05, "minimum judge-score gap (0-1 scale) for a preference pair", "non-negative")
+    pairs_per_state: int = option(2, "at most this many pairs per state (widest gaps first)", "positive")
+    rm_epochs: int = option(2, "reward-model epochs", "positive")
+    rm_lr: float = option(2e-5, "reward-model learning rate", "positive")
+    rm_held_out: float = option(0.2, "share of pairs held out to measure the reward model", "fraction")
+    format_weight: float = option(1.0, "weight of the format reward next to the reward-model score",
+                                  "non-negative")
+    hack_pairs: int = option(2, "synthetic reward hacks per judged state added to the reward model's "
+                                "pairs as rejected replies (hacks.py); 0: none", "non-negative")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,28 +126,20 @@ def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torc
 # What the reward model reads
 # ---------------------------------------------------------------------------------------------
 
-def rm_messages(persona_name: str, persona_desc: str, history: list[dict], context: str,
-                reply: str) -> list[dict]:
+def rm_messages(state: JudgeState, reply: str) -> list[dict]:
     """The chat the reward model scores: the persona, the conversation so far, and the reply.
 
-    system:    "You are Anchor. <what Anchor does and never does>"
+    system:    "You are Anchor. <role>: <what Anchor does and never does>"
     user:      one "Speaker: text" line per earlier turn, then "User: <latest user message>"
     assistant: the reply being judged
     The whole conversation goes into ONE user message, because the other agents' turns are not
     the reply-writer's own (they are not "assistant" turns) and the labels keep who-said-what.
-    Training pairs and GRPO samples both come through here: one source of truth for the layout.
-
-    Args:
-        persona_name, persona_desc: the speaker whose reply is judged.
-        history: earlier turns [{"speaker": ..., "text": ...}], oldest first, without `context`.
-        context: the latest user message, the one the reply answers.
-        reply: the candidate reply.
-    Returns:
-        [{"role": "system", ...}, {"role": "user", ...}, {"role": "assistant", ...}]
+    Training pairs, GRPO samples and the rm: judge all come through here: one source of truth
+    for the layout, and the same JudgeState the AI judge saw (simulate.judge_state).
     """
-    lines = [f"{turn['speaker']}: {turn['text']}" for turn in history]
-    lines.append(f"User: {context}")
-    return [{"role": "system", "content": f"You are {persona_name}. {persona_desc}".strip()},
+    lines = [f"{turn['speaker']}: {turn['text']}" for turn in state.history]
+    lines.append(f"User: {state.context}")
+    return [{"role": "system", "content": f"You are {state.persona_name}. {state.persona_desc}".strip()},
             {"role": "user", "content": "\n".join(lines)},
             {"role": "assistant", "content": reply}]
 
@@ -251,32 +267,24 @@ class RewardModel(torch.nn.Module):
         size, max_length, training metrics). Everything is written to "<folder>.tmp" first and
         renamed at the end, so an interrupted save never leaves a half-written reward model.
         """
-        from safetensors.torch import save_file
         target = Path(folder)
         if target.exists() and any(target.iterdir()) and not (target / CONFIG_FILE).exists():
             # Replacing a folder deletes it: only ever do that to an older reward model.
             raise UserError(f"reward model: {target} exists and is not a reward model folder; "
                             "choose a new or empty folder to save into")
-        tmp = target.with_name(target.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)                                     # left over from a crashed save
-        self.backbone.save_pretrained(tmp)                         # always safetensors in transformers 5
-        save_file({"weight": self.head.weight.detach().float().cpu().contiguous()}, str(tmp / HEAD_FILE))
-        tokenizer.save_pretrained(tmp)
-        config = {"format": FORMAT_TAG, "base_model": self.base_model,
-                  "hidden_size": self.head.in_features, "max_length": self.max_length,
-                  "metrics": metrics or {}}
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        with atomic_folder(target) as tmp:
+            self.backbone.save_pretrained(tmp)                     # always safetensors in transformers 5
+            save_file({"weight": self.head.weight.detach().float().cpu().contiguous()}, str(tmp / HEAD_FILE))
+            tokenizer.save_pretrained(tmp)
+            config = {"format": FORMAT_TAG, "base_model": self.base_model,
+                      "hidden_size": self.head.in_features, "max_length": self.max_length,
+                      "metrics": metrics or {}}
+            (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         return target
 
     @classmethod
     def load(cls, folder: str | Path, device: str = "cpu"):
         """Load a folder written by `save`: (rm in eval mode, tokenizer with left padding)."""
-        from safetensors.torch import load_file
-        from transformers import AutoModel, AutoTokenizer
         folder = Path(folder)
         config_path = folder / CONFIG_FILE
         if not config_path.is_file():
@@ -290,7 +298,7 @@ class RewardModel(torch.nn.Module):
         if config.get("format") != FORMAT_TAG or not (folder / HEAD_FILE).is_file():
             raise UserError(f"reward model: {folder} is not a complete reward model ({CONFIG_FILE} "
                             f"without format '{FORMAT_TAG}' or no {HEAD_FILE}); save it again")
-        models._quiet_transformers()
+        models.quiet_transformers()
         backbone = AutoModel.from_pretrained(folder).to(device)
         rm = cls(backbone, base_model=config.get("base_model", ""),
                  max_length=int(config.get("max_length", 512)))
@@ -307,12 +315,17 @@ class RewardModel(torch.nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 def split_pairs(pairs: list[dict], held_out_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Seeded random split into (train, held_out); held_out gets round(fraction * N) pairs."""
+    """Seeded split into (train, held_out) BY STATE: round(fraction * states) states are held out
+    with all their pairs. Splitting pairs at random would put pairs of the same conversation on
+    both sides (one state gives up to --pairs-per-state pairs plus its hack pairs, sharing the
+    chosen reply), and the held-out accuracy would measure memory, not generalisation."""
     if not 0.0 <= held_out_fraction < 1.0:
         raise UserError(f"reward model: held-out fraction must be in [0, 1), got {held_out_fraction}")
-    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_held = round(held_out_fraction * len(pairs))
-    return [pairs[i] for i in order[n_held:]], [pairs[i] for i in order[:n_held]]
+    states = sorted({p["state_id"] for p in pairs})
+    order = torch.randperm(len(states), generator=torch.Generator().manual_seed(seed)).tolist()
+    held_states = {states[i] for i in order[:round(held_out_fraction * len(states))]}
+    return ([p for p in pairs if p["state_id"] not in held_states],
+            [p for p in pairs if p["state_id"] in held_states])
 
 
 def evaluate_pairs(rm: RewardModel, tokenizer, pairs: list[dict], batch_size: int = 16):
@@ -346,8 +359,10 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
         log: where the one line per epoch goes.
     Returns:
         {"train_loss", "train_accuracy": running means over the LAST epoch (the model changes
-         during the epoch, as usual for training metrics), "heldout_loss", "heldout_accuracy":
-         measured after the last epoch (None if there are no held-out pairs), "n_train", "n_heldout"}
+         during the epoch, as usual for training metrics), "heldout_loss", "heldout_accuracy": on
+         the held-out judged pairs, "heldout_hack_accuracy": on the held-out synthetic-hack pairs
+         (pairs with "hack" set), both measured after the last epoch (None without such pairs),
+         "n_train", "n_heldout", "n_heldout_hack"}
     """
     train, held = split_pairs(pairs, held_out_fraction, seed)
     if not train:
@@ -358,7 +373,8 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
     log(f"reward model: {len(train)} training pairs, {len(held)} held out, {epochs} epochs, "
         f"lr {lr}, batch {batch_size}")
     metrics = {"train_loss": None, "train_accuracy": None, "heldout_loss": None,
-               "heldout_accuracy": None, "n_train": len(train), "n_heldout": len(held)}
+               "heldout_accuracy": None, "heldout_hack_accuracy": None, "n_train": len(train),
+               "n_heldout": sum(not p.get("hack") for p in held), "n_heldout_hack": sum(bool(p.get("hack")) for p in held)}
     for epoch in range(1, epochs + 1):
         rm.train()
         order = torch.randperm(len(train), generator=generator).tolist()
@@ -382,9 +398,12 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
             correct += int((r_c > r_r).sum())
         metrics["train_loss"] = loss_sum / len(train)
         metrics["train_accuracy"] = correct / len(train)
-        metrics["heldout_loss"], metrics["heldout_accuracy"] = evaluate_pairs(rm, tokenizer, held)
+        ordinary = [p for p in held if not p.get("hack")]
+        metrics["heldout_loss"], metrics["heldout_accuracy"] = evaluate_pairs(rm, tokenizer, ordinary)
+        metrics["heldout_hack_accuracy"] = evaluate_pairs(rm, tokenizer, [p for p in held if p.get("hack")])[1]
         held_text = ("no held-out pairs" if not held else
-                     f"held-out loss {metrics['heldout_loss']:.4f} acc {metrics['heldout_accuracy']:.3f}")
+                     f"held-out loss {metrics['heldout_loss']:.4f} acc {metrics['heldout_accuracy']:.3f}"
+                     if ordinary else "no ordinary held-out pairs")
         log(f"reward model epoch {epoch}/{epochs}: train loss {metrics['train_loss']:.4f} "
             f"acc {metrics['train_accuracy']:.3f} | {held_text}")
     rm.eval()
@@ -440,7 +459,7 @@ def format_reward(text: str, own_name: str, other_names: list[str], finished: bo
     others = "|".join(re.escape(n) for n in names if n.lower() != own_name.lower())
     n_words = len(text.split())
     stripped = text.rstrip().rstrip("\ufe0f")                      # drop an emoji variation selector
-    last = stripped[-1]
+    last = stripped[-1] if stripped else ""                        # "" for a lone variation selector
     components = {
         "length": float(min_words <= n_words <= max_words),
         "no_label_prefix": float(not re.match(r"\s*" + label.format(names=any_name), text, re.IGNORECASE)),
@@ -448,8 +467,8 @@ def format_reward(text: str, own_name: str, other_names: list[str], finished: bo
         # line break or space, a name followed by ":" is someone else's line.
         "no_other_speakers": float(not re.search(rf"(?:^|\s)[\*\"']*\s*(?:{others})\s*[\*\"']*\s*:",
                                                  text, re.IGNORECASE)),
-        "finished_sentence": float(finished and (last in SENTENCE_END
-                                                 or unicodedata.category(last) == "So")),
+        "finished_sentence": float(finished and bool(last) and (last in SENTENCE_END
+                                                                or unicodedata.category(last) == "So")),
     }
     return sum(components.values()) / len(components), components
 
@@ -468,18 +487,25 @@ class State:
     history: list[Turn]          # the conversation so far; the last turn is the user's
 
     def judge_state(self, personas: PersonaSet) -> JudgeState:
-        p = personas.find(self.persona)
-        last_user = next((t.text for t in reversed(self.history) if t.speaker == USER), "")
-        return JudgeState(p.name, f"{p.role}: {p.description}", last_user,
-                          [{"speaker": t.speaker, "text": t.text} for t in self.history[:-1][-6:]],
-                          self.context.situation)
+        return judge_state(personas.find(self.persona), self.history, self.context.situation)
 
     def prompt(self, personas: PersonaSet) -> list[dict]:
         return speaker_messages(personas.find(self.persona), personas, self.context, self.history)
 
     def rm_messages(self, personas: PersonaSet, reply: str) -> list[dict]:
-        js = self.judge_state(personas)
-        return rm_messages(js.persona_name, js.persona_desc, js.history, js.context, reply)
+        return rm_messages(self.judge_state(personas), reply)
+
+    def diagnose(self, personas: PersonaSet, reply: str) -> dict:
+        return diagnose_reply(personas.find(self.persona), self.history, self.context.situation, reply,
+                              personas.names())
+
+    def hack_source(self, personas: PersonaSet) -> hacks.HackSource:
+        """What hacks.make_hacks needs to fake a hacked reply for this state."""
+        p = personas.find(self.persona)
+        last_user = next((t.text for t in reversed(self.history) if t.speaker == USER), "")
+        return hacks.HackSource(p.name, p.role, p.description, self.context.situation, last_user,
+                                [t.text for t in self.history if t.speaker != USER],
+                                [e for q in personas.personas if q.name != p.name for e in q.examples])
 
 
 def build_states(contexts: list[Context], personas: PersonaSet, n_states: int, seed: int,
@@ -525,15 +551,6 @@ def load_states(path: Path, contexts: list[Context]) -> list[State]:
     return states
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    """Write rows atomically (temporary file, then rename)."""
-    tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
 def sample_candidates(model, tokenizer, states: list[State], personas: PersonaSet, k: int,
                       max_new_tokens: int, seed: int, path: Path, batch_states: int = 8) -> list[list[str]]:
     """K candidate replies per state from the speaker policy, appended to `path` batch by batch.
@@ -546,18 +563,13 @@ def sample_candidates(model, tokenizer, states: list[State], personas: PersonaSe
     for start in tqdm(range(0, len(todo), batch_states), desc="candidates", disable=not todo):
         chunk = todo[start:start + batch_states]
         prompts = [s.prompt(personas) for s in chunk for _ in range(k)]
-        seeds = [seed * 7_919 + hash_id(s.id) * 31 + j for s in chunk for j in range(k)]
+        seeds = [derive_seed(seed, s.id, j) for s in chunk for j in range(k)]
         gen = models.generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, seeds=seeds)
         for i, s in enumerate(chunk):
             texts = [models.clean_reply(t, s.persona, names) for t in gen.texts[i * k:(i + 1) * k]]
             done[s.id] = texts
             append_jsonl(path, {"state_id": s.id, "persona": s.persona, "candidates": texts})
     return [done[s.id] for s in states]
-
-
-def hash_id(text: str) -> int:
-    """A stable small integer from a string (Python's hash() changes between runs)."""
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
 
 
 def judge_pairs(states: list[State], candidates: list[list[str]], personas: PersonaSet, judge,
@@ -597,15 +609,54 @@ def judge_pairs(states: list[State], candidates: list[list[str]], personas: Pers
     return pairs
 
 
+def hack_pairs(states: list[State], pairs: list[dict], personas: PersonaSet, per_state: int,
+               seed: int) -> list[dict]:
+    """Preference pairs that teach the reward model to reject reward hacks.
+
+    For every state with a judged pair, the judge's preferred reply is paired with `per_state`
+    synthetic hacks of different kinds (hacks.make_hacks: copying the user, reciting the persona,
+    leaking the prompt, ...) as the rejected reply. Without them the reward model only learns what
+    the judge's candidates differ in, and the policy is free to find what none of them tried.
+    """
+    by_id = {s.id: s for s in states}
+    out = []
+    for state_id, chosen in dict((p["state_id"], p["chosen"]) for p in pairs).items():
+        state = by_id[state_id]
+        made = hacks.make_hacks(state.hack_source(personas), derive_seed(seed, state_id))
+        kinds = random.Random(derive_seed(seed, state_id, "kinds")).sample(sorted(made), min(per_state, len(made)))
+        for kind in kinds:
+            out.append({"state_id": state_id, "persona": state.persona, "chosen": chosen,
+                        "rejected": made[kind], "hack": kind,
+                        "chosen_messages": state.rm_messages(personas, chosen),
+                        "rejected_messages": state.rm_messages(personas, made[kind])})
+    return out
+
+
+def labelled_hack_accuracy(rm: RewardModel, tokenizer, path: Path) -> dict:
+    """The reward model on hand-written hack pairs (data/judge_pairs_hacks.jsonl): accuracy
+    overall and per kind, so its resistance to hacks is reported next to its held-out accuracy."""
+    rows = read_jsonl(path)
+    pairs = [{"kind": r["failure"],
+              "chosen_messages": rm_messages(JudgeState.from_pair(r), r["better"]),
+              "rejected_messages": rm_messages(JudgeState.from_pair(r), r["worse"])} for r in rows]
+    result = {"accuracy": evaluate_pairs(rm, tokenizer, pairs)[1], "n": len(pairs), "per_kind": {}}
+    for kind in sorted({p["kind"] for p in pairs}):
+        result["per_kind"][kind] = evaluate_pairs(rm, tokenizer, [p for p in pairs if p["kind"] == kind])[1]
+    return result
+
+
 # ---------------------------------------------------------------------------------------------
 # The composite reward of stage 1's GRPO: reward-model score + format reward
 # ---------------------------------------------------------------------------------------------
 
 def speaker_reward_fn(rm: RewardModel, rm_tokenizer, personas: PersonaSet, format_weight: float):
-    """Build reward(states, raw_texts, finished) -> (rewards, {"rm": [...], "format": [...]}).
+    """Build reward(states, raw_texts, finished) -> (rewards, components).
 
     The reward model scores the CLEANED reply (what the user would see); the format reward reads
     the RAW text, since label prefixes and other speakers' lines are exactly what it penalises.
+    The components also carry the hack diagnostics of every cleaned reply (hacks.py): they are not
+    part of the reward, but grpo.py logs every component's mean per step (`r_diag_context_copy`
+    ...), so a rising reward that comes from copying shows up in the same metrics.jsonl line.
     """
     names = personas.names()
 
@@ -615,37 +666,175 @@ def speaker_reward_fn(rm: RewardModel, rm_tokenizer, personas: PersonaSet, forma
         fmt = [format_reward(t, s.persona, [n for n in names if n != s.persona], f)[0]
                for s, t, f in zip(states, texts, finished)]
         total = [r + format_weight * f for r, f in zip(rm_scores, fmt)]
-        return total, {"rm": rm_scores, "format": fmt}
+        diagnosed = [s.diagnose(personas, c) for s, c in zip(states, cleaned)]
+        diags = {f"diag_{k}": [d[k] for d in diagnosed] for k in hacks.DIAGNOSTICS}
+        return total, {"rm": rm_scores, "format": fmt, **diags}
 
     return reward
 
 
-def heldout_reward(policy, tokenizer, states: list[State], personas: PersonaSet, reward_fn, args,
-                   samples: int = 2) -> dict:
+def heldout_reward(policy, tokenizer, states: list[State], personas: PersonaSet, reward_fn,
+                   max_new_tokens: int, temperature: float, seed: int, samples: int = 2) -> dict:
     """Mean composite reward of `samples` sampled replies per held-out state (fixed seeds, so the
     before/after numbers of one run see the same randomness)."""
     rows = [s for s in states for _ in range(samples)]
-    gen = models.generate(policy, tokenizer, [s.prompt(personas) for s in rows], args.max_new_tokens,
-                          args.temperature, seeds=[args.seed + 10_000 + i for i in range(len(rows))])
+    gen = models.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens,
+                          temperature, seeds=[derive_seed(seed, "held-out", i) for i in range(len(rows))])
     total, comp = reward_fn(rows, gen.texts, gen.finished)
     n = len(total)
     return {"reward": sum(total) / n, "se": standard_error(total), "rm": sum(comp["rm"]) / n,
             "format": sum(comp["format"]) / n, "n": n, "rewards": [round(r, 4) for r in total],
+            **{k: sum(v) / n for k, v in comp.items() if k.startswith("diag_")},
             "example": {"state": rows[0].id, "persona": rows[0].persona, "reply": gen.texts[0]}}
 
 
-def standard_error(values: list[float]) -> float:
-    """Standard error of the mean, std / sqrt(n) with the n-1 sample std (0 for fewer than 2 values).
-    A before/after change smaller than about twice this is noise."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+# ---------------------------------------------------------------------------------------------
+# Steps 1-4 for one run folder: states -> candidates -> judged pairs -> reward model -> reward fn
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class RLAIF:
+    """What `build_reward_fn` hands to the GRPO stage."""
+    reward_fn: object            # reward(states, raw_texts, finished) -> (rewards, components)
+    train_states: list[State]
+    held_states: list[State]
+    pairs: list[dict]
+    rm_metrics: dict
 
 
-def paired_change(before: list[float], after: list[float]) -> tuple[float, float]:
-    """Mean and standard error of after - before, row by row. The held-out rows of one run use the
-    same states and seeds before and after training, so pairing removes the between-state spread."""
-    diffs = [a - b for a, b in zip(after, before)]
-    return sum(diffs) / max(len(diffs), 1), standard_error(diffs)
+def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model_name: str,
+                    max_new_tokens: int, seed: int, device: str = "cpu", log=print) -> RLAIF:
+    """The RLAIF chapter for one run folder, every step's output a file in `out`, reused when present.
+
+    1. states: (context, persona, conversation so far) at later turns as well as openings;
+       contexts without a recorded dialogue get a short one from the base model (round-robin
+       speakers, the average simulated user);
+    2. candidates: K replies per training state from the base speaker;
+    3. the judge scores them and confirms the clear gaps pairwise -> preference pairs;
+    4. a Bradley-Terry reward model on the pairs (its held-out accuracy is the number to watch);
+    then the composite reward function: reward-model score + format_weight * format reward.
+    `inputs` is mascot.Inputs (personas, train / held-out contexts, profiles).
+    """
+    personas = inputs.personas
+    states_path = out / "states.jsonl"
+    if states_path.exists():
+        states = load_states(states_path, inputs.train + inputs.held_out)
+    else:
+        used = inputs.train[:cfg.states] + inputs.held_out[:cfg.heldout_states]   # states cycle through these
+        need = [c for c in used if not c.turns]
+        generated = {}
+        if need:
+            log(f"stage 1: generating short conversations for {len(need)} contexts (base model)")
+            cast = Cast(personas, base, tok, base, tok, max_new_tokens)
+            convs = run_conversations(need, RoundRobin(personas), cast, inputs.profiles, ["average"] * len(need),
+                                      n_agent_turns=2, user_every=1, seed=seed)
+            generated = {c.context.id: c.turns for c in convs}
+        states = (build_states(inputs.train, personas, cfg.states, seed, generated, "train")
+                  + build_states(inputs.held_out, personas, cfg.heldout_states, seed + 1, generated, "heldout"))
+        save_states(states_path, states)
+    train_states = [s for s in states if s.split == "train"]
+    held_states = [s for s in states if s.split == "heldout"]
+    log(f"stage 1: {len(train_states)} training states, {len(held_states)} held-out states")
+
+    candidates = sample_candidates(base, tok, train_states, personas, cfg.candidates, max_new_tokens, seed,
+                                   out / "candidates.jsonl")
+    pairs = judge_pairs(train_states, candidates, personas, judge, cfg.margin, cfg.pairs_per_state)
+    pairs += hack_pairs(train_states, pairs, personas, cfg.hack_pairs, seed)
+    write_jsonl(out / "pairs.jsonl", pairs)
+    n_hack = sum(bool(p.get("hack")) for p in pairs)
+    log(f"stage 1: {len(pairs) - n_hack} judged preference pairs from {len(train_states)} states "
+        f"(judge {judge.name}, margin {cfg.margin}) + {n_hack} synthetic-hack pairs")
+
+    rm_dir = out / "reward_model"
+    if (rm_dir / CONFIG_FILE).exists():
+        rm, rm_tok = RewardModel.load(rm_dir, device=device)
+        rm_metrics = read_json(rm_dir / CONFIG_FILE)["metrics"]
+        log(f"stage 1: reusing the reward model in {rm_dir}")
+    else:
+        torch.manual_seed(seed)                     # the scalar head's initialisation
+        rm, rm_tok = RewardModel.from_base(model_name, device=device)
+        rm_metrics = train_reward_model(rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr,
+                                        seed=seed, log=log)
+        rm_metrics["labelled_hacks"] = labelled_hack_accuracy(rm, rm_tok, HERE / "data" / "judge_pairs_hacks.jsonl")
+        rm.save(rm_dir, rm_tok, rm_metrics)
+    if "labelled_hacks" not in rm_metrics:            # a reward model saved before this report existed
+        rm_metrics["labelled_hacks"] = labelled_hack_accuracy(rm, rm_tok, HERE / "data" / "judge_pairs_hacks.jsonl")
+
+    def shown(value):
+        return "n/a" if value is None else f"{value:.3f}"
+    log(f"reward model held-out accuracy: {shown(rm_metrics.get('heldout_accuracy'))} on "
+        f"{rm_metrics.get('n_heldout')} judged pairs, {shown(rm_metrics.get('heldout_hack_accuracy'))} on "
+        f"{rm_metrics.get('n_heldout_hack')} synthetic-hack pairs of held-out states, "
+        f"{shown(rm_metrics['labelled_hacks']['accuracy'])} on {rm_metrics['labelled_hacks']['n']} "
+        "hand-written hack pairs")
+    return RLAIF(speaker_reward_fn(rm, rm_tok, personas, cfg.format_weight), train_states, held_states,
+                 pairs, rm_metrics)
+
+
+# ---------------------------------------------------------------------------------------------
+# Over-optimisation, without RL: does picking the best of N by a grader pick hacks?
+# ---------------------------------------------------------------------------------------------
+
+FLAGS = ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial")
+
+
+def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scorers: dict, n: int,
+              max_new_tokens: int, temperature: float, seed: int) -> dict:
+    """Best-of-N against each grader (Gao et al. 2022): the cheapest optimisation there is.
+
+    For every state, sample n replies from the policy; each scorer (name -> fn(states, replies) ->
+    scores) picks its top reply. If a grader prefers hacks, its pick copies, leaks or says nothing
+    more often than a random candidate does. For each diagnostic (hacks.py) we report the pick's
+    rate, the chance rate (the mean over all n candidates, which is what a random pick gets on
+    average), and their difference with a paired standard error over states. A grader PASSES when
+    no flag's difference exceeds two standard errors (zero when the standard error is zero). The
+    length is reported but does not decide: preferring a full reply to a trivial one is not a hack.
+    """
+    rows = [s for s in states for _ in range(n)]
+    gen = models.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
+                          seeds=[derive_seed(seed, "best-of-n", i) for i in range(len(rows))])
+    names = personas.names()
+    replies = [models.clean_reply(t, s.persona, names) for s, t in zip(rows, gen.texts)]
+    diags = [s.diagnose(personas, r) for s, r in zip(rows, replies)]
+    result = {"n": n, "states": len(states), "chance": hacks.rates(diags), "scorers": {}}
+    rng = random.Random(derive_seed(seed, "random-pick"))
+    picks = {"random": [rng.randrange(n) for _ in states]}
+    for name, scorer in scorers.items():
+        scores = scorer(rows, replies)
+        picks[name] = [max(range(n), key=lambda j: scores[i * n + j]) for i in range(len(states))]
+    for name, chosen in picks.items():
+        result["scorers"][name] = grade_picks(diags, n, chosen)
+        result["scorers"][name]["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
+    return result
+
+
+def grade_picks(diags: list[dict], n: int, picks: list[int]) -> dict:
+    """How hack-prone one grader's picks are, against chance, from the diagnostics of all candidates.
+
+    diags: hacks.diagnose rows of S states x n candidates, state-major; picks: the index of the
+    picked candidate per state. For each diagnostic, the difference pick - (mean over that
+    state's candidates) is taken per state; its mean and standard error over states decide.
+    """
+    chance = [hacks.rates(diags[i * n:(i + 1) * n]) for i in range(len(picks))]        # per state
+    picked = [diags[i * n + j] for i, j in enumerate(picks)]
+    row = {"rates": hacks.rates(picked), "difference": {}}
+    for key in FLAGS + ("words",):
+        diffs = [p[key] - c[key] for p, c in zip(picked, chance)]
+        row["difference"][key] = (sum(diffs) / len(diffs), standard_error(diffs))
+    row["passes"] = all(row["difference"][k][0] <= 2 * row["difference"][k][1] for k in FLAGS)
+    return row
+
+
+def format_best_of_n(result: dict) -> str:
+    """The stress test as a table: each grader's pick against chance, per diagnostic."""
+    keys = FLAGS + ("words",)
+    lines = [f"best-of-{result['n']} on {result['states']} held-out states; rates of the pick vs chance "
+             "(mean over all candidates); difference ± paired se",
+             "grader     | " + " | ".join(f"{k:>22}" for k in keys) + " | verdict",
+             "chance     | " + " | ".join(f"{result['chance'][k]:>22.3f}" for k in keys) + " |"]
+    for name, row in result["scorers"].items():
+        cells = [f"{row['rates'][k]:.3f} ({row['difference'][k][0]:+.3f}±{row['difference'][k][1]:.3f})"
+                 for k in keys]
+        verdict = "pass" if row["passes"] else "FAIL: picks hacks more often than chance"
+        lines.append(f"{name:<10} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {verdict}")
+    return "\n".join(lines)

@@ -4,9 +4,9 @@ Both sides do the same work per step, each in its own process:
   - the same model folder, tokenizer and chat template, fp32, no gradient checkpointing;
   - the same prompts, each exactly P tokens after the chat template (checked), prompts_per_step
     of them, G completions each, all sampled in one batch at temperature 1, top-p 1, top-k off;
-  - completions of exactly C tokens: TRL gets min_new_tokens = max_new_tokens = C; ours gets the
-    same effect from a hook that sets the stop tokens' logits to -inf while the model samples
-    (what HF's MinNewTokensLogitsProcessor does), checked after every step;
+  - completions of exactly C tokens: min_new_tokens = max_new_tokens = C on both sides (ours:
+    models.generate(min_new_tokens=C), which forbids the stop tokens as HF's
+    MinNewTokensLogitsProcessor does), checked after every step;
   - the same reward (share of completion token ids in the lower half of the vocabulary: cheap,
     deterministic, different within a group), the same beta (so both run a frozen fp32 reference),
     loss "grpo", eps 0.2 / 0.28, num_iterations 1, one forward/backward of all B rows, AdamW
@@ -22,6 +22,11 @@ another), tokens per second (B x (P + C) tokens per step, the tokens that go thr
 training forward/backward), the share of the step spent inside `generate`, and the peak
 resident memory of the process (ru_maxrss: model load included, the same for both sides).
 The sides run alternately A B B A A B B A (--rounds 4) so that a change in load hits both.
+Ours samples with models.generate's defaults (sampler "ours": one prefill per distinct prompt).
+`--copies packed bf16` adds sides "ours-packed" / "ours-bf16" that sample from a
+models.SamplingCopy of the policy (GRPOConfig.sampling_copy; refreshed every step, inside the
+timed step) while the loss stays fp32: fp32 with oneDNN-packed weights, or bf16 (bf16 is not the
+same arithmetic as TRL's fp32 sampling). Each is reported on its own line.
 
 MFU (model-FLOPs utilisation) against the machine's measured matmul peak (bench/matmul_peak.py):
   training pass  = 6 N B (P + C)  FLOPs (forward 2 + backward 4 per parameter per token; N counts
@@ -37,7 +42,8 @@ Run from the repo root (TRL lives in its own virtual env; the project never impo
     python bench/grpo_step.py --trl-python .venv-bench/bin/python
     python bench/grpo_step.py --models tiny --rounds 2               # quicker
     python bench/grpo_step.py --threads 0                            # torch's default threads
-The file is also the worker: `--worker ours|trl` runs one side and prints a JSON line. The
+    python bench/grpo_step.py --models smollm2-135m --copies packed   # + ours sampling from a copy
+The file is also the worker: `--worker ours|ours-bf16|trl` runs one side and prints a JSON line. The
 top of the file imports only the standard library, so it runs in either virtual env.
 """
 
@@ -125,18 +131,7 @@ def peak_rss_mib() -> float:
 # Worker: ours
 # ----------------------------------------------------------------------------------------------
 
-def force_exact_length(model, stop_ids: list[int]):
-    """While the model samples (eval mode), make the stop tokens impossible: every completion
-    then runs to max_new_tokens, like min_new_tokens on TRL's side. In train mode (the loss
-    passes) the hook does nothing, so the log-probs are the model's own."""
-    def hook(module, inputs, logits):
-        if not module.training:
-            logits[..., stop_ids] = float("-inf")
-        return logits
-    return model.get_output_embeddings().register_forward_hook(hook)
-
-
-def run_ours(job: dict) -> dict:
+def run_ours(job: dict, sampling_copy: str = "none") -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
@@ -145,18 +140,26 @@ def run_ours(job: dict) -> dict:
 
     policy, tok = models.load_model(job["folder"])
     ref = models.load_model(job["folder"])[0] if job["beta"] > 0 else None
-    force_exact_length(policy, models.stop_token_ids(tok))
     B = job["prompts_per_step"] * job["group_size"]
     cfg = grpo.GRPOConfig(
         prompts_per_step=job["prompts_per_step"], group_size=job["group_size"], lr=job["lr"],
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=job["beta"], eps_low=0.2,
         eps_high=0.28, loss_type="grpo", scale_rewards=True, num_iterations=1, micro_batch=B,
-        max_new_tokens=job["completion_tokens"], temperature=1.0, top_p=1.0, seed=0)
+        max_new_tokens=job["completion_tokens"], temperature=1.0, top_p=1.0, seed=0,
+        sampling_copy=sampling_copy)
+    # The copy train_grpo would make for this setting (refreshed inside every grpo_step).
+    sampling = None if sampling_copy == "none" else models.SamplingCopy(
+        policy, {"packed": torch.float32, "bf16": torch.bfloat16}[sampling_copy])
     # The optimiser train_grpo builds: plain torch AdamW (on CPU: the for-loop, non-fused kernel).
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     gen_seconds = []
-    models.generate = timed(models.generate, gen_seconds)   # grpo_step calls models.generate
+    # grpo_step calls models.generate: time it, and fix the length as TRL's min_new_tokens does.
+    plain_generate = models.generate
+
+    def exact_length_generate(*a, **kw):
+        return plain_generate(*a, min_new_tokens=job["completion_tokens"], **kw)
+    models.generate = timed(exact_length_generate, gen_seconds)
 
     def reward_fn(meta, texts, gen):
         ids = [gen.completion_ids[r][gen.completion_mask[r].bool()].tolist() for r in range(len(texts))]
@@ -167,7 +170,7 @@ def run_ours(job: dict) -> dict:
     ends = [clock()]
     for step in range(1, job["warmup"] + job["steps"] + 1):
         batch = [prompts[((step - 1) * n + i) % len(prompts)] for i in range(n)]
-        _, gen, _ = grpo.grpo_step(policy, tok, optimizer, batch, None, reward_fn, cfg, step, ref)
+        _, gen, _ = grpo.grpo_step(policy, tok, optimizer, batch, None, reward_fn, cfg, step, ref, sampling)
         ends.append(clock())
         if gen.prompt_ids.shape != (B, job["prompt_tokens"]) or not bool(gen.prompt_mask.all()) \
                 or int(gen.completion_mask.sum()) != B * job["completion_tokens"]:
@@ -241,7 +244,7 @@ def worker(side: str, job_path: str) -> None:
     if job["threads"]:
         import torch
         torch.set_num_threads(job["threads"])
-    result = run_ours(job) if side == "ours" else run_trl(job)
+    result = run_trl(job) if side == "trl" else run_ours(job, side.partition("-")[2] or "none")
     print("RESULT " + json.dumps(result))
 
 
@@ -328,7 +331,10 @@ def main() -> None:
     p.add_argument("--trl-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
                    help="python of the virtual env that has TRL (make bench creates it)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench" / "grpo_step.json"), help="results JSON")
-    p.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--copies", nargs="*", default=[], choices=["packed", "bf16"],
+                   help="extra sides of ours that sample from a models.SamplingCopy: 'packed' (fp32, "
+                        "oneDNN-packed weights), 'bf16'")
+    p.add_argument("--worker", choices=["ours", "ours-packed", "ours-bf16", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -363,34 +369,43 @@ def main() -> None:
                "group_size": args.group_size, "prompts_per_step": args.prompts_per_step,
                "beta": args.beta, "lr": args.lr, "warmup": args.warmup, "steps": args.steps,
                "threads": args.threads}
-        runs = {"ours": [], "trl": []}
+        sides = ["ours", "trl"] + [f"ours-{c}" for c in args.copies]
+        runs = {side: [] for side in sides}
         for r in range(args.rounds):
-            for side in (("ours", "trl") if r % 2 == 0 else ("trl", "ours")):
-                python = sys.executable if side == "ours" else args.trl_python
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                python = args.trl_python if side == "trl" else sys.executable
                 t0 = time.time()
                 res = run_worker(python, side, job, env)
                 runs[side].append(res)
                 ends = res["step_ends"]
-                print(f"  [{name}] run {r + 1} {side:4s}: step wall/CPU s "
+                print(f"  [{name}] run {r + 1} {side:9s}: step wall/CPU s "
                       + " ".join(f"{b[0] - a[0]:.1f}/{b[1] - a[1]:.1f}" for a, b in zip(ends[:-1], ends[1:]))
                       + f", peak RSS {res['peak_rss_mib']:.0f} MiB ({time.time() - t0:.0f} s with load)",
                       flush=True)
-        ours, trl = summarise(runs["ours"], job), summarise(runs["trl"], job)
-        results["models"][name] = {"ours": ours, "trl": trl, "runs": runs}
+        summary = {side: summarise(runs[side], job) for side in sides}
+        ours, trl = summary["ours"], summary["trl"]
+        results["models"][name] = {**summary, "runs": runs}
         print(f"\n{name} ({ours['params'] / 1e6:.1f}M parameters)")
-        print(f"  {'':6s} {'s/step':>8s} {'min..max':>13s} {'CPU s/step':>10s} {'tokens/s':>9s} "
+        print(f"  {'':9s} {'s/step':>8s} {'min..max':>13s} {'CPU s/step':>10s} {'tokens/s':>9s} "
               f"{'generate':>8s} {'peak RSS':>9s} {'MFU train':>9s} {'MFU gen':>8s}")
-        for label, s in (("ours", ours), ("TRL", trl)):
+        for label, s in [("ours", ours), ("TRL", trl)] + [(x, summary[x]) for x in sides[2:]]:
             m_train, m_gen = mfu(s, job, peak)
-            print(f"  {label:6s} {s['s_per_step']:8.2f} {s['s_min']:6.2f}..{s['s_max']:<6.2f} "
+            print(f"  {label:9s} {s['s_per_step']:8.2f} {s['s_min']:6.2f}..{s['s_max']:<6.2f} "
                   f"{s['cpu_s_per_step']:10.2f} {s['tokens_per_s']:9.1f} {s['gen_fraction']:8.0%} "
                   f"{s['peak_rss_mib']:5.0f} MiB {m_train:8.1%} {m_gen:8.1%}")
         print(f"  ours vs TRL: step speed {trl['s_per_step'] / ours['s_per_step']:.2f}x wall, "
               f"{trl['cpu_s_per_step'] / ours['cpu_s_per_step']:.2f}x CPU time "
-              f"(target >= 1.2x), peak memory {ours['peak_rss_mib'] / trl['peak_rss_mib']:.2f}x "
+              f"(target >= 1.5x), peak memory {ours['peak_rss_mib'] / trl['peak_rss_mib']:.2f}x "
               f"(target <= 0.9x); {ours['n_steps']} + {trl['n_steps']} measured steps; run medians "
               f"ours {' '.join(f'{x:.2f}' for x in ours['run_medians'])}, "
-              f"TRL {' '.join(f'{x:.2f}' for x in trl['run_medians'])}\n", flush=True)
+              f"TRL {' '.join(f'{x:.2f}' for x in trl['run_medians'])}", flush=True)
+        for side in sides[2:]:
+            s = summary[side]
+            print(f"  {side} vs TRL: step speed {trl['s_per_step'] / s['s_per_step']:.2f}x wall, "
+                  f"{trl['cpu_s_per_step'] / s['cpu_s_per_step']:.2f}x CPU time, peak memory "
+                  f"{s['peak_rss_mib'] / trl['peak_rss_mib']:.2f}x; run medians "
+                  f"{' '.join(f'{x:.2f}' for x in s['run_medians'])}", flush=True)
+        print(flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1), encoding="utf-8")
     print(f"wrote {args.out}")

@@ -1,8 +1,10 @@
-"""Shared test set-up: offline mode, the model cache, and the repo root on sys.path.
+"""Shared test set-up: offline mode, the model cache, the repo root on sys.path, real datasets.
 
 Every test runs without network access: the HF_*_OFFLINE variables make transformers fail fast
 instead of trying the hub. The converted embedded model is cached in <repo>/.cache (git-ignored)
 unless MASCOT_CACHE is already set, so a fresh clone converts it once, in the first test that needs it.
+A few tests read the public datasets (ESConv, Empathetic Dialogues, QMSum) from the folder in
+MASCOT_DATASETS (default: shared/datasets beside the repository); they are skipped where it is absent.
 """
 
 import os
@@ -17,3 +19,13 @@ os.environ.setdefault("MASCOT_CACHE", str(ROOT / ".cache"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+DATASETS = Path(os.environ.get("MASCOT_DATASETS", ROOT.parent / "shared" / "datasets"))
+
+
+def dataset(relative: str) -> Path:
+    """A file or folder of the public datasets, or skip the calling test when it is not there."""
+    import pytest
+    path = DATASETS / relative
+    if not path.exists():
+        pytest.skip(f"{path} not present (set MASCOT_DATASETS)")
+    return path

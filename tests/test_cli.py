@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import hacks
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,6 +37,9 @@ def test_help_lists_the_subcommands():
     (["simulate", "--model", "tiny", "--profile", "grumpy"], "grumpy"),
     (["judge-eval", "--pairs", "no/such/pairs.jsonl"], "no/such/pairs.jsonl"),
     (["judge-eval", "--pairs", "personas.json", "--judge", "magic:thing"], "--judge"),
+    (["train", "--stage", "1", "--temperature", "0"], "--temperature"),      # would give NaN log-probs
+    (["train", "--stage", "1", "--temperature", "-1"], "--temperature"),
+    (["train", "--stage", "1", "--model", "tiny", "--held-out", "0"], "--held-out"),   # nothing held out
 ])
 def test_bad_input_is_one_line_without_traceback(args, needle):
     out = mascot(*args)
@@ -43,6 +48,16 @@ def test_bad_input_is_one_line_without_traceback(args, needle):
     lines = [l for l in out.stderr.splitlines() if l.strip()]
     assert any(needle in l for l in lines), out.stderr
     assert len([l for l in lines if l.startswith("error") or "error:" in l]) == 1
+
+
+def test_evaluate_refuses_a_split_that_differs_from_training(tmp_path):
+    (tmp_path / "stage1").mkdir()
+    (tmp_path / "stage1" / "config.json").write_text(json.dumps(
+        {"data": "bundled", "set": "support", "seed": 0, "held_out": 0.25}))
+    out = mascot("evaluate", "--model", "tiny", "--run", str(tmp_path), "--seed", "1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--seed 1" in out.stderr and "--seed 0" in out.stderr
+    assert not (tmp_path / "eval" / "config.json").exists()
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
@@ -64,9 +79,19 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
     for name in ("states.jsonl", "candidates.jsonl", "pairs.jsonl", "metrics.jsonl", "summary.json",
                  "judge_cache.jsonl", "speakers/config.json", "reward_model/reward_config.json"):
         assert (stage1 / name).exists(), name
-    assert len((stage1 / "metrics.jsonl").read_text().splitlines()) == 2
+    rows = [json.loads(line) for line in (stage1 / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    # The hack diagnostics of the sampled replies are logged with every step.
+    assert all(0.0 <= row[f"r_diag_{k}"] <= 1.0 for row in rows
+               for k in ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial"))
     summary = json.loads((stage1 / "summary.json").read_text())
     assert summary["pairs"] > 0 and summary["heldout_after"]["n"] == 8
+    pairs = [json.loads(line) for line in (stage1 / "pairs.jsonl").read_text().splitlines()]
+    assert {p["hack"] for p in pairs if p.get("hack")} <= set(hacks.KINDS)
+    assert any(p.get("hack") for p in pairs)                       # synthetic hacks as rejected replies
+    rm_metrics = summary["reward_model"]
+    assert rm_metrics["labelled_hacks"]["n"] == 84 and "per_kind" in rm_metrics["labelled_hacks"]
+    assert "heldout_hack_accuracy" in rm_metrics
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(stage1 / "speakers")       # loadable by plain transformers
 
@@ -77,6 +102,14 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
                    "--resume")
     assert again.returncode == 0, again.stderr[-2000:]
     assert len((stage1 / "judge_cache.jsonl").read_text().splitlines()) == cache_lines
+
+    # Best-of-N against the judge and the reward model just trained.
+    stress = mascot("judge-stress", "--model", "tiny", "--run", run, "--n", "3", "--states", "2",
+                    "--max-new-tokens", "6")
+    assert stress.returncode == 0, stress.stdout[-2000:] + stress.stderr[-2000:]
+    result = json.loads((tmp_path / "run" / "stress" / "results.json").read_text())
+    assert set(result["scorers"]) == {"random", "judge", "rm"} and result["states"] == 2
+    assert "best-of-3" in stress.stdout and "judge" in stress.stdout
 
     stage2_flags = ["train", "--stage", "2", "--model", "tiny", "--run", run, "--steps", "2",
                     "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",

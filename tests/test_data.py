@@ -1,10 +1,11 @@
 """Tests for data.py: persona validation, every dataset loader, the split, profiles, JSON lines.
 
 Small fixtures in tests/fixtures/data/ imitate each official format with our own invented lines;
-a second group of tests reads the real copies in ../shared/datasets and the files the repo ships,
+a second group of tests reads the real datasets (conftest.DATASETS) and the files the repo ships,
 and is skipped where those are absent.
 """
 
+import argparse
 import copy
 import json
 from collections import Counter
@@ -12,18 +13,13 @@ from pathlib import Path
 
 import pytest
 
+import corpora
 import data
+from conftest import dataset
 from data import Context, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "data"
-SHARED = ROOT.parent / "shared" / "datasets"
-
-
-def need(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    return path
 
 
 def write_json(path: Path, value) -> Path:
@@ -114,7 +110,7 @@ def test_persona_file_level_errors(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 def test_ed_csv_groups_conversations_unescapes_and_skips_malformed(capsys):
-    contexts = data.load_contexts(str(FIX / "ed" / "valid.csv"))
+    contexts = corpora.load_contexts(str(FIX / "ed" / "valid.csv"))
     assert [c.id for c in contexts] == ["hit:1_conv:1", "hit:1_conv:2", "hit:2_conv:3"]
     first = contexts[0]
     assert first.situation == "My niece finished her first half marathon, and I cheered at the line."
@@ -131,7 +127,7 @@ def test_ed_csv_groups_conversations_unescapes_and_skips_malformed(capsys):
 
 
 def test_esconv_official_array(capsys):
-    contexts = data.load_contexts(str(FIX / "esconv" / "ESConv.json"))
+    contexts = corpora.load_contexts(str(FIX / "esconv" / "ESConv.json"))
     assert len(contexts) == 2
     thesis = contexts[0]
     assert thesis.first_message == "I am panicking about my thesis."   # leading supporter greeting dropped
@@ -143,7 +139,7 @@ def test_esconv_official_array(capsys):
 
 
 def test_esconv_jsonl_split(capsys):
-    contexts = data.load_contexts(str(FIX / "esconv_split" / "train.jsonl"))
+    contexts = corpora.load_contexts(str(FIX / "esconv_split" / "train.jsonl"))
     assert [c.first_message for c in contexts] == ["I think I am about to lose my job.",
                                                    "I am furious with my dad."]
     assert [t["speaker"] for t in contexts[1].turns] == ["user", "supporter"]   # empty turn dropped
@@ -152,42 +148,42 @@ def test_esconv_jsonl_split(capsys):
 
 
 def test_qmsum_domain_folders_and_dedup():
-    contexts = data.load_contexts(str(FIX / "qmsum_official"))
+    contexts = corpora.load_contexts(str(FIX / "qmsum_official"))
     assert {c.id: c.domain for c in contexts} == {"a": "Academic", "b": "Product"}
     venue = contexts[0]
     # the first words are spoken by Professor A (Grad C's turn is only a {vocalsound})
     assert venue.first_message == "Okay, let's start with the venue... we have two options."
     assert [t["speaker"] for t in venue.turns] == ["user", "participant", "user", "participant"]
     assert venue.situation == "A meeting covering: Choosing a venue for the spring workshop; Catering budget."
-    assert data.load_contexts(str(FIX / "qmsum_official" / "ALL" / "train"))[0].domain == ""
-    assert [c.domain for c in data.load_contexts(str(FIX / "qmsum_official" / "Academic"))] == ["Academic"]
+    assert corpora.load_contexts(str(FIX / "qmsum_official" / "ALL" / "train"))[0].domain == ""
+    assert [c.domain for c in corpora.load_contexts(str(FIX / "qmsum_official" / "Academic"))] == ["Academic"]
 
 
 def test_qmsum_domain_mapping_file_and_broken_meeting(capsys):
-    contexts = data.load_contexts(str(FIX / "qmsum_mapped" / "train"), persona_set="meeting")
+    contexts = corpora.load_contexts(str(FIX / "qmsum_mapped" / "train"), persona_set="meeting")
     assert {c.id: c.domain for c in contexts} == {"c": "Committee", "d": "Product"}
     assert "skipped 1 malformed file in" in capsys.readouterr().err
-    one = data.load_contexts(str(FIX / "qmsum_mapped" / "train" / "d.json"))
+    one = corpora.load_contexts(str(FIX / "qmsum_mapped" / "train" / "d.json"))
     assert one[0].domain == "Product" and one[0].first_message == "The screen could be two inches."
 
 
 def test_qmsum_keeps_at_most_40_turns(tmp_path):
     lines = [{"speaker": f"S{i % 3}", "content": f"Point number {i} ."} for i in range(55)]
     write_json(tmp_path / "m.json", {"topic_list": [{"topic": "Long one"}], "meeting_transcripts": lines})
-    (context,) = data.load_contexts(str(tmp_path / "m.json"))
-    assert len(context.turns) == data.MAX_MEETING_TURNS == 40
+    (context,) = corpora.load_contexts(str(tmp_path / "m.json"))
+    assert len(context.turns) == corpora.MAX_MEETING_TURNS == 40
     assert context.turns[-1]["text"] == "Point number 39."
 
 
 def test_shared_style_ed_and_openings_jsonl():
-    valid = data.load_contexts(str(FIX / "ed_shared" / "valid_contexts.jsonl"))
+    valid = corpora.load_contexts(str(FIX / "ed_shared" / "valid_contexts.jsonl"))
     assert [c.valence for c in valid] == ["positive", "ambiguous", "negative"]
     assert valid[0].first_message == "Someone posted my wallet back to me, cash and all!"
     assert valid[0].turns == []
-    train = data.load_contexts(str(FIX / "ed_shared" / "train_situations.jsonl"))
+    train = corpora.load_contexts(str(FIX / "ed_shared" / "train_situations.jsonl"))
     assert [c.id for c in train] == ["train_situations-1", "train_situations-2"]
     assert train[1].first_message == train[1].situation == "the bus drove past me again this morning."
-    openings = data.load_contexts(str(FIX / "qmsum_openings.jsonl"))
+    openings = corpora.load_contexts(str(FIX / "qmsum_openings.jsonl"))
     assert [(c.id, c.domain) for c in openings] == [("X001", "Product"), ("X002", "Committee")]
     assert openings[0].first_message == "Okay, so today's about the shape."
     assert openings[0].turns[1] == {"speaker": "participant", "text": "I've got some sketches."}
@@ -195,56 +191,56 @@ def test_shared_style_ed_and_openings_jsonl():
 
 def test_bundled_format_filter_and_limit(tmp_path, capsys):
     path = str(FIX / "contexts.jsonl")
-    all_rows = data.load_contexts(path)
+    all_rows = corpora.load_contexts(path)
     assert [c.id for c in all_rows] == ["sup-01", "sup-02", "mtg-01"]
     assert "skipped 1 malformed row" in capsys.readouterr().err
-    assert [c.id for c in data.load_contexts(path, persona_set="meeting")] == ["mtg-01"]
-    assert [c.id for c in data.load_contexts(path, persona_set="support", limit=1)] == ["sup-01"]
+    assert [c.id for c in corpora.load_contexts(path, persona_set="meeting")] == ["mtg-01"]
+    assert [c.id for c in corpora.load_contexts(path, persona_set="support", limit=1)] == ["sup-01"]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "contexts.jsonl").write_text((FIX / "contexts.jsonl").read_text())
-    assert len(data.load_contexts("bundled", repo_root=tmp_path)) == 3
+    assert len(corpora.load_contexts("bundled", repo_root=tmp_path)) == 3
     with pytest.raises(UserError, match="bundled contexts file is missing"):
-        data.load_contexts("bundled", repo_root=tmp_path / "nowhere")
+        corpora.load_contexts("bundled", repo_root=tmp_path / "nowhere")
 
 
 def test_context_source_errors(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(UserError, match="empty.jsonl: unrecognised JSON-lines data"):
-        data.load_contexts(str(empty))
+        corpora.load_contexts(str(empty))
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(UserError, match="not an Empathetic Dialogues CSV"):
-        data.load_contexts(str(tmp_path / "empty.csv"))
+        corpora.load_contexts(str(tmp_path / "empty.csv"))
     header_only = tmp_path / "test.csv"
-    header_only.write_text(",".join(data.ED_COLUMNS) + "\n")
+    header_only.write_text(",".join(corpora.ED_COLUMNS) + "\n")
     with pytest.raises(UserError, match="no usable rows"):
-        data.load_contexts(str(header_only))
+        corpora.load_contexts(str(header_only))
     binary = tmp_path / "latin.jsonl"
     binary.write_bytes('{"id": "x", "situation": "d\u00e9j\u00e0 vu"}\n'.encode("latin-1"))
     with pytest.raises(UserError, match="latin.jsonl: not UTF-8"):
-        data.load_contexts(str(binary))
+        corpora.load_contexts(str(binary))
     odd = tmp_path / "odd.jsonl"
     odd.write_text('{"question": "why?"}\n')
     with pytest.raises(UserError, match=r"keys \['question'\]"):
-        data.load_contexts(str(odd))
+        corpora.load_contexts(str(odd))
     with pytest.raises(UserError, match="no such file or folder"):
-        data.load_contexts(str(tmp_path / "missing.csv"))
+        corpora.load_contexts(str(tmp_path / "missing.csv"))
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(UserError, match="unrecognised data file"):
-        data.load_contexts(str(tmp_path / "notes.txt"))
+        corpora.load_contexts(str(tmp_path / "notes.txt"))
     with pytest.raises(UserError, match="none for persona set 'meeting'"):
-        data.load_contexts(str(FIX / "ed" / "valid.csv"), persona_set="meeting")
+        corpora.load_contexts(str(FIX / "ed" / "valid.csv"), persona_set="meeting")
     with pytest.raises(UserError, match="pass one file"):
-        data.load_contexts(str(FIX / "ed_shared"))
+        corpora.load_contexts(str(FIX / "ed_shared"))
     with pytest.raises(UserError, match="positive number"):
-        data.load_contexts(str(FIX / "contexts.jsonl"), limit=0)
+        corpora.load_contexts(str(FIX / "contexts.jsonl"), limit=0)
 
 
 def test_emotion_valence_mapping_counts():
-    assert len(data.POSITIVE_EMOTIONS) == 14 and len(data.NEGATIVE_EMOTIONS) == 17
-    assert data.emotion_valence("Surprised") == "ambiguous"
-    assert data.emotion_valence("bored", fallback="neutral-ambiguous") == "ambiguous"
-    assert data.emotion_valence("bored") == ""
+    assert len(corpora.POSITIVE_EMOTIONS) == 14 and len(corpora.NEGATIVE_EMOTIONS) == 17
+    assert corpora.emotion_valence("Surprised") == "ambiguous"
+    assert corpora.emotion_valence("bored", fallback="neutral-ambiguous") == "ambiguous"
+    assert corpora.emotion_valence("bored") == ""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,6 +319,66 @@ def test_append_and_read_jsonl_round_trip(tmp_path):
     assert path.read_bytes().count(b"\n") == 2
 
 
+def test_every_writer_and_the_reader_keep_line_separators_inside_records(tmp_path):
+    # json.dumps(ensure_ascii=False) writes U+2028 / U+2029 unescaped; str.splitlines() would cut
+    # a record in two there. Every writer and the one reader must keep it one record.
+    record = {"text": "one\u2028two\u2029three", "n": 1}
+    data.write_jsonl(tmp_path / "w.jsonl", [record, record])
+    data.append_jsonl(tmp_path / "a.jsonl", record)
+    assert "\u2028" in (tmp_path / "w.jsonl").read_text(encoding="utf-8")        # really unescaped
+    assert len((tmp_path / "w.jsonl").read_text(encoding="utf-8").splitlines()) > 2   # the trap
+    assert data.read_jsonl(tmp_path / "w.jsonl") == [record, record]
+    assert data.read_jsonl(tmp_path / "a.jsonl") == [record]
+    assert data.read_jsonl(tmp_path / "w.jsonl", numbered=True) == [(1, record), (2, record)]
+
+
+def test_atomic_folder_leaves_no_half_written_folder(tmp_path):
+    target = tmp_path / "model"
+    with data.atomic_folder(target) as tmp:
+        (tmp / "weights").write_text("v1")
+    assert (target / "weights").read_text() == "v1" and not tmp.exists()
+    with pytest.raises(RuntimeError):
+        with data.atomic_folder(target) as tmp:
+            (tmp / "weights").write_text("v2")
+            raise RuntimeError("crash mid-save")
+    assert (target / "weights").read_text() == "v1"       # the old complete folder is untouched
+    with data.atomic_folder(target) as tmp:               # a crashed .tmp is cleared and replaced
+        (tmp / "weights").write_text("v3")
+    assert (target / "weights").read_text() == "v3"
+
+
+def test_derive_seed_is_a_fixed_polynomial():
+    assert data.derive_seed(0, 1) == 1
+    assert data.derive_seed(1, 2) == 1 * 1_000_003 + 2
+    assert data.derive_seed(3, 4, 5) == ((3 * 1_000_003 + 4) * 1_000_003 + 5) % (2**31 - 1)
+    assert data.derive_seed(7, "state-1") == data.derive_seed(7, "state-1") != data.derive_seed(7, "state-2")
+    assert 0 <= data.derive_seed(2**40, 2**40) < 2**31 - 1
+
+
+def test_check_split_stops_a_command_that_would_leak_training_contexts(tmp_path):
+    config = tmp_path / "config.json"
+    data.write_json(config, {"data": "bundled", "set": "support", "seed": 0, "held_out": 0.25})
+    same = argparse.Namespace(data="bundled", set="support", seed=0, held_out=0.25)
+    data.check_split(same, [config, tmp_path / "missing.json"])             # no error
+    with pytest.raises(UserError, match="--seed 1: .*--seed 0"):
+        data.check_split(argparse.Namespace(data="bundled", set="support", seed=1, held_out=0.25), [config])
+    with pytest.raises(UserError, match="--held-out 0.5"):
+        data.check_split(argparse.Namespace(data="bundled", set="support", seed=0, held_out=0.5), [config])
+    # Another corpus (held-out transfer, e.g. ESConv) shares no contexts with the training data.
+    data.check_split(argparse.Namespace(data="esconv.jsonl", set="support", seed=5, held_out=0.1), [config])
+
+
+def test_flag_type_names_the_flag_and_rejects_out_of_range_values():
+    parse = data.flag_type("--temperature", float, "positive")
+    assert parse("0.7") == 0.7
+    for bad in ("0", "-1", "nan", "abc"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--temperature"):
+            parse(bad)
+    assert data.flag_type("--steps", int, "positive")("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError, match="whole number"):
+        data.flag_type("--steps", int, "positive")("2.5")
+
+
 def test_read_jsonl_ignores_truncated_last_line(tmp_path, capsys):
     path = tmp_path / "cache.jsonl"
     path.write_text('{"a": 1}\n{"b": 2}\n{"c": ')
@@ -344,11 +400,11 @@ def test_read_jsonl_rejects_damage_before_the_end(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# The real dataset copies in ../shared/datasets (skipped where absent)
+# The real datasets (conftest.dataset: skipped where absent)
 # ----------------------------------------------------------------------------------------------
 
 def test_real_esconv_train_jsonl():
-    contexts = data.load_contexts(str(need(SHARED / "esconv" / "train.jsonl")))
+    contexts = corpora.load_contexts(str(dataset("esconv/train.jsonl")))
     assert len(contexts) == 910
     assert all(c.valence == "negative" and c.turns[0] == {"speaker": "user", "text": c.first_message}
                for c in contexts)
@@ -356,43 +412,43 @@ def test_real_esconv_train_jsonl():
 
 
 def test_real_ed_valid_contexts_match_published_polarity():
-    path = need(SHARED / "empathetic_dialogues" / "valid_contexts.jsonl")
-    contexts = data.load_contexts(str(path))
+    path = dataset("empathetic_dialogues/valid_contexts.jsonl")
+    contexts = corpora.load_contexts(str(path))
     assert len(contexts) == 2770
     published = [json.loads(line)["polarity"] for line in path.read_text().splitlines()]
-    assert [c.valence for c in contexts] == [data.emotion_valence("", p) for p in published]
+    assert [c.valence for c in contexts] == [corpora.emotion_valence("", p) for p in published]
     # our built-in mapping reproduces the published one for all 32 labels
-    published_map = need(SHARED / "empathetic_dialogues" / "emotion_polarity.json")
+    published_map = dataset("empathetic_dialogues/emotion_polarity.json")
     mapping = json.loads(published_map.read_text())["mapping"]
     assert len(mapping) == 32
-    assert {e: data.emotion_valence(e) for e in mapping} == {
-        e: data.emotion_valence("", v) for e, v in mapping.items()}
+    assert {e: corpora.emotion_valence(e) for e in mapping} == {
+        e: corpora.emotion_valence("", v) for e, v in mapping.items()}
     train, held = data.split_contexts(contexts, 0.25, seed=0)
     assert Counter(c.valence for c in held) == {"negative": 366, "positive": 290, "ambiguous": 37}
 
 
 def test_real_ed_train_situations():
-    contexts = data.load_contexts(str(need(SHARED / "empathetic_dialogues" / "train_situations.jsonl")))
+    contexts = corpora.load_contexts(str(dataset("empathetic_dialogues/train_situations.jsonl")))
     assert len(contexts) == 5000 and all(c.first_message == c.situation for c in contexts)
 
 
 def test_real_qmsum_train_folder_and_openings():
-    folder = need(SHARED / "qmsum" / "train")
-    contexts = data.load_contexts(str(folder))
+    folder = dataset("qmsum/train")
+    contexts = corpora.load_contexts(str(folder))
     assert len(contexts) == 40 and {c.domain for c in contexts} == {"Academic"}   # via train_domains.json
     assert all(0 < len(c.turns) <= 40 and c.turns[0]["speaker"] == "user" for c in contexts)
     assert not any("{" in t["text"] for c in contexts for t in c.turns)
-    assert len(data.load_contexts(str(folder.parent))) == 40
-    openings = data.load_contexts(str(need(SHARED / "qmsum" / "train_openings.jsonl")))
+    assert len(corpora.load_contexts(str(folder.parent))) == 40
+    openings = corpora.load_contexts(str(dataset("qmsum/train_openings.jsonl")))
     assert Counter(c.domain for c in openings) == {"Product": 97, "Academic": 41, "Committee": 24}
 
 
 # ----------------------------------------------------------------------------------------------
-# The files the repo ships (written by another helper; skipped until they exist)
+# The files the repo ships
 # ----------------------------------------------------------------------------------------------
 
 def test_shipped_personas():
-    path = need(ROOT / "personas.json")
+    path = ROOT / "personas.json"
     support, meeting = data.load_personas(path, "support"), data.load_personas(path, "meeting")
     assert support.names() == ["Anchor", "Catalyst", "Beacon", "Guide"]
     assert meeting.names() == ["Scribe", "Clarifier", "Planner", "Sentinel"]
@@ -400,15 +456,14 @@ def test_shipped_personas():
 
 
 def test_shipped_contexts(capsys):
-    need(ROOT / "data" / "contexts.jsonl")
-    contexts = data.load_contexts("bundled")
+    contexts = corpora.load_contexts("bundled")
     assert capsys.readouterr().err == ""            # no malformed rows in what we ship
     assert {c.persona_set for c in contexts} == {"support", "meeting"}
     assert len({c.id for c in contexts}) == len(contexts)
 
 
 def test_shipped_profiles():
-    profiles = data.load_profiles(need(ROOT / "data" / "profiles.json"))
+    profiles = data.load_profiles(ROOT / "data" / "profiles.json")
     assert len(profiles) == 11 and "average" in [p.id for p in profiles]
     for p in profiles:
         off_average = [t for t, level in p.levels.items() if level != "average"]

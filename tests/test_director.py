@@ -1,16 +1,22 @@
 """director.py and simulate.py: directive parsing, prompts, reproducible rollouts, and GRPO on a
 tiny director raising a programmatic group reward."""
 
+import json
+import math
 import random
 import string
 
 import pytest
 import torch
+from conftest import dataset
 
+import corpora
 import data
 import director as dr
 import grpo
 import models
+import sft
+import simulate
 from data import Persona, PersonaSet
 from simulate import USER, Cast, Conversation, Turn, run_conversations, user_messages
 
@@ -22,7 +28,7 @@ def support():
 
 @pytest.fixture(scope="module")
 def context():
-    return data.load_contexts("bundled", persona_set="support")[0]
+    return corpora.load_contexts("bundled", persona_set="support")[0]
 
 
 def conv_with(ctx, speakers, seed=0):
@@ -68,17 +74,17 @@ def test_directive_parser_never_raises_on_fuzz(support):
 
 
 def test_fallback_is_the_least_spoken_agent_never_the_last(support, context):
-    assert dr.least_spoken_agent(support, conv_with(context, [])) == "Anchor"
-    assert dr.least_spoken_agent(support, conv_with(context, ["Anchor", "Catalyst", "Beacon"])) == "Guide"
+    assert simulate.least_spoken_agent(support, conv_with(context, [])) == "Anchor"
+    assert simulate.least_spoken_agent(support, conv_with(context, ["Anchor", "Catalyst", "Beacon"])) == "Guide"
     # Everyone spoke once and Guide spoke last: the roster order decides, Guide is avoided.
-    assert dr.least_spoken_agent(support, conv_with(context, ["Anchor", "Catalyst", "Beacon", "Guide"])) == "Anchor"
+    assert simulate.least_spoken_agent(support, conv_with(context, ["Anchor", "Catalyst", "Beacon", "Guide"])) == "Anchor"
 
 
 def test_policies(support, context):
     convs = [conv_with(context, ["Anchor"] * k, seed=k) for k in range(4)]
-    assert [d.agent for d in dr.RoundRobin(support).choose(convs)] == ["Anchor", "Catalyst", "Beacon", "Guide"]
-    random_picks = [d.agent for d in dr.RandomOrder(support, seed=1).choose(convs)]
-    assert random_picks == [d.agent for d in dr.RandomOrder(support, seed=1).choose(convs)]
+    assert [d.agent for d in simulate.RoundRobin(support).choose(convs)] == ["Anchor", "Catalyst", "Beacon", "Guide"]
+    random_picks = [d.agent for d in simulate.RandomOrder(support, seed=1).choose(convs)]
+    assert random_picks == [d.agent for d in simulate.RandomOrder(support, seed=1).choose(convs)]
     assert all(p in support.names() for p in random_picks)
     with pytest.raises(data.UserError, match="--policy"):
         dr.make_policy("psychic", support)
@@ -92,37 +98,345 @@ def test_big_five_profiles_give_distinct_user_prompts(context):
     assert len(set(prompts.values())) == 11
 
 
-def test_block_reward_components(support, context):
-    from judge import make_judge
-    enc = models.SentenceEncoder()
-    judge = make_judge("offline")
-    weights = dr.RewardWeights()
-    base = conv_with(context, ["Anchor"])
-    base.turns[1].text = "That sounds really painful, and it makes sense you feel shaken."
-    repeat = conv_with(context, ["Anchor", "Anchor"])
-    repeat.turns[1].text = repeat.turns[2].text = base.turns[1].text
-    fresh = conv_with(context, ["Anchor", "Guide"])
-    fresh.turns[1].text = base.turns[1].text
-    fresh.turns[2].text = "Could you write down the three tasks due first and pick one for tonight?"
-    bad = dr.Directive("Anchor", valid=False)
-    r_rep, c_rep = dr.block_reward(repeat, 2, bad, support, enc, judge, weights)
-    r_new, c_new = dr.block_reward(fresh, 2, dr.Directive("Guide"), support, enc, judge, weights)
-    assert c_rep["nonredundancy"] < 0.05 and c_new["nonredundancy"] > 0.4
-    assert c_rep["format"] == 0.0 and c_new["format"] == 1.0
-    assert c_new["balance"] > c_rep["balance"]
-    assert c_new["contribution"] > c_rep["contribution"]
-    assert r_new > r_rep
-    assert set(c_new) == {"coherence", "nonredundancy", "contribution", "balance", "format"}
+class FakeJudge:
+    """score_many by reply text, so the coherence term is known exactly."""
+    def __init__(self, scores):
+        self.scores = scores
+
+    def score_many(self, states, replies):
+        return [self.scores[r] for r in replies]
+
+
+class FakeEncoder:
+    """Unit vectors chosen by hand, so every cosine in the test is known exactly."""
+    def __init__(self, vectors):
+        self.vectors = {t: torch.tensor(v) for t, v in vectors.items()}
+
+    def embed(self, texts):
+        return torch.stack([self.vectors[t] for t in texts])
+
+
+def test_block_reward_components_hand_computed(support):
+    ctx = data.Context(id="t", persona_set="support", situation="exam", first_message="I failed my exam")
+    conv = Conversation(ctx, "support", "average", "test", 0)
+    conv.turns = [Turn(USER, "I failed my exam"), Turn("Anchor", "that hurts"),        # before the block
+                  Turn("Guide", "plan one small step tonight"), Turn("Beacon", "that hurts")]
+    judge = FakeJudge({"plan one small step tonight": 0.8, "that hurts": 0.4})
+    enc = FakeEncoder({"that hurts": [1.0, 0.0], "plan one small step tonight": [0.6, 0.8]})
+    total, c = dr.block_reward(conv, 2, support, enc, judge, dr.RewardWeights())
+    # coherence (a scoring judge): mean judge score of the two new turns = (0.8 + 0.4) / 2 = 0.6
+    assert c["coherence"] == pytest.approx(0.6)
+    # non-redundancy: Guide's turn shares no word with "that hurts" (BLEU-2 = 0), cosine 0.6 ->
+    # 0.6; Beacon repeats Anchor word for word: cosine 1 and BLEU-2 1 -> 1.0; 1 - (0.6 + 1) / 2 = 0.2
+    assert c["nonredundancy"] == pytest.approx(0.2)
+    # contribution: earlier content words {failed, exam, hurts}; the block's {plan, one, small,
+    # step, tonight, hurts}: 5 of 6 are new
+    assert c["contribution"] == pytest.approx(5 / 6)
+    # clean: "that hurts" has 2 words (< 3: trivial), Guide's turn is flagged by nothing: 1 - 1/2
+    assert c["clean"] == pytest.approx(0.5)
+    # balance: Anchor, Guide, Beacon once each, 4 personas: log 3 / log 4 = 0.792481; no speaker
+    # follows itself, so the repeat factor is 1
+    assert c["balance"] == pytest.approx(math.log(3) / math.log(4))
+    assert c["format"] == 1.0                               # fixed-rule turns: nothing to parse
+    # weights 1, 1, 0.5, 1, 0.5, 0.5
+    assert total == pytest.approx(0.6 + 0.2 + 0.5 * 5 / 6 + 1.0 * 0.5 + 0.5 * math.log(3) / math.log(4) + 0.5)
+    # One of the block's two directives unparseable: format 1/2, the total loses 0.5 x 1/2.
+    conv.turns[2].directive = dr.Directive("Guide", valid=False)
+    conv.turns[3].directive = dr.Directive("Beacon", "name a strength", "warm")
+    total_bad, c_bad = dr.block_reward(conv, 2, support, enc, judge, dr.RewardWeights())
+    assert c_bad["format"] == 0.5 and total - total_bad == pytest.approx(0.25)
+
+
+class FakeLLMJudge:
+    """A generating judge: one block-level answer, and no per-turn scores (calling them fails)."""
+    can_generate = True
+
+    def __init__(self, answer):
+        self.answer, self.prompts = answer, []
+
+    def complete(self, prompt, max_new_tokens=64):
+        self.prompts.append(prompt)
+        return self.answer
+
+    def score_many(self, states, replies):
+        raise AssertionError("an LLM judge judges the block once, not turn by turn")
+
+
+@pytest.mark.parametrize("answer, coherence", [("Score: 4", 0.75), ("Score: 1", 0.0), ("**5**", 1.0),
+                                               ("no idea", 0.5)])
+def test_block_reward_with_an_llm_judge_is_one_block_judgement(support, answer, coherence):
+    ctx = data.Context(id="t", persona_set="support", situation="exam", first_message="I failed my exam")
+    conv = Conversation(ctx, "support", "average", "test", 0)
+    conv.turns = [Turn(USER, "I failed my exam"), Turn("Anchor", "that hurts a lot right now"),
+                  Turn("Guide", "plan one small step tonight"), Turn(USER, "ok maybe"),
+                  Turn("Beacon", "you reached out, which took courage")]
+    enc = FakeEncoder({"that hurts a lot right now": [1.0, 0.0], "plan one small step tonight": [0.6, 0.8],
+                       "you reached out, which took courage": [0.0, 1.0]})
+    judge = FakeLLMJudge(answer)
+    _, c = dr.block_reward(conv, 2, support, enc, judge, dr.RewardWeights())
+    # (score - 1) / 4; an unreadable answer is neutral 0.5
+    assert c["coherence"] == pytest.approx(coherence)
+    assert len(judge.prompts) == 1                          # one judgement for the whole block
+    prompt = judge.prompts[0]
+    before, block = prompt.split("The stretch to judge:")
+    assert "Anchor: that hurts a lot right now" in before and "Guide:" not in before
+    assert "Guide: plan one small step tonight" in block and "Beacon: you reached out" in block
+    assert "User: ok maybe" in block
+
+
+@pytest.mark.parametrize("reply, flag", [
+    ("you said i failed my exam and i feel terrible", "copies the user"),
+    ("you said you need to breathe and take it slowly now", "echoes another agent"),
+    ("Situation: exam. Beacon: well done", "leaks prompt text"),
+    ("Okay.", "trivial"),
+    ("Listens closely, names the feeling the user is carrying and reflects it", "recites its persona card"),
+])
+def test_a_hacked_block_scores_lower(support, reply, flag):
+    """The same block with one clean reply and with one hacked reply: only `clean` changes (the
+    fake judge and encoder see both replies alike, and both are new words to the conversation),
+    so the hacked block loses exactly the clean weight."""
+    ctx = data.Context(id="t", persona_set="support", situation="exam",
+                       first_message="I failed my exam and I feel terrible about it")
+    clean_reply = "what would you tell a friend who failed"
+
+    def block(text, speaker):
+        conv = Conversation(ctx, "support", "average", "test", 0)
+        conv.turns = [Turn(USER, ctx.first_message),
+                      Turn("Guide", "you need to breathe and take it slowly now"), Turn(speaker, text)]
+        return conv
+
+    speaker = "Anchor" if "persona" in flag else "Catalyst"
+    judge = FakeJudge({clean_reply: 0.5, reply: 0.5})
+    vec = [0.0, 1.0]
+    enc = FakeEncoder({clean_reply: vec, reply: vec, "you need to breathe and take it slowly now": [1.0, 0.0]})
+    weights = dr.RewardWeights(nonredundancy=0.0, contribution=0.0)   # these differ between the texts
+    good, c_good = dr.block_reward(block(clean_reply, speaker), 2, support, enc, judge, weights)
+    bad, c_bad = dr.block_reward(block(reply, speaker), 2, support, enc, judge, weights)
+    assert c_good["clean"] == 1.0 and c_bad["clean"] == 0.0, flag
+    assert good - bad == pytest.approx(weights.clean)
+
+
+def test_block_reward_with_a_single_persona_is_defined():
+    solo = PersonaSet("solo", "one companion", [Persona("Anchor", "listener", "Listens.", "Warm.", ["Hm."])],
+                      ["listen"], ["warm"])
+    ctx = data.Context(id="t", persona_set="support", situation="exam", first_message="I failed my exam")
+    conv = Conversation(ctx, "support", "average", "test", 0)
+    conv.turns = [Turn(USER, "I failed my exam"), Turn("Anchor", "that hurts"), Turn("Anchor", "plan one small step tonight")]
+    enc = FakeEncoder({"that hurts": [1.0, 0.0], "plan one small step tonight": [0.6, 0.8]})
+    _, c = dr.block_reward(conv, 2, solo, enc, FakeJudge({"plan one small step tonight": 0.5}), dr.RewardWeights())
+    assert c["balance"] == 1.0          # nobody else could have spoken (and no division by log 1 = 0)
+
+
+class HashEncoder:
+    """Any text -> a fixed unit vector derived from its hash (for rollouts of generated text)."""
+    def embed(self, texts):
+        rows = [torch.randn(8, generator=torch.Generator().manual_seed(data.derive_seed(t))) for t in texts]
+        return torch.nn.functional.normalize(torch.stack(rows), dim=1)
+
+
+class ConstJudge:
+    def score_many(self, states, replies):
+        return [0.5] * len(replies)
+
+
+class Scripted:
+    """A director that names agents from a script, cycling, and records how often it was asked."""
+    name = "scripted"
+
+    def __init__(self, agents):
+        self.agents, self.calls = agents, 0
+
+    def choose(self, convs):
+        self.calls += 1
+        agent = self.agents[(self.calls - 1) % len(self.agents)]
+        return [dr.Directive(agent, f"action {self.calls}", "calm") for _ in convs]
+
+
+def test_a_rollout_has_a_directive_at_every_turn(support, context):
+    """The sampled directive directs the block's first turn, the director itself every later one
+    (not a fixed rule without a directive); copies of one point share their seeds, so two equal
+    directives give the same block word for word."""
+    model, tok = models.load_model("tiny")
+    profiles = {p.id: p for p in data.load_profiles("data/profiles.json")}
+    cast = Cast(support, model, tok, model, tok, max_new_tokens=4)
+    follow = Scripted(["Guide", "Anchor"])
+    rollout = dr.Rollout(cast, profiles, support, HashEncoder(), ConstJudge(), dr.RewardWeights(), n_turns=3,
+                         user_every=2, follow=follow)
+    point = conv_with(context, [], seed=7)
+    texts = ["Agent: Beacon\nAction: name a strength\nTone: upbeat",
+             "Agent: Catalyst\nAction: ask a probing question\nTone: curious",
+             "Agent: Beacon\nAction: name a strength\nTone: upbeat"]
+    directives = dr.parse_many(texts, [point] * 3, support)
+    scored, copies = rollout.run([point] * 3, follow, first=directives)
+    for conv, sampled in zip(copies, directives):
+        block = [t for t in conv.turns[1:] if t.speaker != USER]
+        assert len(block) == 3 and all(t.directive is not None for t in block)
+        assert block[0].directive == sampled
+        assert [t.directive.action for t in block[1:]] == ["action 1", "action 2"]   # the director's
+        assert [t.speaker for t in block] == [sampled.agent, "Guide", "Anchor"]
+    assert follow.calls == 2                                # asked at turns 2 and 3, not at turn 1
+    assert [(t.speaker, t.text) for t in copies[0].turns] == [(t.speaker, t.text) for t in copies[2].turns]
+    # GRPO's reward function: the same rollouts, plus this step's collapse diagnostics.
+    rewards, comps = rollout.score_directives([point], texts, group_size=3)
+    assert len(rewards) == 3 and rewards[0] == pytest.approx(rewards[2])
+    assert comps["pick_Beacon"] == [1.0, 0.0, 1.0]
+    assert comps["choice_entropy"] == [pytest.approx(-(2 / 3) * math.log2(2 / 3) - (1 / 3) * math.log2(1 / 3))] * 3
+    assert comps["choice_mi"] == [0.0] * 3                  # one stage only: nothing to depend on
+
+
+def test_held_out_evaluation_is_paired_and_directs_every_turn(support, context):
+    model, tok = models.load_model("tiny")
+    profiles = {p.id: p for p in data.load_profiles("data/profiles.json")}
+    cast = Cast(support, model, tok, model, tok, max_new_tokens=4)
+    rollout = dr.Rollout(cast, profiles, support, HashEncoder(), ConstJudge(), dr.RewardWeights(), n_turns=2,
+                         user_every=2)
+    points = [conv_with(context, ["Anchor", "Beacon"][:k], seed=k) for k in range(3)]
+    a = rollout.evaluate(simulate.LeastSpoken(support), points)
+    b = rollout.evaluate(Scripted(["Anchor"]), points)
+    assert a["n"] == b["n"] == 3 and len(a["rewards"]) == 3
+    assert a["choices"] == {"Anchor": 1, "Catalyst": 2, "Beacon": 0, "Guide": 0}
+    assert b["choices"] == {"Anchor": 3, "Catalyst": 0, "Beacon": 0, "Guide": 0}
+    assert b["block_choices"]["Anchor"] == 6                 # the policy directed both turns
+    assert b["diagnostics"]["entropy"] == 0.0 and b["diagnostics"]["p_perm"] == 1.0
+    assert a["agree_least_spoken"] == 1.0
+    c = dr.compare(b, a)
+    diffs = [y - x for x, y in zip(a["rewards"], b["rewards"])]
+    assert c["change"] == pytest.approx(sum(diffs) / 3)
+    assert [r["stage"] for r in a["rollouts"]] == ["0", "1", "2"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Collapse diagnostics
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("x, df", [(3.841458820694124, 1), (5.991464547107979, 2), (11.070497693516351, 5),
+                                   (16.918977604620448, 9)])
+def test_chi2_sf_at_the_table_critical_values(x, df):
+    assert dr.chi2_sf(x, df) == pytest.approx(0.05, abs=1e-9)
+    assert dr.chi2_sf(21.665994333461924, 9) == pytest.approx(0.01, abs=1e-9)
+    assert dr.chi2_sf(0.0, 3) == 1.0 and dr.chi2_sf(5.0, 0) == 1.0
+
+
+def test_entropy_and_mutual_information_hand_computed():
+    assert dr.entropy_bits(["A"] * 5) == 0.0
+    assert dr.entropy_bits(["A", "B", "C", "D"]) == pytest.approx(2.0)
+    # H(X) = 1, H(Y) = H(3/4, 1/4) = 0.811278, H(X, Y) = H(1/2, 1/4, 1/4) = 1.5 -> I = 0.311278
+    xs, ys = ["A", "A", "B", "B"], ["0", "0", "0", "1"]
+    h_y = -(0.75 * math.log2(0.75) + 0.25 * math.log2(0.25))
+    assert dr.mutual_information_bits(xs, ys) == pytest.approx(1 + h_y - 1.5)
+    # chi-square of that 2 x 2 table: expected A0 = B0 = 1.5, A1 = B1 = 0.5;
+    # (2-1.5)^2/1.5 + (1-1.5)^2/1.5 + (0-0.5)^2/0.5 + (1-0.5)^2/0.5 = 1/6 + 1/6 + 1/2 + 1/2 = 4/3
+    assert dr.chi_square_statistic(xs, ys) == (pytest.approx(4 / 3), 1)
+
+
+def test_collapse_diagnostics_tell_a_constant_policy_from_a_context_dependent_one(support):
+    names = support.names()
+    stages = ["0", "1", "2", "3+"] * 4                                  # 16 decision points
+    constant = ["Anchor"] * 16
+    by_stage = {"0": "Catalyst", "1": "Anchor", "2": "Beacon", "3+": "Guide"}
+    dependent = [by_stage[s] for s in stages]
+    random_like = [names[(i * 7 // 3) % 4] for i in range(16)]          # spread, but not by stage
+    c = dr.choice_diagnostics(constant, stages, names)
+    assert c["distinct"] == 1 and c["entropy"] == 0.0 and c["mi"] == 0.0
+    assert (c["chi2"], c["df"], c["p_chi2"], c["p_perm"]) == (0.0, 0, 1.0, 1.0)
+    d = dr.choice_diagnostics(dependent, stages, names)
+    assert d["distinct"] == 4 and d["entropy"] == pytest.approx(2.0) and d["entropy_norm"] == pytest.approx(1.0)
+    assert d["mi"] == pytest.approx(2.0)                                 # the stage determines the choice
+    # Perfect dependence, 4 x 4, uniform margins: every expected cell is 16/16 = 1; the 4 diagonal
+    # cells hold 4 ((4-1)^2 = 9 each), the 12 others 0 (1 each): chi2 = 36 + 12 = 48, df 9.
+    assert d["chi2"] == pytest.approx(48.0) and d["df"] == 9
+    assert d["p_chi2"] < 1e-6 and d["p_perm"] < 0.01
+    r = dr.choice_diagnostics(random_like, stages, names)
+    assert r["entropy"] > 1.5 and r["mi"] < d["mi"] and r["p_perm"] > 0.05
+    assert dr.stage_feature(conv_with(data.Context("t", "support", "s", "hi"), ["Anchor"] * 5)) == "3+"
+
+
+# ----------------------------------------------------------------------------------------------
+# The ESConv warm start
+# ----------------------------------------------------------------------------------------------
+
+OFFICIAL = [{"experience_type": "Current Experience", "emotion_type": "anxiety", "problem_type": "job crisis",
+             "situation": "I may lose my job.", "survey_score": {},
+             "dialog": [
+                 {"speaker": "supporter", "annotation": {"strategy": "Others"}, "content": "Hello!"},
+                 {"speaker": "seeker", "annotation": {}, "content": "I think I will be fired."},
+                 {"speaker": "supporter", "annotation": {"strategy": "Question"}, "content": "Why do you think so?"},
+                 {"speaker": "seeker", "annotation": {}, "content": "My boss ignores me."},
+                 {"speaker": "supporter", "annotation": {"strategy": "Others"}, "content": "Oh no."},
+                 {"speaker": "supporter", "annotation": {"strategy": "Self-disclosure"},
+                  "content": "I felt the same when my manager went quiet."},
+                 {"speaker": "seeker", "annotation": {}, "content": "It is scary."},
+                 {"speaker": "supporter", "annotation": {"strategy": "Affirmation and Reassurance"},
+                  "content": "You noticed early, which gives you time."},
+                 {"speaker": "supporter", "annotation": {"strategy": "Providing Suggestions"},
+                  "content": "Maybe ask for a short check-in this week."},
+                 {"speaker": "seeker", "annotation": {}, "content": "Thanks."}]}]
+
+
+def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
+    path = tmp_path / "ESConv.json"
+    path.write_text(json.dumps(OFFICIAL), encoding="utf-8")
+    contexts = corpora.load_contexts(str(path), persona_set="support")
+    examples = dr.esconv_examples(contexts, support, 4, seed=0)
+    # Four mapped supporter turns after the seeker's first message ("Others" is never a target),
+    # all drawn once, in a seeded order.
+    targets = sorted(t for _, t in examples)
+    assert targets == sorted(["Agent: Catalyst\nAction: ask a probing question\nTone: curious",
+                              "Agent: Anchor\nAction: share a similar feeling so they feel less alone\nTone: gentle",
+                              "Agent: Beacon\nAction: name a strength\nTone: encouraging",
+                              "Agent: Guide\nAction: suggest one small step\nTone: practical"])
+    # The prompt for the Guide turn: the dialogue before it, supporters named by their strategy's
+    # persona, the unmapped "Oh no." by the least-spoken persona (Anchor: nobody but Catalyst spoke).
+    prompt = next(m for m, t in examples if t.startswith("Agent: Guide"))[1]["content"]
+    assert prompt.split("Conversation so far:\n")[1].split("\n\n")[0].splitlines() == [
+        "User: I think I will be fired.", "Catalyst: Why do you think so?", "User: My boss ignores me.",
+        "Anchor: Oh no.", "Anchor: I felt the same when my manager went quiet.", "User: It is scary.",
+        "Beacon: You noticed early, which gives you time."]
+    assert "Turns so far: Anchor 2x, Catalyst 1x, Beacon 1x, Guide 0x." in prompt
+    # The greeting before the seeker's first turn is dropped, as corpora does for every source.
+    assert "Hello!" not in prompt
+    # Every target parses, and the mapping needs the support personas.
+    assert all(dr.parse_directive(t, support, "?").valid for _, t in examples)
+    meeting = data.load_personas("personas.json", "meeting")
+    with pytest.raises(data.UserError, match="--set support"):
+        dr.esconv_examples(contexts, meeting, 4)
+
+
+def test_esconv_fixture_and_strategy_mapping(support):
+    contexts = corpora.load_contexts("tests/fixtures/data/esconv/ESConv.json", persona_set="support")
+    examples = dr.esconv_examples(contexts, support, 2, seed=0)
+    assert sorted(t.splitlines()[0] for _, t in examples) == ["Agent: Anchor", "Agent: Beacon"]
+    assert set(dr.ESCONV_STRATEGIES) == {"Question", "Restatement or Paraphrasing", "Reflection of feelings",
+                                         "Self-disclosure", "Affirmation and Reassurance",
+                                         "Providing Suggestions", "Information"}    # all but Others
+    assert {a for a, _, _ in dr.ESCONV_STRATEGIES.values()} == set(support.names())
+
+
+def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
+    """On the real ESConv training split, the warm start's targets use all four personas and
+    depend on the conversation's stage (the collapse diagnostics' feature): a random-agent warm
+    start would have neither property by design."""
+    contexts = corpora.load_contexts(str(dataset("esconv/train.jsonl")), persona_set="support")
+    train, held = data.split_contexts(contexts, 0.25, seed=0)
+    examples = dr.esconv_examples(train, support, 400, seed=0)
+    agents = [dr.parse_directive(t, support, "?").agent for _, t in examples]
+    stages = [m[1]["content"].split("Turns so far: ")[1] for m, _ in examples]
+    stages = [str(min(sum(int(x.split()[-1][:-1]) for x in s.split(".")[0].split(", ")), 3)) for s in stages]
+    diag = dr.choice_diagnostics(agents, stages, support.names())
+    assert diag["distinct"] == 4 and diag["entropy_norm"] > 0.9
+    assert diag["p_chi2"] < 1e-6
+    held_situations = {c.situation for c in held} - {c.situation for c in train}
+    assert not any(m[1]["content"].split("\n")[0][len("Situation: "):] in held_situations for m, _ in examples)
 
 
 def test_rollouts_are_reproducible_with_a_fixed_seed(support):
     model, tok = models.load_model("tiny")
     profiles = {p.id: p for p in data.load_profiles("data/profiles.json")}
-    ctxs = data.load_contexts("bundled", persona_set="support")[:2]
+    ctxs = corpora.load_contexts("bundled", persona_set="support")[:2]
     cast = Cast(support, model, tok, model, tok, max_new_tokens=6)
 
     def once():
-        convs = run_conversations(ctxs, dr.RandomOrder(support, 3), cast, profiles, ["average", "openness-high"],
+        convs = run_conversations(ctxs, simulate.RandomOrder(support, 3), cast, profiles, ["average", "openness-high"],
                                   n_agent_turns=3, user_every=2, seed=5)
         return [[(t.speaker, t.text) for t in c.turns] for c in convs]
 
@@ -143,7 +457,7 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
     personas = PersonaSet("test", "", [Persona(n, r, "d", "s", ["e"]) for n, r in
                                        zip(names, ["listener", "analyst", "encourager", "planner"])],
                           base.strategies, base.tones)
-    ctxs = data.load_contexts("bundled", persona_set="support")[:6]
+    ctxs = corpora.load_contexts("bundled", persona_set="support")[:6]
     points = []
     for i, ctx in enumerate(ctxs):
         c = conv_with(ctx, ["Amy", "Bob", "Cal"], seed=i)
@@ -153,7 +467,7 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
     model, tok = models.load_model("tiny")
     # Supervised warm start on the format (director.py, section 5), here with one-line targets.
     examples = [(prompts[k % 6], f"Agent: {names[random.Random(k).randrange(4)]}") for k in range(480)]
-    dr.supervised_warm_start(model, tok, examples, steps=60, batch_size=8, lr=1e-2, log=lambda s: None)
+    sft.supervised_finetune(model, tok, examples, steps=60, batch_size=8, lr=1e-2, log=lambda s: None)
 
     def sample_prompts(step):
         idx = [(step * 2 + j) % 6 for j in range(2)]
@@ -161,12 +475,12 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
 
     def reward_fn(meta, texts, gen):
         picks = [dr.parse_directive(t, personas, "Amy") for t in texts]
-        wanted = [dr.least_spoken_agent(personas, m) for m in meta for _ in range(8)]
+        wanted = [simulate.least_spoken_agent(personas, m) for m in meta for _ in range(8)]
         r = [float(d.valid and d.agent == w) for d, w in zip(picks, wanted)]
         return r, {"least_spoken": r}
 
     cfg = grpo.GRPOConfig(steps=10, prompts_per_step=2, group_size=8, lr=3e-3, warmup_steps=0,
-                          max_new_tokens=8, save_every=100, dump_every=0, seed=0)
+                          max_new_tokens=8, save_every=100, dump_every=1, seed=0, beta=0.0)
     rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, cfg, tmp_path, log=lambda s: None)
     first = sum(r["reward_mean"] for r in rows[:3]) / 3
     last = sum(r["reward_mean"] for r in rows[-4:]) / 4
@@ -177,7 +491,7 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
 def test_completion_text_is_the_assistant_turn_with_its_end_marker():
     tok = models.load_model("tiny")[1]
     messages = [{"role": "user", "content": "hi"}]
-    prompt, completion = dr.completion_text(tok, messages, "Agent: Anchor\nAction: validate\nTone: warm")
+    prompt, completion = sft.completion_text(tok, messages, "Agent: Anchor\nAction: validate\nTone: warm")
     assert prompt.endswith("<|im_start|>assistant\n")
     assert completion == "Agent: Anchor\nAction: validate\nTone: warm<|im_end|>"
 
@@ -199,10 +513,10 @@ def test_format_warm_start_teaches_a_tiny_director_the_three_lines(support, cont
     torch.manual_seed(0)
     model, tok = models.load_model("tiny")
     points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
-    director = dr.LLMDirector(model, tok, support, max_new_tokens=32)
+    director = dr.LLMDirector(model, tok, support)
     before = sum(d.valid for d in director.choose(points))
     examples = dr.format_examples(support, points, 800, seed=0)
-    losses = dr.supervised_warm_start(model, tok, examples, steps=100, batch_size=8, lr=1e-2, log=lambda s: None)
+    losses = sft.supervised_finetune(model, tok, examples, steps=100, batch_size=8, lr=1e-2, log=lambda s: None)
     after = sum(d.valid for d in director.choose(points))
     print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f}; parseable {before}/4 -> {after}/4")
     assert losses[-1] < losses[0] / 3

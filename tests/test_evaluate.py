@@ -1,37 +1,42 @@
 """Tests of the evaluation run in evaluate.py (the systems part; the metric formulas are in
-tests/test_metrics.py) and of the prompt styles it adds to simulate.py.
+tests/test_metrics.py), of the prompt styles it adds to simulate.py, of the multi-call baselines
+(baselines.py), the independent evaluator (persona_id.py) and the SFT baseline's data (sft.py).
 
-The end-to-end test builds a run folder with tiny random models saved where stage 1 and stage 2
-save theirs (RUN/stage1/speakers, RUN/stage2/director), so every system runs without training.
-Fake LLM judges (can_generate=True, canned answers) check the rubric parsing and the pairwise
-preference against counts worked out by hand.
+The end-to-end test builds a run folder with tiny random models saved where stage 1, stage 2 and
+the sft command save theirs (RUN/stage1/speakers, RUN/stage2/director, RUN/sft/model), so every
+system runs without training. Fake LLM judges (can_generate=True, canned answers) check the
+rubric parsing and the pairwise preference against counts worked out by hand.
 
 Run: .venv/bin/python -m pytest -q tests/test_evaluate.py
 """
 
-import argparse
 import json
+import math
 from collections import Counter
 
 import pytest
 import torch
 
+import baselines
 import data
 import evaluate
 import mascot
 import models
-from simulate import USER, Conversation, Turn, reply_text, speaker_messages
+import persona_id
+import sft
+from simulate import USER, Conversation, Turn, reply_text, role_setting, speaker_messages
 
 
 def parse(argv):
-    """The wiring mascot.py uses: the common flags, then evaluate's own."""
-    parser = argparse.ArgumentParser()
-    mascot.add_common(parser)
-    evaluate.add_arguments(parser)
-    return parser.parse_args(argv)
+    """The flags exactly as `mascot.py evaluate` parses them."""
+    return mascot.build_parser().parse_args(["evaluate", *argv])
 
 
-TINY = ["--model", "tiny", "--contexts", "2", "--turns", "2", "--max-new-tokens", "4"]
+def run(argv):
+    return mascot.evaluate_cmd(parse(argv))
+
+
+TINY = ["--model", "tiny", "--contexts", "2", "--turns", "2", "--max-new-tokens", "4", "--sc-samples", "2"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,10 +51,10 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    """A run folder with 'trained' speakers and director (tiny random models, untrained)."""
+    """A run folder with 'trained' speakers, director and SFT model (tiny random models, untrained)."""
     run = tmp_path_factory.mktemp("run")
     model, tok = models.load_model("tiny")
-    for folder in (run / "stage1" / "speakers", run / "stage2" / "director"):
+    for folder in (run / "stage1" / "speakers", run / "stage2" / "director", run / "sft" / "model"):
         model.save_pretrained(folder)
         tok.save_pretrained(folder)
     return run
@@ -57,7 +62,7 @@ def trained_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def full_results(trained_run):
-    return evaluate.run(parse(TINY + ["--run", str(trained_run)]))
+    return run(TINY + ["--run", str(trained_run)])
 
 
 # ------------------------------------------------------------------ end to end
@@ -85,7 +90,17 @@ def test_confidence_intervals_contain_the_means(full_results):
             if summary["status"] in ("ok", "approximated") and summary["n"]:
                 assert summary["lo"] - 1e-9 <= summary["mean"] <= summary["hi"] + 1e-9, key
                 checked += 1
-    assert checked >= 7 * 6   # persona consistency, relevance and the redundancy metrics
+    assert checked == 12 * 16   # 2 approximated, 2 persona-ID, 5 redundancy, 7 hack and crisis columns
+
+
+def test_summaries_match_a_hand_computed_interval():
+    # One system's four conversations with self_bleu 0, 0, 0, 1: mean 0.25; a resample's mean is
+    # k/4 with k ~ Binomial(4, 1/4) (P(k<=2) = 0.949, P(k<=3) = 0.996), so the 95% percentile
+    # interval is [0, 0.75] (metrics.bootstrap_ci). A conversation without a value is left out.
+    records = [{"metrics": {"self_bleu": v}} for v in (0.0, 0.0, 0.0, 1.0, None)]
+    status = {m.key: "ok" for m in evaluate.ALL_METRICS}
+    summary = evaluate.aggregate(records, status, seed=0)["self_bleu"]
+    assert summary == {"mean": 0.25, "lo": 0.0, "hi": 0.75, "n": 4, "status": "ok"}
 
 
 def test_offline_judge_marks_what_it_cannot_measure(full_results, trained_run):
@@ -99,40 +114,85 @@ def test_offline_judge_marks_what_it_cannot_measure(full_results, trained_run):
     assert "persona consistency*" in md and "n/a (offline judge)" in md
     assert "* approximated" in md and "NLI relation rates skipped" in md
     assert "NLI entailment" not in md.split("## Notes")[0]     # skipped columns are left out
-    # Each row names the judge and the models.
+    # Each row of the first table names the judge and the models.
     row = next(line for line in md.splitlines() if line.startswith("| mascot |"))
     assert full_results["judge"] in row and "trained:" in row
-    # The default pairwise comparison ran on every conversation pair.
+    # The default pairwise comparison ran on every conversation pair, decided by the
+    # independent evaluator, and says so.
     pw = full_results["pairwise"]
-    assert (pw["a"], pw["b"]) == ("mascot", "round-robin")
+    assert (pw["a"], pw["b"], pw["decided_by"]) == ("mascot", "round-robin", "persona-id")
     assert pw["wins"] + pw["losses"] + pw["ties"] == 2
-    assert "exact two-sided binomial p" in pw["line"]
+    assert "exact two-sided binomial p" in pw["line"] and "independent evaluator" in pw["line"]
+
+
+def test_every_table_has_hack_columns_an_independent_evaluator_and_says_who_measured(full_results, trained_run):
+    md = (trained_run / "eval" / "results.md").read_text()
+    for title in ("context copy", "persona-card copy", "history echo", "meta/prompt leak", "empty or trivial",
+                  "reply length (words)", "crisis stops", "persona ID accuracy", "persona log-ratio"):
+        assert title in md
+    for entry in full_results["systems"].values():
+        for key in ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial", "words",
+                    "crisis_stop", "persona_id_accuracy", "persona_log_ratio"):
+            m = entry["metrics"][key]
+            assert m["status"] == "ok" and m["n"] == 2 and m["lo"] <= m["mean"] <= m["hi"]
+        assert entry["crisis_conversations"] == 0 and entry["crisis_turn_share"] == 0.0
+    # Who measured what: the offline judge is the training judge (no stage config in this run:
+    # the default is assumed); the independent evaluator is not.
+    rows = {row["evaluator"].split(" ")[0]: row for row in full_results["evaluators"]}
+    assert rows["judge"]["used_in_training"].startswith("YES: stage 1's --judge")
+    assert rows["frozen"]["used_in_training"].startswith("no:")
+    assert "## Who measured each column, and did training use it" in md
+    # The paired changes against round-robin: every other system, every key column.
+    changes = full_results["changes"]
+    assert set(changes) == set(evaluate.SYSTEM_NAMES) - {"round-robin"}
+    assert "## Paired change against round-robin" in md
+
+
+def test_training_judges_are_read_from_the_stage_configs(tmp_path):
+    args = parse(["--run", str(tmp_path), "--judge", "hf:some/judge"])
+    (tmp_path / "stage1").mkdir()
+    (tmp_path / "stage1" / "config.json").write_text(json.dumps({"judge": "hf:some/judge"}))
+    (tmp_path / "stage2").mkdir()
+    (tmp_path / "stage2" / "config.json").write_text(json.dumps({"judge": "offline"}))
+    rows = evaluate.training_use(args, ["persona consistency"], ["persona ID accuracy"], ["context copy"])
+    assert rows[0]["used_in_training"] == ("YES: stage 1's --judge (it labelled the reward model's preference "
+                                           "pairs)")
+    other = evaluate.training_use(parse(["--run", str(tmp_path), "--judge", "openai:http://x"]), [], [], [])
+    assert other[0]["used_in_training"] == "no (stage 1 used hf:some/judge, stage 2 offline)"
+    rm = evaluate.training_use(parse(["--run", str(tmp_path), "--judge", "rm:runs/x/stage1/reward_model"]), [], [], [])
+    assert rm[0]["used_in_training"].startswith("YES: a reward model")
 
 
 def test_llm_judge_path_end_to_end(trained_run, tmp_path):
     # A tiny random model as "LLM judge": its answers are gibberish, so most are unparseable;
-    # what is checked is the plumbing: every rubric metric asked, counted, nothing approximated.
+    # what is checked is the plumbing: every rubric criterion asked, counted, nothing approximated.
     judge = "hf:" + str(trained_run / "stage1" / "speakers")
-    results = evaluate.run(parse(["--model", "tiny", "--contexts", "1", "--turns", "2", "--max-new-tokens", "2",
-                                  "--run", str(tmp_path), "--systems", "zero-shot,round-robin",
-                                  "--judge", judge, "--pairwise", "zero-shot,round-robin"]))
+    results = run(["--model", "tiny", "--contexts", "1", "--turns", "2", "--max-new-tokens", "2",
+                   "--run", str(tmp_path), "--systems", "zero-shot,round-robin", "--no-persona-id",
+                   "--judge", judge, "--pairwise", "zero-shot,round-robin"])
     assert all(results["status"][m.key] == "ok" for m in evaluate.RUBRIC_METRICS)
     assert results["approximations"] == {}
-    # 1 conversation x (6 agent metrics x 2 agent turns + 5 collective metrics), per system.
-    assert any("of 34, left out of the means" in note for note in results["notes"])
+    # 1 conversation x (5 agent criteria x 2 agent turns + 4 collective criteria), per system;
+    # no judge is asked for an overall score.
+    assert any("of 28, left out of the means" in note for note in results["notes"])
+    # Without the independent evaluator the pairwise preference falls back to the judge, and says so.
+    assert results["pairwise"]["decided_by"] == "judge" and "decided by the judge" in results["pairwise"]["line"]
     assert results["pairwise"]["wins"] + results["pairwise"]["losses"] + results["pairwise"]["ties"] == 1
+    assert results["status"]["persona_id_accuracy"] == "skipped (--no-persona-id)"
     assert (tmp_path / "eval" / "judge_cache.jsonl").exists()
 
 
-def test_missing_director_is_skipped_with_a_note(tmp_path):
+def test_missing_checkpoints_are_skipped_with_the_command_that_makes_them(tmp_path):
     model, tok = models.load_model("tiny")
     model.save_pretrained(tmp_path / "stage1" / "speakers")
     tok.save_pretrained(tmp_path / "stage1" / "speakers")
-    args = parse(["--model", "tiny", "--contexts", "1", "--turns", "1", "--max-new-tokens", "2",
-                  "--run", str(tmp_path), "--systems", "mascot-c,mascot"])
-    results = evaluate.run(args)
+    results = run(["--model", "tiny", "--contexts", "1", "--turns", "1", "--max-new-tokens", "2",
+                   "--run", str(tmp_path), "--systems", "mascot-c,mascot,sft"])
     assert list(results["systems"]) == ["mascot-c"]
-    assert "no trained director" in results["skipped"]["mascot"]
+    assert results["skipped"]["mascot"] == (f"no model at {tmp_path / 'stage2' / 'director'}; make it with: "
+                                            f"python mascot.py train --stage 2 --run {tmp_path} --model tiny")
+    assert results["skipped"]["sft"].endswith(f"python mascot.py sft --run {tmp_path} --model tiny "
+                                              "--data <ESConv.json or an ESConv .jsonl>")
     md = (tmp_path / "eval" / "results.md").read_text()
     assert "skipped **mascot**" in md
     assert "not run" in results["pairwise"]["line"]
@@ -140,19 +200,34 @@ def test_missing_director_is_skipped_with_a_note(tmp_path):
 
 def test_flag_errors_are_one_line_user_errors(tmp_path):
     with pytest.raises(data.UserError, match="--systems"):
-        evaluate.choose_systems("mascot,nonsense", True, True, "s", "d")
+        evaluate.choose_systems("mascot,nonsense", parse(["--run", str(tmp_path)]))
     with pytest.raises(data.UserError, match="--profiles"):
         evaluate.resolve_profiles("average,calm", {"average": None})
 
 
 # ------------------------------------------------------------------ planning conversations
 
-def test_profiles_are_assigned_round_robin_with_equal_counts():
-    # 3 contexts, 2 profiles -> rounded up to 4 conversations, contexts cycling.
-    plan = evaluate.plan_conversations(["c0", "c1", "c2", "c3"], 3, ["p", "q"])
-    assert plan == [("c0", "p"), ("c1", "q"), ("c2", "p"), ("c0", "q")]
+def test_contexts_are_crossed_with_every_profile():
+    # The paper: 50 contexts x 10 profiles = 500 conversations. Here 2 x 2, context by context.
+    plan = evaluate.plan_conversations(["c0", "c1", "c2"], 2, ["p", "q"])
+    assert plan == [("c0", "p"), ("c0", "q"), ("c1", "p"), ("c1", "q")]
     assert evaluate.plan_conversations(["c0", "c1"], 5, ["avg"]) == [("c0", "avg"), ("c1", "avg")]
-    assert evaluate.resolve_profiles("all", {"a": 1, "b": 2}) == ["a", "b"]
+    # 'all' = the ten one-trait profiles of the shipped file; the all-average one is left out.
+    profiles = {p.id: p for p in data.load_profiles(mascot.ROOT / "data" / "profiles.json")}
+    ids = evaluate.resolve_profiles("all", profiles)
+    assert len(ids) == 10 and "average" not in ids
+    assert sorted({evaluate.profile_trait(profiles[i]) for i in ids}) == sorted(data.BIG_FIVE)
+    assert evaluate.profile_trait(profiles["average"]) == "average"
+
+
+def test_profiles_all_reports_per_trait(trained_run, tmp_path):
+    results = run(["--model", "tiny", "--contexts", "1", "--turns", "1", "--max-new-tokens", "2",
+                   "--run", str(tmp_path), "--systems", "round-robin", "--profiles", "all", "--no-persona-id"])
+    entry = results["systems"]["round-robin"]
+    assert entry["n"] == 10 and results["slice_fields"][-2:] == ["profile", "trait"]
+    assert set(entry["slices"]["trait"]) == set(data.BIG_FIVE)
+    assert all(sl["n"] == 2 for sl in entry["slices"]["trait"].values())     # high and low
+    assert "## Per trait" in (tmp_path / "eval" / "results.md").read_text()
 
 
 # ------------------------------------------------------------------ prompt styles
@@ -166,27 +241,38 @@ def context():
                         emotion="sad", valence="negative")
 
 
-def test_prompt_styles_differ():
+def test_every_style_gets_the_same_card_and_conversation():
     ps = personas()
     anchor = ps.find("Anchor")
     turns = [Turn(USER, "I failed again today.")]
-    examples = evaluate.load_fewshot(mascot.ROOT / "data" / "fewshot.json", "support")
-    persona = speaker_messages(anchor, ps, context(), turns)
-    plain = speaker_messages(anchor, ps, context(), turns, style="plain")
-    cot = speaker_messages(anchor, ps, context(), turns, style="fewshot-cot", examples=examples)
-    assert plain[0]["content"] == f"You are Anchor, {anchor.role}. Reply briefly."
-    assert anchor.description in persona[0]["content"]
-    assert anchor.description not in cot[0]["content"]
-    assert examples[0]["thinking"] in cot[0]["content"] and "'Reply:'" in cot[0]["content"]
-    assert persona[1] == plain[1] == cot[1]          # the same conversation in every style
+    examples = evaluate.load_fewshot("support")
+    prompts = {style: speaker_messages(anchor, ps, context(), turns, style=style,
+                                       examples=examples if "few-shot" in style else ())
+               for style in ("persona", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot")}
+    card = prompts["persona"][0]["content"].split("\n")[0]
+    assert anchor.description in card and anchor.examples[0] in card
+    for style, messages in prompts.items():
+        assert messages[0]["content"].startswith(card)                  # identical role settings
+        assert messages[1] == prompts["persona"][1]                      # the same conversation
+    assert "'Reply:'" in prompts["zero-shot-cot"][0]["content"] and "Thinking" in prompts["zero-shot-cot"][0]["content"]
+    assert examples[0]["reply"] in prompts["few-shot"][0]["content"]
+    assert examples[0]["thinking"] not in prompts["few-shot"][0]["content"]
+    assert examples[0]["thinking"] in prompts["few-shot-cot"][0]["content"]
     with pytest.raises(ValueError):
-        speaker_messages(anchor, ps, context(), turns, style="fewshot-cot")
+        speaker_messages(anchor, ps, context(), turns, style="few-shot-cot")
+    # The name-only role setting: the same prompts with only "You are Anchor, the emotional validator."
+    short = speaker_messages(role_setting(ps, "name").find("Anchor"), role_setting(ps, "name"), context(), turns,
+                             style="zero-shot")
+    assert short[0]["content"].startswith("You are Anchor, the emotional validator.\n")
+    assert anchor.description not in short[0]["content"]
 
 
 def test_fewshot_cot_keeps_only_the_reply():
     raw = "Thinking: they feel stuck.\n**Reply:** Try once more next week.\nThinking: next"
-    assert reply_text(raw, "fewshot-cot").strip() == "Try once more next week."
-    assert reply_text("No label at all.", "fewshot-cot") == "No label at all."
+    assert reply_text(raw, "few-shot-cot").strip() == "Try once more next week."
+    assert reply_text(raw, "zero-shot-cot").strip() == "Try once more next week."
+    assert reply_text("Reply: Sure thing.", "few-shot") == "Sure thing."
+    assert reply_text("No label at all.", "few-shot-cot") == "No label at all."
     assert reply_text(raw, "persona") == raw
 
 
@@ -219,19 +305,26 @@ def test_rubric_scores_count_and_exclude_unparseable_answers():
         if "Conversation:\n" in prompt:                  # a collective prompt
             return "Score: 9" if "Criterion: engagement quality" in prompt else "**5**"
         reply = prompt.split("'s message: ")[1]
-        return "Score: 4/5" if reply.startswith("alpha") else "I cannot say."
+        if not reply.startswith("alpha"):
+            return "I cannot say."
+        return "Score: 5" if "Criterion: persona consistency" in prompt else "Score: 4/5"
 
     judge = FakeJudge(answer)
     values, unparseable = evaluate.rubric_scores(conversation(["alpha words", "beta words"]), personas(), judge)
-    # 6 agent metrics x 2 turns + 5 collective metrics were asked.
-    assert len(judge.prompts) == 6 * 2 + 5
-    # Agent metrics: "alpha" -> 4 -> 75; "beta" unreadable -> left out; mean 75.
-    for m in evaluate.AGENT_METRICS:
-        assert values[m.key] == 75.0 and unparseable[m.key] == 1
-    # Collective: "**5**" -> 100; "Score: 9" is out of range -> unreadable -> None.
-    assert values["collective_overall"] == 100.0
+    # 5 agent criteria x 2 turns + 4 collective criteria were asked; no overall question.
+    assert len(judge.prompts) == 5 * 2 + 4
+    # Agent criteria: "alpha" -> 4 -> 75 (persona consistency 5 -> 100); "beta" unreadable -> left out.
+    for m in evaluate.AGENT_CRITERIA:
+        assert values[m.key] == (100.0 if m.key == "persona_consistency" else 75.0) and unparseable[m.key] == 1
+    # Overall is the mean of the criteria, as in the paper: (4 x 75 + 100) / 5 = 80.
+    assert values["agent_overall"] == 80.0
+    # Collective: "**5**" -> 100; "Score: 9" is out of range -> unreadable -> None, and an
+    # overall over an incomplete set of criteria would mean something else: None.
+    assert values["persona_fidelity"] == 100.0
     assert values["engagement_quality"] is None and unparseable["engagement_quality"] == 1
-    assert sum(unparseable.values()) == 7
+    assert values["collective_overall"] is None
+    assert sum(unparseable.values()) == 6
+    assert evaluate.with_overall({m.key: 50.0 for m in evaluate.COLLECTIVE_CRITERIA})["collective_overall"] == 50.0
 
 
 def test_pairwise_with_an_llm_judge_both_orders():
@@ -260,3 +353,196 @@ def test_pairwise_without_an_llm_compares_mean_scores():
     outcomes, _ = evaluate.pairwise_outcomes([None] * 3, [None] * 3, Offline(), personas(),
                                              [0.7, 0.2, 0.5], [0.6, 0.4, 0.5])
     assert outcomes == ["A", "B", "tie"]
+
+
+# ------------------------------------------------------------------ reward-hack diagnostics per conversation
+
+def test_hack_scores_of_a_hand_made_conversation():
+    ps = personas()
+    catalyst = ps.find("Catalyst")
+    conv = Conversation(context(), "support", "average", "test", 0)
+    conv.turns += [Turn(USER, "I failed again today and I feel like a total fraud."),
+                   # copies 6+ words of the user's message -> context copy
+                   Turn("Anchor", "You failed again today and I feel like a total fraud, you say."),
+                   # copies Catalyst's own card (its first example line) -> persona-card copy
+                   Turn("Catalyst", catalyst.examples[0]),
+                   # echoes Anchor's turn (another companion) -> history echo; and a speaker label
+                   Turn("Beacon", "Anchor: you failed again today and I feel like a total fraud"),
+                   Turn("Guide", "Okay.")]                                  # trivial (1 word)
+    h = evaluate.hack_scores(conv, ps)
+    # 4 agent turns: context copy in turns 1 and 3; card copy in 2; echo in 3; leak in 3; trivial in 4.
+    assert h["context_copy"] == 0.5 and h["persona_copy"] == 0.25 and h["history_echo"] == 0.25
+    assert h["meta_leak"] == 0.25 and h["trivial"] == 0.25
+    # Words: 13 ("you failed ... you say"), 13 (Catalyst's example), 12 (the label counts), 1.
+    assert catalyst.examples[0] == "What would you say to a friend who told you this exact story?"
+    assert h["words"] == (13 + 13 + 12 + 1) / 4
+    empty = Conversation(context(), "support", "average", "test", 0)
+    assert all(v is None for v in evaluate.hack_scores(empty, ps).values())
+
+
+# ------------------------------------------------------------------ the independent evaluator
+
+class FixedLogprobs(persona_id.PersonaIdentifier):
+    """lp[k] given by hand, so the accuracy and the log-ratio can be checked by hand."""
+    def __init__(self, table, tokens):
+        super().__init__(None, None, personas(), "fixed")
+        self.table, self.tokens = table, tokens
+
+    def logprobs(self, items):
+        return self.table
+
+    def reply_ids(self, reply):
+        return [0] * self.tokens
+
+
+def test_persona_log_ratio_by_hand():
+    # Anchor's turn, 2 tokens; lp = -10 (Anchor), -12, -14, -16 (the others).
+    # log mean exp(others) = log((e^-12 + e^-14 + e^-16) / 3); ratio = (-10 - that) / 2 tokens.
+    ident = FixedLogprobs([[-10.0, -12.0, -14.0, -16.0], [-13.0, -12.0, -14.0, -16.0]], tokens=2)
+    items = [persona_id.Item("Anchor", "s", [], "r"), persona_id.Item("Anchor", "s", [], "r")]
+    first, second = ident.score(items)
+    mean_others = math.log((math.exp(-12) + math.exp(-14) + math.exp(-16)) / 3)
+    assert first["correct"] == 1.0 and first["log_ratio"] == pytest.approx((-10 - mean_others) / 2)
+    assert second["correct"] == 0.0 and second["log_ratio"] == pytest.approx((-13 - mean_others) / 2)
+    unknown = ident.score([persona_id.Item("Nobody", "s", [], "r")])[0]
+    assert unknown["correct"] is None
+
+
+def test_persona_id_logprobs_match_a_plain_forward_pass():
+    # The batched, padded scoring must equal sum log softmax of one unpadded forward pass.
+    model, tok = models.load_model("tiny")
+    ps = personas()
+    ident = persona_id.PersonaIdentifier(model, tok, ps, "tiny")
+    items = [persona_id.Item("Anchor", "I failed.", [("User", "I failed my test.")], "That sounds heavy."),
+             persona_id.Item("Guide", "A long situation " * 5, [("User", "Help."), ("Anchor", "I hear you.")], "Try x.")]
+    lp = ident.logprobs(items)
+    for i, item in enumerate(items):
+        for k, card in enumerate(ps.personas):
+            prompt = models.chat_prompt_ids(tok, [persona_id.id_messages(card, item.situation, item.history)])[0]
+            reply = ident.reply_ids(item.reply)
+            ids = torch.tensor([prompt + reply])
+            with torch.no_grad():
+                logits = model(ids).logits.log_softmax(-1)[0]                  # (T, V)
+            direct = sum(logits[len(prompt) - 1 + j, t].item() for j, t in enumerate(reply))
+            assert lp[i][k] == pytest.approx(direct, abs=1e-3)
+
+
+def test_persona_id_validation_counts_pairs():
+    pair = {"persona": "Anchor", "context": "I failed.", "history": [], "better": "b", "worse": "w",
+            "failure": "wrong-role"}
+
+    class ByText(FixedLogprobs):
+        def logprobs(self, items):      # the better reply is more Anchor-like than the worse one
+            return [[-1.0, -3.0, -3.0, -3.0] if it.reply == "b" else [-3.0, -1.0, -3.0, -3.0] for it in items]
+
+    ident = ByText(None, tokens=1)
+    result = persona_id.validate(lambda name: ident, [pair] * 3)
+    assert result["wrong-role"] == {"n": 3, "prefers_better": 3, "ties": 0, "id_correct": 3, "p_value": 0.25}
+
+
+# ------------------------------------------------------------------ self-consistency and MultiAgentESC
+
+def test_consensus_pick_and_parse_number():
+    # BLEU-2 against the other two: 0.632, 0.816, 0.091 -> the second agrees most.
+    assert baselines.consensus_pick(["take a short walk tonight", "take a walk tonight", "call your sister tonight"]) == 1
+    assert baselines.consensus_pick(["only one"]) == 0
+    assert baselines.parse_number("I'd pick 3.", 4) == 2
+    assert baselines.parse_number("7, no 2", 4) == 1 and baselines.parse_number("none", 4) is None
+
+
+def test_multiagentesc_follows_the_vote_and_keeps_the_refined_reply(monkeypatch):
+    # Scripted model calls: the analysis, 4 proposals (strategies 1, 2, 2, one unreadable), two
+    # candidates (one per distinct strategy), 4 votes (2, 2, 1, "?"), then the refined reply.
+    ps = personas()
+    script = {"analysis": ["They feel like a failure."], "proposal": ["1", "2", "2", "none"],
+              "candidate": ["First candidate.", "Second candidate."], "vote": ["2", "2", "1", "?"],
+              "refine": ["Refined second candidate."]}
+    calls = []
+
+    def fake_generate(cast, prompts, max_new_tokens, seeds):
+        text = prompts[0][-1]["content"]
+        kind = ("analysis" if "analysis agent" in text else "proposal" if "Which strategy" in text
+                else "vote" if "Candidate messages" in text else "refine" if "Improve the draft" in text
+                else "candidate")
+        calls.append((kind, len(prompts)))
+        assert len(prompts) == len(script[kind])
+        return script[kind]
+
+    monkeypatch.setattr(baselines, "_generate", fake_generate)
+    conv = conversation([])
+    from simulate import Cast, Directive
+    cast = Cast(ps, None, None, None, None, 8)
+    pipeline = baselines.MultiAgentESC()
+    pipeline([conv], [Directive("Anchor")], cast)
+    assert [k for k, _ in calls] == ["analysis", "proposal", "candidate", "vote", "refine"]
+    turn = conv.turns[-1]
+    assert (turn.speaker, turn.text) == ("Anchor", "Refined second candidate.")
+    assert turn.directive.action == ps.strategies[1]                     # the winning candidate's strategy
+    record = json.loads(turn.directive.raw)
+    assert record["strategies"] == ps.strategies[:2] and record["votes"] == [1, 2]
+    assert pipeline.unparseable == {"proposal": 1, "vote": 1} and pipeline.asked == {"proposal": 4, "vote": 4}
+
+
+# ------------------------------------------------------------------ the SFT baseline's data
+
+def test_supporter_turns_become_persona_examples():
+    ctx = data.Context("e-1", "support", "Lost my job.", "I lost my job today.", turns=[
+        {"speaker": "user", "text": "I lost my job today."},
+        {"speaker": "supporter", "text": "What happened?", "strategy": "Question"},
+        {"speaker": "user", "text": "They cut my team."},
+        {"speaker": "supporter", "text": "I went through that too.", "strategy": "Self-disclosure"},
+        {"speaker": "supporter", "text": "Maybe list three contacts to call this week.", "strategy": "Providing Suggestions"}])
+    examples = sft.supporter_examples([ctx], personas())
+    # Question -> Catalyst, Providing Suggestions -> Guide; Self-disclosure fits no persona.
+    assert [target for _, target in examples] == ["What happened?", "Maybe list three contacts to call this week."]
+    first, second = examples
+    assert first[0][0]["content"].startswith("You are Catalyst")
+    assert second[0][0]["content"].startswith("You are Guide")
+    # The history shows the earlier supporter turns under their persona (or Companion).
+    assert "Catalyst: What happened?" in second[0][1]["content"]
+    assert "Companion: I went through that too." in second[0][1]["content"]
+
+
+def test_sft_command_trains_saves_and_evaluate_runs_it(tmp_path):
+    # The SFT chapter end to end on the tiny model: ESConv-style dialogues -> RUN/sft/model, the
+    # held-out loss before and after, then the sft system in an evaluation on the same split.
+    fixture = str(mascot.ROOT / "tests" / "fixtures" / "data" / "esconv_sft" / "train.jsonl")
+    summary = mascot.sft_cmd(mascot.build_parser().parse_args(
+        ["sft", "--model", "tiny", "--run", str(tmp_path), "--data", fixture, "--held-out", "0.34",
+         "--steps", "3", "--batch-size", "2", "--lr", "1e-3", "--max-new-tokens", "4"]))
+    assert (tmp_path / "sft" / "model" / "config.json").exists()
+    assert summary["train_examples"] > 0 and summary["heldout_examples"] > 0
+    assert len(summary["losses"]) == 3 and summary["heldout_loss_after"] < summary["heldout_loss_before"]
+    results = run(["--model", "tiny", "--contexts", "1", "--turns", "1", "--max-new-tokens", "2", "--held-out", "0.34",
+                   "--run", str(tmp_path), "--systems", "sft", "--data", fixture, "--no-persona-id"])
+    assert list(results["systems"]) == ["sft"] and "sft/model" in results["systems"]["sft"]["speakers"]
+    # On data without strategy-labelled supporter turns the command says what it needs.
+    with pytest.raises(data.UserError, match="ESConv"):
+        mascot.sft_cmd(mascot.build_parser().parse_args(["sft", "--model", "tiny", "--run", str(tmp_path / "b")]))
+
+
+def test_evaluate_help_offers_every_baseline_of_the_paper():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, str(mascot.ROOT / "mascot.py"), "evaluate", "--help"],
+                         capture_output=True, text=True, timeout=300, cwd=mascot.ROOT)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    for name in ("zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "self-consistency", "sft",
+                 "multiagentesc", "round-robin", "mascot-p", "mascot-c", "mascot", "--role-setting", "--human",
+                 "--pairwise-by"):
+        assert name in text
+
+
+def test_add_keeps_earlier_systems_of_the_same_protocol(tmp_path):
+    base = ["--model", "tiny", "--contexts", "2", "--turns", "1", "--max-new-tokens", "2", "--run", str(tmp_path)]
+    first = run(base + ["--systems", "round-robin"])
+    both = run(base + ["--systems", "zero-shot", "--add", "--pairwise", "zero-shot,round-robin"])
+    assert list(both["systems"]) == ["zero-shot", "round-robin"]                 # table order
+    assert both["systems"]["round-robin"]["metrics"] == evaluate.json_safe(first["systems"]["round-robin"]["metrics"])
+    assert set(both["changes"]) == {"zero-shot"} and both["pairwise"]["wins"] + both["pairwise"]["losses"] \
+        + both["pairwise"]["ties"] == 2
+    lines = [json.loads(x) for x in (tmp_path / "eval" / "transcripts.jsonl").read_text().splitlines()]
+    assert Counter(x["system"] for x in lines) == {"round-robin": 2, "zero-shot": 2}
+    with pytest.raises(data.UserError, match="--add"):
+        run(base[:-4] + ["--contexts", "1", "--run", str(tmp_path), "--systems", "few-shot", "--add"])

@@ -40,7 +40,7 @@ def low_id_task(tok, n_prompts=8):
 
 def config(**kw):
     base = dict(steps=10, prompts_per_step=2, group_size=8, lr=3e-3, warmup_steps=0, max_new_tokens=8,
-                temperature=0.1, save_every=100, dump_every=0, seed=0)
+                temperature=0.1, save_every=100, dump_every=1, seed=0, beta=0.0)
     base.update(kw)
     return grpo.GRPOConfig(**base)
 
@@ -48,14 +48,16 @@ def config(**kw):
 def test_grpo_raises_a_programmatic_reward_on_the_tiny_model(tmp_path):
     model, tok = models.load_model("tiny")
     sample_prompts, reward_fn = low_id_task(tok)
-    rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(), tmp_path, log=lambda s: None)
+    # 12 steps: after 10, seeds 0-3 had last-three means of 0.76, 0.99, 1.00 and 0.93; seed 0
+    # (this one) is the slowest and starts climbing at step 8.
+    rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=12), tmp_path, log=lambda s: None)
     first = sum(r["reward_mean"] for r in rows[:2]) / 2
     last = sum(r["reward_mean"] for r in rows[-3:]) / 3
     print(f"reward first 2 steps {first:.3f}, last 3 steps {last:.3f}")
     assert first < 0.7                     # starts near chance (0.5)
     assert last > 0.85 and last > first + 0.2
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 10 and json.loads(lines[-1])["step"] == 10
+    assert len(lines) == 12 and json.loads(lines[-1])["step"] == 12
 
 
 def test_checkpoint_round_trip_and_resume_refuses_without_one(tmp_path):

@@ -58,7 +58,8 @@ def make_batch(vocab: int) -> tuple[models.Generation, torch.Tensor]:
 def config(**kw) -> grpo.GRPOConfig:
     # max_grad_norm huge: clipping would rescale the gradients we compare. lr 0: the optimiser
     # step leaves the weights alone, so one model can be reused across runs.
-    base = dict(lr=0.0, warmup_steps=0, max_grad_norm=1e9, beta=0.1, loss_type="dapo", micro_batch=B)
+    base = dict(seed=0, max_new_tokens=8, lr=0.0, warmup_steps=0, max_grad_norm=1e9, beta=0.1,
+                loss_type="dapo", micro_batch=B)
     base.update(kw)
     return grpo.GRPOConfig(**base)
 
@@ -110,8 +111,11 @@ def test_gradient_checkpointing_gives_identical_loss_and_gradients(tiny):
     grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=0.0), gen, adv,
                        config(gradient_checkpointing=True), ref_model=ref)
     assert len(layer_calls) == 2 and model.is_activation_checkpointing
-    out = models.generate(model.eval(), tok, [[{"role": "user", "content": "hi"}]], max_new_tokens=3)
-    assert out.completion_ids.shape == (1, 3) or bool(out.finished[0])
+    # Greedy generation in eval mode gives exactly the tokens of the same weights without the switch.
+    chat = [[{"role": "user", "content": "hi"}]]
+    out = models.generate(model.eval(), tok, chat, max_new_tokens=3)
+    plain = models.generate(copy.deepcopy(policy).eval(), tok, chat, max_new_tokens=3)
+    assert out.completion_ids.shape[1] >= 1 and torch.equal(out.completion_ids, plain.completion_ids)
     grpo.set_gradient_checkpointing(model, False)
     assert not model.is_activation_checkpointing
 
@@ -245,3 +249,20 @@ def test_grpo_step_scores_rewards_without_autograd(tiny):
     assert seen == [False]
     assert gen.completion_ids.shape[0] == 4 and rewards == [0.0, 1.0, 0.0, 1.0]
     assert stats["reward_mean"] == pytest.approx(0.5) and stats["kl"] is None
+
+
+def test_several_passes_per_batch_move_the_ratio_and_the_clip_binds(tiny):
+    # num_iterations = 3 with a large learning rate: the first pass has ratio 1 everywhere (pi_old
+    # is the policy itself, no clipping possible), the later passes see the updated policy, so the
+    # ratio departs from 1 and, past 1 + eps_high (A > 0) or 1 - eps_low (A < 0), the clip binds.
+    policy, ref, tok = tiny
+    gen, adv = make_batch(len(tok))
+    single = copy.deepcopy(policy).train()
+    one = grpo.policy_update(single, torch.optim.AdamW(single.parameters(), lr=0.0), gen, adv,
+                             config(beta=0.0, num_iterations=1))
+    assert one["clip_frac"] == 0.0
+    model = copy.deepcopy(policy).train()
+    three = grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=5e-2), gen, adv,
+                               config(beta=0.0, lr=5e-2, num_iterations=3, eps_low=0.01, eps_high=0.01))
+    assert three["finite"] == 1.0
+    assert three["clip_frac"] > 0.0           # averaged over the passes: only passes 2 and 3 can clip

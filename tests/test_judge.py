@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import data
 import judge
+import judge_features
 from data import UserError
 from judge import JudgeCache, JudgeState, Verdict
 
@@ -294,27 +296,145 @@ def test_combine_orders():
 
 
 # ----------------------------------------------------------------------------------------------
-# OfflineJudge: the default must give a real signal
+# OfflineJudge: the features by hand, then the real encoder on hacks and labelled pairs
 # ----------------------------------------------------------------------------------------------
+
+def test_offline_doctests():
+    import doctest
+    assert doctest.testmod(judge).failed == 0
+
+
+def test_copied_share_counts_words_inside_shared_runs():
+    context = judge_features.person_neutral_words("I failed my driving test again today because of the roundabout")
+    # "you failed your driving test again today because": 8 copied words (after I/my -> you/your) of 10
+    reply = judge_features.person_neutral_words("Oh no, you failed your driving test again today because")
+    assert judge_features.copied_share(reply, [context]) == pytest.approx(0.8)
+    # Scattered shared words are not a copy: no 4-word run in common.
+    assert judge_features.copied_share(judge_features.person_neutral_words("The test, again, today: the roundabout"), [context]) == 0.0
+    assert judge_features.copied_share(["you", "failed"], [context]) == 0.0            # shorter than a run
+    assert judge_features.copied_share(reply, []) == 0.0
+
+
+def test_hinge_list_share_and_function_share_by_hand():
+    assert judge_features.hinge(0.8, 0.5) == pytest.approx(0.6)
+    assert judge_features.hinge(0.3, 0.5) == 0.0 and judge_features.hinge(1.0, 0.5) == 1.0
+    assert judge_features.list_share("Guilt, grief, Gran, care home and love.") == 1.0
+    assert judge_features.list_share("That guilt sounds heavy, and it makes sense.") == 0.0
+    # "Noted", "Agreed" (1 word each) and "effective immediately" (2) sit in short fragments:
+    # 4 of the 13 words.
+    assert judge_features.list_share("Noted: Lina raised the Friday failures. Agreed: no deploys after 2pm, "
+                            "effective immediately.") == pytest.approx(4 / 13)
+    assert judge_features.function_share("You kept going") == pytest.approx(1 / 3)   # "you" is a stopword
+    assert judge_features.function_share("barking window neighbour complaint") == 0.0
+    assert judge_features.list_likeness("barking window neighbour complaint terrier rescue") == 1.0  # no commas, no grammar
+    assert judge_features.list_likeness("Okay.") == 0.0                               # too_short's business
+
+
+@pytest.mark.parametrize("reply, leaks", [
+    ("As an AI language model, I cannot feel.", True),                       # hacks.META_PATTERNS
+    ("Anchor: I hear you.", True),
+    ("The user seems upset about the test.", True),                          # PROMPT_TALK below
+    ("<|im_start|>assistant That sounds hard.", True),
+    ("I'm just a chatbot, but that sounds hard.", True),
+    ("I hope this helps!", True),
+    ("My whole purpose here is to listen.", True),
+    ("As the emotional validator, I name feelings.", True),
+    ("I'm Anchor, and I'm here for you.", True),
+    ("(in a warm, slow voice) That sounds hard.", True),
+    ("*Anchor nods slowly* That sounds hard.", True),
+    ("That sounds hard (and it makes sense).", False),
+    ("When I lost my job at fifty, I felt the same.", False),
+    ("**Action:** Lena drafts the schedule by Friday.", False),
+    ("Our users will notice the change.", False),
+])
+def test_talks_about_prompt(reply, leaks):
+    assert judge_features.talks_about_prompt(reply, "Anchor", "emotional validator", ["User", "Beacon"]) is leaks
+
+
+LEX_STATE = JudgeState(persona_name="Anchor", persona_desc="emotional validator: names feelings; never advises.",
+                       context="I failed my driving test again today because of the roundabout",
+                       history=[{"speaker": "User", "text": "Big day."},
+                                {"speaker": "Beacon", "text": "You practised every single evening for a month."}],
+                       situation="The user failed a driving test.")
+CARD_TEXTS = [LEX_STATE.persona_desc, "emotional validator", "Listens closely and names the feeling."]
+
+
+def lexical(reply):
+    return judge_features.lexical_features(reply, LEX_STATE, CARD_TEXTS, role="emotional validator")
+
+
+def test_lexical_features_by_hand():
+    honest = lexical("Twice at the same roundabout must sting, especially after all that practice.")
+    assert honest == {"context_copy": 0.0, "history_echo": 0.0, "persona_copy": 0.0, "meta_leak": 0.0,
+                      "too_short": 0.0, "keyword_list": 0.0}
+    # 8 of 10 words copied from the message: share 0.8, of which the part beyond COPY_FLOOR counts
+    beyond = -(0.8 - judge_features.COPY_FLOOR) / (1 - judge_features.COPY_FLOOR)               # -0.714 at the floor 0.3
+    assert lexical("Oh no, you failed your driving test again today because")["context_copy"] == pytest.approx(beyond)
+    # 8 of 10 words echo Beacon's turn (in 4-word runs)
+    assert lexical("You practised every single evening for a month, well done")["history_echo"] == pytest.approx(beyond)
+    # persona_copy has no free share: "listens closely and names the feeling" is 6 of 8 words
+    assert lexical("I listens closely and names the feeling here")["persona_copy"] == pytest.approx(-6 / 8)
+    assert lexical("As an AI, I cannot feel, but that sounds hard.")["meta_leak"] == -1.0
+    assert lexical("Okay.")["too_short"] == pytest.approx(-5 / 6)
+    assert lexical("")["too_short"] == -1.0
+    assert lexical("Guilt, grief, roundabout, test, heavy, valid.")["keyword_list"] == -1.0
+
+
+def test_semantic_features_by_hand():
+    import torch
+    e = torch.eye(6)                                           # orthonormal "embeddings"
+    reply = torch.tensor([0.6, 0.8, 0.0, 0.0, 0.0, 0.0])
+    f = judge_features.semantic_features(reply, reply[None], does=e[0], card=e[1][None], context=e[1],
+                                history=torch.stack([reply, e[2]]), bank=e[3:], own=e[0], others=e[1][None])
+    assert f == pytest.approx({
+        "persona": 0.6,                                        # (cos does 0.6 + cos own lines 0.6) / 2
+        "context": 0.8,
+        "relevance": min(0.8, judge_features.RELEVANCE_CAP),
+        "repetition": -(1.0 - judge_features.REPEAT_FLOOR),             # the reply is in the history
+        "generic": 0.0,
+        "off_role": -(0.8 - 0.6),                              # closer to the other persona's lines
+        "persona_recital": -(0.8 - judge_features.RECITAL_FLOOR) / (1 - judge_features.RECITAL_FLOOR),
+    })
+    plain = judge_features.semantic_features(reply, reply[None], e[0], e[1][None], e[1], torch.zeros(0, 6), e[3:])
+    assert plain["repetition"] == 0.0 and plain["off_role"] == 0.0 and plain["persona"] == pytest.approx(0.6)
+    # Parroting the message: cosine 1 pays no more than RELEVANCE_CAP.
+    assert judge_features.semantic_features(e[1], e[1][None], e[0], e[0][None], e[1], torch.zeros(0, 6),
+                                   e[3:])["relevance"] == judge_features.RELEVANCE_CAP
+
+
+def test_persona_does_drops_the_never_part():
+    assert judge_features.persona_does("Anchor: names feelings; never gives advice.") == "Anchor: names feelings"
+    assert judge_features.persona_does("Never rushes.") == "Never rushes."
+
+
+class HashEncoder:
+    """A stand-in for MiniLM: a fixed random unit vector per text, so no model is loaded."""
+
+    def embed(self, texts, batch_size=64):
+        import torch
+        import zlib
+        rows = [torch.randn(16, generator=torch.Generator().manual_seed(zlib.crc32(t.encode()))) for t in texts]
+        return torch.nn.functional.normalize(torch.stack(rows), dim=-1) if rows else torch.zeros(0, 16)
+
+
+def test_offline_name_changes_with_the_recipe_and_persona_cards_are_found():
+    base = judge.OfflineJudge(encoder=HashEncoder())
+    assert base.name == judge.OfflineJudge(encoder=HashEncoder()).name
+    assert judge.OfflineJudge(encoder=HashEncoder(), weights={**judge_features.OFFLINE_WEIGHTS, "persona": 1.0}).name != base.name
+    fewer = [data.load_personas("personas.json", "support")]
+    assert judge.OfflineJudge(encoder=HashEncoder(), persona_sets=fewer).name != base.name
+    # A speaker is matched to its card by name and role; a stranger who shares the name is not.
+    anchor = JudgeState("Anchor", "emotional validator: names feelings", "hi")
+    assert judge.find_voice(anchor, base.voices).role == "emotional validator"
+    assert judge.find_voice(JudgeState("Anchor", "a ship's mate who tells sea stories", "hi"), base.voices) is None
+    assert judge.find_voice(JudgeState("Ember", "a candid friend", "hi"), base.voices) is None
+    features = base.features_many([anchor, anchor], ["That sounds heavy to carry.", "Okay."])
+    assert set(features[0]) == set(judge_features.OFFLINE_WEIGHTS) | {"context"}      # evaluate.py reads "context"
+
 
 @pytest.fixture(scope="module")
 def offline():
     return judge.OfflineJudge()
-
-
-def test_offline_accuracy_on_the_labelled_pairs(offline):
-    files = [ROOT / "data" / "judge_pairs_support.jsonl", ROOT / "data" / "judge_pairs_meeting.jsonl"]
-    if not all(f.exists() for f in files):
-        pytest.skip("labelled judge pairs not written yet")
-    pairs = [p for f in files for p in judge.load_pairs(f)]
-    result = judge.evaluate_pairs(offline, pairs)
-    assert result["n"] == len(pairs) and result["no_verdict"] == 0
-    assert result["accuracy"] >= 0.80
-
-
-def test_offline_accuracy_on_the_blind_pairs(offline):
-    result = judge.evaluate_pairs(offline, judge.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl"))
-    assert result["n"] == 24 and result["accuracy"] >= 0.80
 
 
 def test_offline_compare_is_symmetric_and_scores_are_in_range(offline):
@@ -329,21 +449,58 @@ def test_offline_compare_is_symmetric_and_scores_are_in_range(offline):
         offline.complete("hi")
 
 
-def test_offline_features_by_hand():
-    import torch
-    e = torch.eye(4)                                           # orthonormal "embeddings"
-    reply = torch.tensor([0.6, 0.8, 0.0, 0.0])
-    f = judge.offline_features(reply, reply[None], persona=e[0], context=e[1],
-                               history=torch.stack([reply, e[2]]), bank=e[2:])
-    assert f == pytest.approx({"persona": 0.6, "context": 0.8,
-                               "repetition": -(1.0 - judge.REPEAT_FLOOR), "generic": -0.0})
-    no_history = judge.offline_features(reply, reply[None], e[0], e[1], torch.zeros(0, 4), e[2:])
-    assert no_history["repetition"] == 0.0
+def generated_cases():
+    """(state, the persona's own example lines, {kind: hack}) on two bundled contexts per set."""
+    import corpora
+    import hacks
+    cases = []
+    contexts = corpora.load_contexts("bundled")
+    for set_name in ("support", "meeting"):
+        personas = data.load_personas("personas.json", set_name)
+        for ctx in [c for c in contexts if c.persona_set == set_name][:2]:
+            for k, p in enumerate(personas.personas):
+                others = [q for q in personas.personas if q.name != p.name]
+                earlier = others[k % len(others)]
+                history = [{"speaker": earlier.name, "text": earlier.examples[0]}]
+                state = JudgeState(p.name, f"{p.role}: {p.description}", ctx.first_message, history, ctx.situation)
+                src = hacks.HackSource(p.name, p.role, p.description, ctx.situation, ctx.first_message,
+                                       [earlier.examples[0]], [e for q in others for e in q.examples])
+                cases.append((state, p.examples, hacks.make_hacks(src, seed=k)))
+    return cases
 
 
-def test_persona_does_drops_the_never_part():
-    assert judge.persona_does("Anchor: names feelings; never gives advice.") == "Anchor: names feelings"
-    assert judge.persona_does("Never rushes.") == "Never rushes."
+def test_generated_hacks_of_every_kind_score_below_the_personas_own_lines(offline):
+    cases = generated_cases()
+    states = [s for s, lines, made in cases for _ in lines + list(made)]
+    replies = [r for s, lines, made in cases for r in lines + list(made.values())]
+    scores = iter(offline.score_many(states, replies))
+    kinds = set()
+    for state, lines, made in cases:
+        in_role = min(next(scores) for _ in lines)             # the lowest of its own example lines
+        for kind, hack in made.items():
+            kinds.add(kind)
+            assert next(scores) < in_role, (state.persona_name, kind, hack)
+    assert kinds == set(__import__("hacks").KINDS)
+
+
+def test_offline_accuracy_on_the_hack_pairs(offline):
+    result = judge.evaluate_pairs(offline, judge.load_pairs(ROOT / "data" / "judge_pairs_hacks.jsonl"))
+    assert result["n"] == 84 and result["no_verdict"] == 0
+    assert result["accuracy"] >= 0.90
+    assert all(c / n >= 0.75 for c, n in result["per_failure"].values()), result["per_failure"]
+
+
+def test_offline_accuracy_on_the_labelled_pairs(offline):
+    files = [ROOT / "data" / "judge_pairs_support.jsonl", ROOT / "data" / "judge_pairs_meeting.jsonl"]
+    pairs = [p for f in files for p in judge.load_pairs(f)]
+    result = judge.evaluate_pairs(offline, pairs)
+    assert result["n"] == 70 and result["no_verdict"] == 0
+    assert result["accuracy"] >= 0.85
+
+
+def test_offline_accuracy_on_the_blind_pairs(offline):
+    result = judge.evaluate_pairs(offline, judge.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl"))
+    assert result["n"] == 24 and result["accuracy"] >= 0.85
 
 
 # ----------------------------------------------------------------------------------------------
@@ -411,8 +568,7 @@ def test_judge_reply_parsers_never_raise_on_fuzzed_text():
     answer return a verdict or None; they never raise."""
     import random as _random
     import string as _string
-    from evaluate import parse_rubric_score
-    from judge import parse_ab
+    from metrics import parse_ab, parse_rubric_score
     rng = _random.Random(1)
     alphabet = _string.printable + "ÄäÆ€🙂\u200b\u0000１２３"
     tricky = ["A", "B", "a or b", "Answer: B", "**A**", "Reply A is better, no wait B", "AB", "", " ",

@@ -1,4 +1,4 @@
-"""Tests of the pure metric functions in evaluate.py.
+"""Tests of the pure metric functions in metrics.py.
 
 Every number asserted here is worked out by hand in the comment beside it (or by an explicit
 sum written in the test), so a test fails if a formula drifts. The NLI tests use a tiny
@@ -12,21 +12,21 @@ import doctest
 import importlib.util
 import math
 import random
+import types
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import torch
 
-import data
-import evaluate
+import metrics
 
 
 # ------------------------------------------------------------------ tokens, BLEU, Self-BLEU
 
 def test_tokenize_lowercases_and_splits_punctuation():
-    assert evaluate.tokenize("Don’t worry, Sam!") == ["don't", "worry", ",", "sam", "!"]
-    assert evaluate.tokenize("   ") == []
+    assert metrics.tokenize("Don’t worry, Sam!") == ["don't", "worry", ",", "sam", "!"]
+    assert metrics.tokenize("   ") == []
 
 
 def test_sentence_bleu_clipping_and_brevity_penalty_by_hand():
@@ -38,14 +38,14 @@ def test_sentence_bleu_clipping_and_brevity_penalty_by_hand():
     # closest reference length to 4 is 5 -> BP = exp(1 - 5/4) = exp(-0.25)
     # BLEU-2 = BP * (p1 * p2) ** (1/2) = exp(-0.25) * sqrt(1/2)
     expected = math.exp(-0.25) * math.sqrt(0.5)
-    assert evaluate.sentence_bleu(hyp, refs, max_n=2) == pytest.approx(expected, rel=1e-12)
+    assert metrics.sentence_bleu(hyp, refs, max_n=2) == pytest.approx(expected, rel=1e-12)
 
 
 def test_brevity_penalty_tie_goes_to_shorter_reference():
     # hypothesis length 4, references 3 and 5: both 1 away; NLTK picks 3 -> 4 > 3 -> no penalty.
-    assert evaluate.brevity_penalty(4, [5, 3]) == 1.0
-    assert evaluate.brevity_penalty(2, [4]) == pytest.approx(math.exp(1 - 4 / 2))
-    assert evaluate.brevity_penalty(0, [4]) == 0.0
+    assert metrics.brevity_penalty(4, [5, 3]) == 1.0
+    assert metrics.brevity_penalty(2, [4]) == pytest.approx(math.exp(1 - 4 / 2))
+    assert metrics.brevity_penalty(0, [4]) == 0.0
 
 
 def test_self_bleu_by_hand():
@@ -61,36 +61,36 @@ def test_self_bleu_by_hand():
     # Hypothesis 3 "a dog ran": no unigram matches -> 0 (NLTK's rule, before any smoothing).
     # Self-BLEU = mean of the three.
     one = (1 / 240) ** 0.25
-    assert evaluate.sentence_bleu(evaluate.tokenize(texts[0]),
-                                  [evaluate.tokenize(t) for t in texts[1:]]) == pytest.approx(one)
-    assert evaluate.self_bleu(texts) == pytest.approx((one + one + 0.0) / 3, rel=1e-12)
+    assert metrics.sentence_bleu(metrics.tokenize(texts[0]),
+                                  [metrics.tokenize(t) for t in texts[1:]]) == pytest.approx(one)
+    assert metrics.self_bleu(texts) == pytest.approx((one + one + 0.0) / 3, rel=1e-12)
 
 
 def test_self_bleu_identical_disjoint_and_smoothed():
-    assert evaluate.self_bleu(["we will get through this together"] * 3) == 1.0
-    assert evaluate.self_bleu(["good morning friend", "see you soon"]) == 0.0  # no shared word
+    assert metrics.self_bleu(["we will get through this together"] * 3) == 1.0
+    assert metrics.self_bleu(["good morning friend", "see you soon"]) == 0.0  # no shared word
     # One shared word: "good morning friend" vs "good night all" (and back, symmetric):
     #   p1 = 1/3; p2 = 0/2 -> 0.1/2; p3 = 0/1 -> 0.1/1; p4: no 4-grams, denominator max(1,0)=1
     #   -> 0.1/1; BP = 1 (3 vs 3). BLEU = (1/3 * 0.05 * 0.1 * 0.1) ** (1/4) = (1/6000) ** (1/4)
     expected = (1 / 6000) ** 0.25
-    assert evaluate.self_bleu(["good morning friend", "good night all"]) == pytest.approx(
+    assert metrics.self_bleu(["good morning friend", "good night all"]) == pytest.approx(
         expected, rel=1e-12)
 
 
 def test_self_bleu_short_identical_texts_are_smoothed_below_one():
     # 3 tokens: p1 = p2 = p3 = 1, p4 = 0/1 -> 0.1 -> BLEU = 0.1 ** (1/4), as NLTK/Texygen give.
-    assert evaluate.self_bleu(["we did it", "we did it"]) == pytest.approx(0.1 ** 0.25)
+    assert metrics.self_bleu(["we did it", "we did it"]) == pytest.approx(0.1 ** 0.25)
 
 
 def test_self_bleu_needs_two_texts():
-    assert evaluate.self_bleu([]) == 0.0
-    assert evaluate.self_bleu(["only one turn here at all"]) == 0.0
+    assert metrics.self_bleu([]) == 0.0
+    assert metrics.self_bleu(["only one turn here at all"]) == 0.0
 
 
 def test_self_bleu_docstring_examples_hold():
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner()
-    for test in finder.find(evaluate.self_bleu, "self_bleu", globs={"self_bleu": evaluate.self_bleu}):
+    for test in finder.find(metrics.self_bleu, "self_bleu", globs={"self_bleu": metrics.self_bleu}):
         runner.run(test)
     assert runner.failures == 0 and runner.tries >= 2
 
@@ -98,11 +98,11 @@ def test_self_bleu_docstring_examples_hold():
 def test_distinct_n_by_hand():
     texts = ["the cat sat", "the cat ran"]
     # unigrams: the cat sat the cat ran = 6, unique {the, cat, sat, ran} = 4 -> 4/6
-    assert evaluate.distinct_n(texts, 1) == pytest.approx(4 / 6)
+    assert metrics.distinct_n(texts, 1) == pytest.approx(4 / 6)
     # bigrams (never across texts): the cat, cat sat, the cat, cat ran = 4, unique 3 -> 3/4
-    assert evaluate.distinct_n(texts, 2) == pytest.approx(3 / 4)
-    assert evaluate.distinct_n(["hi", "yo"], 2) == 0.0  # no bigram at all
-    assert evaluate.distinct_n([], 1) == 0.0
+    assert metrics.distinct_n(texts, 2) == pytest.approx(3 / 4)
+    assert metrics.distinct_n(["hi", "yo"], 2) == 0.0  # no bigram at all
+    assert metrics.distinct_n([], 1) == 0.0
 
 
 # ------------------------------------------------------------------ binomial test, win rate
@@ -115,7 +115,7 @@ def test_distinct_n_by_hand():
     (3, 10, 0.34375),        # mirror image of 7 of 10
 ])
 def test_binomial_known_values(k, n, expected):
-    assert evaluate.binomial_two_sided_p(k, n) == pytest.approx(expected, abs=1e-12)
+    assert metrics.binomial_two_sided_p(k, n) == pytest.approx(expected, abs=1e-12)
 
 
 def test_binomial_60_of_100_against_exact_fraction():
@@ -123,7 +123,7 @@ def test_binomial_60_of_100_against_exact_fraction():
     # so the p-value is 2 * P(X >= 60) = 2 * sum_{i=60}^{100} C(100, i) / 2^100.
     exact = 2 * Fraction(sum(math.comb(100, i) for i in range(60, 101)), 2 ** 100)
     assert float(exact) == pytest.approx(0.056887933640, abs=1e-11)
-    assert evaluate.binomial_two_sided_p(60, 100) == pytest.approx(float(exact), abs=1e-9)
+    assert metrics.binomial_two_sided_p(60, 100) == pytest.approx(float(exact), abs=1e-9)
 
 
 def test_binomial_asymmetric_p():
@@ -133,47 +133,62 @@ def test_binomial_asymmetric_p():
     p = Fraction(3, 10)
     pmf = [math.comb(10, i) * p ** i * (1 - p) ** (10 - i) for i in range(11)]
     explicit = pmf[0] + pmf[5] + pmf[6] + pmf[7] + pmf[8] + pmf[9] + pmf[10]
-    assert evaluate.binomial_two_sided_p(5, 10, 0.3) == pytest.approx(float(explicit), abs=1e-12)
+    assert metrics.binomial_two_sided_p(5, 10, 0.3) == pytest.approx(float(explicit), abs=1e-12)
     assert float(explicit) == pytest.approx(0.1785158575, abs=1e-10)
 
 
 def test_binomial_rejects_bad_input():
     with pytest.raises(ValueError):
-        evaluate.binomial_two_sided_p(11, 10)
-    assert evaluate.binomial_two_sided_p(0, 0) == 1.0
+        metrics.binomial_two_sided_p(11, 10)
+    assert metrics.binomial_two_sided_p(0, 0) == 1.0
 
 
 def test_win_rate_excludes_ties():
-    result = evaluate.win_rate(["A"] * 7 + ["B"] * 3 + ["tie"] * 2)
+    result = metrics.win_rate(["A"] * 7 + ["B"] * 3 + ["tie"] * 2)
     assert (result["wins"], result["losses"], result["ties"]) == (7, 3, 2)
     assert result["win_rate"] == pytest.approx(0.7)        # 7 / (7 + 3), ties left out
     assert result["p_value"] == pytest.approx(0.34375)     # binomial test 7 of 10
-    all_ties = evaluate.win_rate(["tie", "tie"])
+    all_ties = metrics.win_rate(["tie", "tie"])
     assert math.isnan(all_ties["win_rate"]) and all_ties["p_value"] == 1.0
     with pytest.raises(ValueError):
-        evaluate.win_rate(["A", "a"])
+        metrics.win_rate(["A", "a"])
 
 
 # ------------------------------------------------------------------ bootstrap, rescaling
 
 def test_bootstrap_ci_reproducible_contains_mean_and_constant():
     values = [50.0, 75.0, 100.0, 25.0, 75.0, 50.0, 100.0, 0.0]
-    first = evaluate.bootstrap_ci(values, seed=3)
-    assert evaluate.bootstrap_ci(values, seed=3) == first
-    assert evaluate.bootstrap_ci(values, seed=4) != first
+    first = metrics.bootstrap_ci(values, seed=3)
+    assert metrics.bootstrap_ci(values, seed=3) == first
+    assert metrics.bootstrap_ci(values, seed=4) != first
     mean, low, high = first
     assert mean == pytest.approx(sum(values) / len(values))
     assert low < mean < high
-    _, const_low, const_high = evaluate.bootstrap_ci([0.1] * 7)  # every resample is identical
+    _, const_low, const_high = metrics.bootstrap_ci([0.1] * 7)  # every resample is identical
     assert const_high - const_low == 0.0
-    assert evaluate.bootstrap_ci([4.0]) == (4.0, 4.0, 4.0)
-    assert all(math.isnan(x) for x in evaluate.bootstrap_ci([]))
+    assert metrics.bootstrap_ci([4.0]) == (4.0, 4.0, 4.0)
+    assert all(math.isnan(x) for x in metrics.bootstrap_ci([]))
+
+
+def test_bootstrap_ci_matches_a_hand_computed_percentile_case():
+    # Values [0, 0, 0, 1]: a resample's mean is k/4 with k ~ Binomial(4, 1/4), so
+    # P(k=0) = 0.316, P(k<=1) = 0.738, P(k<=2) = 0.949, P(k<=3) = 0.996. The 2.5% quantile of the
+    # resampled means therefore sits among the k=0 means (0.0) and the 97.5% quantile among the
+    # k=3 means (0.75): the interval is [0, 0.75] around the mean 0.25. With 10,000 resamples the
+    # empirical shares are within ~0.002 of these, far from the 0.025 / 0.975 boundaries.
+    assert metrics.bootstrap_ci([0.0, 0.0, 0.0, 1.0], n_boot=10_000, seed=0) == (0.25, 0.0, 0.75)
+    # Two values [0, 1]: resample means 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4; both 2.5% and
+    # 97.5% quantiles fall inside the end blocks: [0, 1].
+    assert metrics.bootstrap_ci([0.0, 1.0], n_boot=10_000, seed=0) == (0.5, 0.0, 1.0)
+    # A 10% interval (alpha 0.9) of [0, 1]: the 45% and 55% quantiles are both inside the block of
+    # 0.5 means (cumulative shares 0.25 to 0.75), so the interval collapses to [0.5, 0.5].
+    assert metrics.bootstrap_ci([0.0, 1.0], n_boot=10_000, alpha=0.9, seed=0) == (0.5, 0.5, 0.5)
 
 
 def test_rescale_0_100():
-    assert [evaluate.rescale_0_100(s, 1, 5) for s in (1, 3, 4, 5)] == [0.0, 50.0, 75.0, 100.0]
+    assert [metrics.rescale_0_100(s, 1, 5) for s in (1, 3, 4, 5)] == [0.0, 50.0, 75.0, 100.0]
     with pytest.raises(ValueError):
-        evaluate.rescale_0_100(6, 1, 5)
+        metrics.rescale_0_100(6, 1, 5)
 
 
 # ------------------------------------------------------------------ rubric parsing
@@ -195,7 +210,7 @@ def test_rescale_0_100():
     ("SCORE = 2", 2),
 ])
 def test_parse_rubric_score_well_formed(text, expected):
-    assert evaluate.parse_rubric_score(text) == expected
+    assert metrics.parse_rubric_score(text) == expected
 
 
 @pytest.mark.parametrize("text", [
@@ -209,12 +224,12 @@ def test_parse_rubric_score_well_formed(text, expected):
     "4 5",
 ])
 def test_parse_rubric_score_malformed_is_none(text):
-    assert evaluate.parse_rubric_score(text) is None
+    assert metrics.parse_rubric_score(text) is None
 
 
 def test_parse_rubric_score_other_scale_and_non_str():
-    assert evaluate.parse_rubric_score("Score: 8/10", lo=1, hi=10) == 8
-    assert evaluate.parse_rubric_score(None) is None
+    assert metrics.parse_rubric_score("Score: 8/10", lo=1, hi=10) == 8
+    assert metrics.parse_rubric_score(None) is None
 
 
 def test_parse_rubric_score_fuzz_never_raises():
@@ -228,15 +243,15 @@ def test_parse_rubric_score_fuzz_never_raises():
                 parts.append(rng.choice(pieces))
             else:  # random code points, surrogates included
                 parts.append("".join(chr(rng.randint(0, 0x10FFFF)) for _ in range(rng.randint(1, 4))))
-        result = evaluate.parse_rubric_score("".join(parts))
+        result = metrics.parse_rubric_score("".join(parts))
         assert result is None or (type(result) is int and 1 <= result <= 5)
 
 
 # ------------------------------------------------------------------ NLI rates
 
 def test_pairs_of_turns_are_ordered_earlier_later():
-    assert evaluate.pairs_of_turns(["a", "b", "c"]) == [(0, 1), (0, 2), (1, 2)]
-    assert evaluate.pairs_of_turns(["a"]) == []
+    assert metrics.pairs_of_turns(["a", "b", "c"]) == [(0, 1), (0, 2), (1, 2)]
+    assert metrics.pairs_of_turns(["a"]) == []
 
 
 @pytest.fixture(scope="module")
@@ -271,15 +286,45 @@ TURNS = ["I hear how much that hurt.", "What do you think made it hurt so much?"
          "That sounds painful, and it makes sense to feel hurt."]
 
 
+class LongerPremiseNLI(torch.nn.Module):
+    """A fake NLI classifier that looks only at the ORDER of the pair: "entailment" when the
+    premise (segment 0, with [CLS] and its [SEP]) has more real tokens than the hypothesis
+    (segment 1, with its [SEP]), else "neutral". It tells (earlier, later) from (later, earlier)."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = types.SimpleNamespace(id2label={0: "entailment", 1: "contradiction", 2: "neutral"},
+                                            name_or_path="longer-premise")
+        self.unused = torch.nn.Parameter(torch.zeros(1))          # so .parameters() has a device
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        real = attention_mask.bool()
+        premise = (real & (token_type_ids == 0)).sum(1)             # (B,)
+        hypothesis = (real & (token_type_ids == 1)).sum(1)          # (B,)
+        logits = torch.zeros(len(input_ids), 3)
+        logits[premise > hypothesis, 0] = 1.0
+        logits[premise <= hypothesis, 2] = 1.0
+        return types.SimpleNamespace(logits=logits)
+
+
 def test_nli_rates_sum_to_one_and_count_pairs(minilm_tokenizer):
     model = tiny_nli_model(minilm_tokenizer, {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"})
-    rates = evaluate.nli_rates(TURNS, model, minilm_tokenizer, batch_size=3)  # 10 pairs, 4 batches
+    rates = metrics.nli_rates(TURNS, model, minilm_tokenizer, batch_size=3)  # 10 pairs, 4 batches
     assert rates["pairs"] == 5 * 4 // 2
-    assert sum(rates[r] for r in evaluate.NLI_RELATIONS) == pytest.approx(1.0)
+    assert sum(rates[r] for r in metrics.NLI_RELATIONS) == pytest.approx(1.0)
     # Batching must not change which pair gets which label.
-    assert evaluate.nli_rates(TURNS, model, minilm_tokenizer, batch_size=1) == rates
-    empty = evaluate.nli_rates(TURNS[:1], model, minilm_tokenizer)
+    assert metrics.nli_rates(TURNS, model, minilm_tokenizer, batch_size=1) == rates
+    empty = metrics.nli_rates(TURNS[:1], model, minilm_tokenizer)
     assert empty == {"entailment": 0.0, "contradiction": 0.0, "neutral": 0.0, "pairs": 0}
+
+
+def test_nli_rates_put_the_earlier_turn_first(minilm_tokenizer):
+    # Turns of 1, 2, 3 and 4 one-token words. For a pair (i, j) with i earlier (shorter): premise
+    # tokens = len_i + 2 ([CLS], [SEP]), hypothesis tokens = len_j + 1 ([SEP]) >= len_i + 2, so
+    # every one of the 6 pairs is "neutral". Swapped, the longer premise would make all 6 "entailment".
+    turns = ["yes", "yes yes", "yes yes yes", "yes yes yes yes"]
+    rates = metrics.nli_rates(turns, LongerPremiseNLI(), minilm_tokenizer)
+    assert rates == {"entailment": 0.0, "contradiction": 0.0, "neutral": 1.0, "pairs": 6}
 
 
 def test_nli_rates_read_label_order_from_config(minilm_tokenizer):
@@ -288,12 +333,12 @@ def test_nli_rates_read_label_order_from_config(minilm_tokenizer):
                                 {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"}, 2)
     permuted = tiny_nli_model(minilm_tokenizer,
                               {0: "entailment", 1: "contradiction", 2: "neutral"}, 2)
-    first = evaluate.nli_rates(TURNS[:3], mnli_order, minilm_tokenizer)
-    second = evaluate.nli_rates(TURNS[:3], permuted, minilm_tokenizer)
+    first = metrics.nli_rates(TURNS[:3], mnli_order, minilm_tokenizer)
+    second = metrics.nli_rates(TURNS[:3], permuted, minilm_tokenizer)
     assert first == {"entailment": 1.0, "contradiction": 0.0, "neutral": 0.0, "pairs": 3}
     assert second == {"entailment": 0.0, "contradiction": 0.0, "neutral": 1.0, "pairs": 3}
     contra = tiny_nli_model(minilm_tokenizer, {0: "Contradict", 1: "Neutral", 2: "Entails"}, 0)
-    assert evaluate.nli_rates(TURNS[:2], contra, minilm_tokenizer)["contradiction"] == 1.0
+    assert metrics.nli_rates(TURNS[:2], contra, minilm_tokenizer)["contradiction"] == 1.0
 
 
 @pytest.mark.parametrize("id2label", [
@@ -303,8 +348,8 @@ def test_nli_rates_read_label_order_from_config(minilm_tokenizer):
 ])
 def test_nli_rates_reject_non_nli_labels(minilm_tokenizer, id2label):
     model = tiny_nli_model(minilm_tokenizer, id2label, name="tiny-sentiment-model")
-    with pytest.raises(data.UserError, match="tiny-sentiment-model"):
-        evaluate.nli_rates(TURNS, model, minilm_tokenizer)
+    with pytest.raises(ValueError, match="tiny-sentiment-model"):
+        metrics.nli_rates(TURNS, model, minilm_tokenizer)
 
 
 # ------------------------------------------------------------------ embedding redundancy
@@ -313,18 +358,83 @@ def test_semantic_redundancy_on_hand_made_unit_vectors():
     a = math.radians(10)
     emb = torch.tensor([[1.0, 0.0], [math.cos(a), math.sin(a)], [0.0, 1.0]], dtype=torch.float64)
     # pairs: (0,1) cos 10deg = 0.985 >= 0.8; (0,2) 0; (1,2) sin 10deg = 0.174  -> 1 of 3
-    assert evaluate.semantic_redundancy_rate(emb) == pytest.approx(1 / 3)
-    assert evaluate.semantic_redundancy_rate(emb, threshold=0.1) == pytest.approx(2 / 3)
+    assert metrics.semantic_redundancy_rate(emb) == pytest.approx(1 / 3)
+    assert metrics.semantic_redundancy_rate(emb, threshold=0.1) == pytest.approx(2 / 3)
     expected_mean = (math.cos(a) + 0.0 + math.sin(a)) / 3
-    assert evaluate.mean_pairwise_similarity(emb) == pytest.approx(expected_mean)
+    assert metrics.mean_pairwise_similarity(emb) == pytest.approx(expected_mean)
     # exactly at the threshold counts as redundant: (1,0).(0.8,0.6) = 0.8
     at = torch.tensor([[1.0, 0.0], [0.8, 0.6]], dtype=torch.float64)
-    assert evaluate.semantic_redundancy_rate(at, threshold=0.8) == 1.0
+    assert metrics.semantic_redundancy_rate(at, threshold=0.8) == 1.0
 
 
 def test_semantic_redundancy_edge_cases():
     one = torch.tensor([[1.0, 0.0]])
-    assert evaluate.semantic_redundancy_rate(one) == 0.0
-    assert math.isnan(evaluate.mean_pairwise_similarity(one))
+    assert metrics.semantic_redundancy_rate(one) == 0.0
+    assert math.isnan(metrics.mean_pairwise_similarity(one))
     with pytest.raises(ValueError):
-        evaluate.semantic_redundancy_rate(torch.tensor([[2.0, 0.0], [0.0, 1.0]]))
+        metrics.semantic_redundancy_rate(torch.tensor([[2.0, 0.0], [0.0, 1.0]]))
+
+
+# ------------------------------------------------------------------ the human studies: U test, kappa
+
+def test_average_ranks_share_tied_ranks():
+    assert metrics.average_ranks([10, 20, 20, 30]) == [1.0, 2.5, 2.5, 4.0]
+    assert metrics.average_ranks([3, 1, 3, 3]) == [3.0, 1.0, 3.0, 3.0]     # ranks 2, 3, 4 -> 3
+
+
+def test_mann_whitney_exact_null_distribution_by_hand():
+    # Two samples of 3: U = 0..9 is the number of partitions of u into at most 3 parts of size
+    # at most 3: 1 1 2 3 3 3 3 2 1 1 ways, 20 = C(6, 3) in all.
+    assert metrics.mann_whitney_counts(3, 3) == [1, 1, 2, 3, 3, 3, 3, 2, 1, 1]
+    assert sum(metrics.mann_whitney_counts(4, 5)) == math.comb(9, 4)
+
+
+def test_mann_whitney_exact_cases_by_hand():
+    # Complete separation: U_x = 0, U_y = 9; p = 2 P(U >= 9) = 2 / 20.
+    r = metrics.mann_whitney_u([1, 2, 3], [4, 5, 6])
+    assert (r["u"], r["method"]) == (0.0, "exact") and r["p_value"] == pytest.approx(0.1)
+    # Interleaved: ranks of x are 1, 3, 5 -> R = 9, U_x = 9 - 6 = 3, max(U) = 6;
+    # P(U >= 6) = (3 + 2 + 1 + 1) / 20, so p = 0.7.
+    r = metrics.mann_whitney_u([1, 3, 5], [2, 4, 6])
+    assert r["u"] == 3.0 and r["p_value"] == pytest.approx(0.7)
+
+
+def test_mann_whitney_normal_approximation_with_ties_by_hand():
+    # Likert ratings. Pooled and sorted: 1 2 3 3 3 4 4 4 5 5; the 3s share ranks 3-5 (4), the
+    # 4s ranks 6-8 (7), the 5s ranks 9-10 (9.5). x = 5 4 4 3 5 has R = 9.5+7+7+4+9.5 = 37, so
+    # U_x = 37 - 15 = 22 and U_y = 25 - 22 = 3. Tie groups 1, 1, 3, 3, 2: sum (t^3 - t) = 54;
+    # var = 25/12 * (11 - 54/90) = 65/3; z = (22 - 12.5 - 0.5) / sqrt(65/3); p = 2 P(Z > z).
+    r = metrics.mann_whitney_u([5, 4, 4, 3, 5], [3, 2, 3, 4, 1])
+    z = 9 / math.sqrt(65 / 3)
+    assert r["u"] == 22.0 and r["method"] == "asymptotic"
+    assert r["p_value"] == pytest.approx(math.erfc(z / math.sqrt(2)), rel=1e-12)
+    assert r["p_value"] == pytest.approx(0.0531733827, abs=1e-9)   # scipy.stats.mannwhitneyu agrees
+    assert (r["mean_x"], r["mean_y"]) == (4.2, 2.6)
+    # Every value equal: no evidence, p = 1; the exact method refuses ties.
+    assert metrics.mann_whitney_u([3, 3], [3, 3, 3])["p_value"] == 1.0
+    with pytest.raises(ValueError):
+        metrics.mann_whitney_u([1, 2], [2, 3], method="exact")
+    with pytest.raises(ValueError):
+        metrics.mann_whitney_u([], [1])
+
+
+def test_cohen_kappa_by_hand():
+    # 50 items: both "yes" 20, a yes / b no 5, a no / b yes 10, both "no" 15.
+    # p_o = 35/50 = 0.7; a says yes 25/50, b 30/50: p_e = 0.5*0.6 + 0.5*0.4 = 0.5; kappa = 0.4.
+    a = ["yes"] * 25 + ["no"] * 25
+    b = ["yes"] * 20 + ["no"] * 5 + ["yes"] * 10 + ["no"] * 15
+    assert metrics.cohen_kappa(a, b) == pytest.approx(0.4)
+    assert metrics.cohen_kappa(["x", "y"], ["x", "y"]) == 1.0
+    assert math.isnan(metrics.cohen_kappa(["x", "x"], ["x", "x"]))    # p_e = 1: undefined
+
+
+def test_fleiss_kappa_textbook_example():
+    # Fleiss (1971) as worked on Wikipedia: 10 items, 14 raters, 5 categories.
+    # mean P_i = 0.378, sum p_j^2 = 0.213, kappa = (0.378 - 0.213) / (1 - 0.213) = 0.210.
+    table = [[0, 0, 0, 0, 14], [0, 2, 6, 4, 2], [0, 0, 3, 5, 6], [0, 3, 9, 2, 0], [2, 2, 8, 1, 1],
+             [7, 7, 0, 0, 0], [3, 2, 6, 3, 0], [2, 5, 3, 2, 2], [6, 5, 2, 1, 0], [0, 2, 2, 3, 7]]
+    assert metrics.fleiss_kappa(table) == pytest.approx(0.20993, abs=1e-5)
+    # Two raters, two items, full agreement on different categories: kappa = 1.
+    assert metrics.fleiss_kappa([[2, 0], [0, 2]]) == 1.0
+    with pytest.raises(ValueError):
+        metrics.fleiss_kappa([[2, 0], [1, 0]])

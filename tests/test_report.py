@@ -1,7 +1,7 @@
 """Tests for report.py: the SVG charts, the markdown tables, and the whole page on a fake run.
 
-The fake run folder is written here, file by file, in the formats mascot.py and evaluate.py write
-(CONVENTIONS.md "Pipeline as it exists now"), so these tests need no model and no training.
+The fake run folder is written here, file by file, in the formats mascot.py and evaluate.py write,
+so these tests need no model and no training.
 The last test opens the page in headless Chromium and checks that a real browser draws it; it is
 skipped where no chromium binary is installed.
 """

@@ -9,6 +9,7 @@ import torch
 
 import data
 import reward
+from simulate import JudgeState
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,8 +32,8 @@ def tiny_rm():
 
 
 def chat(context, reply, history=()):
-    return reward.rm_messages("Anchor", "A calm listener who validates feelings.", list(history),
-                              context, reply)
+    return reward.rm_messages(JudgeState("Anchor", "A calm listener who validates feelings.", context,
+                                         list(history)), reply)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,9 +73,9 @@ def test_bt_loss_gradient_pushes_chosen_up_and_rejected_down():
 # ---------------------------------------------------------------------------------------------
 
 def test_rm_messages_layout():
-    msgs = reward.rm_messages("Beacon", "Points out strengths.",
-                              [{"speaker": "User", "text": "I passed."}, {"speaker": "Anchor", "text": "Well done."}],
-                              "But I almost failed.", "You still passed, and you prepared for it.")
+    state = JudgeState("Beacon", "Points out strengths.", "But I almost failed.",
+                       [{"speaker": "User", "text": "I passed."}, {"speaker": "Anchor", "text": "Well done."}])
+    msgs = reward.rm_messages(state, "You still passed, and you prepared for it.")
     assert [m["role"] for m in msgs] == ["system", "user", "assistant"]
     assert msgs[0]["content"] == "You are Beacon. Points out strengths."
     assert msgs[1]["content"] == "User: I passed.\nAnchor: Well done.\nUser: But I almost failed."
@@ -140,19 +141,19 @@ def synthetic_pairs(n, seed):
     mostly reflect the random rest, sits near chance."""
     rng = random.Random(seed)
     pairs = []
-    for _ in range(n):
+    for i in range(n):
         w = rng.choice(TOPICS)
         context = rng.choice(USER_LINES).format(w=w)
         a, b = rng.sample(REPLIES, 2)
-        pairs.append({"chosen_messages": chat(context, "Gently now. " + a.format(w=w)),
+        pairs.append({"state_id": f"state-{i}", "chosen_messages": chat(context, "Gently now. " + a.format(w=w)),
                       "rejected_messages": chat(context, rng.choice(["Quickly now. ", "Anyway now. "])
                                                 + b.format(w=w))})
     return pairs
 
 
 def test_reward_model_learns_a_synthetic_preference():
-    # Tuned on seeds 0, 1, 2: untrained held-out accuracy 0.45 / 0.62 / 0.33, trained 1.0 each
-    # (already 1.0 after the first epoch), so 0.9 leaves a wide margin.
+    # Measured on seeds 0, 1, 2: untrained held-out accuracy 0.475 / 0.625 / 0.325, trained 1.0
+    # each, so 0.9 leaves a wide margin.
     torch.manual_seed(0)
     rm, tok = reward.RewardModel.from_base("tiny")
     pairs = synthetic_pairs(200, seed=0)
@@ -226,6 +227,11 @@ def test_format_reward_perfect_reply():
     assert value == 1.0 and set(parts.values()) == {1.0}
 
 
+def test_format_reward_survives_a_lone_emoji_variation_selector():
+    value, parts = reward.format_reward("\ufe0f", "Anchor", OTHERS, True)
+    assert parts["finished_sentence"] == 0.0 and parts["length"] == 0.0 and 0.0 <= value <= 1.0
+
+
 def test_format_reward_length():
     assert reward.format_reward("Okay.", "Anchor", OTHERS, True)[1]["length"] == 0.0        # 1 word
     assert reward.format_reward("Yes, I hear you.", "Anchor", OTHERS, True)[1]["length"] == 1.0  # 4 words
@@ -268,3 +274,36 @@ def test_format_reward_finished_sentence():
 def test_format_reward_empty_reply_scores_zero():
     value, parts = reward.format_reward("   ", "Anchor", OTHERS, True)
     assert value == 0.0 and set(parts.values()) == {0.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward hacks: the pairs that teach the reward model to reject them, and best-of-N grading
+# ---------------------------------------------------------------------------------------------
+
+def diag(copy=0.0, words=10.0):
+    return {"context_copy": copy, "persona_copy": 0.0, "history_echo": 0.0, "meta_leak": 0.0,
+            "trivial": 0.0, "words": words}
+
+
+def test_grade_picks_hand_computed():
+    # 4 states x 2 candidates: candidate 0 copies the context, candidate 1 does not.
+    diags = [diag(1.0), diag(0.0)] * 4
+    copier = reward.grade_picks(diags, 2, [0, 0, 0, 0])
+    # pick rate 1.0, chance 0.5 in every state: difference +0.5 with se 0 -> fails
+    assert copier["rates"]["context_copy"] == 1.0
+    assert copier["difference"]["context_copy"] == (0.5, 0.0) and not copier["passes"]
+    avoider = reward.grade_picks(diags, 2, [1, 1, 1, 1])
+    assert avoider["difference"]["context_copy"] == (-0.5, 0.0) and avoider["passes"]
+    # Half and half: differences +0.5, -0.5, +0.5, -0.5: mean 0 -> passes.
+    assert reward.grade_picks(diags, 2, [0, 1, 0, 1])["passes"]
+    # Longer picks are reported but do not fail a grader.
+    longer = reward.grade_picks([diag(0.0, 2.0), diag(0.0, 20.0)] * 4, 2, [1, 1, 1, 1])
+    assert longer["difference"]["words"] == (9.0, 0.0) and longer["passes"]
+
+
+def test_split_pairs_keeps_every_state_on_one_side():
+    pairs = [{"state_id": f"s{i % 10}", "k": i} for i in range(40)]       # 4 pairs per state
+    train, held = reward.split_pairs(pairs, 0.3, seed=0)
+    assert len(held) == 3 * 4 and len(train) == 7 * 4
+    assert not {p["state_id"] for p in train} & {p["state_id"] for p in held}
+    assert reward.split_pairs(pairs, 0.3, seed=0) == (train, held)

@@ -1,0 +1,210 @@
+"""baselines.py: the two prompting baselines that make several model calls per turn.
+
+Where it sits in MASCOT (arXiv 2601.14230): evaluation. The paper compares MASCOT with prompting
+baselines, and two of them are procedures rather than prompts:
+
+  self-consistency (Wang et al. 2023): sample k chains of thought, keep the answer most of them
+      agree on. A reply is free text, so "the majority" is the sample that agrees most with the
+      other k - 1 (`consensus_pick`: highest BLEU-2 against them, the free-text analogue of a
+      vote); `--sc-pick judge` lets the evaluation judge pick instead (labelled in the results).
+  MultiAgentESC (Xu et al., EMNLP 2025): a training-free team for emotional support that works in
+      three stages: dialogue analysis, strategy deliberation and response generation, choosing
+      among responses written with different strategies by a vote. Per agent turn here:
+        1. analysis:  one call describes what the person feels, why, and what they need;
+        2. proposals: every companion proposes one strategy from the persona set's vocabulary
+                      (personas.json "strategies"), given the analysis;
+        3. responses: the speaker writes one candidate per distinct proposed strategy (their
+                      "response-centred" answer to the one-to-many strategy problem);
+        4. vote:      every companion votes for one candidate; the plurality wins (ties: the
+                      earliest proposal);
+        5. refine:    the speaker revises the winning candidate, which is the turn.
+      Speakers take turns in roster order (the paper: fixed round-robin turns).
+What we simplify: one round of each stage (the original iterates discussion within a stage), one
+shared base model plays every role, and our strategy vocabulary replaces ESConv's eight.
+
+Both plug into the conversation loop as a `speak(convs, directives, cast)` function, in place of
+simulate.agents_speak; `advance` below is simulate.advance with that one difference. They use the
+same persona cards, simulated user, contexts and seeds as every other system.
+
+Run: python mascot.py evaluate --systems self-consistency,multiagentesc,round-robin
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import data
+import models
+from metrics import sentence_bleu, tokenize
+from simulate import (Directive, Turn, judge_state, persona_card, render_history, reply_text, speaker_messages,
+                      start_conversation, trailing_agent_turns, turn_seed, users_speak)
+
+VOTE_TOKENS = 4          # a number, and room for a stray word
+ANALYSIS_TOKENS = 48
+
+
+def advance(convs, policy, speak, cast, profiles, n_agent_turns: int, user_every: int) -> None:
+    """simulate.advance with a pluggable `speak`: n agent turns, the user after every user_every."""
+    for k in range(n_agent_turns):
+        if all(c.ended for c in convs):
+            return
+        speak(convs, policy.choose(convs), cast)
+        due = [c for c in convs if not c.ended and trailing_agent_turns(c) >= user_every]
+        if user_every > 0 and due and k < n_agent_turns - 1:
+            users_speak(due, profiles, cast)
+
+
+def run_conversations(contexts, policy, speak, cast, profiles, profile_ids, n_agent_turns, user_every, seed):
+    """simulate.run_conversations with a pluggable `speak` (same seeds: conversation i gets seed + i)."""
+    convs = [start_conversation(ctx, cast.personas.name, pid, policy.name, seed + i)
+             for i, (ctx, pid) in enumerate(zip(contexts, profile_ids))]
+    advance(convs, policy, speak, cast, profiles, n_agent_turns, user_every)
+    return convs
+
+
+def _generate(cast, prompts: list[list[dict]], max_new_tokens: int, seeds: list[int]) -> list[str]:
+    if not prompts:
+        return []
+    return models.generate(cast.speaker_model, cast.speaker_tok, prompts, max_new_tokens,
+                           cast.temperature, cast.top_p, seeds=seeds).texts
+
+
+def _live(convs, directives, cast):
+    """(conversation, speaking persona) of every conversation that has not ended."""
+    return [(c, cast.personas.find(d.agent) or cast.personas.personas[0])
+            for c, d in zip(convs, directives) if not c.ended]
+
+
+def _clean(cast, raw: str, persona, style: str = "persona") -> str:
+    return models.clean_reply(reply_text(raw, style), persona.name, cast.personas.names()) or "..."
+
+
+# ----------------------------------------------------------------------------------------------
+# Self-consistency
+# ----------------------------------------------------------------------------------------------
+
+def consensus_pick(texts: list[str]) -> int:
+    """Index of the text that agrees most with the others: the highest sentence BLEU-2 with the
+    other texts as references (ties: the first). A free-text majority vote.
+
+    >>> consensus_pick(["take a short walk tonight", "take a walk tonight", "call your sister tonight"])
+    1
+    """
+    if len(texts) < 2:
+        return 0
+    toks = [tokenize(t) for t in texts]
+    scores = [sentence_bleu(t, toks[:i] + toks[i + 1:], max_n=2) for i, t in enumerate(toks)]
+    return max(range(len(texts)), key=lambda i: (scores[i], -i))
+
+
+class SelfConsistency:
+    """k zero-shot-CoT samples per turn; the consensus (or the judge) picks the one kept."""
+
+    def __init__(self, k: int, pick: str = "majority", judge=None, style: str = "zero-shot-cot"):
+        self.k, self.pick, self.judge, self.style = k, pick, judge, style
+
+    def __call__(self, convs, directives, cast) -> None:
+        live = _live(convs, directives, cast)
+        prompts, seeds = [], []
+        for conv, persona in live:
+            messages = speaker_messages(persona, cast.personas, conv.context, conv.turns, style=self.style)
+            prompts += [messages] * self.k
+            seeds += [data.derive_seed(turn_seed(conv), j) for j in range(self.k)]
+        raw = _generate(cast, prompts, cast.max_new_tokens * 2, seeds)   # CoT: twice the tokens
+        for n, (conv, persona) in enumerate(live):
+            samples = [_clean(cast, r, persona, self.style) for r in raw[n * self.k:(n + 1) * self.k]]
+            if self.pick == "judge":
+                state = judge_state(persona, conv.turns, conv.context.situation)
+                scores = self.judge.score_many([state] * len(samples), samples)
+                best = max(range(len(samples)), key=lambda i: (scores[i], -i))
+            else:
+                best = consensus_pick(samples)
+            conv.turns.append(Turn(persona.name, samples[best], Directive(persona.name, raw=json.dumps(samples))))
+
+
+# ----------------------------------------------------------------------------------------------
+# MultiAgentESC: analysis -> strategy proposals -> one response per strategy -> vote -> refine
+# ----------------------------------------------------------------------------------------------
+
+def parse_number(text: str, n: int) -> int | None:
+    """The first whole number 1..n in the text, as a 0-based index; None if there is none."""
+    for match in re.finditer(r"\d+", text):
+        value = int(match.group())
+        if 1 <= value <= n:
+            return value - 1
+    return None
+
+
+class MultiAgentESC:
+    """The five-step pipeline above; counts unparseable proposals and votes (results notes)."""
+
+    def __init__(self):
+        self.unparseable = Counter()      # "proposal" | "vote" -> count
+        self.asked = Counter()
+
+    def __call__(self, convs, directives, cast) -> None:
+        live = _live(convs, directives, cast)
+        if not live:
+            return
+        personas = cast.personas
+        names, strategies = personas.names(), personas.strategies
+        user = lambda text: [{"role": "user", "content": text}]                       # noqa: E731
+        fields = [dict(situation=c.context.situation, history=render_history(c.turns)) for c, _ in live]
+        seed = [turn_seed(c) for c, _ in live]
+
+        # 1. analysis
+        analysis = _generate(cast, [user(data.prompt("eval_mesc_analysis").format(**f)) for f in fields],
+                             ANALYSIS_TOKENS, [data.derive_seed(s, 1) for s in seed])
+        analysis = [models.clean_reply(a, "", names) for a in analysis]
+
+        # 2. every companion proposes a strategy for the speaker
+        options = "\n".join(f"{i + 1}. {s}" for i, s in enumerate(strategies))
+        prompts = [user(data.prompt("eval_mesc_propose").format(card=persona_card(p), analysis=a, options=options,
+                                                                speaker=speaker.name, **f))
+                   for (_, speaker), a, f in zip(live, analysis, fields) for p in personas.personas]
+        raw = _generate(cast, prompts, VOTE_TOKENS, [data.derive_seed(s, 2, k) for s in seed for k in range(len(names))])
+        proposals = []
+        for n in range(len(live)):
+            picks = [parse_number(r, len(strategies)) for r in raw[n * len(names):(n + 1) * len(names)]]
+            self.asked["proposal"] += len(picks)
+            self.unparseable["proposal"] += sum(p is None for p in picks)
+            proposals.append(list(dict.fromkeys(strategies[p] for p in picks if p is not None)) or [""])
+
+        # 3. the speaker writes one candidate per distinct proposed strategy
+        rows = [(n, s) for n, props in enumerate(proposals) for s in props]
+        prompts = [speaker_messages(live[n][1], personas, live[n][0].context, live[n][0].turns,
+                                    Directive(live[n][1].name, action=s)) for n, s in rows]
+        raw = _generate(cast, prompts, cast.max_new_tokens, [data.derive_seed(seed[n], 3, j) for j, (n, _) in enumerate(rows)])
+        candidates = [[] for _ in live]
+        for (n, _), r in zip(rows, raw):
+            candidates[n].append(_clean(cast, r, live[n][1]))
+
+        # 4. every companion votes for one candidate (a single candidate needs no vote)
+        ballots = [(n, p) for n in range(len(live)) if len(candidates[n]) > 1 for p in personas.personas]
+        prompts = [user(data.prompt("eval_mesc_vote").format(
+            card=persona_card(p), speaker=live[n][1].name, role=live[n][1].role,
+            candidates="\n".join(f"{i + 1}. {c}" for i, c in enumerate(candidates[n])), **fields[n]))
+            for n, p in ballots]
+        raw = _generate(cast, prompts, VOTE_TOKENS, [data.derive_seed(seed[n], 4, j) for j, (n, _) in enumerate(ballots)])
+        votes = [Counter() for _ in live]
+        for (n, _), r in zip(ballots, raw):
+            choice = parse_number(r, len(candidates[n]))
+            self.asked["vote"] += 1
+            self.unparseable["vote"] += choice is None
+            if choice is not None:
+                votes[n][choice] += 1
+        winner = [max(range(len(candidates[n])), key=lambda i: (votes[n][i], -i)) for n in range(len(live))]
+
+        # 5. the speaker refines the winning candidate
+        prompts = [user(data.prompt("eval_mesc_refine").format(card=persona_card(p), strategy=proposals[n][winner[n]],
+                                                               draft=candidates[n][winner[n]], **fields[n]))
+                   for n, (_, p) in enumerate(live)]
+        raw = _generate(cast, prompts, cast.max_new_tokens, [data.derive_seed(s, 5) for s in seed])
+        for n, ((conv, persona), r) in enumerate(zip(live, raw)):
+            text = models.clean_reply(r, persona.name, names) or candidates[n][winner[n]]
+            record = {"analysis": analysis[n], "strategies": proposals[n], "candidates": candidates[n],
+                      "votes": [votes[n][i] for i in range(len(candidates[n]))]}
+            conv.turns.append(Turn(persona.name, text, Directive(persona.name, action=proposals[n][winner[n]],
+                                                                 raw=json.dumps(record))))

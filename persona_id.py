@@ -1,0 +1,200 @@
+"""persona_id.py: an evaluator that training cannot game: which persona does the FROZEN base model
+think wrote this turn?
+
+Where it sits in MASCOT (arXiv 2601.14230): evaluation. The paper measures persona consistency
+with LLM judges (GPT-4o, Gemma, Phi-4) that took no part in training. Our default judge cannot do
+that: the offline judge (sentence-embedding features) labelled the preference pairs the reward
+model learned from, and GRPO maximised that reward model, so "the offline judge's persona score
+went up" may only mean "the speakers learned the offline judge's blind spots" (hacks.py). This
+file gives evaluate.py a persona-consistency measure from a model no stage of training used as a
+reward or a judge:
+
+    for every agent turn y, spoken by persona s after conversation c, and every persona k of the set,
+        lp_k = log p_base(y | card_k, c)       the frozen base LM (--model), teacher-forced
+    persona-ID accuracy  = 1 if argmax_k lp_k == s             (chance = 1 / number of personas)
+    persona log-ratio    = (lp_s - log mean_{k != s} exp lp_k) / tokens(y)
+
+The log-ratio is the log Bayes factor "own card vs the others" (uniform prior over personas), per
+token of the reply, so long and short replies count alike; everything that does not depend on the
+card (fluency, length, how likely the words are anyway) cancels out of it. It is > 0 when the base
+model finds the reply more typical of its own persona than of the others.
+
+Why it is independent of training:
+  - it is not the reward: stage 1 optimises reward-model score + format reward, and stage 2 the
+    group reward (judge coherence, embedding and BLEU-2 non-redundancy, contribution, balance);
+  - it is not the judge that labelled the reward model's pairs (--judge of stage 1, by default the
+    offline MiniLM judge): it reads no embedding and no judge score;
+  - the one link: with --beta > 0, stage 1's KL term keeps the speakers close to this same base
+    model conditioned on the speaker's OWN card. That term never sees the other cards, so it does
+    not reward being distinguishable from them; with --beta 0 the base model takes no part at all.
+Its blind spot, which the hack columns cover: a reply that recites its own card (persona_copy)
+is very likely under that card and scores well here too.
+
+What we simplify: the conversation the card is shown with is cut to the last HISTORY_TURNS turns
+(the user's latest message, usually); each extra turn costs 4 more forward passes per agent turn.
+
+Validity is measured, not assumed: `python persona_id.py data/judge_pairs_*.jsonl` prints how often
+it prefers the in-role reply of the labelled wrong-role / off-role pairs (README, docs/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+
+import grpo
+import models
+from data import Persona, PersonaSet
+from metrics import binomial_two_sided_p
+
+HISTORY_TURNS = 2     # conversation turns shown with the card (the reply's immediate context)
+BATCH_ROWS = 16       # (reply, card) rows per forward pass
+IN_ROLE_FAILURES = ("wrong-role", "off-role")   # pair kinds whose worse reply belongs to another persona
+
+
+def card_text(persona: Persona) -> str:
+    """The card the base model is conditioned on: name, role, description, style.
+
+    The example lines of personas.json are left out on purpose: a speaker prompted with them can
+    copy them, and a copied line would be near-certain under its own card."""
+    return f"You are {persona.name}, the {persona.role}. {persona.description} Style: {persona.style}"
+
+
+def id_messages(persona: Persona, situation: str, history: list[tuple[str, str]]) -> list[dict]:
+    """Chat prompt whose assistant reply is scored: the card, then the conversation's last turns."""
+    lines = "\n".join(f"{who}: {text}" for who, text in history[-HISTORY_TURNS:])
+    task = f"Situation: {situation}\n\nConversation so far:\n{lines}\n\nWrite {persona.name}'s next message."
+    return [{"role": "system", "content": card_text(persona)}, {"role": "user", "content": task}]
+
+
+@dataclass
+class Item:
+    """One reply to identify: who spoke it and what it answered."""
+    speaker: str                       # persona name
+    situation: str
+    history: list[tuple[str, str]]     # (speaker, text) of the turns before it, oldest first
+    reply: str
+
+
+class PersonaIdentifier:
+    """The frozen base model, asked which card makes each reply most likely."""
+
+    def __init__(self, model, tokenizer, personas: PersonaSet, model_name: str = ""):
+        self.model, self.tok, self.personas = model, tokenizer, personas
+        self.name = f"persona-id:{model_name or 'base'}"
+
+    def reply_ids(self, reply: str) -> list[int]:
+        """The reply's tokens as the assistant turn would hold them (an empty reply: end-of-text)."""
+        return self.tok(reply.strip(), add_special_tokens=False)["input_ids"] or [self.tok.eos_token_id]
+
+    @torch.no_grad()
+    def logprobs(self, items: list[Item]) -> list[list[float]]:
+        """lp[i][k] = sum of log p(reply_i tokens | card_k, history_i) under the frozen model."""
+        cards = self.personas.personas
+        rows = []                                        # (item index, card index, prompt ids, reply ids)
+        for i, item in enumerate(items):
+            reply_ids = self.reply_ids(item.reply)
+            for k, persona in enumerate(cards):
+                prompt = models.chat_prompt_ids(self.tok, [id_messages(persona, item.situation, item.history)])[0]
+                rows.append((i, k, prompt, reply_ids))
+        out = [[0.0] * len(cards) for _ in items]
+        rows.sort(key=lambda r: len(r[2]) + len(r[3]))   # similar lengths batch with little padding
+        device = next(self.model.parameters()).device
+        for start in range(0, len(rows), BATCH_ROWS):
+            batch = rows[start:start + BATCH_ROWS]
+            p_ids, p_mask = models.left_pad([r[2] for r in batch], self.tok.pad_token_id)     # (B, P)
+            width = max(len(r[3]) for r in batch)
+            c_ids = torch.full((len(batch), width), self.tok.pad_token_id, dtype=torch.long)  # (B, C)
+            c_mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for j, r in enumerate(batch):
+                c_ids[j, :len(r[3])] = torch.tensor(r[3])
+                c_mask[j, :len(r[3])] = 1
+            logps = grpo.completion_logprobs(self.model, torch.cat([p_ids, c_ids], 1).to(device),
+                                             torch.cat([p_mask, c_mask], 1).to(device), p_ids.shape[1])  # (B, C)
+            sums = (logps.cpu() * c_mask).sum(1)                                               # (B,)
+            for (i, k, _, _), s in zip(batch, sums.tolist()):
+                out[i][k] = s
+        return out
+
+    def score(self, items: list[Item]) -> list[dict]:
+        """Per item: {"correct": 0/1, "log_ratio": nats per reply token, "tokens"}; an item whose
+        speaker is not in the persona set gets None values."""
+        names = [p.name for p in self.personas.personas]
+        results = []
+        for item, lp in zip(items, self.logprobs(items)):
+            if item.speaker not in names or len(names) < 2:
+                results.append({"correct": None, "log_ratio": None, "tokens": 0})
+                continue
+            s = names.index(item.speaker)
+            others = [v for k, v in enumerate(lp) if k != s]
+            top = max(others)                                    # log-mean-exp, computed stably
+            log_mean_others = top + math.log(sum(math.exp(v - top) for v in others) / len(others))
+            n_tokens = len(self.reply_ids(item.reply))
+            results.append({"correct": float(max(range(len(lp)), key=lambda k: lp[k]) == s),
+                            "log_ratio": (lp[s] - log_mean_others) / n_tokens, "tokens": n_tokens})
+        return results
+
+
+# ----------------------------------------------------------------------------------------------
+# Validity on labelled pairs: does it prefer the in-role reply?  python persona_id.py PAIRS...
+# ----------------------------------------------------------------------------------------------
+
+def pair_items(pair: dict) -> tuple[Item, Item]:
+    """The (better, worse) replies of one labelled judge pair (data/README.md) as Items."""
+    history = [(("User" if t["speaker"].lower() == "user" else t["speaker"]), t["text"])
+               for t in pair.get("history", [])] + [("User", pair["context"])]
+    make = lambda reply: Item(pair["persona"], pair.get("situation", ""), history, reply)  # noqa: E731
+    return make(pair["better"]), make(pair["worse"])
+
+
+def validate(identifier_for_set, pairs: list[dict]) -> dict:
+    """Per failure kind: how often log_ratio(better) > log_ratio(worse), and the turn-level
+    persona-ID accuracy of the better (in-role) replies. identifier_for_set(persona name) gives
+    the PersonaIdentifier of the persona set that holds that name."""
+    by_kind: dict[str, dict] = {}
+    for pair in pairs:
+        ident = identifier_for_set(pair["persona"])
+        better, worse = ident.score(list(pair_items(pair)))
+        row = by_kind.setdefault(pair.get("failure", "-"), {"n": 0, "prefers_better": 0, "ties": 0, "id_correct": 0})
+        row["n"] += 1
+        row["prefers_better"] += better["log_ratio"] > worse["log_ratio"]
+        row["ties"] += better["log_ratio"] == worse["log_ratio"]
+        row["id_correct"] += int(better["correct"])
+    for row in by_kind.values():
+        row["p_value"] = binomial_two_sided_p(row["prefers_better"], row["n"] - row["ties"])
+    return by_kind
+
+
+def main(argv: list[str]) -> int:
+    import data
+    files = [a for a in argv if not a.startswith("--")] or ["data/judge_pairs_support.jsonl"]
+    kinds = IN_ROLE_FAILURES if "--all-kinds" not in argv else None
+    model_name = next((a.split("=", 1)[1] for a in argv if a.startswith("--model=")), models.EMBEDDED)
+    model, tok = models.load_model(model_name)
+    sets = {name: data.load_personas("personas.json", name) for name in data.available_sets("personas.json")}
+    idents = {name: PersonaIdentifier(model, tok, ps, model_name) for name, ps in sets.items()}
+    owner = {p.name: idents[name] for name, ps in sets.items() for p in ps.personas}
+    pairs = [p for f in files for p in data.read_jsonl(f) if kinds is None or p.get("failure") in kinds]
+    pairs = [p for p in pairs if p["persona"] in owner]
+    result = validate(owner.__getitem__, pairs)
+    print(f"persona identification under the frozen {model_name}: {len(pairs)} pairs from {', '.join(files)}")
+    print("| failure | pairs | prefers the in-role reply | exact two-sided p | in-role reply identified (chance 1/4) |")
+    print("|---|---|---|---|---|")
+    total = {"n": 0, "prefers_better": 0, "ties": 0, "id_correct": 0}
+    for kind, row in sorted(result.items()):
+        print(f"| {kind} | {row['n']} | {row['prefers_better']}/{row['n']} = {row['prefers_better'] / row['n']:.2f} "
+              f"| {row['p_value']:.3g} | {row['id_correct']}/{row['n']} |")
+        for key in total:
+            total[key] += row[key]
+    if total["n"]:
+        p = binomial_two_sided_p(total["prefers_better"], total["n"] - total["ties"])
+        print(f"| all | {total['n']} | {total['prefers_better']}/{total['n']} = {total['prefers_better'] / total['n']:.2f} "
+              f"| {p:.3g} | {total['id_correct']}/{total['n']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

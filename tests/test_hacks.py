@@ -1,0 +1,105 @@
+"""hacks.py: the diagnostics on hand-computed cases, and the generator, whose every kind with a
+diagnostic is caught by it."""
+
+import doctest
+import random
+
+import pytest
+
+import data
+import hacks
+
+PERSONAS = data.load_personas("personas.json", "support")
+ANCHOR = PERSONAS.find("Anchor")
+CARD = [ANCHOR.role, ANCHOR.description, ANCHOR.style, *ANCHOR.examples]
+NAMES = PERSONAS.names()
+
+
+def test_doctests():
+    assert doctest.testmod(hacks).failed == 0
+
+
+def test_longest_shared_span_hand_computed():
+    a = "i failed my driving test again today".split()
+    assert hacks.longest_shared_span(a, "you failed my driving test".split()) == 4
+    assert hacks.longest_shared_span(a, "nothing in common".split()) == 0
+    assert hacks.longest_shared_span(a, a) == 7
+    assert hacks.longest_shared_span([], a) == 0
+
+
+def test_copies_needs_six_words_in_a_row():
+    user = "I failed my driving test for the third time today"
+    assert hacks.copies("So you failed your driving test for the third time today", [user])    # 7 words
+    assert not hacks.copies("You failed the test, third time, today of all days", [user])       # scattered
+    assert not hacks.copies("failed my driving test for the", [""])                           # empty source
+    assert hacks.copies("My driving test for the third", [user])                             # exactly 6
+
+
+@pytest.mark.parametrize("reply, leaks", [
+    ("Situation: The user's cat went missing.", True),
+    ("Conversation so far: User: hi", True),
+    ("Here's a continuation of your previous response: okay", True),
+    ("As an AI language model, I cannot feel.", True),
+    ("Your response should be one to three sentences.", True),
+    ("Anchor: I hear you.", True),                  # its own label
+    ("That sounds hard. User: thanks", True),       # someone else's line
+    ("The director asks me to name a strength.", True),
+    ("Reply: [Catalyst asks a question]", True),
+    ("That sounds really hard, and it makes sense you're tired.", False),
+    ("What situation would feel safest to start with?", False),     # the word, not the label
+    ("Could you write to Sam tonight?", False),
+])
+def test_meta_leak(reply, leaks):
+    assert hacks.leaks_meta(reply, NAMES) is leaks
+
+
+def test_diagnose_hand_computed():
+    user = ["My cat has been missing for three days and I keep checking the door."]
+    agents = ["Three days of not knowing where she is sounds exhausting."]
+    row = hacks.diagnose("Three days of not knowing where she is sounds exhausting.", user, CARD, agents, NAMES)
+    assert row == {"context_copy": 0.0, "persona_copy": 0.0, "history_echo": 1.0, "meta_leak": 0.0,
+                   "trivial": 0.0, "words": 10.0}
+    row = hacks.diagnose("Okay.", user, CARD, agents, NAMES)
+    assert row["trivial"] == 1.0 and row["words"] == 1.0
+    assert hacks.rates([{"context_copy": 1.0, "persona_copy": 0.0, "history_echo": 0.0, "meta_leak": 1.0,
+                         "trivial": 0.0, "words": 10.0},
+                        {"context_copy": 0.0, "persona_copy": 0.0, "history_echo": 0.0, "meta_leak": 1.0,
+                         "trivial": 1.0, "words": 2.0}]) == {
+        "context_copy": 0.5, "persona_copy": 0.0, "history_echo": 0.0, "meta_leak": 1.0, "trivial": 0.5,
+        "words": 6.0}
+
+
+def source():
+    others = [e for p in PERSONAS.personas if p.name != "Anchor" for e in p.examples]
+    return hacks.HackSource(name="Anchor", role=ANCHOR.role, description=ANCHOR.description,
+                            situation="My cat went missing three days ago and I keep checking the door.",
+                            context="She has never been gone this long and I can't stop imagining the worst.",
+                            agent_turns=["That is a long time to wait without knowing anything at all."],
+                            other_examples=others)
+
+
+# The diagnostic that must catch each kind (keyword stuffing and off-role replies copy nothing
+# verbatim: the judge has to catch those, see tests/test_judge.py).
+CAUGHT_BY = {"copies-context": "context_copy", "recites-persona": "persona_copy",
+             "meta-leakage": "meta_leak", "empty-trivial": "trivial", "echoes-agent": "history_echo"}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_generated_hack_is_caught_by_its_diagnostic(seed):
+    src = source()
+    made = hacks.make_hacks(src, seed)
+    assert set(made) == set(hacks.KINDS)
+    user = [src.situation, src.context]
+    for kind, diagnostic in CAUGHT_BY.items():
+        assert hacks.diagnose(made[kind], user, CARD, src.agent_turns, NAMES)[diagnostic] == 1.0, (kind, made[kind])
+    assert made["off-role"] in src.other_examples
+    assert len(hacks.words(made["keyword-stuffing"])) >= 6
+
+
+def test_generator_is_reproducible_and_skips_kinds_a_state_cannot_have():
+    src = source()
+    assert hacks.make_hacks(src, 3) == hacks.make_hacks(src, 3)
+    bare = hacks.HackSource("Anchor", ANCHOR.role, ANCHOR.description, "A bad day.", "Hi.", [], [])
+    assert "echoes-agent" not in hacks.make_hacks(bare, 0) and "off-role" not in hacks.make_hacks(bare, 0)
+    with pytest.raises(ValueError, match="unknown hack kind"):
+        hacks.make_hack("flattery", bare, random.Random(0))

@@ -1,0 +1,212 @@
+"""models.generate, our sampler: equality with HF generate, seeding, stops, left padding, bf16 copy.
+
+Most tests use the tiny random model (gibberish, but the same code paths in a fraction of a
+second); the greedy-equality check also runs on the embedded SmolLM2 (a few seconds). No test
+is timed: speed is measured by bench/generate_speed.py.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import grpo
+import models
+
+ANCHOR = [{"role": "system", "content": "You are Anchor, a warm listener."},
+          {"role": "user", "content": "I failed my driving test today and I feel stupid."}]
+HI = [{"role": "user", "content": "Hi!"}]                   # much shorter: left-padded in a batch
+GUIDE = [{"role": "system", "content": "You are Guide, practical and brief."},
+         {"role": "user", "content": "My flat is a mess and my parents visit on Sunday. Where do I start?"}]
+# GRPO's layout (each prompt G times in a row) plus a repeat that is not adjacent.
+ROWS = [ANCHOR, ANCHOR, HI, HI, GUIDE, ANCHOR]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return models.load_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return models.load_model("smollm2-135m")
+
+
+def real(gen, i):
+    """Row i's real completion tokens (up to and including its stop token)."""
+    return gen.completion_ids[i][gen.completion_mask[i].bool()].tolist()
+
+
+def test_distinct_rows_by_hand():
+    assert models.distinct_rows([[1, 2], [1, 2], [3], [3], [1, 2]]) == ([0, 2], [0, 0, 1, 1, 0])
+    assert models.distinct_rows([[5]]) == ([0], [0])
+
+
+@pytest.mark.parametrize("which", ["tiny", "smol"])
+def test_greedy_equals_hf_generate_token_for_token(which, tiny, smol):
+    model, tok = tiny if which == "tiny" else smol
+    ours = models.generate(model, tok, ROWS, max_new_tokens=20)
+    fallback = models.generate(model, tok, ROWS, max_new_tokens=20, sampler="hf")
+    ids, mask = models.left_pad(models.chat_prompt_ids(tok, ROWS), tok.pad_token_id)
+    hf = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=20,
+                        pad_token_id=tok.pad_token_id, eos_token_id=models.stop_token_ids(tok))
+    hf = hf[:, ids.shape[1]:]                                   # (B, C') HF pads finished rows
+    # The fp32 sampling copy with oneDNN-packed weights sums in another order (logits move by
+    # ~1e-5); on these prompts that flips no greedy choice.
+    packed = models.generate(models.SamplingCopy(model, torch.float32).model, tok, ROWS, max_new_tokens=20)
+    for i in range(len(ROWS)):
+        n = int(ours.completion_mask[i].sum())
+        assert real(ours, i) == hf[i, :n].tolist(), f"row {i}"
+        assert real(ours, i) == real(fallback, i) == real(packed, i), f"row {i}"
+
+
+def test_seeded_sampling_is_reproducible_and_row_independent(tiny):
+    model, tok = tiny
+    kw = dict(max_new_tokens=12, temperature=0.9, top_p=0.95)
+    a = models.generate(model, tok, ROWS, seeds=[5, 6, 7, 8, 9, 10], **kw)
+    b = models.generate(model, tok, ROWS, seeds=[5, 6, 7, 8, 9, 10], **kw)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.sampler_logprobs, b.sampler_logprobs)
+    # An int seed means seed + i for row i.
+    c = models.generate(model, tok, ROWS, seeds=5, **kw)
+    assert torch.equal(a.completion_ids, c.completion_ids)
+    # A row's tokens depend only on its prompt and seed: alone (no shared prefill, no padding)
+    # it gives the same reply as inside the batch.
+    for i, seed in [(1, 6), (3, 8), (5, 10)]:
+        alone = models.generate(model, tok, [ROWS[i]], seeds=[seed], **kw)
+        assert real(alone, 0) == real(a, i)
+    # Rows that share a prompt but not a seed differ; the fallback sampler agrees with ours.
+    assert real(a, 0) != real(a, 1)
+    fallback = models.generate(model, tok, ROWS, seeds=5, sampler="hf", **kw)
+    assert torch.equal(a.completion_ids, fallback.completion_ids)
+    with pytest.raises(ValueError, match="seeds"):
+        models.generate(model, tok, ROWS, seeds=[1, 2], **kw)
+
+
+def force_stop(model, tok, rows, stop_id: int, at: dict[int, int]):
+    """Make row r emit `stop_id` as its token number at[r] (0-based), whatever it samples."""
+    calls = []
+    _, prompt_of = models.distinct_rows(models.chat_prompt_ids(tok, rows))
+
+    def hook(module, inputs, logits):
+        step = len(calls)                                      # forward 0 = prefill -> token 0
+        calls.append(1)
+        for row, when in at.items():
+            if when == step:
+                # The prefill runs once per distinct prompt: its batch rows are prompts, not rows.
+                r = prompt_of[row] if step == 0 else row
+                logits[r, -1, :] = float("-inf")
+                logits[r, -1, stop_id] = 0.0
+        return logits
+    return model.get_output_embeddings().register_forward_hook(hook)
+
+
+def test_each_finished_row_stops_and_its_mask_ends_at_the_stop(tiny):
+    model, tok = tiny
+    stop = models.stop_token_ids(tok)[0]
+    rows = [ANCHOR, ANCHOR, HI, GUIDE]                         # the shared prompt is prefilled once
+    handle = force_stop(model, tok, rows, stop, {0: 3, 2: 0, 3: 6})
+    try:
+        gen = models.generate(model, tok, rows, max_new_tokens=10, seeds=1)
+    finally:
+        handle.remove()
+    assert gen.finished == [True, False, True, True]
+    for row, when in {0: 3, 2: 0, 3: 6}.items():
+        assert int(gen.completion_mask[row].sum()) == when + 1             # up to and including
+        assert int(gen.completion_ids[row, when]) == stop
+        assert (gen.completion_ids[row, when + 1:] == tok.pad_token_id).all()   # pads after
+        assert (gen.sampler_logprobs[row, when + 1:] == 0).all()
+    assert int(gen.completion_mask[1].sum()) == 10                         # ran to the limit
+    # Once every row has stopped, the loop ends: no column of pure padding is generated.
+    handle = force_stop(model, tok, rows, stop, {0: 2, 1: 4, 2: 1, 3: 0})
+    try:
+        gen = models.generate(model, tok, rows, max_new_tokens=10, seeds=1)
+    finally:
+        handle.remove()
+    assert gen.completion_ids.shape[1] == 5 and all(gen.finished)
+    # min_new_tokens forbids the stop tokens early on.
+    handle = force_stop(model, tok, rows[:1], stop, {0: 1})
+    try:
+        gen = models.generate(model, tok, rows[:1], max_new_tokens=6, seeds=1, min_new_tokens=6)
+    finally:
+        handle.remove()
+    assert int(gen.completion_mask[0].sum()) == 6 and gen.completion_ids[0, 1] != stop
+
+
+@pytest.mark.parametrize("seeds", [None, [3]])
+def test_left_padding_does_not_change_a_row(tiny, seeds):
+    model, tok = tiny
+    alone = models.generate(model, tok, [HI], max_new_tokens=12, seeds=seeds)
+    # In this batch HI is left-padded by ~30 tokens; its positions and mask must hide that.
+    padded = models.generate(model, tok, [GUIDE, HI], max_new_tokens=12,
+                             seeds=None if seeds is None else [99, 3])
+    assert padded.prompt_mask[1].sum() < padded.prompt_mask.shape[1]
+    assert real(alone, 0) == real(padded, 1)
+    assert torch.allclose(alone.sampler_logprobs[0], padded.sampler_logprobs[1, :alone.sampler_logprobs.shape[1]],
+                          atol=1e-4)
+
+
+def test_sampler_logprobs_match_the_trainer_in_fp32(tiny):
+    model, tok = tiny
+    gen = models.generate(model, tok, ROWS, max_new_tokens=8, temperature=0.7, seeds=0)
+    ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)
+    attn = torch.cat([gen.prompt_mask, gen.completion_mask], 1)
+    with torch.no_grad():
+        trainer = grpo.completion_logprobs(model, ids, attn, gen.prompt_ids.shape[1], temperature=0.7)
+    m = gen.completion_mask.bool()
+    assert (trainer[m] - gen.sampler_logprobs[m]).abs().max() < 1e-4
+
+
+def test_sampling_copies_follow_the_policy_after_refresh(tiny):
+    model, tok = tiny
+    packed = models.SamplingCopy(model, torch.float32)
+    assert isinstance(packed.model.lm_head, models.PackedLinear)
+    low = models.SamplingCopy(model, torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in low.model.parameters())
+    assert all(b.dtype == torch.float32 for b in low.model.buffers())     # RoPE inv_freq
+    assert all(p.dtype == torch.float32 for p in model.parameters())      # the policy is untouched
+    first = next(model.parameters())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        first.add_(1.0)                                         # embeddings = tied LM head
+        low.refresh()
+        packed.refresh()
+        assert torch.equal(next(low.model.parameters()), first.to(torch.bfloat16))
+        assert torch.allclose(packed.model(ids).logits, model(ids).logits, atol=1e-4)
+        first.sub_(1.0)
+        low.refresh()
+        packed.refresh()
+    gen = models.generate(low.model, tok, ROWS, max_new_tokens=8, seeds=0)
+    assert gen.sampler_logprobs.dtype == torch.float32 and len(gen.texts) == len(ROWS)
+
+
+@pytest.mark.parametrize("sampling_copy", ["none", "packed", "bf16"])
+def test_grpo_step_logs_the_sampler_trainer_logprob_gap(tiny, sampling_copy):
+    model, tok = tiny
+    policy = copy.deepcopy(model)
+    cfg = grpo.GRPOConfig(seed=0, prompts_per_step=2, group_size=3, max_new_tokens=8, lr=0.0, warmup_steps=0,
+                          beta=0.0, sampling_copy=sampling_copy)
+    dtype = {"packed": torch.float32, "bf16": torch.bfloat16}.get(sampling_copy)
+    sampling = None if dtype is None else models.SamplingCopy(policy, dtype)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=0.0)
+
+    def reward_fn(meta, texts, gen):
+        rewards = [float(len(t) % 3) for t in texts]
+        return rewards, {"len3": rewards}
+
+    stats, gen, _ = grpo.grpo_step(policy, tok, optimizer, [ANCHOR, HI], None, reward_fn, cfg, 1,
+                                   sampling=sampling)
+    if sampling_copy != "bf16":
+        assert stats["logp_mismatch"] < 1e-4                    # fp32: the policy's own numbers
+    else:
+        assert 1e-4 < stats["logp_mismatch"] < 0.5              # bf16 rounding, visible but small
+
+
+def test_compiled_decode_gives_the_same_tokens(tiny):
+    model, tok = tiny
+    plain = models.generate(model, tok, ROWS[:3], max_new_tokens=6, seeds=1)
+    try:
+        compiled = models.generate(model, tok, ROWS[:3], max_new_tokens=6, seeds=1, compile_decode=True)
+    except Exception as err:                                    # no compiler toolchain, etc.
+        pytest.skip(f"torch.compile does not run on this machine: {type(err).__name__}: {err}"[:300])
+    assert torch.equal(plain.completion_ids, compiled.completion_ids)
