@@ -5,12 +5,13 @@ What it does
          - data/safety_train.jsonl: risky messages, near-misses and ordinary chat we wrote
            ({"text", "risky", "source", "kind"});
          - ordinary support conversation as the negative class: the seeker messages of the
-           ESConv dialogues on the TRAINING side of `data.split_contexts(contexts, 0.25, seed=0)`
-           (the held-out side is what bench/crisis_guard.py measures) and the training side of
-           Empathetic Dialogues. The few real risk messages in them are labelled by hand in
-           data/safety_esconv_labels.jsonl and data/safety_ed_labels.jsonl (by dialogue and text
-           hash, no text): "risky" ones become positives, "context" ones (risky only given the
-           earlier turns; the guard reads one message at a time) are left out.
+           ESConv dialogues on the TRAINING side of
+           `data.split_contexts(corpora.load_contexts(path), 0.25, seed=0)` (the held-out side is
+           what bench/crisis_guard.py measures) and the training side of Empathetic Dialogues. The
+           few real risk messages in them are labelled by hand in data/safety_esconv_labels.jsonl
+           and data/safety_ed_labels.jsonl (by dialogue and text hash, no text): "risky" ones
+           become positives, "context" ones (risky only given the earlier turns; the guard reads
+           one message at a time) are left out.
     2. Turns each message into the features the guard uses (safety.probe_features of
        safety.probe_windows), cached in --cache because embedding ~15,000 windows takes minutes.
     3. Cross-validates a one-hidden-layer network (`fit_mlp`) over 5 folds that keep each ESConv
@@ -45,6 +46,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))                                   # run from anywhere
+import corpora                                                  # noqa: E402
 import data                                                     # noqa: E402
 import safety                                                   # noqa: E402
 from data import UserError                                      # noqa: E402
@@ -100,7 +102,7 @@ def conversation_rows(path: str, labels_path: Path, name: str) -> list[dict]:
     for label in map(json.loads, labels_path.read_text(encoding="utf-8").splitlines()):
         dialogue = f"esconv-{label['line']}" if "line" in label else label["conv_id"]
         labels[(dialogue, label["sha256"])] = label
-    train, _ = data.split_contexts(data.load_contexts(path), 0.25, seed=0)
+    train, _ = data.split_contexts(corpora.load_contexts(path), 0.25, seed=0)
     rows = []
     for context in train:
         texts = [t["text"] for t in context.turns if t["speaker"] == "user"]
