@@ -24,7 +24,7 @@ How it works
        `broad_net` (warning-sign words such as "pills" or "no way out") only names the category.
     The network learned ordinary talk from real support conversations (ESConv and Empathetic
     Dialogues messages, the few real risk messages among them labelled by hand) and risk from
-    ~1,200 messages we wrote; the threshold is the lowest that flags at most 1.5% of ESConv seeker
+    ~1,300 messages we wrote; the threshold is the lowest that flags at most 2% of ESConv seeker
     messages in cross-validation (extras/train_crisis_probe.py). Regexes and weights (data/) load
     on the first check, not at import; without them or the encoder the guard warns once and
     falls back to patterns alone (any explicit or broad-net hit flags).

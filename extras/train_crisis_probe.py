@@ -326,9 +326,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=safety.PROBE_FILE, help="weights file")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/crisis_probe_features.pt"),
                         help="feature cache (reused across runs)")
-    parser.add_argument("--max-esconv", type=float, default=0.015,
+    parser.add_argument("--max-esconv", type=float, default=0.02,
                         help="the threshold flags at most this share of ESConv training-side "
-                             "seeker messages in CV (the target on held-out dialogues is 2%%)")
+                             "seeker messages in CV: the issue's 2%% target itself (held-out "
+                             "dialogues, measured by bench/crisis_guard.py, came out lower)")
     parser.add_argument("--hidden", type=int, default=256, help="hidden units of the network")
     parser.add_argument("--epochs", type=int, default=10, help="passes over the data per fit")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds")

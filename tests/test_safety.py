@@ -109,12 +109,22 @@ def test_dev_rates():
     assert _flag_rate(DEV_NEAR_MISS) <= 0.10
 
 
-# The blind lists, 80 risky + 80 near-miss messages each, written by people who never saw the
-# guard, each run ONCE on the frozen guard; the results are in docs/SAFETY.md and in BLIND.
-BLIND = {"v7": None, "v8": None, "v9": None}
+# The blind lists (v7, v8: 80 risky + 80 near-miss; v9: 100 + 100), written by people who never
+# saw the guard. Targets (issue 15): recall >= 0.90, and >= 0.80 on a third person at risk and on
+# indirect risk (all kinds named third_party* / indirect*). The frozen guard was measured once
+# with bench/crisis_guard.py (docs/SAFETY.md); a list that missed a target is a known failure,
+# with the measured numbers as the reason.
+SHORT_OF_TARGET = {
+    "v8": "indirect kinds 11/14 = 0.79 < 0.80 (recall 0.94, third_party 0.92)",
+}
 
 
-@pytest.mark.parametrize("name", list(BLIND))
+def _blind_params():
+    return [pytest.param(name, marks=pytest.mark.xfail(reason=SHORT_OF_TARGET[name], strict=True))
+            if name in SHORT_OF_TARGET else name for name in ("v7", "v8", "v9")]
+
+
+@pytest.mark.parametrize("name", _blind_params())
 def test_blind_list_recall(name):
     path = FIXTURES / f"safety_blind_{name}.jsonl"
     if not path.exists():
@@ -123,8 +133,13 @@ def test_blind_list_recall(name):
     risky = [r["text"] for r in rows if r["risky"]]
     near_miss = [r["text"] for r in rows if not r["risky"]]
     recall, near_miss_rate = _flag_rate(risky), _flag_rate(near_miss)
-    print(f"blind {name}: recall {recall:.4f}, near-miss flag rate {near_miss_rate:.4f}")
-    assert recall >= 0.90, (recall, near_miss_rate)
+    weak_spots = {group: _flag_rate([r["text"] for r in rows
+                                     if r["risky"] and r.get("kind", "").startswith(group)])
+                  for group in ("third_party", "indirect")
+                  if any(r["risky"] and r.get("kind", "").startswith(group) for r in rows)}
+    print(f"blind {name}: recall {recall:.4f} {weak_spots}, near-miss rate {near_miss_rate:.4f}")
+    assert recall >= 0.90 and all(rate >= 0.80 for rate in weak_spots.values()), \
+        (recall, weak_spots, near_miss_rate)
 
 
 # The issue's examples of ordinary messages that were stopped, and more of the same: replies,
@@ -160,6 +175,11 @@ RISKY = [
     "my dad said goodbye to all of us and now he's not answering his phone and his gun is gone",
     "I've been burning myself with a lighter when I feel numb",
     "my boyfriend is hitting me right now and I'm locked in the bathroom",
+    # a third person at risk, and self-harm or intent said without the words for it
+    "my cousin bought a rope and says he'll hang himself after the funeral",
+    "my roommate keeps saying she's tired of existing and she's been giving her clothes away",
+    "the marks on my thighs aren't from the cat, I do them when my head gets too loud",
+    "I've put my savings in my brother's name and left a letter for him, it's time",
 ]
 
 
@@ -412,6 +432,9 @@ def test_denials_and_their_limits():
     assert safety.detect_crisis("I don't want to be alive")
     assert safety.detect_crisis("I can't promise I won't hurt myself")
     assert safety.detect_crisis("I'm not suicidal but I hope I don't wake up")
+    # The same for harm from someone else: denied in the past tense, or only "not yet".
+    assert not safety.detect_crisis("my dad never hit me but he screams at me")
+    assert safety.detect_crisis("he hasn't hurt me yet but he said he will tonight")
 
 
 def test_explicit_patterns_flag_jokes_too():
