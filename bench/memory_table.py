@@ -108,7 +108,7 @@ def main() -> None:
     print(f"Full fine-tuning, {args.rollouts} rollouts/step of P = {args.prompt_len} + C = "
           f"{args.completion_len} tokens, micro-batch {args.micro_batch}; budget {args.gpu_gib:g} GiB "
           f"- {args.reserve_gib:g} reserve. Peak GiB after each switch (cumulative):\n")
-    head = f"| model | params | " + " | ".join(label for label, *_ in STEPS) + " | needs |"
+    head = "| model | params | " + " | ".join(label for label, *_ in STEPS) + " | needs |"
     print(head)
     print("|" + "---|" * (len(STEPS) + 3))
     details = []
