@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 import hacks
 import models
 from data import Context, Persona, PersonaSet, Profile, derive_seed, write_jsonl
-from safety import CRISIS_MESSAGE, crisis_check
+from safety import CRISIS_MESSAGE, default_guard
 
 USER = "User"          # the speaker label of the person in every transcript
 SAFETY = "Safety"      # the speaker label of the fixed crisis message
@@ -147,10 +147,13 @@ def start_conversation(context: Context, persona_set: str, profile: str, policy:
 def add_user_turn(conv: Conversation, text: str) -> None:
     """Append a user message, running the crisis guard on it first."""
     conv.turns.append(Turn(USER, text))
-    flagged, category = crisis_check(text)
-    if flagged:
+    flag = default_guard().check(text)
+    if flag.flagged:
         conv.turns.append(Turn(SAFETY, CRISIS_MESSAGE))
-        conv.events.append({"type": "crisis", "turn": len(conv.turns) - 2, "category": category})
+        # The event records why, so every stop can be audited (evaluate's and the report's tables).
+        conv.events.append({"type": "crisis", "turn": len(conv.turns) - 2, "text": text,
+                            "category": flag.category,
+                            "score": None if flag.score is None else round(flag.score, 3)})
         conv.ended = True
 
 
@@ -233,10 +236,12 @@ def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, t
     a plain request for a short reply; "zero-shot-cot" think in one sentence, then reply;
     "few-shot" / "few-shot-cot" `examples` (data/fewshot.json entries, one per companion) without /
     with their thinking. `reply_text` keeps only what follows "Reply:".
-    The user message holds the conversation so far and, when the director gave one, its
-    instruction; it is the same in every style. We put the whole transcript in ONE user message
-    rather than alternating roles because several speakers share the conversation and the chat
-    template only knows two roles.
+    The system message also carries the background (the situation); the conversation follows as
+    chat turns seen from this agent (`transcript_messages`), the same in every style, and the
+    director's instruction, when it gave one, closes the last user message. Why this layout: an
+    earlier one put "Situation: ...", "Conversation so far:" and "Write Anchor's next message."
+    into one user message, and the base model copied those labels into its replies; on 64
+    held-out states the raw meta-text rate fell from 0.16 to 0.02 with this one (docs/RESULTS.md).
     """
     card = persona_card(persona)
     if style in EXAMPLE_STYLES and not examples:
@@ -259,11 +264,42 @@ def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, t
                   f"\n\n{_THINK_THEN_REPLY}")
     else:
         raise ValueError(f"speaker_messages: unknown style {style!r}; use one of {', '.join(STYLES)}")
-    task = f"Situation: {context.situation}\n\nConversation so far:\n{render_history(turns)}\n\n"
+    system += f"\nBackground: {context.situation}"
+    chat = transcript_messages(persona, turns)
     if directive is not None and (directive.action or directive.tone):
-        task += f"Your director asks you to: {directive.action or 'respond'} (tone: {directive.tone or 'natural'}).\n"
-    task += f"Write {persona.name}'s next message."
-    return [{"role": "system", "content": system}, {"role": "user", "content": task}]
+        chat.append({"role": "user", "content": f"(Your director asks you to: {directive.action or 'respond'}, "
+                                                f"tone: {directive.tone or 'natural'}.)"})
+    elif not chat or chat[-1]["role"] == "assistant":
+        chat.append({"role": "user", "content": f"(It is {persona.name}'s turn.)"})
+    return [{"role": "system", "content": system}] + merge_consecutive(chat)
+
+
+def transcript_messages(persona: Persona, turns: list[Turn], max_turns: int = 8) -> list[dict]:
+    """The last `max_turns` turns as chat messages seen from `persona`: its own turns are the
+    assistant's, the person's are the user's, and another companion's are user messages that name
+    it ("(Beacon, another companion): ..."), so who said what survives without a label line for
+    the model to imitate at the start of its reply."""
+    out = []
+    for t in turns[-max_turns:]:
+        if t.speaker == persona.name:
+            out.append({"role": "assistant", "content": t.text})
+        elif t.speaker == USER:
+            out.append({"role": "user", "content": t.text})
+        else:
+            out.append({"role": "user", "content": f"({t.speaker}, another companion): {t.text}"})
+    return out
+
+
+def merge_consecutive(messages: list[dict]) -> list[dict]:
+    """Join neighbouring messages of the same role with a line break: chat templates expect the
+    user and the assistant to alternate."""
+    out = []
+    for m in messages:
+        if out and out[-1]["role"] == m["role"] != "system":
+            out[-1] = {"role": m["role"], "content": out[-1]["content"] + "\n" + m["content"]}
+        else:
+            out.append(dict(m))
+    return out
 
 
 _REPLY_LABEL = re.compile(r"\breply\s*\**\s*:\s*\**", re.IGNORECASE)

@@ -20,11 +20,12 @@ import torch
 import baselines
 import data
 import evaluate
+import results
 import mascot
 import models
 import persona_id
 import sft
-from simulate import USER, Conversation, Turn, reply_text, role_setting, speaker_messages
+from simulate import USER, Conversation, Directive, Turn, reply_text, role_setting, speaker_messages
 
 
 def parse(argv):
@@ -265,6 +266,24 @@ def test_every_style_gets_the_same_card_and_conversation():
                              style="zero-shot")
     assert short[0]["content"].startswith("You are Anchor, the emotional validator.\n")
     assert anchor.description not in short[0]["content"]
+
+
+def test_speaker_prompt_gives_the_model_no_label_to_echo():
+    # The conversation arrives as chat turns seen from the speaker (its own turns are the
+    # assistant's), the situation as background in the system message: no "Situation:" or
+    # "Conversation so far:" line for the model to copy into its reply.
+    ps = personas()
+    anchor = ps.find("Anchor")
+    turns = [Turn(USER, "I failed again today."), Turn("Beacon", "You will pass next time."),
+             Turn("Anchor", "That stings."), Turn(USER, "It does.")]
+    msgs = speaker_messages(anchor, ps, context(), turns, Directive("Anchor", "reflect", "warm"))
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    assert msgs[0]["content"].endswith("\nBackground: " + context().situation)
+    assert msgs[1]["content"] == "I failed again today.\n(Beacon, another companion): You will pass next time."
+    assert msgs[3]["content"] == "It does.\n(Your director asks you to: reflect, tone: warm.)"
+    assert not any("Situation:" in m["content"] or "Conversation so far" in m["content"] for m in msgs)
+    # When the speaker itself spoke last, a user message hands it the turn (roles must alternate).
+    assert speaker_messages(anchor, ps, context(), turns[:3])[-1] == {"role": "user", "content": "(It is Anchor's turn.)"}
 
 
 def test_fewshot_cot_keeps_only_the_reply():
@@ -546,3 +565,17 @@ def test_add_keeps_earlier_systems_of_the_same_protocol(tmp_path):
     assert Counter(x["system"] for x in lines) == {"round-robin": 2, "zero-shot": 2}
     with pytest.raises(data.UserError, match="--add"):
         run(base[:-4] + ["--contexts", "1", "--run", str(tmp_path), "--systems", "few-shot", "--add"])
+
+
+def test_every_crisis_stop_is_listed_once_with_its_category_and_score():
+    flag = {"context_id": "esconv-7", "profile": "average", "turn": 0, "text": "I want to end my life | tonight",
+            "category": "explicit_suicidal", "score": 1.234}
+    later = {"context_id": "esconv-9", "profile": "average", "turn": 2, "text": "To be continued.",
+             "category": "probe", "score": 0.05}
+    systems = {"round-robin": {"crisis_flags": [flag]}, "mascot": {"crisis_flags": [flag, later]},
+               "zero-shot": {"crisis_flags": []}}
+    lines = "\n".join(results.crisis_section(systems)).splitlines()
+    rows = [line for line in lines if line.startswith("| esconv-")]
+    assert rows == ["| esconv-7 | 0 | I want to end my life \\| tonight | explicit_suicidal | +1.23 | round-robin, mascot |",
+                    "| esconv-9 | 2 | To be continued. | probe | +0.05 | mascot |"]
+    assert results.crisis_section({"a": {"crisis_flags": []}}) == []
