@@ -77,11 +77,20 @@ def copies(reply: str, sources: list[str], span: int = SPAN) -> bool:
 
 
 # Prompt and meta text a companion's reply must never contain. Each pattern names one way the
-# prompt leaks: our own prompt labels (simulate.speaker_messages writes "Situation:", "Conversation
-# so far:" and "Write <name>'s next message"), instruction echoes, assistant boilerplate, notes
-# about the director or the format.
+# prompt leaks: our own prompt labels (simulate.speaker_messages writes "Background:", "(Beacon,
+# another companion):" and "(It is Anchor's turn.)"; older layouts and the evaluator's prompt
+# write "Situation:", "Conversation so far:" and "Write <name>'s next message"), the system
+# prompt read back ("You are one of several companions in a group chat", "You are an AI
+# assistant", "the user"), instruction echoes, assistant boilerplate, notes about the director or
+# the format.
 META_PATTERNS = [
     r"\bsituation\s*:",
+    r"\bbackground\s*:",
+    r"\banother companion\b",
+    r"\bit is \w+'s turn\b",
+    r"\bgroup chat\b",
+    r"\bthe user\b(?!s)",
+    r"\byou are (?:an? |the |one of )?(?:several |two |\d+ )?(?:ai|assistant|chatbot|companions)\b",
     r"\bconversation so far\b",
     r"\bwrite \w+(?:'s)? next message\b",
     r"\b\w+'s next message\b",
@@ -146,8 +155,14 @@ _LEAKS = ["Situation: {situation}", "Conversation so far: User: {context}",
           "Write {name}'s next message. {name}: {context}",
           "As an AI language model, I cannot feel what you feel, but {context}",
           "Your response should be one to three sentences. Reply: {context}",
-          "The director asks me to respond. (Tone: warm) {context}"]
+          "The director asks me to respond. (Tone: warm) {context}",
+          "You are one of several companions in a group chat with one person. {context}",
+          "({name}, another companion): {context}",
+          "You are an AI assistant. The user says: {context}",
+          "Background: {situation} It is {name}'s turn."]
 _TRIVIAL = ["...", "Okay.", "Yes.", "I see.", "Hmm.", "Sure.", "Ok", "Thanks.", "Right.", "Mm-hm."]
+
+
 @dataclass
 class HackSource:
     """What the generator needs to know about one reply's situation."""

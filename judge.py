@@ -60,6 +60,7 @@ from pathlib import Path
 import torch
 
 import data
+import hacks
 import models
 import reward
 from data import UserError
@@ -585,7 +586,8 @@ class OfflineJudge(ScoreJudge):
         # phrase bank or a persona card never reads stale scores from an old cache.
         phrases = data.asset("generic_phrases.json")["phrases"]
         constants = [OFFLINE_RECIPE, RELEVANCE_CAP, REPEAT_FLOOR, COPY_RUN, COPY_FLOOR, RECITAL_FLOOR,
-                     MIN_WORDS, LIST_FLOOR, FUNCTION_FLOOR, OFFLINE_CENTER, OFFLINE_SCALE, PROMPT_TALK]
+                     MIN_WORDS, LIST_FLOOR, FUNCTION_FLOOR, OFFLINE_CENTER, OFFLINE_SCALE, PROMPT_TALK,
+                     hacks.META_PATTERNS]     # the meta_leak feature reads hacks.leaks_meta
         cards = [asdict(p) for s in persona_sets for p in s.personas]
         recipe = json.dumps([self.weights, constants, phrases, cards], sort_keys=True)
         self.name = "offline:" + hashlib.sha256(recipe.encode("utf-8")).hexdigest()[:12]
