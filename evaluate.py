@@ -83,7 +83,7 @@ from metrics import (NLI_RELATIONS, bootstrap_ci, distinct_n, mean_pairwise_simi
                      nli_rates, parse_ab, parse_rubric_score, rescale_0_100, self_bleu,
                      semantic_redundancy_rate, win_rate)
 from results import json_safe, result_notes, results_markdown, training_use
-from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, RandomOrder, RoundRobin, diagnose_reply,
+from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, RoundRobin, diagnose_reply,
                       judge_state, role_setting, run_conversations)
 
 
@@ -105,7 +105,7 @@ class System:
     """One row of the results table: which speakers, which prompt, which speaking order."""
     name: str
     speakers: str     # "base" (the --model) | "trained" (RUN/stage1/speakers) | "sft" (RUN/sft/model)
-    order: str        # "round-robin" | "random" | "prompted-director" | "trained-director"
+    order: str        # "round-robin" | "prompted-director" | "trained-director"
     style: str        # speaker prompt style (simulate.STYLES)
     about: str        # one line for the system list in results.md
     pipeline: str = ""  # "" (one call per turn) | "self-consistency" | "multiagentesc" (baselines.py)
@@ -135,8 +135,9 @@ SYSTEMS = (
            "untrained LLM director (the base model) + base speakers"),
     System("mascot-p", "base", "trained-director", "persona",
            "trained director + base speakers (ablation: no persona alignment)"),
-    System("mascot-c", "trained", "random", "persona",
-           "trained speakers + random speaking order (ablation: no director)"),
+    System("mascot-c", "trained", "round-robin", "persona",
+           "trained speakers + round-robin's fixed order (ablation: no director; differs from "
+           "round-robin only in the speakers' weights, so it is stage 1's own comparison)"),
     System("mascot", "trained", "trained-director", "persona",
            "trained director + trained speakers (the full system)"),
 )
@@ -690,8 +691,6 @@ def run_system(system: System, setup: Setup, inputs, args) -> tuple[list, dict]:
                 style=system.style, examples=setup.fewshot if system.style in EXAMPLE_STYLES else [])
     if system.order == "round-robin":
         policy = RoundRobin(inputs.personas)
-    elif system.order == "random":
-        policy = RandomOrder(inputs.personas, args.seed)
     else:
         model, tok = setup.base if system.order == "prompted-director" else setup.models["trained-director"]
         policy = dr.LLMDirector(model, tok, inputs.personas, name=system.order)
@@ -720,7 +719,7 @@ def run_system(system: System, setup: Setup, inputs, args) -> tuple[list, dict]:
     stopped = [r for r in records if r["crisis_events"]]
     entry = {"about": about, "speakers": f"{system.speakers}: {where}, {system.style} prompt, "
                                          f"{args.role_setting} role setting",
-             "director": {"round-robin": "round-robin", "random": "random order",
+             "director": {"round-robin": "round-robin",
                           "prompted-director": f"prompted: {args.model}",
                           "trained-director": f"trained: {director_folder(args)}"}[system.order],
              "judge": setup.judge.name, "n": len(convs), "seconds_simulate": round(t1 - t0, 1),
@@ -728,6 +727,9 @@ def run_system(system: System, setup: Setup, inputs, args) -> tuple[list, dict]:
              "unparseable": dict(unparseable),
              "crisis_events": sum(r["crisis_events"] for r in records), "crisis_conversations": len(stopped),
              "crisis_turn_share": sum(r["turns"] for r in stopped) / max(1, sum(r["turns"] for r in records)),
+             "crisis_flags": [{"context_id": c.context.id, "profile": c.profile, "turn": e["turn"],
+                               "text": e.get("text", ""), "category": e.get("category", ""), "score": e.get("score")}
+                              for c in convs for e in c.events if e.get("type") == "crisis"],
              "conversations": records}
     if isinstance(policy, dr.LLMDirector):
         entry["invalid_directives"], entry["directives"] = policy.invalid, policy.total

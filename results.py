@@ -91,9 +91,30 @@ def results_markdown(results: dict) -> str:
                 for name, e in systems.items() for value, sl in e["slices"][field].items()]
         out += [f"## Per {field}", "", markdown_table(["system", field, "n"] + [column_title(m, status) for m in headline],
                                                       rows, 3), ""]
+    out += crisis_section(systems)
     out += ["## Pairwise preference", "", results["pairwise"]["line"], ""]
     out += ["## Notes", ""] + [f"- {note}" for note in results["notes"]]
     return "\n".join(out) + "\n"
+
+
+def crisis_section(systems: dict) -> list[str]:
+    """Every message the crisis guard flagged, once, with the systems it stopped, so a reader can
+    judge each stop: a real risk, or ordinary talk the guard misread (safety.py, docs/SAFETY.md).
+    The opening message is the same in every system; later ones are the simulated user's."""
+    seen: dict[tuple, dict] = {}
+    for name, e in systems.items():
+        for f in e.get("crisis_flags", []):
+            row = seen.setdefault((f["context_id"], f["turn"], f["text"]), {**f, "systems": []})
+            row["systems"].append(name)
+    if not seen:
+        return []
+    rows = [[r["context_id"], str(r["turn"]), r["text"].replace("\n", " ")[:200],
+             r["category"], "-" if r["score"] is None else f"{r['score']:+.2f}", ", ".join(r["systems"])]
+            for r in seen.values()]
+    return ["## Crisis-guard stops: every flagged message", "",
+            "score = the probe's logit minus its threshold (> 0: the probe alone flags; a pattern category "
+            "flags at any score; - : not read by the probe)", "",
+            markdown_table(["context", "turn", "message", "category", "score", "stopped"], rows, 6), ""]
 
 
 def change_section(results: dict) -> list[str]:
@@ -156,7 +177,7 @@ def training_use(args, rubric_titles: list[str], independent_titles: list[str], 
               "used_in_training": "partly: the same encoder feeds the offline judge and stage 2's non-redundancy term"}]
     if args.nli_model:
         rows.append({"columns": ["NLI rates"], "evaluator": f"NLI classifier {args.nli_model}", "used_in_training": "no"})
-    rows += [{"columns": hack_titles, "evaluator": "lexical rules (hacks.py)", "used_in_training": "no: never part of a reward"},
+    rows += [{"columns": hack_titles, "evaluator": "lexical rules (hacks.py)", "used_in_training": "stage 1: no (logged per step, never rewarded); stage 2: yes, the director's clean term"},
              {"columns": ["crisis stops"], "evaluator": "the crisis guard (safety.py)", "used_in_training": "no"},
              {"columns": ["pairwise preference"], "evaluator": "named in the pairwise line", "used_in_training":
               "no with --pairwise-by persona-id (the default); as the judge row with --pairwise-by judge"}]
@@ -203,8 +224,8 @@ def result_notes(entries: dict, judge, status: dict[str, str], nli_given: bool, 
     notes.append("lower Self-BLEU, semantic redundancy (share of agent-turn pairs with cosine >= 0.8), "
                  "mean similarity and NLI entailment = less repetition; higher distinct-n = more varied wording")
     notes.append("hack rates: share of agent turns that repeat 6+ words in a row of the situation or a user "
-                 "message (context copy), of the speaker's own persona card (persona-card copy), of another "
-                 "companion's earlier turn (history echo); that hold prompt text or a speaker label (meta/prompt "
+                 "message (context copy), of the speaker's own persona card (persona-card copy), of an earlier "
+                 "companion turn, its own or another's (history echo); that hold prompt text or a speaker label (meta/prompt "
                  "leak); with under 3 words (empty or trivial). Crisis stops: share of conversations the guard "
                  "ended; their share of turns: turns of stopped conversations / all turns")
     notes.append(f"[lo, hi] = 95% percentile bootstrap interval over conversations (1000 resamples, seed {seed})")

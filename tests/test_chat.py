@@ -42,9 +42,9 @@ def run_piped(tmp_path, text, *extra):
 
 
 def test_scripted_session_commands_and_crisis_guard(tmp_path):
-    saved = tmp_path / "out" / "chat.json"
+    saved, after = tmp_path / "out" / "chat.json", tmp_path / "out" / "after.json"
     script = "\n".join(["I got the job I wanted!", "/who", f"/save {saved}", CRISIS, "/nonsense",
-                        "Thanks, I will call my sister.", "/quit", "this line is never read"]) + "\n"
+                        "Thanks, I will call my sister.", f"/save {after}", "/quit", "this line is never read"]) + "\n"
     rc, lines, err = run_piped(tmp_path, script, "--show-directives", "--agents-per-turn", "2")
     assert rc == 0, err
     # The banner lists every agent with its role, and the commands.
@@ -71,6 +71,11 @@ def test_scripted_session_commands_and_crisis_guard(tmp_path):
     # The chat goes on after it: the next message gets two agent replies again.
     assert sum(1 for l in lines[hint:] if AGENT_LINE.match(l)) == 2
     assert lines[-1] == "Goodbye." and "never read" not in "\n".join(lines)
+    # The saved log records the flag: which message, the category and the probe's score.
+    events = json.loads(after.read_text(encoding="utf-8"))["events"]
+    crisis = [e for e in events if e["type"] == "crisis"]
+    assert len(crisis) == 1 and crisis[0]["text"] == CRISIS and crisis[0]["category"]
+    assert "score" in crisis[0]
 
 
 def test_end_of_input_exits_cleanly_with_the_meeting_set(tmp_path):
