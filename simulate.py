@@ -238,10 +238,10 @@ def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, t
     with their thinking. `reply_text` keeps only what follows "Reply:".
     The system message also carries the background (the situation); the conversation follows as
     chat turns seen from this agent (`transcript_messages`), the same in every style, and the
-    director's instruction, when it gave one, closes the last user message. Why this layout: an
-    earlier one put "Situation: ...", "Conversation so far:" and "Write Anchor's next message."
-    into one user message, and the base model copied those labels into its replies; on 64
-    held-out states the raw meta-text rate fell from 0.16 to 0.02 with this one (docs/RESULTS.md).
+    director's instruction, when it gave one, closes the last user message. Why this layout:
+    a small model copies whatever labels its prompt holds into its reply ("Situation: ..."), and
+    chat roles need the fewest labels. The one label left, "(Beacon, another companion):", is
+    still echoed sometimes; hacks.py counts it as a meta leak (docs/RESULTS.md compares layouts).
     """
     card = persona_card(persona)
     if style in EXAMPLE_STYLES and not examples:
