@@ -87,9 +87,48 @@ def directive_line(d) -> str:
     return text if d.valid else text + " (director's answer unparsable: least-spoken fallback)"
 
 
-def respond(conv, policy, cast, args, say) -> None:
+class StreamPrinter:
+    """Shows one agent's reply while it is sampled (models.generate calls it after every token).
+
+    The chat stores the CLEANED reply (models.clean_reply: its own label dropped, cut where it
+    starts writing another speaker's line), so that is what is shown as it grows: after each
+    token the partial text is cleaned, its last word held back (it may still become a label),
+    and only what extends the text already shown is written. `finish` writes the rest; if the
+    clean-up changed something already on screen, the whole reply is shown again, marked.
+    """
+
+    def __init__(self, tokenizer, speaker: str, names: list[str], write):
+        self.tok, self.speaker, self.names, self.write = tokenizer, speaker, names, write
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def stable_text(self) -> str:
+        text = models.clean_reply(self.tok.decode(self.ids, skip_special_tokens=True), self.speaker, self.names)
+        return text.rsplit(" ", 1)[0] if " " in text else ""        # hold back the last word
+
+    def __call__(self, token) -> None:                               # token: (B,); the chat's row is 0
+        if not self.shown and not self.ids:
+            self.write(f"{self.speaker}: ")
+        self.ids.append(int(token[0]))
+        text = self.stable_text()
+        if text.startswith(self.shown) and len(text) > len(self.shown):
+            self.write(text[len(self.shown):])
+            self.shown = text
+
+    def finish(self, final: str) -> None:
+        if not self.ids:
+            self.write(f"{self.speaker}: ")
+        if final.startswith(self.shown):
+            self.write(final[len(self.shown):] + "\n")
+        else:
+            self.write(f"\n{self.speaker} (cleaned up): {final}\n")
+
+
+def respond(conv, policy, cast, args, say, write=None, status: bool = False) -> None:
     """Answer the person's latest message (already added, and checked by the crisis guard):
-    the fixed crisis message if the guard fired, else `--agents-per-turn` directed agent replies."""
+    the fixed crisis message if the guard fired, else `--agents-per-turn` directed agent replies.
+    write: where to stream replies as they are sampled (None: print each reply when finished);
+    status: show a "choosing who speaks" line while the director decides (terminals only)."""
     if conv.ended:                                # the guard fired: show the fixed message, nothing else
         say(f"{SAFETY}: {conv.turns[-1].text}")
         # In a simulation a crisis ends the conversation; here the person decides whether to go on,
@@ -97,12 +136,24 @@ def respond(conv, policy, cast, args, say) -> None:
         conv.ended = False
         return
     for _ in range(args.agents_per_turn):
+        if status:                                # on a terminal: say what is happening while the director decides
+            write("(choosing who speaks next ...)")
         directive = policy.choose([conv])[0]
+        if status:
+            write("\r\033[K")                     # back to the line's start and clear it
         if args.show_directives:
             say(directive_line(directive))
-        agents_speak([conv], [directive], cast)
-        turn = conv.turns[-1]
-        say(f"{turn.speaker}: {turn.text}")
+        if write is None:                         # no streaming: the finished reply, one line
+            agents_speak([conv], [directive], cast)
+            say(f"{conv.turns[-1].speaker}: {conv.turns[-1].text}")
+            continue
+        speaker = (cast.personas.find(directive.agent) or cast.personas.personas[0]).name
+        cast.on_token = StreamPrinter(cast.speaker_tok, speaker, cast.personas.names(), write)
+        try:
+            agents_speak([conv], [directive], cast)
+        finally:
+            printer, cast.on_token = cast.on_token, None
+        printer.finish(conv.turns[-1].text)
 
 
 def save(conv, target: str, say) -> None:
@@ -140,6 +191,10 @@ def run_chat(args, stdin=None, stdout=None) -> int:
 
     def say(text: str = "") -> None:
         print(text, file=stdout, flush=True)
+
+    def write(text: str) -> None:                 # streaming: no newline of its own
+        stdout.write(text)
+        stdout.flush()
 
     interactive = stdin.isatty()
     try:
@@ -182,7 +237,7 @@ def run_chat(args, stdin=None, stdout=None) -> int:
                 conv = start_conversation(context, personas.name, "human", policy.name, args.seed)
             else:
                 add_user_turn(conv, line)
-            respond(conv, policy, cast, args, say)
+            respond(conv, policy, cast, args, say, write, status=interactive and stdout.isatty())
     except KeyboardInterrupt:
         say()
     say("Goodbye.")

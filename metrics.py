@@ -18,6 +18,8 @@ number computed by hand (tests/test_metrics.py).
     rescale_0_100, parse_rubric_score, parse_ab                       reading a judge's answer
     pairs_of_turns, nli_label_index, nli_rates                        NLI relation rates
     semantic_redundancy_rate, mean_pairwise_similarity                embedding redundancy
+    entropy_bits, mutual_information_bits, chi_square_statistic,      does a choice depend on a
+    chi2_sf, permutation_p_value                                      feature (director collapse)
 
 Run the tests:  .venv/bin/python -m pytest -q tests/test_metrics.py
 """
@@ -25,6 +27,7 @@ Run the tests:  .venv/bin/python -m pytest -q tests/test_metrics.py
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections import Counter
 from fractions import Fraction
@@ -723,3 +726,76 @@ def fleiss_kappa(counts: list[list[int]]) -> float:
     p_bar = sum((sum(c * c for c in row) - n) / (n * (n - 1)) for row in counts) / N
     p_e = sum((sum(row[j] for row in counts) / (N * n)) ** 2 for j in range(len(counts[0])))
     return float("nan") if p_e == 1 else (p_bar - p_e) / (1 - p_e)
+
+
+# ---------------------------------------------------------------------------------------------
+# Does a choice depend on a feature? (the director's collapse diagnostics, director.py)
+# ---------------------------------------------------------------------------------------------
+
+def entropy_bits(labels: list[str]) -> float:
+    """Plug-in Shannon entropy of the labels, in bits (0 for one label; log2 K for K equally
+    frequent ones: 2 bits for four agents).
+
+    >>> entropy_bits(["A", "A", "B", "B"])
+    1.0
+    """
+    n = len(labels)
+    return 0.0 - sum(c / n * math.log2(c / n) for c in Counter(labels).values()) if n else 0.0  # no -0.0
+
+
+def mutual_information_bits(xs: list[str], ys: list[str]) -> float:
+    """Plug-in mutual information I(X; Y) = H(X) + H(Y) - H(X, Y), in bits, of paired labels.
+
+    0 when the choice x does not depend on the feature y (a constant choice, or one that is the
+    same in every stage); H(X) when the feature determines the choice. The plug-in estimate is
+    biased upwards on few samples, which is why the chi-square test below comes with it.
+    """
+    return max(0.0, entropy_bits(xs) + entropy_bits(ys) - entropy_bits(list(zip(xs, ys))))
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(chi-square with df degrees of freedom > x), closed form for whole df (no scipy needed):
+      even df: exp(-x/2) * sum_{i < df/2} (x/2)^i / i!
+      odd df:  erfc(sqrt(x/2)) + exp(-x/2) * sum_{i=1}^{(df-1)/2} (x/2)^(i-1/2) / Gamma(i+1/2)
+    (Abramowitz & Stegun 26.4.4 and 26.4.5).
+
+    >>> round(chi2_sf(3.841458820694124, 1), 6), round(chi2_sf(5.991464547107979, 2), 6)
+    (0.05, 0.05)
+    """
+    if df <= 0:
+        return 1.0
+    if x <= 0:
+        return 1.0
+    h = x / 2
+    if df % 2 == 0:
+        return math.exp(-h) * sum(h ** i / math.factorial(i) for i in range(df // 2))
+    return math.erfc(math.sqrt(h)) + math.exp(-h) * sum(h ** (i - 0.5) / math.gamma(i + 0.5)
+                                                        for i in range(1, (df - 1) // 2 + 1))
+
+
+def chi_square_statistic(xs: list[str], ys: list[str]) -> tuple[float, int]:
+    """Pearson's chi-square statistic of the contingency table of x by y, and its degrees of
+    freedom (rows - 1) x (columns - 1). Only labels that occur count as rows and columns, so a
+    constant choice has df 0 and statistic 0: no evidence of dependence."""
+    n = len(xs)
+    cx, cy, joint = Counter(xs), Counter(ys), Counter(zip(xs, ys))
+    stat = sum((joint.get((a, b), 0) - cx[a] * cy[b] / n) ** 2 / (cx[a] * cy[b] / n)
+               for a in cx for b in cy) if n else 0.0
+    return stat, (len(cx) - 1) * (len(cy) - 1)
+
+
+def permutation_p_value(xs: list[str], ys: list[str], n_perm: int = 2000, seed: int = 0) -> float:
+    """P-value of the chi-square statistic under independence, by shuffling the features.
+
+    With a few dozen held-out points many cells of the table expect fewer than 5 counts, where
+    the chi-square distribution is a poor approximation; shuffling y keeps both margins and gives
+    the exact null distribution up to Monte Carlo error. (1 + hits) / (1 + n_perm), so never 0
+    (Phipson & Smyth 2010)."""
+    observed, df = chi_square_statistic(xs, ys)
+    if df == 0:
+        return 1.0
+    rng, shuffled, hits = random.Random(seed), list(ys), 0
+    for _ in range(n_perm):
+        rng.shuffle(shuffled)
+        hits += chi_square_statistic(xs, shuffled)[0] >= observed - 1e-12
+    return (1 + hits) / (1 + n_perm)

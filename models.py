@@ -379,7 +379,7 @@ def completion_tensors(completion: torch.Tensor, stops: torch.Tensor):
 def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int = 64,
              temperature: float = 1.0, top_p: float = 1.0, seeds: list[int] | int | None = None,
              *, sampler: str = "ours", min_new_tokens: int = 0, compile_decode: bool = False,
-             ) -> Generation:
+             on_token=None) -> Generation:
     """Generate one reply per conversation, all rows in one batch with a KV cache.
 
     Args:
@@ -394,6 +394,8 @@ def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: 
             MinNewTokensLogitsProcessor); the benchmarks use it to fix the reply length.
         compile_decode: run the one-token decode step through torch.compile (off by default; a
             GPU option: it compiles for minutes and each new cache length may recompile).
+        on_token: called after every step with the (B,) tokens just sampled (pad for finished
+            rows): the chat shows a reply while it is being written.
     Returns:
         Generation with texts, the padded prompt/completion tensors GRPO needs, and the
         sampler's own log-probs of its tokens.
@@ -424,6 +426,8 @@ def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: 
         token = torch.where(done, pad_id, token)                           # finished rows pad
         logps.append(token_logprobs(logits, token, temperature).masked_fill(done, 0.0))
         tokens.append(token)
+        if on_token is not None:
+            on_token(token)
         done = done | torch.isin(token, stops)
         if t == N - 1 or bool(done.all()):
             break

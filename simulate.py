@@ -402,6 +402,7 @@ class Cast:
     top_p: float = 0.95
     style: str = "persona"               # speaker prompt style (STYLES)
     examples: list = field(default_factory=list)   # data/fewshot.json entries (EXAMPLE_STYLES)
+    on_token: object = None              # models.generate's callback for agent turns (the chat streams)
 
 
 def turn_seed(conv: Conversation, salt: int = 0) -> int:
@@ -428,7 +429,8 @@ def agents_speak(convs: list[Conversation], directives: list[Directive], cast: C
     # Chain of thought gets twice the budget, so the one-sentence thinking does not eat the reply.
     budget = cast.max_new_tokens * (2 if cast.style in COT_STYLES else 1)
     gen = models.generate(cast.speaker_model, cast.speaker_tok, prompts, budget,
-                          cast.temperature, cast.top_p, seeds=[turn_seed(c) for c, _, _ in live])
+                          cast.temperature, cast.top_p, seeds=[turn_seed(c) for c, _, _ in live],
+                          on_token=cast.on_token)
     names = cast.personas.names()
     for (conv, d, persona), raw in zip(live, gen.texts):
         text = models.clean_reply(reply_text(raw, cast.style), persona.name, names) or "..."

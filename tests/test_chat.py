@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+
+import chat
 
 ROOT = Path(__file__).resolve().parents[1]
 # The program under test: the real entry point (`python chat.py` takes the same flags).
@@ -154,7 +157,10 @@ def test_terminal_line_then_ctrl_c(tmp_path, spawn_on_pty):
     assert "you> " in read_until(fd, r"you> ")
     os.write(fd, b"My exam went better than I feared.\r")
     reply = read_until(fd, r"Anchor: [^\n]*\n.*you> ")
-    assert re.search(r"^Anchor: ", reply.replace("\r", ""), re.MULTILINE)
+    # While the director decides, a status line; it is cleared before the reply streams in.
+    assert "(choosing who speaks next ...)\r\x1b[K" in reply
+    screen = reply.replace("(choosing who speaks next ...)\r\x1b[K", "").replace("\r", "")
+    assert re.search(r"^Anchor: ", screen, re.MULTILINE)
     os.write(fd, b"\x03")                         # Ctrl-C at the prompt
     assert "Goodbye." in read_until(fd, r"Goodbye\.")
     assert finish(pid, fd) == 0
@@ -167,3 +173,32 @@ def test_terminal_ctrl_d(tmp_path, spawn_on_pty):
     out = read_until(fd, r"Goodbye\.")
     assert "Goodbye." in out and "Traceback" not in out
     assert finish(pid, fd) == 0
+
+
+class PieceTokenizer:
+    """Each token id is one piece of text: enough to watch the stream."""
+    PIECES = ["Anchor", ":", " That", " sounds", " hard", ".", "\n", "User", ":", " thanks"]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.PIECES[i] for i in ids)
+
+
+def test_a_streamed_reply_shows_only_what_the_clean_up_keeps():
+    written = []
+    printer = chat.StreamPrinter(PieceTokenizer(), "Anchor", ["Anchor", "Beacon"], written.append)
+    for i in range(10):                   # "Anchor: That sounds hard.\nUser: thanks"
+        printer(torch.tensor([i]))
+    printer.finish("That sounds hard.")   # what simulate.agents_speak stores (models.clean_reply)
+    # Its own label is dropped, the other speaker's line never appears, and the words arrive
+    # one by one (the last one held back until the next is sampled).
+    assert written == ["Anchor: ", "That", " sounds", " hard.", "\n"]
+    assert "".join(written) == "Anchor: That sounds hard.\n"
+
+
+def test_a_stream_that_the_clean_up_changed_is_shown_again():
+    written = []
+    printer = chat.StreamPrinter(PieceTokenizer(), "Anchor", ["Anchor"], written.append)
+    for i in (2, 3, 4):                   # " That sounds hard"
+        printer(torch.tensor([i]))
+    printer.finish("Something else.")
+    assert "".join(written) == "Anchor: That sounds\nAnchor (cleaned up): Something else.\n"

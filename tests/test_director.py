@@ -13,6 +13,7 @@ from conftest import dataset
 import corpora
 import data
 import director as dr
+import metrics
 import grpo
 import models
 import sft
@@ -312,21 +313,21 @@ def test_held_out_evaluation_is_paired_and_directs_every_turn(support, context):
 @pytest.mark.parametrize("x, df", [(3.841458820694124, 1), (5.991464547107979, 2), (11.070497693516351, 5),
                                    (16.918977604620448, 9)])
 def test_chi2_sf_at_the_table_critical_values(x, df):
-    assert dr.chi2_sf(x, df) == pytest.approx(0.05, abs=1e-9)
-    assert dr.chi2_sf(21.665994333461924, 9) == pytest.approx(0.01, abs=1e-9)
-    assert dr.chi2_sf(0.0, 3) == 1.0 and dr.chi2_sf(5.0, 0) == 1.0
+    assert metrics.chi2_sf(x, df) == pytest.approx(0.05, abs=1e-9)
+    assert metrics.chi2_sf(21.665994333461924, 9) == pytest.approx(0.01, abs=1e-9)
+    assert metrics.chi2_sf(0.0, 3) == 1.0 and metrics.chi2_sf(5.0, 0) == 1.0
 
 
 def test_entropy_and_mutual_information_hand_computed():
-    assert dr.entropy_bits(["A"] * 5) == 0.0
-    assert dr.entropy_bits(["A", "B", "C", "D"]) == pytest.approx(2.0)
+    assert metrics.entropy_bits(["A"] * 5) == 0.0
+    assert metrics.entropy_bits(["A", "B", "C", "D"]) == pytest.approx(2.0)
     # H(X) = 1, H(Y) = H(3/4, 1/4) = 0.811278, H(X, Y) = H(1/2, 1/4, 1/4) = 1.5 -> I = 0.311278
     xs, ys = ["A", "A", "B", "B"], ["0", "0", "0", "1"]
     h_y = -(0.75 * math.log2(0.75) + 0.25 * math.log2(0.25))
-    assert dr.mutual_information_bits(xs, ys) == pytest.approx(1 + h_y - 1.5)
+    assert metrics.mutual_information_bits(xs, ys) == pytest.approx(1 + h_y - 1.5)
     # chi-square of that 2 x 2 table: expected A0 = B0 = 1.5, A1 = B1 = 0.5;
     # (2-1.5)^2/1.5 + (1-1.5)^2/1.5 + (0-0.5)^2/0.5 + (1-0.5)^2/0.5 = 1/6 + 1/6 + 1/2 + 1/2 = 4/3
-    assert dr.chi_square_statistic(xs, ys) == (pytest.approx(4 / 3), 1)
+    assert metrics.chi_square_statistic(xs, ys) == (pytest.approx(4 / 3), 1)
 
 
 def test_collapse_diagnostics_tell_a_constant_policy_from_a_context_dependent_one(support):

@@ -518,8 +518,9 @@ def test_supporter_turns_become_persona_examples():
     assert first[0][0]["content"].startswith("You are Catalyst")
     assert second[0][0]["content"].startswith("You are Guide")
     # The history shows the earlier supporter turns under their persona (or Companion).
-    assert "Catalyst: What happened?" in second[0][1]["content"]
-    assert "Companion: I went through that too." in second[0][1]["content"]
+    history = "\n".join(m["content"] for m in second[0][1:])
+    assert "(Catalyst, another companion): What happened?" in history
+    assert "(Companion, another companion): I went through that too." in history
 
 
 def test_sft_command_trains_saves_and_evaluate_runs_it(tmp_path):

@@ -83,6 +83,15 @@ def test_seeded_sampling_is_reproducible_and_row_independent(tiny):
         models.generate(model, tok, ROWS, seeds=[1, 2], **kw)
 
 
+def test_on_token_sees_every_sampled_token_as_it_comes(tiny):
+    # The chat streams replies through this callback: step t hands over the (B,) tokens of step t.
+    model, tok = tiny
+    seen = []
+    gen = models.generate(model, tok, ROWS, max_new_tokens=10, temperature=0.9, seeds=3,
+                          on_token=lambda token: seen.append(token.clone()))
+    assert torch.equal(torch.stack(seen, 1), gen.completion_ids)
+
+
 def force_stop(model, tok, rows, stop_id: int, at: dict[int, int]):
     """Make row r emit `stop_id` as its token number at[r] (0-based), whatever it samples."""
     calls = []
