@@ -156,7 +156,7 @@ def make_openai(url, tmp_path=None, **kw):
     kw.setdefault("backoff", 0.001)
     j = judge.OpenAIJudge(url, "test-model", cache_path=tmp_path / "c.jsonl" if tmp_path else None, **kw)
     j.waits = []
-    j.sleep = j.waits.append                       # record the backoff instead of sleeping
+    j.client.sleep = j.waits.append                # record the backoff instead of sleeping
     return j
 
 
