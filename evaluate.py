@@ -78,7 +78,7 @@ import hacks
 import models
 import persona_id
 from data import UserError
-from judge import make_judge
+from judge import judge_from_flags
 from metrics import (NLI_RELATIONS, bootstrap_ci, distinct_n, mean_pairwise_similarity, nli_label_index,
                      nli_rates, parse_ab, parse_rubric_score, rescale_0_100, self_bleu,
                      semantic_redundancy_rate, win_rate)
@@ -668,8 +668,8 @@ def prepare(args, inputs, systems: list[System], out: Path, notes: list[str]) ->
                      "all are used")
     encoder = MemoEncoder(models.SentenceEncoder(device=args.device))
     offline = args.judge.strip() == "offline"
-    judge = make_judge(args.judge, cache_path=None if offline else out / "judge_cache.jsonl",
-                       model_name=args.judge_model, **({"encoder": encoder} if offline else {}))
+    judge = judge_from_flags(args, None if offline else out / "judge_cache.jsonl",
+                             **({"encoder": encoder} if offline else {}))
     nli = load_nli(args.nli_model, args.device) if args.nli_model else None
     need = {s.speakers for s in systems} | {s.order for s in systems}
     folders = {"trained": speakers_folder(args), "sft": sft_folder(args), "trained-director": director_folder(args)}

@@ -710,6 +710,13 @@ def make_judge(spec: str = "offline", cache_path: str | Path | None = None,
     raise UserError(f"--judge {spec!r}: not a judge; use {JUDGE_FORMS}")
 
 
+def judge_from_flags(args, cache_path: str | Path | None, preflight: bool = True, **kw) -> Judge:
+    """make_judge from the parsed --judge, --judge-model, --judge-timeout, --judge-retries and
+    --judge-concurrency flags (mascot.add_judge_flags). `preflight`: an openai: judge sends one
+    tiny request now, before the command spends time or money on anything else."""
+    return make_judge(args.judge, cache_path=cache_path, model_name=args.judge_model, timeout=args.judge_timeout,
+                      retries=args.judge_retries, concurrency=args.judge_concurrency, preflight=preflight, **kw)
+
 # ----------------------------------------------------------------------------------------------
 # Labelled pairs: how often does a judge prefer the better reply?
 # ----------------------------------------------------------------------------------------------
@@ -743,23 +750,25 @@ def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
 
     Even-numbered pairs are asked as (better, worse), odd ones as (worse, better), so a judge that
     always picks the same position scores exactly 0.5 on an even number of pairs: position bias
-    cannot inflate the number. No verdict counts as wrong.
+    cannot inflate the number. No verdict counts as wrong; `unreadable` counts the pairs without
+    a verdict because an answer could not be read (a prompt or model problem, not a judgement).
     """
     states = [state_from_pair(p) for p in pairs]
     firsts = [p["better"] if i % 2 == 0 else p["worse"] for i, p in enumerate(pairs)]
     seconds = [p["worse"] if i % 2 == 0 else p["better"] for i, p in enumerate(pairs)]
     verdicts = judge.compare_many(states, firsts, seconds)
-    correct, no_verdict, groups = 0, 0, {"persona": {}, "failure": {}}
+    correct, no_verdict, unreadable, groups = 0, 0, 0, {"persona": {}, "failure": {}}
     for i, (pair, verdict) in enumerate(zip(pairs, verdicts)):
         right = verdict.preferred == i % 2          # better is at position 0 for even i, 1 for odd
         no_verdict += verdict.preferred is None
+        unreadable += bool(verdict.detail.get("unparseable"))
         correct += right
         for field_name, counts in groups.items():
             if field_name in pair:
                 c, n = counts.get(pair[field_name], (0, 0))
                 counts[pair[field_name]] = (c + right, n + 1)
     return {"accuracy": correct / len(pairs) if pairs else 0.0, "n": len(pairs),
-            "no_verdict": no_verdict, "per_persona": groups["persona"], "per_failure": groups["failure"]}
+            "no_verdict": no_verdict, "unreadable": unreadable, "per_persona": groups["persona"], "per_failure": groups["failure"]}
 
 
 def format_eval_report(result: dict) -> str:

@@ -126,7 +126,7 @@ class ChatClient:
         return UserError(f"{self.flag}: {reason}")
 
     # --- one HTTP attempt -------------------------------------------------------------------
-    def _post(self, body: bytes, headers: dict) -> tuple[int, dict, bytes]:
+    def _post(self, body: bytes, headers: dict) -> tuple[int, http.client.HTTPMessage, bytes]:
         """POST once; (status, headers, body). Raises DeadlineExceeded past `timeout` seconds."""
         deadline = self.clock() + self.timeout
 
@@ -151,7 +151,7 @@ class ChatClient:
                     if not chunk:
                         break
                     chunks.append(chunk)
-                return response.status, dict(response.getheaders()), b"".join(chunks)
+                return response.status, response.headers, b"".join(chunks)
         except TimeoutError as err:                 # socket.timeout is TimeoutError since 3.10
             raise DeadlineExceeded(f"no complete answer within {self.timeout:g} s") from err
         finally:

@@ -573,7 +573,7 @@ def sample_candidates(model, tokenizer, states: list[State], personas: PersonaSe
 
 
 def judge_pairs(states: list[State], candidates: list[list[str]], personas: PersonaSet, judge,
-                margin: float, max_pairs_per_state: int = 2) -> list[dict]:
+                margin: float, max_pairs_per_state: int = 2, counts: dict | None = None) -> list[dict]:
     """Turn K judged candidates per state into preference pairs with a clear quality gap.
 
     1. score every candidate once (pointwise judge score in [0, 1]);
@@ -581,9 +581,16 @@ def judge_pairs(states: list[State], candidates: list[list[str]], personas: Pers
     3. confirm each with a pairwise comparison in BOTH orders (Judge.compare) and drop pairs
        whose verdict flips with order (position bias) or disagrees with the scores.
     Every judgement goes through the judge's on-disk cache, so re-running never pays twice.
+    `counts`, when given, receives what the judge could not decide: {"scored", "unreadable_scores"
+    (an LLM judge's answers without a readable 1-5; such a score is a neutral 0.5), "compared",
+    "no_verdict" (the two orders disagreed or an answer was unreadable), "unreadable_verdicts"}.
     """
+    counts = {} if counts is None else counts
     flat_states = [s.judge_state(personas) for s, cands in zip(states, candidates) for _ in cands]
+    unreadable_before = getattr(judge, "unparseable", 0)      # only LLM judges can be unreadable
     flat_scores = judge.score_many(flat_states, [c for cands in candidates for c in cands])
+    counts.update(scored=len(flat_scores), unreadable_scores=getattr(judge, "unparseable", 0) - unreadable_before,
+                  compared=0, no_verdict=0, unreadable_verdicts=0)
     pairs, pos = [], 0
     for state, cands in zip(states, candidates):
         scores = flat_scores[pos:pos + len(cands)]
@@ -597,6 +604,9 @@ def judge_pairs(states: list[State], candidates: list[list[str]], personas: Pers
             if used >= max_pairs_per_state:
                 break
             verdict = judge.compare(js, cands[i], cands[j])
+            counts["compared"] += 1
+            counts["no_verdict"] += verdict.preferred is None
+            counts["unreadable_verdicts"] += bool(verdict.detail.get("unparseable"))
             if verdict.preferred != 0:          # None (order flip) or the scores' loser won
                 continue
             pairs.append({"state_id": state.id, "persona": state.persona,
@@ -738,7 +748,17 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
 
     candidates = sample_candidates(base, tok, train_states, personas, cfg.candidates, max_new_tokens, seed,
                                    out / "candidates.jsonl")
-    pairs = judge_pairs(train_states, candidates, personas, judge, cfg.margin, cfg.pairs_per_state)
+    counts = {}
+    pairs = judge_pairs(train_states, candidates, personas, judge, cfg.margin, cfg.pairs_per_state, counts)
+    log(f"stage 1: judge {judge.name}: {counts['unreadable_scores']} of {counts['scored']} scores unreadable; "
+        f"{counts['no_verdict']} of {counts['compared']} comparisons without a verdict "
+        f"({counts['unreadable_verdicts']} unreadable)")
+    all_unreadable = counts["scored"] and (counts["unreadable_scores"] == counts["scored"] or (
+        counts["compared"] and counts["unreadable_verdicts"] == counts["compared"]))
+    if not pairs and all_unreadable:
+        raise UserError(f"stage 1: no preference pairs, because every answer of the judge {judge.name} was "
+                        "unreadable (no 1-5 score, no A or B; see data/prompts/judge_*.txt); try a stronger "
+                        "--judge-model or check the server's chat template")
     pairs += hack_pairs(train_states, pairs, personas, cfg.hack_pairs, seed)
     write_jsonl(out / "pairs.jsonl", pairs)
     n_hack = sum(bool(p.get("hack")) for p in pairs)
