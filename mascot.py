@@ -476,8 +476,8 @@ def train_stage2(args) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def judge_eval(args) -> None:
-    pairs = [p for path in args.pairs for p in load_pairs(path)]
     judge = judge_from_flags(args, args.cache)
+    pairs = [p for path in args.pairs for p in load_pairs(path)]
     t0 = time.time()
     result = evaluate_pairs(judge, pairs)
     print(format_eval_report(result))

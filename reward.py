@@ -619,6 +619,14 @@ def judge_pairs(states: list[State], candidates: list[list[str]], personas: Pers
     return pairs
 
 
+def all_unreadable(counts: dict) -> bool:
+    """Did the judge fail to answer readably every time (judge_pairs' counts)? Then no pair can
+    come out, and the reason is the judge, not the margin or the candidates."""
+    scores_lost = counts["scored"] > 0 and counts["unreadable_scores"] == counts["scored"]
+    verdicts_lost = counts["compared"] > 0 and counts["unreadable_verdicts"] == counts["compared"]
+    return scores_lost or verdicts_lost
+
+
 def hack_pairs(states: list[State], pairs: list[dict], personas: PersonaSet, per_state: int,
                seed: int) -> list[dict]:
     """Preference pairs that teach the reward model to reject reward hacks.
@@ -753,9 +761,7 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
     log(f"stage 1: judge {judge.name}: {counts['unreadable_scores']} of {counts['scored']} scores unreadable; "
         f"{counts['no_verdict']} of {counts['compared']} comparisons without a verdict "
         f"({counts['unreadable_verdicts']} unreadable)")
-    all_unreadable = counts["scored"] and (counts["unreadable_scores"] == counts["scored"] or (
-        counts["compared"] and counts["unreadable_verdicts"] == counts["compared"]))
-    if not pairs and all_unreadable:
+    if not pairs and all_unreadable(counts):
         raise UserError(f"stage 1: no preference pairs, because every answer of the judge {judge.name} was "
                         "unreadable (no 1-5 score, no A or B; see data/prompts/judge_*.txt); try a stronger "
                         "--judge-model or check the server's chat template")
