@@ -420,8 +420,8 @@ class OpenAIJudge(Judge):
     (the API key is read from the environment variable named by `api_key_env` at each request and
     never stored, so it cannot leak into reprs, logs, cache files or error messages).
 
-    Requests run concurrently, up to `concurrency` at a time (a thread pool: a batching server
-    such as vLLM serves 8 requests nearly as fast as 1), and every judgement is written to the
+    Requests run concurrently, up to `concurrency` at a time (a thread pool, so a batching server
+    such as vLLM can work on them together), and every judgement is written to the
     cache the moment it arrives, so a failure loses at most the requests in flight and a rerun
     asks only what is missing. An answer we cannot read is not an error: it is counted in
     `unparseable` and gives no verdict (and is not cached).

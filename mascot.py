@@ -128,8 +128,8 @@ def add_judge_flags(p) -> None:
                    help="openai: judge: retries per request after HTTP 429/5xx, a refused connection or a "
                         "timeout (backoff doubles, at most 60 s, also for the server's Retry-After)")
     p.add_argument("--judge-concurrency", type=flag_type("--judge-concurrency", int, "positive"), default=8,
-                   help="openai: judge: requests in flight at once (a batching server such as vLLM answers "
-                        "8 nearly as fast as 1); each judgement is cached as it arrives")
+                   help="openai: judge: requests in flight at once (a batching server such as vLLM works on "
+                        "them together); each judgement is cached as it arrives")
 
 
 def add_trained_flags(p) -> None:
