@@ -760,3 +760,30 @@ def test_stage1_counts_unreadable_answers_and_blames_the_judge():
     assert reward.all_unreadable(counts)
     assert not reward.all_unreadable(dict(counts, unreadable_scores=5))
     assert reward.all_unreadable(dict(scored=6, unreadable_scores=0, compared=2, no_verdict=2, unreadable_verdicts=2))
+
+
+def test_stage1_asks_its_comparisons_in_rounds_across_states():
+    """judge_pairs asks each state's next widest gap in one compare_many per round, so an openai:
+    judge can send them concurrently; a state stops at max_pairs_per_state confirmed pairs."""
+    import corpora
+    import reward
+
+    class Recording(judge.Judge):
+        name = "recording"
+        batches = []
+
+        def _score_uncached(self, states, replies):
+            return [int(r.split()[-1]) / 4 for r in replies]         # "reply k m" scores m / 4
+
+        def _compare_uncached(self, states, firsts, seconds):
+            self.batches.append(len(firsts))
+            return [Verdict(0, 1.0, {}) for _ in firsts]              # always confirms
+
+    personas = data.load_personas(ROOT / "personas.json", "support")
+    states = reward.build_states(corpora.load_contexts("bundled", "support")[:3], personas, 3, 0, {}, "train")
+    candidates = [[f"reply {k} {m}" for m in range(5)] for k in range(len(states))]
+    j = Recording()
+    pairs = reward.judge_pairs(states, candidates, personas, j, 0.05, max_pairs_per_state=2)
+    assert j.batches == [3, 3]                                        # two rounds of one ask per state
+    assert [p["state_id"] for p in pairs] == [s.id for s in states for _ in range(2)]
+    assert [(p["chosen"][-1], p["rejected"][-1]) for p in pairs[:2]] == [("4", "0"), ("4", "1")]  # widest first
