@@ -241,12 +241,16 @@ class Judge:
 
     def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
         """Greedy (temperature 0) text from an LLM judge; the offline judge cannot generate."""
+        return self.complete_many([prompt], max_new_tokens)[0]
+
+    def complete_many(self, prompts: list[str], max_new_tokens: int = 64) -> list[str]:
+        """complete() for many prompts, in order (an openai: judge sends them concurrently)."""
         if not self.can_generate:
             raise UserError(f"judge {self.name!r} cannot generate text; use --judge hf:<model> "
                             "or --judge openai:<base-url> for this step")
-        inputs = [{"prompt": prompt, "max_new_tokens": max_new_tokens}]
+        inputs = [{"prompt": p, "max_new_tokens": max_new_tokens} for p in prompts]
         return self._cached_batch("complete", inputs,
-                                  lambda todo: [self._complete_uncached(prompt, max_new_tokens)])[0]
+                                  lambda todo: [self._complete_uncached(prompts[i], max_new_tokens) for i in todo])
 
     # --- what a backend implements ----------------------------------------------------------
     def _score_uncached(self, states: list[JudgeState], replies: list[str]) -> list[float | None]:

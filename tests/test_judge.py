@@ -787,3 +787,16 @@ def test_stage1_asks_its_comparisons_in_rounds_across_states():
     assert j.batches == [3, 3]                                        # two rounds of one ask per state
     assert [p["state_id"] for p in pairs] == [s.id for s in states for _ in range(2)]
     assert [(p["chosen"][-1], p["rejected"][-1]) for p in pairs[:2]] == [("4", "0"), ("4", "1")]  # widest first
+
+
+def test_complete_many_overlaps_and_keeps_the_order():
+    """evaluate.py sends a conversation's rubric prompts (and the pairwise prompts) through
+    complete_many, so --judge-concurrency speeds up evaluation too."""
+    def echo_slowly(body):
+        threading.Event().wait(0.15)
+        return completion("echo " + body["messages"][-1]["content"])
+
+    prompts = [f"p{k}" for k in range(6)]
+    with FakeServer([echo_slowly]) as server:
+        answers = make_openai(server.url, concurrency=3).complete_many(prompts)
+    assert answers == [f"echo p{k}" for k in range(6)] and server.max_active == 3
