@@ -188,8 +188,10 @@ class ChatClient:
                 if wait is None:    # no Retry-After from the server: our own backoff
                     wait = self.backoff * 2 ** attempt * self._jitter.uniform(0.5, 1.5)
                 self.sleep(min(wait, self.max_backoff))
+        hint = ("raise --judge-timeout if the server is just slow" if last_error.startswith("DeadlineExceeded")
+                else "check that the server is running and reachable")
         raise self._fail(f"no answer from {self.url} after {self.max_retries + 1} attempts "
-                         f"(last: {last_error}); check that the server is running and reachable")
+                         f"(last: {last_error}); {hint}")
 
     def _reply_text(self, raw: bytes) -> str:
         try:
