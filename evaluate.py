@@ -78,7 +78,7 @@ import hacks
 import models
 import persona_id
 from data import UserError
-from judge import make_judge
+from judge import judge_from_flags
 from metrics import (NLI_RELATIONS, bootstrap_ci, distinct_n, mean_pairwise_similarity, nli_label_index,
                      nli_rates, parse_ab, parse_rubric_score, rescale_0_100, self_bleu,
                      semantic_redundancy_rate, win_rate)
@@ -300,7 +300,7 @@ def rubric_scores(conv, personas, judge) -> tuple[dict, Counter]:
     Agent-specific criteria: one prompt per (agent turn, criterion), the scores averaged over the
     conversation's agent turns. Collective criteria: one prompt per criterion on the whole
     transcript. The two Overall columns are the means of the criteria (with_overall).
-    judge.complete decodes greedily (temperature 0, as in the paper). An answer that
+    judge.complete_many decodes greedily (temperature 0, as in the paper). An answer that
     parse_rubric_score cannot read is counted in the returned Counter and left out of the mean;
     a metric with no readable answer at all is None for this conversation, and so is every
     metric of a conversation without agent turns (nothing of the system's to judge).
@@ -308,35 +308,28 @@ def rubric_scores(conv, personas, judge) -> tuple[dict, Counter]:
     Returns:
         ({metric key: score in [0, 100] or None}, Counter {metric key: unparseable answers}).
     """
-    values, unparseable = {}, Counter()
     agent_idx = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
+    asks = []                           # (metric key, prompt), all sent in one judge.complete_many
     for m in AGENT_CRITERIA:
-        scores = []
         for i in agent_idx:
             p = personas.find(conv.turns[i].speaker)
-            prompt = data.prompt("eval_agent").format(name=p.name, role=p.role, description=p.description,
-                                         situation=conv.context.situation,
-                                         history=_lines(conv.turns[:i]), reply=conv.turns[i].text,
-                                         title=m.title, rubric=m.rubric)
-            score = parse_rubric_score(judge.complete(prompt, max_new_tokens=JUDGE_MAX_TOKENS),
-                                       RUBRIC_LO, RUBRIC_HI)
-            if score is None:
-                unparseable[m.key] += 1
-            else:
-                scores.append(rescale_0_100(score, RUBRIC_LO, RUBRIC_HI))
-        values[m.key] = sum(scores) / len(scores) if scores else None
+            asks.append((m.key, data.prompt("eval_agent").format(
+                name=p.name, role=p.role, description=p.description, situation=conv.context.situation,
+                history=_lines(conv.turns[:i]), reply=conv.turns[i].text, title=m.title, rubric=m.rubric)))
     roster = "; ".join(f"{p.name} ({p.role})" for p in personas.personas)
-    for m in COLLECTIVE_CRITERIA:
-        if not agent_idx:               # stopped by the crisis guard before any agent spoke
-            values[m.key] = None
-            continue
-        prompt = data.prompt("eval_collective").format(roster=roster, situation=conv.context.situation,
-                                          transcript=_lines(conv.turns), title=m.title, rubric=m.rubric)
-        score = parse_rubric_score(judge.complete(prompt, max_new_tokens=JUDGE_MAX_TOKENS),
-                                   RUBRIC_LO, RUBRIC_HI)
+    for m in COLLECTIVE_CRITERIA if agent_idx else []:    # none when the crisis guard stopped it first
+        asks.append((m.key, data.prompt("eval_collective").format(
+            roster=roster, situation=conv.context.situation, transcript=_lines(conv.turns), title=m.title,
+            rubric=m.rubric)))
+    answers = judge.complete_many([prompt for _, prompt in asks], max_new_tokens=JUDGE_MAX_TOKENS) if asks else []
+    scores, unparseable = {m.key: [] for m in AGENT_CRITERIA + COLLECTIVE_CRITERIA}, Counter()
+    for (key, _), answer in zip(asks, answers):
+        score = parse_rubric_score(answer, RUBRIC_LO, RUBRIC_HI)
         if score is None:
-            unparseable[m.key] += 1
-        values[m.key] = None if score is None else rescale_0_100(score, RUBRIC_LO, RUBRIC_HI)
+            unparseable[key] += 1
+        else:
+            scores[key].append(rescale_0_100(score, RUBRIC_LO, RUBRIC_HI))
+    values = {key: sum(s) / len(s) if s else None for key, s in scores.items()}
     return with_overall(values), unparseable
 
 
@@ -498,12 +491,11 @@ def pairwise_outcomes(convs_a: list, convs_b: list, judge, personas,
                 for sa, sb in zip(scores_a, scores_b)], 0
     outcomes, unreadable = [], 0
     roster = "; ".join(f"{p.name} ({p.role})" for p in personas.personas)
-    for a, b in zip(convs_a, convs_b):
-        text_a, text_b = _lines(a.turns), _lines(b.turns)
-        first = parse_ab(judge.complete(data.prompt("eval_pairwise").format(roster=roster, situation=a.context.situation,
-                                                               a=text_a, b=text_b), max_new_tokens=8))
-        second = parse_ab(judge.complete(data.prompt("eval_pairwise").format(roster=roster, situation=a.context.situation,
-                                                                a=text_b, b=text_a), max_new_tokens=8))
+    prompts = [data.prompt("eval_pairwise").format(roster=roster, situation=a.context.situation, a=x, b=y)
+               for a, b in zip(convs_a, convs_b)
+               for x, y in ((_lines(a.turns), _lines(b.turns)), (_lines(b.turns), _lines(a.turns)))]
+    picks = [parse_ab(answer) for answer in judge.complete_many(prompts, max_new_tokens=8)] if prompts else []
+    for first, second in zip(picks[0::2], picks[1::2]):
         unreadable += (first is None) + (second is None)
         pick_first = {0: "A", 1: "B"}.get(first)        # A was shown first
         pick_second = {0: "B", 1: "A"}.get(second)      # B was shown first
@@ -668,8 +660,8 @@ def prepare(args, inputs, systems: list[System], out: Path, notes: list[str]) ->
                      "all are used")
     encoder = MemoEncoder(models.SentenceEncoder(device=args.device))
     offline = args.judge.strip() == "offline"
-    judge = make_judge(args.judge, cache_path=None if offline else out / "judge_cache.jsonl",
-                       model_name=args.judge_model, **({"encoder": encoder} if offline else {}))
+    judge = judge_from_flags(args, None if offline else out / "judge_cache.jsonl",
+                             **({"encoder": encoder} if offline else {}))
     nli = load_nli(args.nli_model, args.device) if args.nli_model else None
     need = {s.speakers for s in systems} | {s.order for s in systems}
     folders = {"trained": speakers_folder(args), "sft": sft_folder(args), "trained-director": director_folder(args)}

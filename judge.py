@@ -23,7 +23,8 @@ One interface, four backends (pick one with `--judge`):
                   complete(prompt) -> str                     greedy text (LLM backends only)
 
 Every backend goes through a JudgeCache (an append-only JSON-lines file) when a cache path is
-given, so a crashed or repeated run never pays twice for the same judgement.
+given, so a repeated run never pays twice for the same judgement. The openai: judge writes each
+judgement the moment it arrives, so a crashed run loses at most the requests in flight.
 
 What we decide where the paper is silent:
   - The paper's judges are GPT-4o, Gemma-3-27B-IT and Phi-4 with unpublished prompts. Ours are
@@ -47,13 +48,10 @@ Measure a judge on labelled pairs (data/judge_pairs_*.jsonl; the schema is in da
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
-import random
-import time
-import urllib.error
-import urllib.request
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -69,6 +67,7 @@ from judge_features import (OFFLINE_RECIPE, OFFLINE_WEIGHTS, RELEVANCE_CAP, REPE
                             PROMPT_TALK, persona_does, split_sentences, lexical_features, semantic_features, weighted_sum,
                             sigmoid, logit)
 from metrics import parse_ab, parse_rubric_score
+from openai_client import ChatClient
 from simulate import JudgeState
 
 
@@ -188,12 +187,22 @@ class Judge:
                 first_of.setdefault(k, i)
         todo = list(first_of.values())
         if todo:
-            fresh = dict(zip(todo, compute(todo)))
-            for i in todo:
-                if self.cache is not None and keep(fresh[i]):
-                    self.cache.put(keys[i], fresh[i])
+            fresh = {}
+
+            def store(i, value):                        # called as each judgement arrives
+                fresh[i] = value
+                if self.cache is not None and keep(value):
+                    self.cache.put(keys[i], value)      # one line, flushed: a crash keeps it
+
+            self._compute_misses(todo, compute, store)
             values = [fresh[first_of[k]] if v is None else v for k, v in zip(keys, values)]
         return values
+
+    def _compute_misses(self, todo: list[int], compute, store) -> None:
+        """Compute the inputs at `todo` and store(i, value) each. Here: one batch, the fastest
+        way for a local model; OpenAIJudge sends one request per input, concurrently."""
+        for i, value in zip(todo, compute(todo)):
+            store(i, value)
 
     # --- the public interface ---------------------------------------------------------------
     def score(self, state: JudgeState, reply: str) -> float:
@@ -232,12 +241,16 @@ class Judge:
 
     def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
         """Greedy (temperature 0) text from an LLM judge; the offline judge cannot generate."""
+        return self.complete_many([prompt], max_new_tokens)[0]
+
+    def complete_many(self, prompts: list[str], max_new_tokens: int = 64) -> list[str]:
+        """complete() for many prompts, in order (an openai: judge sends them concurrently)."""
         if not self.can_generate:
             raise UserError(f"judge {self.name!r} cannot generate text; use --judge hf:<model> "
                             "or --judge openai:<base-url> for this step")
-        inputs = [{"prompt": prompt, "max_new_tokens": max_new_tokens}]
+        inputs = [{"prompt": p, "max_new_tokens": max_new_tokens} for p in prompts]
         return self._cached_batch("complete", inputs,
-                                  lambda todo: [self._complete_uncached(prompt, max_new_tokens)])[0]
+                                  lambda todo: [self._complete_uncached(prompts[i], max_new_tokens) for i in todo])
 
     # --- what a backend implements ----------------------------------------------------------
     def _score_uncached(self, states: list[JudgeState], replies: list[str]) -> list[float | None]:
@@ -404,96 +417,78 @@ class HFJudge(Judge):
 # OpenAIJudge: any OpenAI-compatible /chat/completions endpoint, with urllib only
 # ----------------------------------------------------------------------------------------------
 
-def _retry_after_seconds(value: str | None) -> float | None:
-    """The Retry-After header in seconds, or None when absent or an HTTP date (not supported)."""
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
 class OpenAIJudge(Judge):
     """A remote (or local server) chat model behind the OpenAI /chat/completions protocol.
 
-    Temperature 0. The API key is read from the environment variable named by `api_key_env` at
-    the moment of each request and is never stored on the object, so it cannot leak into reprs,
-    logs, cache files or error messages. Without the variable no Authorization header is sent
-    (local servers such as vLLM or llama.cpp usually need none).
+    Temperature 0. HTTP, retries, deadlines and error messages live in openai_client.ChatClient
+    (the API key is read from the environment variable named by `api_key_env` at each request and
+    never stored, so it cannot leak into reprs, logs, cache files or error messages).
 
-    Failures: HTTP 429, 5xx, connection errors and timeouts are retried with exponential backoff
-    plus jitter (backoff * 2^attempt * U(0.5, 1.5), capped at max_backoff), or exactly as long
-    as the server's Retry-After header (in seconds) asks;
-    after max_retries retries, or at once for any other 4xx, a one-line UserError names the
-    endpoint. An answer we cannot read is not an error: it is counted in `unparseable` and gives
-    no verdict.
+    Requests run concurrently, up to `concurrency` at a time (a thread pool, so a batching server
+    such as vLLM can work on them together), and every judgement is written to the
+    cache the moment it arrives, so a failure loses at most the requests in flight and a rerun
+    asks only what is missing. An answer we cannot read is not an error: it is counted in
+    `unparseable` and gives no verdict (and is not cached).
     """
     can_generate = True
     LABEL_MAX_TOKENS = 16    # room for "Reply A" or "**B**", not for an essay
 
     def __init__(self, base_url: str, model: str | None, api_key_env: str = "MASCOT_JUDGE_API_KEY",
                  timeout: float = 60, max_retries: int = 5, backoff: float = 1.0,
-                 max_backoff: float = 60.0, cache_path: str | Path | None = None):
+                 max_backoff: float = 60.0, concurrency: int = 8, cache_path: str | Path | None = None):
+        flag = f"--judge openai:{base_url}"
         if not model:
-            raise UserError(f"--judge openai:{base_url}: no model name; pass --judge-model NAME "
-                            "or set MASCOT_JUDGE_MODEL")
+            raise UserError(f"{flag}: no model name; pass --judge-model NAME or set MASCOT_JUDGE_MODEL")
+        if concurrency < 1:
+            raise UserError(f"--judge-concurrency {concurrency}: must be at least 1")
+        self.client = ChatClient(base_url, model, flag, api_key_env, timeout, max_retries, backoff, max_backoff)
         super().__init__(cache_path)
-        self.base_url = base_url.rstrip("/")
-        self.url = self.base_url + "/chat/completions"
-        self.model = model
-        self.api_key_env = api_key_env          # the NAME of the variable, never its value
-        self.timeout, self.max_retries = timeout, max_retries
-        self.backoff, self.max_backoff = backoff, max_backoff
+        self.base_url, self.model, self.concurrency = self.client.base_url, model, concurrency
         self.name = f"openai:{self.base_url}:{model}"
         self.unparseable = 0
-        self.sleep = time.sleep                 # tests replace it to record the waits
-        self._jitter = random.Random()
+        self._lock = threading.Lock()          # guards `unparseable` across the request threads
+
+    # backend_calls is the client's count of HTTP requests (retries included).
+    backend_calls = property(lambda self: self.client.requests,
+                             lambda self, value: setattr(self.client, "requests", value))
 
     def __repr__(self) -> str:
         return f"OpenAIJudge(base_url={self.base_url!r}, model={self.model!r})"
 
-    def _fail(self, reason: str) -> UserError:
-        return UserError(f"--judge openai:{self.base_url}: {reason}")
-
     def chat(self, messages: list[dict], max_tokens: int) -> str:
         """One chat completion at temperature 0, with retries; returns the reply text."""
-        body = json.dumps({"model": self.model, "messages": messages, "temperature": 0,
-                           "max_tokens": max_tokens}).encode("utf-8")
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(self.api_key_env, "")
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        last_error = ""
-        for attempt in range(self.max_retries + 1):
-            self.backend_calls += 1
-            wait = None
-            request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    raw = response.read()
-            except urllib.error.HTTPError as err:
-                if err.code != 429 and err.code < 500:
-                    # A bad URL, model name or key: retrying cannot help.
-                    raise self._fail(f"HTTP {err.code} ({err.reason}) from {self.url}; check the "
-                                     f"URL, the model name {self.model!r} and ${self.api_key_env}") from None
-                last_error, wait = f"HTTP {err.code}", _retry_after_seconds(err.headers.get("Retry-After"))
-            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as err:
-                reason = getattr(err, "reason", err)
-                last_error = f"{type(err).__name__}: {reason}".splitlines()[0]
-            else:
-                return self._reply_text(raw)
-            if attempt < self.max_retries:
-                if wait is None:   # no Retry-After from the server: our own backoff, capped
-                    wait = min(self.max_backoff, self.backoff * 2 ** attempt * self._jitter.uniform(0.5, 1.5))
-                self.sleep(wait)
-        raise self._fail(f"no answer from {self.url} after {self.max_retries + 1} attempts "
-                         f"(last: {last_error}); check that the server is running and reachable")
+        return self.client.chat(messages, max_tokens)
 
-    def _reply_text(self, raw: bytes) -> str:
+    def preflight(self) -> None:
+        """One tiny request, so a bad URL, key or model fails before any expensive work."""
+        self.client.preflight()
+
+    def _count_unparseable(self, n: int) -> None:
+        with self._lock:
+            self.unparseable += n
+
+    def _compute_misses(self, todo, compute, store):
+        """Each missing input as its own task, up to `concurrency` at once; each result stored
+        (from this thread only) as soon as it arrives. On the first failure the tasks not yet
+        started are cancelled, the ones in flight are awaited and stored, then the error raised."""
+        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="judge")
         try:
-            return json.loads(raw.decode("utf-8"))["choices"][0]["message"]["content"] or ""
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise self._fail(f"{self.url} did not return a chat completion "
-                             "(no choices[0].message.content); is the base URL right?") from None
+            futures = {pool.submit(compute, [i]): i for i in todo}
+            error = None
+            for future in as_completed(futures):
+                if future.cancelled():
+                    continue
+                try:
+                    store(futures[future], future.result()[0])
+                except Exception as err:         # the first failure wins; the rest are its echoes
+                    if error is None:
+                        error = err
+                        for f in futures:
+                            f.cancel()
+            if error is not None:
+                raise error
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _compare_uncached(self, states, firsts, seconds):
         verdicts = []
@@ -501,7 +496,7 @@ class OpenAIJudge(Judge):
             answers = [self.chat(pairwise_messages(s, a, b), self.LABEL_MAX_TOKENS),
                        self.chat(pairwise_messages(s, b, a), self.LABEL_MAX_TOKENS)]
             picks = [parse_ab(t) for t in answers]
-            self.unparseable += sum(p is None for p in picks)
+            self._count_unparseable(sum(p is None for p in picks))
             # Order (a, b): "A" means the first is better; order (b, a): "B" does.
             p_ab = None if picks[0] is None else float(picks[0] == 0)
             p_ba = None if picks[1] is None else float(picks[1] == 1)
@@ -515,7 +510,7 @@ class OpenAIJudge(Judge):
         for s, r in zip(states, replies):
             value = parse_rubric_score(self.chat(pointwise_messages(s, r), self.LABEL_MAX_TOKENS))
             if value is None:
-                self.unparseable += 1
+                self._count_unparseable(1)
             scores.append(None if value is None else rubric_to_unit(value))
         return scores
 
@@ -686,14 +681,19 @@ class RMJudge(ScoreJudge):
 
 
 def make_judge(spec: str = "offline", cache_path: str | Path | None = None,
-               model_name: str | None = None, **kw) -> Judge:
+               model_name: str | None = None, timeout: float = 60, retries: int = 5,
+               concurrency: int = 8, preflight: bool = False, **kw) -> Judge:
     """Build the judge a `--judge` value names.
 
     Args:
         spec: "offline" | "hf:<id-or-folder>" | "openai:<base-url>" | "rm:<folder>".
         cache_path: a JSON-lines file where judgements are kept across runs (None: no cache).
         model_name: the model an openai: endpoint should run (default: $MASCOT_JUDGE_MODEL).
-        kw: passed on to the backend (e.g. timeout=, max_retries= for openai:).
+        timeout, retries, concurrency: --judge-timeout, --judge-retries, --judge-concurrency
+            (openai: only): total seconds per request, retries per request, requests at once.
+        preflight: for an openai: judge, send one tiny request now, so a bad URL, key or model
+            name fails before the command spends time or money (train, evaluate, judge-eval, ...).
+        kw: passed on to the backend (e.g. device= for hf:, encoder= for offline).
     """
     spec = (spec or "offline").strip()
     kind, _, arg = spec.partition(":")
@@ -704,11 +704,22 @@ def make_judge(spec: str = "offline", cache_path: str | Path | None = None,
         return HFJudge(arg, cache_path=cache_path, **kw)
     if kind == "openai" and arg:
         model = model_name or os.environ.get("MASCOT_JUDGE_MODEL")
-        return OpenAIJudge(arg, model, cache_path=cache_path, **kw)
+        judge = OpenAIJudge(arg, model, timeout=timeout, max_retries=retries, concurrency=concurrency,
+                            cache_path=cache_path, **kw)
+        if preflight:
+            judge.preflight()
+        return judge
     if kind == "rm" and arg:
         return RMJudge(arg, cache_path=cache_path, **kw)
     raise UserError(f"--judge {spec!r}: not a judge; use {JUDGE_FORMS}")
 
+
+def judge_from_flags(args, cache_path: str | Path | None, preflight: bool = True, **kw) -> Judge:
+    """make_judge from the parsed --judge, --judge-model, --judge-timeout, --judge-retries and
+    --judge-concurrency flags (mascot.add_judge_flags). `preflight`: an openai: judge sends one
+    tiny request now, before the command spends time or money on anything else."""
+    return make_judge(args.judge, cache_path=cache_path, model_name=args.judge_model, timeout=args.judge_timeout,
+                      retries=args.judge_retries, concurrency=args.judge_concurrency, preflight=preflight, **kw)
 
 # ----------------------------------------------------------------------------------------------
 # Labelled pairs: how often does a judge prefer the better reply?
@@ -743,23 +754,25 @@ def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
 
     Even-numbered pairs are asked as (better, worse), odd ones as (worse, better), so a judge that
     always picks the same position scores exactly 0.5 on an even number of pairs: position bias
-    cannot inflate the number. No verdict counts as wrong.
+    cannot inflate the number. No verdict counts as wrong; `unreadable` counts the pairs without
+    a verdict because an answer could not be read (a prompt or model problem, not a judgement).
     """
     states = [state_from_pair(p) for p in pairs]
     firsts = [p["better"] if i % 2 == 0 else p["worse"] for i, p in enumerate(pairs)]
     seconds = [p["worse"] if i % 2 == 0 else p["better"] for i, p in enumerate(pairs)]
     verdicts = judge.compare_many(states, firsts, seconds)
-    correct, no_verdict, groups = 0, 0, {"persona": {}, "failure": {}}
+    correct, no_verdict, unreadable, groups = 0, 0, 0, {"persona": {}, "failure": {}}
     for i, (pair, verdict) in enumerate(zip(pairs, verdicts)):
         right = verdict.preferred == i % 2          # better is at position 0 for even i, 1 for odd
         no_verdict += verdict.preferred is None
+        unreadable += bool(verdict.detail.get("unparseable"))
         correct += right
         for field_name, counts in groups.items():
             if field_name in pair:
                 c, n = counts.get(pair[field_name], (0, 0))
                 counts[pair[field_name]] = (c + right, n + 1)
     return {"accuracy": correct / len(pairs) if pairs else 0.0, "n": len(pairs),
-            "no_verdict": no_verdict, "per_persona": groups["persona"], "per_failure": groups["failure"]}
+            "no_verdict": no_verdict, "unreadable": unreadable, "per_persona": groups["persona"], "per_failure": groups["failure"]}
 
 
 def format_eval_report(result: dict) -> str:

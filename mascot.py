@@ -54,7 +54,7 @@ import report
 import reward
 import sft
 from data import Context, PersonaSet, Profile, UserError, flag_type
-from judge import evaluate_pairs, format_eval_report, load_pairs, make_judge
+from judge import evaluate_pairs, format_eval_report, judge_from_flags, load_pairs
 from metrics import paired_change
 from simulate import Cast, assign_profiles, run_conversations, write_transcripts
 
@@ -122,6 +122,14 @@ def add_judge_flags(p) -> None:
     p.add_argument("--judge", default="offline",
                    help="offline (default) | hf:<model id or folder> | openai:<base url> | rm:<folder>")
     p.add_argument("--judge-model", default=None, help="model name for an openai: judge")
+    p.add_argument("--judge-timeout", type=flag_type("--judge-timeout", float, "positive"), default=60.0,
+                   help="openai: judge: seconds per request in total (connect, wait and reply), retried after")
+    p.add_argument("--judge-retries", type=flag_type("--judge-retries", int, "non-negative"), default=5,
+                   help="openai: judge: retries per request after HTTP 429/5xx, a refused connection or a "
+                        "timeout (backoff doubles, at most 60 s, also for the server's Retry-After)")
+    p.add_argument("--judge-concurrency", type=flag_type("--judge-concurrency", int, "positive"), default=8,
+                   help="openai: judge: requests in flight at once (a batching server such as vLLM works on "
+                        "them together); each judgement is cached as it arrives")
 
 
 def add_trained_flags(p) -> None:
@@ -325,7 +333,7 @@ def train_stage1(args) -> dict:
     inputs = load_inputs(args)
     data.save_config(args, out)
     base, tok = models.load_model(args.model, device=args.device)
-    judge = make_judge(args.judge, cache_path=out / "judge_cache.jsonl", model_name=args.judge_model)
+    judge = judge_from_flags(args, out / "judge_cache.jsonl")
 
     # Steps 1-4 of the paper's Phase I: states -> candidates -> judge -> pairs -> reward model.
     rlaif = reward.build_reward_fn(options(reward.RLAIFConfig, args), inputs, base, tok, judge, out,
@@ -386,7 +394,7 @@ def train_stage2(args) -> dict:
                             else models.load_model(args.model, device=args.device))
     director_name = args.director_model or args.model
     policy, tok = models.load_model(director_name, device=args.device)
-    judge = make_judge(args.judge, cache_path=out / "judge_cache.jsonl", model_name=args.judge_model)
+    judge = judge_from_flags(args, out / "judge_cache.jsonl")
     cast = Cast(inputs.personas, speaker_model, speaker_tok, user_model, user_tok, args.max_new_tokens)
 
     # Decision points: conversation prefixes at different positions, generated once by the frozen cast.
@@ -468,13 +476,13 @@ def train_stage2(args) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def judge_eval(args) -> None:
-    judge = make_judge(args.judge, cache_path=args.cache, model_name=args.judge_model)
+    judge = judge_from_flags(args, args.cache)
     pairs = [p for path in args.pairs for p in load_pairs(path)]
     t0 = time.time()
     result = evaluate_pairs(judge, pairs)
     print(format_eval_report(result))
-    print(f"({result['n']} pairs, {result['no_verdict']} without a verdict; judge {judge.name}, "
-          f"{time.time() - t0:.1f} s)")
+    print(f"({result['n']} pairs, {result['no_verdict']} without a verdict, {result['unreadable']} of them "
+          f"unreadable; judge {judge.name}, {time.time() - t0:.1f} s)")
 
 
 def judge_stress(args) -> dict:
@@ -483,7 +491,7 @@ def judge_stress(args) -> dict:
     inputs = load_inputs(args, earlier=[run / "stage1" / "config.json"])
     policy, tok = models.load_model(args.speakers or args.model, device=args.device)
     states = reward.build_states(inputs.held_out, inputs.personas, args.states, args.seed + 1, {}, "heldout")
-    judge = make_judge(args.judge, cache_path=None, model_name=args.judge_model)
+    judge = judge_from_flags(args, None)
     scorers = {"judge": lambda rows, replies: judge.score_many([s.judge_state(inputs.personas) for s in rows],
                                                                replies)}
     rm_folder = args.rm or models.trained_or(run / "stage1" / "reward_model", "")

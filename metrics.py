@@ -398,6 +398,11 @@ def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
     return statements[0]
 
 
+_LABEL_NAME = r"(?:(?i:reply|response|answer|option|choice)\s+)"
+_SAYS_BETTER = re.compile(_LABEL_NAME + r"?(?<![A-Za-z])([AB])(?![A-Za-z])[*\"'`)\]]*\s+(?:is|was|seems)\s+"
+                          r"(?:clearly\s+|much\s+|slightly\s+|the\s+)?(?i:better|stronger|preferred)")
+_BETTER_IS = re.compile(r"(?i:better(?:\s+(?:reply|response|answer|option|choice|one))?\s+is|prefer|pick|choose)"
+                        r"\s+" + _LABEL_NAME + r"?[*\"'`(\[]*([AB])(?![A-Za-z])")
 _LEADING_LABEL = re.compile(r"^[\s\"'*`(\[]*([AB])(?![A-Za-z])")
 _NAMED_LABEL = re.compile(r"\b(?:reply|response|answer|option|choice)\b[\s:*\"'`(\[-]*([AB])(?![A-Za-z])",
                           re.IGNORECASE)
@@ -410,13 +415,16 @@ _ARTICLE = re.compile(r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]")
 def parse_ab(text: str) -> int | None:
     """Read the judge's choice from free text: 0 for "A", 1 for "B", None if there is none.
 
-    Tried in order: the answer starts with the label ("B", "**A**", "(B) because..."); a named
-    label anywhere ("Reply B is better", "answer: a"); then the first standalone capital A/B.
+    Tried in order: a sentence saying which is better ("Reply B is better", "the better one is
+    A", "I prefer B"): the verdict is what the answer says is better, so "A: Reply B is better."
+    is B, its leading "A:" a label, not a verdict (14 of 200 answers of a real llama.cpp judge
+    read like this); then the answer starting with the label ("B", "**A**", "(B) because...");
+    a named label anywhere ("answer: a"); then the first standalone capital A/B.
     An "A" that reads as the article ("A better reply is B") is skipped.
     """
     if not isinstance(text, str):
         return None
-    for pattern in (_LEADING_LABEL, _NAMED_LABEL, _ANY_LABEL):
+    for pattern in (_SAYS_BETTER, _BETTER_IS, _LEADING_LABEL, _NAMED_LABEL, _ANY_LABEL):
         for match in pattern.finditer(text):
             if not _ARTICLE.match(text, match.start(1)):
                 return "AB".index(match.group(1).upper())

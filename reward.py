@@ -573,40 +573,65 @@ def sample_candidates(model, tokenizer, states: list[State], personas: PersonaSe
 
 
 def judge_pairs(states: list[State], candidates: list[list[str]], personas: PersonaSet, judge,
-                margin: float, max_pairs_per_state: int = 2) -> list[dict]:
+                margin: float, max_pairs_per_state: int = 2, counts: dict | None = None) -> list[dict]:
     """Turn K judged candidates per state into preference pairs with a clear quality gap.
 
     1. score every candidate once (pointwise judge score in [0, 1]);
     2. consider pairs whose score gap exceeds `margin`, widest gap first;
-    3. confirm each with a pairwise comparison in BOTH orders (Judge.compare) and drop pairs
-       whose verdict flips with order (position bias) or disagrees with the scores.
+    3. confirm each with a pairwise comparison in BOTH orders (Judge.compare_many) and drop pairs
+       whose verdict flips with order (position bias) or disagrees with the scores; stop at
+       `max_pairs_per_state` confirmed pairs per state.
     Every judgement goes through the judge's on-disk cache, so re-running never pays twice.
+    `counts`, when given, receives what the judge could not decide: {"scored", "unreadable_scores"
+    (an LLM judge's answers without a readable 1-5; such a score is a neutral 0.5), "compared",
+    "no_verdict" (the two orders disagreed or an answer was unreadable), "unreadable_verdicts"}.
     """
+    counts = {} if counts is None else counts
     flat_states = [s.judge_state(personas) for s, cands in zip(states, candidates) for _ in cands]
+    unreadable_before = getattr(judge, "unparseable", 0)      # only LLM judges can be unreadable
     flat_scores = judge.score_many(flat_states, [c for cands in candidates for c in cands])
-    pairs, pos = [], 0
-    for state, cands in zip(states, candidates):
+    counts.update(scored=len(flat_scores), unreadable_scores=getattr(judge, "unparseable", 0) - unreadable_before,
+                  compared=0, no_verdict=0, unreadable_verdicts=0)
+    # The gaps to confirm, per state, widest first.
+    todo, pos = [], 0
+    for cands in candidates:
         scores = flat_scores[pos:pos + len(cands)]
         pos += len(cands)
-        js = state.judge_state(personas)
-        gaps = sorted(((scores[i] - scores[j], i, j) for i in range(len(cands)) for j in range(len(cands))
-                       if scores[i] - scores[j] > margin and cands[i] and cands[i] != cands[j]),
-                      reverse=True)
-        used = 0
-        for gap, i, j in gaps:
-            if used >= max_pairs_per_state:
-                break
-            verdict = judge.compare(js, cands[i], cands[j])
+        todo.append(sorted(((scores[i] - scores[j], i, j, scores[i], scores[j])
+                            for i in range(len(cands)) for j in range(len(cands))
+                            if scores[i] - scores[j] > margin and cands[i] and cands[i] != cands[j]), reverse=True))
+    # Confirm them in rounds: each round asks every state that still wants a pair for its next
+    # widest gap, all in one compare_many (an openai: judge sends those requests concurrently).
+    # The questions asked, and so the pairs, are those of going through the states one by one.
+    found: list[list[dict]] = [[] for _ in states]
+    while True:
+        asks = [(k, todo[k].pop(0)) for k in range(len(states)) if todo[k] and len(found[k]) < max_pairs_per_state]
+        if not asks:
+            break
+        verdicts = judge.compare_many([states[k].judge_state(personas) for k, _ in asks],
+                                      [candidates[k][i] for k, (_, i, _, _, _) in asks],
+                                      [candidates[k][j] for k, (_, _, j, _, _) in asks])
+        for (k, (gap, i, j, score_i, score_j)), verdict in zip(asks, verdicts):
+            counts["compared"] += 1
+            counts["no_verdict"] += verdict.preferred is None
+            counts["unreadable_verdicts"] += bool(verdict.detail.get("unparseable"))
             if verdict.preferred != 0:          # None (order flip) or the scores' loser won
                 continue
-            pairs.append({"state_id": state.id, "persona": state.persona,
-                          "chosen": cands[i], "rejected": cands[j],
-                          "chosen_score": scores[i], "rejected_score": scores[j], "gap": gap,
-                          "p_first": verdict.p_first, "judge": judge.name,
-                          "chosen_messages": state.rm_messages(personas, cands[i]),
-                          "rejected_messages": state.rm_messages(personas, cands[j])})
-            used += 1
-    return pairs
+            state, chosen, rejected = states[k], candidates[k][i], candidates[k][j]
+            found[k].append({"state_id": state.id, "persona": state.persona,
+                             "chosen": chosen, "rejected": rejected,
+                             "chosen_score": score_i, "rejected_score": score_j, "gap": gap,
+                             "p_first": verdict.p_first, "judge": judge.name,
+                             "chosen_messages": state.rm_messages(personas, chosen),
+                             "rejected_messages": state.rm_messages(personas, rejected)})
+    return [pair for pairs in found for pair in pairs]
+
+def all_unreadable(counts: dict) -> bool:
+    """Did the judge fail to answer readably every time (judge_pairs' counts)? Then no pair can
+    come out, and the reason is the judge, not the margin or the candidates."""
+    scores_lost = counts["scored"] > 0 and counts["unreadable_scores"] == counts["scored"]
+    verdicts_lost = counts["compared"] > 0 and counts["unreadable_verdicts"] == counts["compared"]
+    return scores_lost or verdicts_lost
 
 
 def hack_pairs(states: list[State], pairs: list[dict], personas: PersonaSet, per_state: int,
@@ -738,7 +763,15 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
 
     candidates = sample_candidates(base, tok, train_states, personas, cfg.candidates, max_new_tokens, seed,
                                    out / "candidates.jsonl")
-    pairs = judge_pairs(train_states, candidates, personas, judge, cfg.margin, cfg.pairs_per_state)
+    counts = {}
+    pairs = judge_pairs(train_states, candidates, personas, judge, cfg.margin, cfg.pairs_per_state, counts)
+    log(f"stage 1: judge {judge.name}: {counts['unreadable_scores']} of {counts['scored']} scores unreadable; "
+        f"{counts['no_verdict']} of {counts['compared']} comparisons without a verdict "
+        f"({counts['unreadable_verdicts']} unreadable)")
+    if not pairs and all_unreadable(counts):
+        raise UserError(f"stage 1: no preference pairs, because every answer of the judge {judge.name} was "
+                        "unreadable (no 1-5 score, no A or B; see data/prompts/judge_*.txt); try a stronger "
+                        "--judge-model or check the server's chat template")
     pairs += hack_pairs(train_states, pairs, personas, cfg.hack_pairs, seed)
     write_jsonl(out / "pairs.jsonl", pairs)
     n_hack = sum(bool(p.get("hack")) for p in pairs)

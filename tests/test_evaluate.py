@@ -310,6 +310,9 @@ class FakeJudge:
         self.prompts.append(prompt)
         return self.answer(prompt)
 
+    def complete_many(self, prompts, max_new_tokens=64):
+        return [self.complete(p, max_new_tokens) for p in prompts]
+
 
 def conversation(agent_texts, seed=0):
     conv = Conversation(context(), "support", "average", "test", seed)

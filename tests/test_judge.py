@@ -7,7 +7,10 @@ over real sockets without any network. Backoff waits are recorded instead of sle
 
 import json
 import re
+import subprocess
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -100,19 +103,35 @@ class FakeServer:
     """An OpenAI-style /chat/completions endpoint answering from a script.
 
     script: a list of steps, one per request, each (status, headers, body) or a callable
-    taking the request JSON and returning that tuple; the last step repeats.
+    taking the request JSON and returning that tuple; the last step repeats. A 4th element
+    trickles the body, one byte per that many seconds; status None drops the connection unanswered
+    (a killed server). `max_active`: the most requests it was answering at once.
     """
 
-    def __init__(self, script):
+    def __init__(self, script, port=0):
         self.script, self.requests = list(script), []
+        self.active = self.max_active = 0        # requests being answered at once, and the most seen
+        lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append({"path": self.path, "headers": dict(self.headers), "json": body})
-                step = server.script[min(len(server.requests), len(server.script)) - 1]
-                status, headers, payload = step(body) if callable(step) else step
+                with lock:
+                    server.requests.append({"path": self.path, "headers": dict(self.headers), "json": body})
+                    step = server.script[min(len(server.requests), len(server.script)) - 1]
+                    server.active += 1
+                    server.max_active = max(server.max_active, server.active)
+                try:
+                    self.answer(*(step(body) if callable(step) else step))
+                finally:
+                    with lock:
+                        server.active -= 1
+
+            def answer(self, status, headers, payload, seconds_per_byte=0.0):
+                if status is None:                   # killed: the connection drops, no answer
+                    self.close_connection = True
+                    return
                 raw = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                 try:
                     self.send_response(status)
@@ -120,14 +139,19 @@ class FakeServer:
                         self.send_header(k, v)
                     self.send_header("Content-Length", str(len(raw)))
                     self.end_headers()
-                    self.wfile.write(raw)
+                    if not seconds_per_byte:
+                        self.wfile.write(raw)
+                    for i in range(len(raw) if seconds_per_byte else 0):   # a trickling reply
+                        self.wfile.write(raw[i:i + 1])
+                        self.wfile.flush()
+                        threading.Event().wait(seconds_per_byte)
                 except (BrokenPipeError, ConnectionResetError):
                     pass                             # the client gave up (timeout test)
 
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -156,7 +180,7 @@ def make_openai(url, tmp_path=None, **kw):
     kw.setdefault("backoff", 0.001)
     j = judge.OpenAIJudge(url, "test-model", cache_path=tmp_path / "c.jsonl" if tmp_path else None, **kw)
     j.waits = []
-    j.sleep = j.waits.append                       # record the backoff instead of sleeping
+    j.client.sleep = j.waits.append                # record the backoff instead of sleeping
     return j
 
 
@@ -262,10 +286,152 @@ def test_the_key_never_reaches_the_cache_file(api_key, tmp_path):
     assert text.strip() and KEY not in text
 
 
+# ----------------------------------------------------------------------------------------------
+# Faults of a real server (issue 14): every one reproduced here against the fake server
+# ----------------------------------------------------------------------------------------------
+
+def score_by_reply(body):
+    """Score k for a reply 'r<k>' (k in 1..5, cycling), so the order of the results is checkable."""
+    reply = re.search(r"Reply: (r(\d+))", body["messages"][-1]["content"])
+    return completion(f"Score: {int(reply.group(2)) % 5 + 1}")
+
+
+def replies_asked(server):
+    return {re.search(r"Reply: (r\d+)", r["json"]["messages"][-1]["content"]).group(1) for r in server.requests}
+
+
+def test_a_killed_server_loses_nothing_and_a_rerun_asks_only_what_is_missing(tmp_path):
+    """The server dies after 6 answers, mid-batch; every answer it gave is already in the cache
+    file, and the rerun against a restarted server sends none of them again."""
+    answered = []
+
+    def dies_after_six(body):
+        if len(answered) >= 6:
+            return None, {}, ""                  # killed: the connection drops without an answer
+        answered.append(re.search(r"Reply: (r\d+)", body["messages"][-1]["content"]).group(1))
+        return score_by_reply(body)
+
+    replies = [f"r{k}" for k in range(12)]
+    with FakeServer([dies_after_six]) as server:
+        j = make_openai(server.url, tmp_path, max_retries=0, concurrency=3)
+        with pytest.raises(UserError, match="no answer"):
+            j.score_many([STATE] * len(replies), replies)
+        port = server.httpd.server_address[1]
+    assert len(answered) == 6
+    assert len((tmp_path / "c.jsonl").read_text().splitlines()) == 6       # each flushed as it came
+    with FakeServer([score_by_reply], port=port) as server:                # restarted, same address
+        j = make_openai(server.url, tmp_path, concurrency=3)
+        scores = j.score_many([STATE] * len(replies), replies)
+        asked_again = replies_asked(server)
+    assert asked_again == set(replies) - set(answered) and len(server.requests) == 6    # zero repeats
+    assert scores == [(k % 5) / 4 for k in range(12)]                      # (k % 5 + 1 - 1) / 4, in order
+
+
+def test_requests_overlap_up_to_the_concurrency_and_results_stay_in_order():
+    def slow_score(body):
+        threading.Event().wait(0.15)
+        return score_by_reply(body)
+
+    replies = [f"r{k}" for k in range(8)]
+    for concurrency, most in ((1, 1), (4, 4)):
+        with FakeServer([slow_score]) as server:
+            scores = make_openai(server.url, concurrency=concurrency).score_many([STATE] * 8, replies)
+        assert server.max_active == most, concurrency
+        assert scores == [(k % 5) / 4 for k in range(8)]
+
+
+def test_a_400_shows_the_servers_message_and_a_hint(api_key):
+    error = {"error": {"message": f"the request exceeds the available context size (256 tokens); key {KEY}",
+                       "type": "exceed_context_size_error"}}
+    with FakeServer([(400, {}, error)]) as server:
+        with pytest.raises(UserError) as err:
+            make_openai(server.url).score(STATE, "x")
+    message = str(err.value)
+    assert len(server.requests) == 1                                       # not retried
+    assert "exceeds the available context size (256 tokens)" in message and "HTTP 400" in message
+    assert "rejected" in message and "\n" not in message and KEY not in message
+
+
+@pytest.mark.parametrize("status, hint", [(401, "API key"), (403, "API key"), (404, "model name"),
+                                          (422, "check the URL")])
+def test_each_client_error_has_its_hint(status, hint):
+    with FakeServer([(status, {}, "<html>nope</html>")]) as server:
+        with pytest.raises(UserError, match=hint) as err:
+            make_openai(server.url).score(STATE, "x")
+    assert "<html>nope</html>" in str(err.value)
+
+
+def test_retry_after_is_capped_at_the_maximum_backoff():
+    with FakeServer([(429, {"Retry-After": "86400"}, "come back tomorrow"), completion("Hi.")]) as server:
+        j = make_openai(server.url, max_backoff=30.0)
+        assert j.complete("Say hi.") == "Hi."
+    assert j.waits == [30.0]                                                 # not 86400
+
+
+def test_a_trickling_reply_hits_the_total_deadline():
+    """One byte every 0.1 s: each socket read is quick, so a per-read timeout never fires;
+    the total deadline (0.5 s) must."""
+    with FakeServer([lambda body: (*completion("a reply that takes a long time to arrive"), 0.1)]) as server:
+        j = make_openai(server.url, timeout=0.5, max_retries=0)
+        started = time.monotonic()
+        with pytest.raises(UserError, match="within 0.5 s.*raise --judge-timeout"):
+            j.complete("hi")
+        assert time.monotonic() - started < 1.5                              # the whole body: ~9 s
+
+
+def test_content_null_is_its_own_error():
+    thinking = (200, {}, {"choices": [{"message": {"role": "assistant", "content": None,
+                                                   "reasoning_content": "Let me think about A..."}}]})
+    with FakeServer([thinking]) as server:
+        with pytest.raises(UserError, match="content null.*reasoning"):
+            make_openai(server.url).compare(STATE, "x", "y")
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("url", ["localhost:8000/v1", "ftp://localhost/v1", "http:///v1"])
+def test_a_url_without_http_fails_when_the_judge_is_built(url):
+    with pytest.raises(UserError, match="http:// or https://"):
+        judge.make_judge(f"openai:{url}", model_name="m")
+
+
+def test_preflight_fails_before_any_work(api_key):
+    with FakeServer([(401, {}, {"error": {"message": "invalid api key"}})]) as server:
+        with pytest.raises(UserError, match="preflight.*invalid api key|invalid api key.*preflight"):
+            judge.make_judge(f"openai:{server.url}", model_name="m", preflight=True)
+        assert len(server.requests) == 1 and server.requests[0]["json"]["max_tokens"] == 1
+    with FakeServer([completion("OK")]) as server:                          # a good server: one request
+        j = judge.make_judge(f"openai:{server.url}", model_name="m", preflight=True)
+        assert len(server.requests) == 1 and j.backend_calls == 1
+        judge.make_judge(f"openai:{server.url}", model_name="m")            # no preflight asked: none
+        assert len(server.requests) == 1
+
+
+def test_train_with_a_bad_key_stops_before_generating_anything(tmp_path, api_key):
+    """`train` used to find a bad key only after sampling every candidate (issue 14)."""
+    with FakeServer([(401, {}, "bad key")]) as server:
+        out = subprocess.run([sys.executable, str(ROOT / "mascot.py"), "train", "--stage", "1", "--model", "tiny",
+                              "--run", str(tmp_path), "--judge", f"openai:{server.url}", "--judge-model", "m"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "HTTP 401" in out.stderr and "preflight" in out.stderr and KEY not in out.stderr
+    assert len(server.requests) == 1 and not (tmp_path / "stage1" / "candidates.jsonl").exists()
+
+
+def test_unreadable_answers_are_counted_in_pair_evaluation():
+    pairs = judge.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl")[:4]
+    with FakeServer([completion("Both are lovely.")]) as server:
+        result = judge.evaluate_pairs(make_openai(server.url), pairs)
+    assert (result["no_verdict"], result["unreadable"], result["accuracy"]) == (4, 4, 0.0)
+
+
 @pytest.mark.parametrize("text, expected", [
     ("A", 0), ("B", 1), ("**B**", 1), ("(A) because it is specific", 0), ("Reply B is better.", 1),
     ("Answer: A", 0), ("A better reply is B", 1), ("A is better.", 0), ("I pick B.", 1),
-    ("reply b", 1), ("neither", None), ("", None)])
+    ("reply b", 1), ("neither", None), ("", None),
+    # What the sentence says is better wins over a leading label (issue 14: 14 of 200 real answers).
+    ("A: Reply B is better.", 1), ("B: Reply A is better.", 0), ("A: Response B is clearly better", 1),
+    ("The better reply is B.", 1), ("Reply A is the better one.", 0), ("I prefer B", 1),
+    ("**B** is better", 1), ("A: it stays in character", 0), ("Reply A is better than reply B", 0)])
 def test_parse_ab(text, expected):
     assert judge.parse_ab(text) == expected
 
@@ -576,3 +742,61 @@ def test_judge_reply_parsers_never_raise_on_fuzzed_text():
     for text in tricky + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(2000)]:
         assert parse_ab(text) in (0, 1, None)
         assert parse_rubric_score(text) in (None, 1, 2, 3, 4, 5)
+
+
+def test_stage1_counts_unreadable_answers_and_blames_the_judge():
+    """An LLM judge whose every answer is unreadable gives no pairs; stage 1 must say it was the
+    judge (reward.all_unreadable), not leave 'no training pairs' to the reward model."""
+    import corpora
+    import reward
+    personas = data.load_personas(ROOT / "personas.json", "support")
+    contexts = corpora.load_contexts("bundled", "support")[:2]
+    states = reward.build_states(contexts, personas, 2, 0, {}, "train")
+    candidates = [["one reply", "another reply", "a third"] for _ in states]
+    with FakeServer([completion("I cannot decide.")]) as server:
+        counts = {}
+        pairs = reward.judge_pairs(states, candidates, personas, make_openai(server.url), 0.05, counts=counts)
+    assert pairs == [] and counts["scored"] == 6 and counts["unreadable_scores"] == 6
+    assert reward.all_unreadable(counts)
+    assert not reward.all_unreadable(dict(counts, unreadable_scores=5))
+    assert reward.all_unreadable(dict(scored=6, unreadable_scores=0, compared=2, no_verdict=2, unreadable_verdicts=2))
+
+
+def test_stage1_asks_its_comparisons_in_rounds_across_states():
+    """judge_pairs asks each state's next widest gap in one compare_many per round, so an openai:
+    judge can send them concurrently; a state stops at max_pairs_per_state confirmed pairs."""
+    import corpora
+    import reward
+
+    class Recording(judge.Judge):
+        name = "recording"
+        batches = []
+
+        def _score_uncached(self, states, replies):
+            return [int(r.split()[-1]) / 4 for r in replies]         # "reply k m" scores m / 4
+
+        def _compare_uncached(self, states, firsts, seconds):
+            self.batches.append(len(firsts))
+            return [Verdict(0, 1.0, {}) for _ in firsts]              # always confirms
+
+    personas = data.load_personas(ROOT / "personas.json", "support")
+    states = reward.build_states(corpora.load_contexts("bundled", "support")[:3], personas, 3, 0, {}, "train")
+    candidates = [[f"reply {k} {m}" for m in range(5)] for k in range(len(states))]
+    j = Recording()
+    pairs = reward.judge_pairs(states, candidates, personas, j, 0.05, max_pairs_per_state=2)
+    assert j.batches == [3, 3]                                        # two rounds of one ask per state
+    assert [p["state_id"] for p in pairs] == [s.id for s in states for _ in range(2)]
+    assert [(p["chosen"][-1], p["rejected"][-1]) for p in pairs[:2]] == [("4", "0"), ("4", "1")]  # widest first
+
+
+def test_complete_many_overlaps_and_keeps_the_order():
+    """evaluate.py sends a conversation's rubric prompts (and the pairwise prompts) through
+    complete_many, so --judge-concurrency speeds up evaluation too."""
+    def echo_slowly(body):
+        threading.Event().wait(0.15)
+        return completion("echo " + body["messages"][-1]["content"])
+
+    prompts = [f"p{k}" for k in range(6)]
+    with FakeServer([echo_slowly]) as server:
+        answers = make_openai(server.url, concurrency=3).complete_many(prompts)
+    assert answers == [f"echo p{k}" for k in range(6)] and server.max_active == 3
