@@ -123,10 +123,13 @@ class FakeServer:
                     server.active += 1
                     server.max_active = max(server.max_active, server.active)
                 try:
-                    self.answer(*(step(body) if callable(step) else step))
+                    reply = step(body) if callable(step) else step
                 finally:
+                    # Counted as answered before the reply goes out: the client may send its next
+                    # request the moment it has read this one, before this thread runs on.
                     with lock:
                         server.active -= 1
+                self.answer(*reply)
 
             def answer(self, status, headers, payload, seconds_per_byte=0.0):
                 if status is None:                   # killed: the connection drops, no answer
