@@ -403,23 +403,6 @@ def autocast(cfg: GRPOConfig, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
 
 
-def set_gradient_checkpointing(model, enabled: bool) -> None:
-    """Switch HF activation checkpointing on or off (does nothing if already in that state).
-
-    On: each decoder layer keeps only its input during the forward pass and is run again during
-    backward to rebuild its intermediates, so activation memory falls from every layer's
-    intermediates to one layer's plus L layer inputs, for one extra forward (~1/3 more compute).
-    HF applies it only in train mode, and turns the KV cache off there, so generation must run in
-    eval mode (grpo_step switches back after the update). The non-reentrant variant
-    (use_reentrant=False) is the one PyTorch recommends: same gradients, and it needs no input
-    that requires grad.
-    """
-    if enabled and not model.is_activation_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    elif not enabled and model.is_activation_checkpointing:
-        model.activation_checkpointing_disable()
-
-
 def batched_logprobs(model, ids, attn, n_prompt, micro_batch, temperature=1.0):
     """Completion log-probs of a whole batch without gradient, micro-batch by micro-batch.
 
@@ -447,7 +430,7 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
     P, B = gen.prompt_ids.shape[1], ids.shape[0]
     device = next(policy.parameters()).device
     ids, attn, mask, advantages = ids.to(device), attn.to(device), mask.to(device), advantages.to(device)
-    set_gradient_checkpointing(policy, cfg.gradient_checkpointing)
+    models.set_gradient_checkpointing(policy, cfg.gradient_checkpointing)
     with autocast(cfg, device):
         # The reference pass only exists for the KL term; with beta = 0 it is skipped entirely.
         ref_logps = batched_logprobs(ref_model, ids, attn, P, cfg.micro_batch, cfg.temperature) if cfg.beta > 0 else None

@@ -166,6 +166,23 @@ def trained_or(folder: str | Path, fallback: str) -> str:
     return str(folder) if (Path(folder) / "config.json").exists() else fallback
 
 
+def set_gradient_checkpointing(model, enabled: bool) -> None:
+    """Switch HF activation checkpointing on or off (does nothing if already in that state).
+
+    On: each decoder layer keeps only its input during the forward pass and is run again during
+    backward to rebuild its intermediates, so activation memory falls from every layer's
+    intermediates to one layer's plus L layer inputs, for one extra forward (~1/3 more compute).
+    HF applies it only in train mode, and turns the KV cache off there, so generation must run in
+    eval mode (grpo.grpo_step switches back after the update). The non-reentrant variant
+    (use_reentrant=False) is the one PyTorch recommends: same gradients, and it needs no input
+    that requires grad.
+    """
+    if enabled and not model.is_activation_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif not enabled and model.is_activation_checkpointing:
+        model.activation_checkpointing_disable()
+
+
 def stop_token_ids(tokenizer) -> list[int]:
     """Token ids that end a chat turn: eos plus the chat template's end-of-turn marker if any."""
     ids = {tokenizer.eos_token_id}

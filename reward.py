@@ -373,9 +373,8 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
     # Gradient checkpointing: the body keeps only each layer's input and recomputes the rest in
     # the backward pass. 2 x batch_size chats of up to max_length tokens otherwise hold every
     # layer's activations at once; with it the peak memory of this loop about halves at the same
-    # speed on a CPU (docs/PERFORMANCE.md). Same arithmetic, same gradients (grpo.py's
-    # set_gradient_checkpointing explains the switch; HF applies it in train mode only).
-    rm.backbone.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    # speed on a CPU (docs/PERFORMANCE.md). Same arithmetic, same gradients.
+    models.set_gradient_checkpointing(rm.backbone, True)
     log(f"reward model: {len(train)} training pairs, {len(held)} held out, {epochs} epochs, "
         f"lr {lr}, batch {batch_size}")
     metrics = {"train_loss": None, "train_accuracy": None, "heldout_loss": None,
@@ -412,7 +411,7 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
                      if ordinary else "no ordinary held-out pairs")
         log(f"reward model epoch {epoch}/{epochs}: train loss {metrics['train_loss']:.4f} "
             f"acc {metrics['train_accuracy']:.3f} | {held_text}")
-    rm.backbone.activation_checkpointing_disable()
+    models.set_gradient_checkpointing(rm.backbone, False)
     rm.eval()
     return metrics
 

@@ -116,7 +116,7 @@ def test_gradient_checkpointing_gives_identical_loss_and_gradients(tiny):
     out = models.generate(model.eval(), tok, chat, max_new_tokens=3)
     plain = models.generate(copy.deepcopy(policy).eval(), tok, chat, max_new_tokens=3)
     assert out.completion_ids.shape[1] >= 1 and torch.equal(out.completion_ids, plain.completion_ids)
-    grpo.set_gradient_checkpointing(model, False)
+    models.set_gradient_checkpointing(model, False)
     assert not model.is_activation_checkpointing
 
 
