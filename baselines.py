@@ -37,6 +37,7 @@ from collections import Counter
 
 import data
 import models
+import sampler
 from metrics import sentence_bleu, tokenize
 from simulate import (Directive, Turn, judge_state, persona_card, render_history, reply_text, speaker_messages,
                       start_conversation, trailing_agent_turns, turn_seed, users_speak)
@@ -67,7 +68,7 @@ def run_conversations(contexts, policy, speak, cast, profiles, profile_ids, n_ag
 def _generate(cast, prompts: list[list[dict]], max_new_tokens: int, seeds: list[int]) -> list[str]:
     if not prompts:
         return []
-    return models.generate(cast.speaker_model, cast.speaker_tok, prompts, max_new_tokens,
+    return sampler.generate(cast.speaker_model, cast.speaker_tok, prompts, max_new_tokens,
                            cast.temperature, cast.top_p, seeds=seeds).texts
 
 

@@ -88,7 +88,7 @@ def directive_line(d) -> str:
 
 
 class StreamPrinter:
-    """Shows one agent's reply while it is sampled (models.generate calls it after every token).
+    """Shows one agent's reply while it is sampled (sampler.generate calls it after every token).
 
     The chat stores the CLEANED reply (models.clean_reply: its own label dropped, cut where it
     starts writing another speaker's line), so that is what is shown as it grows: after each

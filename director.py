@@ -20,8 +20,8 @@ This file holds, in reading order:
      FROZEN speakers and simulated user (seeds shared so only the directive differs), the director
      itself directing every later turn of the block, score the blocks, and update the director
      with grpo.py's loss on the sampled directive's tokens;
-  6. the supervised warm start: ESConv's annotated supporter strategies mapped onto the personas
-     (context-dependent targets), or, without ESConv, a format-only warm start on random agents.
+The supervised warm start that comes before stage-2 GRPO (ESConv's annotated strategies mapped
+onto the personas) is in sft.py, with the rest of the project's supervised fine-tuning.
 
 Simplifications vs the paper (its values are not published; ours are flags with defaults):
   - within a rollout, turns 2..N are directed by the director's current weights decoding greedily
@@ -39,21 +39,17 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 import re
-import time
 from collections import Counter
 from dataclasses import dataclass
 
-import grpo
 import hacks
-import models
-import sft
-from data import Context, PersonaSet, UserError, atomic_folder, option, read_json, write_json, write_jsonl
+import sampler
+from data import PersonaSet, UserError, option, write_jsonl
 from metrics import (chi2_sf, chi_square_statistic, content_words, entropy_bits, mutual_information_bits,
                      paired_change, parse_rubric_score, permutation_p_value, sentence_bleu, standard_error,
                      tokenize)
-from simulate import (SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder, RoundRobin, Turn, advance,
+from simulate import (SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder, RoundRobin, advance,
                       assign_profiles, judge_state, least_spoken_agent, render_history, run_conversations)
 
 # ----------------------------------------------------------------------------------------------
@@ -156,7 +152,7 @@ class LLMDirector:
 
     def choose(self, convs: list[Conversation]) -> list[Directive]:
         prompts = [director_messages(self.personas, c) for c in convs]
-        gen = models.generate(self.model, self.tok, prompts, DIRECTIVE_MAX_TOKENS, seeds=None)
+        gen = sampler.generate(self.model, self.tok, prompts, DIRECTIVE_MAX_TOKENS, seeds=None)
         out = parse_many(gen.texts, convs, self.personas)
         self.total += len(out)
         self.invalid += sum(not d.valid for d in out)
@@ -213,7 +209,7 @@ class DirectorConfig:
                                    "director itself directs turns 2..N)", "positive")
     director_warmup: int = option(20, "supervised steps (4 examples each) before GRPO: on ESConv's "
                                       "strategies with --director-warmup-data, else the three-line format "
-                                      "with random agents; 0 skips it (director.py, section 6)",
+                                      "with random agents; 0 skips it (sft.py)",
                                   "non-negative")
     warmup_lr: float = option(2e-5, "learning rate of the warm start", "positive")
     eval_prompted: bool = option(True, "evaluate the prompted base model as a director on the held-out "
@@ -509,152 +505,6 @@ def compare(after: dict, before: dict) -> dict:
     """Paired change of the held-out group reward, point by point (same points, same seeds)."""
     mean, se = paired_change(before["rewards"], after["rewards"])
     return {"change": mean, "se": se, "n": len(after["rewards"])}
-
-
-# ----------------------------------------------------------------------------------------------
-# 6. The supervised warm start (our addition; the paper does not describe one)
-# ----------------------------------------------------------------------------------------------
-# GRPO can only reinforce what the policy already samples. SmolLM2-135M asked for a directive
-# almost never writes the three lines (0 of 32 parseable when we measured), so every sample of a
-# group falls back to the same agent, the rollouts are identical, every reward in the group is
-# equal, and the advantages are all zero: no learning signal at all. A few supervised steps on
-# well-formed directives fix the FORMAT first.
-#
-# Which targets? Random agents teach the format and nothing about whom to pick; measured, the
-# greedy director then names one agent everywhere (the collapse GRPO starts from). ESConv
-# (Liu et al. 2021) annotates every supporter turn of real support conversations with one of 8
-# strategies, and the strategies map onto the support personas, so real strategy SEQUENCES give
-# targets that depend on the conversation. The mapping (ESConv's definitions in quotes):
-#   Question                          -> Catalyst: "ask for information related to the problem"
-#                                        is Catalyst's one probing question at a time;
-#   Restatement or Paraphrasing       -> Anchor: reflecting back what was said;
-#   Reflection of feelings            -> Anchor: naming the feeling;
-#   Self-disclosure                   -> Anchor: "divulge similar experiences ... to express your
-#                                        empathy": its purpose is validation (not advice, not
-#                                        praise), so it belongs to the validator;
-#   Affirmation and Reassurance       -> Beacon: "affirm the help-seeker's strengths, motivation,
-#                                        and capabilities": the growth advocate's job word for word;
-#   Providing Suggestions, Information -> Guide: a concrete step, or facts and resources to act on;
-#   Others                            -> no target: greetings, thanks and small talk have no
-#                                        persona; such turns stay in the history (spoken by the
-#                                        least-spoken agent, the project's fallback rule) but are
-#                                        never a target.
-# The action comes from the strategy (from the persona set's vocabulary where one fits), the tone
-# is fixed per strategy. Only the training split of the contexts is read (the caller splits them
-# as mascot.load_inputs does), so held-out dialogues stay held out.
-
-ESCONV_STRATEGIES = {
-    "Question": ("Catalyst", "ask a probing question", "curious"),
-    "Restatement or Paraphrasing": ("Anchor", "reflect back what was said", "calm and steady"),
-    "Reflection of feelings": ("Anchor", "validate the feeling", "warm"),
-    "Self-disclosure": ("Anchor", "share a similar feeling so they feel less alone", "gentle"),
-    "Affirmation and Reassurance": ("Beacon", "name a strength", "encouraging"),
-    "Providing Suggestions": ("Guide", "suggest one small step", "practical"),
-    "Information": ("Guide", "share useful information", "thoughtful"),
-}
-# ESConv dialogues run ~15 supporter turns; ours last 2-6 agent turns. Targets come from the
-# first ESCONV_MAX_POSITION supporter turns, which cover ESConv's exploration -> comforting ->
-# action arc; later turns are mostly closing pleasantries ("Others").
-ESCONV_MAX_POSITION = 8
-
-
-def esconv_prefix(context: Context, end: int, personas: PersonaSet) -> Conversation:
-    """The first `end` recorded turns of an ESConv dialogue as one of our group conversations:
-    seeker turns are the user's, each supporter turn is spoken by the persona its strategy maps
-    to (with that directive), an unmapped one by the least-spoken persona."""
-    conv = Conversation(context, personas.name, "average", "esconv", 0)
-    for turn in context.turns[:end]:
-        if turn["speaker"] == "user":
-            conv.turns.append(Turn(USER, turn["text"]))
-            continue
-        mapped = ESCONV_STRATEGIES.get(turn.get("strategy", ""))
-        directive = Directive(*mapped) if mapped else Directive(least_spoken_agent(personas, conv))
-        conv.turns.append(Turn(directive.agent, turn["text"], directive))
-    return conv
-
-
-def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int,
-                    seed: int = 0) -> list[tuple[list[dict], str]]:
-    """n (director prompt, target directive) pairs from ESConv's annotated supporter turns.
-
-    Every supporter turn among the first ESCONV_MAX_POSITION of a dialogue whose strategy maps to
-    a persona is a candidate: the prompt is the dialogue up to that turn (esconv_prefix), the
-    target that turn's `Agent / Action / Tone`. n candidates are drawn without replacement
-    (seeded; with replacement only when there are fewer than n)."""
-    missing = sorted({a for a, _, _ in ESCONV_STRATEGIES.values()} - set(personas.names()))
-    if missing:
-        raise UserError(f"--director-warmup-data: the ESConv strategy mapping needs the personas "
-                        f"{', '.join(missing)}, which the '{personas.name}' set lacks; use --set support")
-    candidates = []
-    for context in contexts:
-        position = 0
-        for j, turn in enumerate(context.turns):
-            if turn["speaker"] != "supporter":
-                continue
-            if position >= ESCONV_MAX_POSITION:
-                break
-            position += 1
-            if turn.get("strategy") in ESCONV_STRATEGIES:
-                candidates.append((context, j))
-    if not candidates:
-        raise UserError("--director-warmup-data: no supporter turn with an ESConv strategy label; "
-                        "is this ESConv (ESConv.json or the JSON-lines split)?")
-    rng = random.Random(seed)
-    chosen = rng.sample(candidates, n) if n <= len(candidates) else [rng.choice(candidates) for _ in range(n)]
-    examples = []
-    for context, j in chosen:
-        agent, action, tone = ESCONV_STRATEGIES[context.turns[j]["strategy"]]
-        examples.append((director_messages(personas, esconv_prefix(context, j, personas)),
-                         f"Agent: {agent}\nAction: {action}\nTone: {tone}"))
-    return examples
-
-
-def format_examples(personas: PersonaSet, points: list[Conversation], n: int,
-                    seed: int = 0) -> list[tuple[list[dict], str]]:
-    """The fallback without ESConv: n (director prompt, target directive) pairs, cycling over the
-    decision points; every target is the exact three-line format with a uniformly random agent,
-    action and tone. It teaches how to answer, not whom to pick."""
-    rng = random.Random(seed)
-    examples = []
-    for i in range(n):
-        conv = points[i % len(points)]
-        target = (f"Agent: {rng.choice(personas.names())}\n"
-                  f"Action: {rng.choice(personas.strategies)}\nTone: {rng.choice(personas.tones)}")
-        examples.append((director_messages(personas, conv), target))
-    return examples
-
-
-def warm_start(cfg: DirectorConfig, out, policy, tok, personas: PersonaSet, examples, source: str,
-               held_points, rollout: Rollout, seed: int, resume: bool) -> dict | None:
-    """Run the warm start once per run, before GRPO; None when cfg.director_warmup is 0.
-
-    `examples`: (prompt, target) pairs (esconv_examples or format_examples); `source` says which.
-    Its result (losses, held-out group reward) goes to out/warm_start.json, its held-out rollouts
-    to out/heldout_warm-start.jsonl and the weights to
-    out/director_warm (the KL anchor of GRPO when beta > 0). A resumed run that already has GRPO
-    checkpoints skips it, because those checkpoints were trained from the warm-started weights.
-    """
-    path = out / "warm_start.json"
-    if cfg.director_warmup == 0:
-        return None
-    if resume and grpo.latest_checkpoint(out / "checkpoints") and path.exists():
-        return read_json(path)
-    t0 = time.time()
-    losses = sft.supervised_finetune(policy, tok, examples, cfg.director_warmup, batch_size=4,
-                                     lr=cfg.warmup_lr, log=lambda s: print(s, flush=True))
-    seconds = time.time() - t0
-    held = rollout.evaluate(LLMDirector(policy, tok, personas), held_points, seed)
-    write_jsonl(out / "heldout_warm-start.jsonl", held.pop("rollouts"))
-    print(f"held-out mean group reward after the {source.split(' warm start')[0]} warm start: "
-          f"{describe_heldout(held)}", flush=True)
-    with atomic_folder(out / "director_warm") as tmp:
-        policy.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-    targets = Counter(parse_directive(t, personas, "?").agent for _, t in examples)
-    warm = {"steps": cfg.director_warmup, "lr": cfg.warmup_lr, "source": source, "losses": losses,
-            "targets": dict(targets), "seconds": round(seconds, 1), "heldout": held}
-    write_json(path, warm)
-    return warm
 
 
 def describe_heldout(result: dict) -> str:

@@ -29,7 +29,7 @@ Where it sits in MASCOT (arXiv 2601.14230):
 What this file simplifies relative to DeepSeekMath and TRL's GRPOTrainer:
   - Token-level importance ratios only (no GSPO sequence-level ratio), no entropy masking, no
     importance-sampling correction for a separate inference engine: we sample with
-    models.generate from the policy itself or from a SamplingCopy of it, and log the gap,
+    sampler.generate from the policy itself or from a SamplingCopy of it, and log the gap,
     `logp_mismatch` (mean |logp_sampler - logp_trainer| per token); see bench/README.md for its size.
   - Two loss normalisations only: "grpo" (DeepSeekMath's per-sequence mean) and "dapo" (token mean
     over the batch, the default). Dr. GRPO's unscaled advantage is `scale=False`; its constant
@@ -59,6 +59,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file
 
 import models
+import sampler
 from data import UserError, append_jsonl, atomic_folder, derive_seed, option, read_jsonl, write_jsonl
 
 
@@ -351,7 +352,7 @@ class GRPOConfig:
                                         "gradients and AdamW stay fp32")
     gradient_checkpointing: bool = option(False, "recompute activations in backward: much less "
                                                  "memory, ~1/3 more compute")
-    # Sampling (models.generate): "ours" shares each prompt's prefill across its G rows; "hf" is
+    # Sampling (sampler.generate): "ours" shares each prompt's prefill across its G rows; "hf" is
     # the fallback (HF's cache, one prefill per row). The loss always uses the fp32 policy; the
     # sampler-trainer gap is logged as `logp_mismatch`.
     sampler: str = option("ours", "ours: our KV-cache sampler with one prefill per distinct prompt; "
@@ -418,7 +419,7 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
     """One GRPO update on a sampled batch: `num_iterations` optimiser steps.
 
     Args:
-        gen: models.Generation holding prompt/completion ids and masks for B = groups x G rows.
+        gen: sampler.Generation holding prompt/completion ids and masks for B = groups x G rows.
         advantages: (B,) from group_advantages.
     Returns: stats (loss, kl, clip_frac, grad_norm, finite) averaged over the passes.
     """
@@ -555,9 +556,9 @@ def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOC
     rows_in = [p for p in prompts for _ in range(G)]                       # prompt-major groups
     policy.eval()
     if sampling is not None:
-        sampling.refresh()                  # a models.SamplingCopy: take the last update's weights
+        sampling.refresh()                  # a sampler.SamplingCopy: take the last update's weights
     with autocast(cfg, device):
-        gen = models.generate(policy if sampling is None else sampling.model, tokenizer, rows_in,
+        gen = sampler.generate(policy if sampling is None else sampling.model, tokenizer, rows_in,
                               cfg.max_new_tokens, cfg.temperature, cfg.top_p,
                               seeds=sample_seeds(cfg, step, len(rows_in)), sampler=cfg.sampler,
                               compile_decode=cfg.compile_decode)
@@ -613,7 +614,7 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
     elif metrics_path.exists():
         metrics_path.unlink()
     # A sampling copy is made once (after any resume) and refreshed inside every step.
-    sampling = None if cfg.sampling_copy == "none" else models.SamplingCopy(
+    sampling = None if cfg.sampling_copy == "none" else sampler.SamplingCopy(
         policy, {"packed": torch.float32, "bf16": torch.bfloat16}[cfg.sampling_copy])
     rows, bad = [], 0
     for step in range(start + 1, cfg.steps + 1):

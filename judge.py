@@ -38,7 +38,7 @@ What we decide where the paper is silent:
     (copying the context, reciting the persona, leaking the prompt, ...; see hacks.py). It is a
     stand-in that lets the whole pipeline run on a laptop, not a replacement for a strong judge.
 
-Measure a judge on labelled pairs (data/judge_pairs_*.jsonl; the schema is in data/README.md):
+Measure a judge on labelled pairs (judge_eval.py; data/judge_pairs_*.jsonl, schema in data/README.md):
 
     python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl data/judge_pairs_meeting.jsonl
     python mascot.py judge-eval --judge openai:http://localhost:8000/v1 --judge-model qwen3 \\
@@ -60,6 +60,7 @@ import torch
 import data
 import hacks
 import models
+import sampler
 import reward
 from data import UserError
 from judge_features import (OFFLINE_RECIPE, OFFLINE_WEIGHTS, RELEVANCE_CAP, REPEAT_FLOOR, COPY_RUN, COPY_FLOOR,
@@ -81,13 +82,6 @@ class Verdict:
     preferred: int | None      # 0 = first reply, 1 = second, None = no verdict / order flip
     p_first: float             # probability that the first reply is better, averaged over both orders
     detail: dict = field(default_factory=dict)
-
-
-def state_from_pair(pair: dict) -> JudgeState:
-    """The JudgeState of one labelled judge pair (schema in data/README.md)."""
-    return JudgeState(persona_name=pair["persona"], persona_desc=pair["persona_desc"],
-                      context=pair["context"], history=list(pair["history"]),
-                      situation=pair.get("situation", ""))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -378,8 +372,8 @@ class HFJudge(Judge):
         """(N, L) probabilities of the labels as the next token after each chat prompt."""
         rows = []
         for start in range(0, len(conversations), self.batch_size):
-            prompt_rows = models.chat_prompt_ids(self.tokenizer, conversations[start:start + self.batch_size])
-            ids, mask = models.left_pad(prompt_rows, self.tokenizer.pad_token_id)       # (B, P)
+            prompt_rows = sampler.chat_prompt_ids(self.tokenizer, conversations[start:start + self.batch_size])
+            ids, mask = sampler.left_pad(prompt_rows, self.tokenizer.pad_token_id)       # (B, P)
             device = next(self.model.parameters()).device
             ids, mask = ids.to(device), mask.to(device)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)                              # (B, P)
@@ -409,7 +403,7 @@ class HFJudge(Judge):
     def _complete_uncached(self, prompt, max_new_tokens):
         self.backend_calls += 1
         chat = [{"role": "user", "content": prompt}]
-        return models.generate(self.model, self.tokenizer, [chat], max_new_tokens=max_new_tokens,
+        return sampler.generate(self.model, self.tokenizer, [chat], max_new_tokens=max_new_tokens,
                                seeds=None).texts[0]
 
 
@@ -720,66 +714,3 @@ def judge_from_flags(args, cache_path: str | Path | None, preflight: bool = True
     tiny request now, before the command spends time or money on anything else."""
     return make_judge(args.judge, cache_path=cache_path, model_name=args.judge_model, timeout=args.judge_timeout,
                       retries=args.judge_retries, concurrency=args.judge_concurrency, preflight=preflight, **kw)
-
-# ----------------------------------------------------------------------------------------------
-# Labelled pairs: how often does a judge prefer the better reply?
-# ----------------------------------------------------------------------------------------------
-
-PAIR_FIELDS = ("persona", "persona_desc", "context", "history", "better", "worse")   # + optional "failure", "situation"
-
-
-def load_pairs(path: str | Path) -> list[dict]:
-    """Read a judge-pair JSON-lines file (schema in data/README.md), checking every field."""
-    pairs = []
-    for number, pair in data.read_jsonl(path, numbered=True):
-        where = f"{path}: line {number}"
-        for key in PAIR_FIELDS:
-            if key not in pair:
-                raise UserError(f"{where}: field '{key}' is missing; every judge pair needs "
-                                + ", ".join(PAIR_FIELDS))
-            want_list = key == "history"
-            if want_list != isinstance(pair[key], list) or (not want_list and not isinstance(pair[key], str)):
-                raise UserError(f"{where}: field '{key}' must be {'a list' if want_list else 'text'}")
-        for turn in pair["history"]:
-            if not (isinstance(turn, dict) and isinstance(turn.get("speaker"), str)
-                    and isinstance(turn.get("text"), str)):
-                raise UserError(f"{where}: every 'history' turn must be "
-                                '{"speaker": "...", "text": "..."}')
-        pairs.append(pair)
-    return pairs
-
-
-def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
-    """Accuracy of a judge on labelled pairs: the fraction where it prefers `better`.
-
-    Even-numbered pairs are asked as (better, worse), odd ones as (worse, better), so a judge that
-    always picks the same position scores exactly 0.5 on an even number of pairs: position bias
-    cannot inflate the number. No verdict counts as wrong; `unreadable` counts the pairs without
-    a verdict because an answer could not be read (a prompt or model problem, not a judgement).
-    """
-    states = [state_from_pair(p) for p in pairs]
-    firsts = [p["better"] if i % 2 == 0 else p["worse"] for i, p in enumerate(pairs)]
-    seconds = [p["worse"] if i % 2 == 0 else p["better"] for i, p in enumerate(pairs)]
-    verdicts = judge.compare_many(states, firsts, seconds)
-    correct, no_verdict, unreadable, groups = 0, 0, 0, {"persona": {}, "failure": {}}
-    for i, (pair, verdict) in enumerate(zip(pairs, verdicts)):
-        right = verdict.preferred == i % 2          # better is at position 0 for even i, 1 for odd
-        no_verdict += verdict.preferred is None
-        unreadable += bool(verdict.detail.get("unparseable"))
-        correct += right
-        for field_name, counts in groups.items():
-            if field_name in pair:
-                c, n = counts.get(pair[field_name], (0, 0))
-                counts[pair[field_name]] = (c + right, n + 1)
-    return {"accuracy": correct / len(pairs) if pairs else 0.0, "n": len(pairs),
-            "no_verdict": no_verdict, "unreadable": unreadable, "per_persona": groups["persona"], "per_failure": groups["failure"]}
-
-
-def format_eval_report(result: dict) -> str:
-    """'accuracy: 0.857' on the first line, then one line per persona and per failure kind."""
-    lines = [f"accuracy: {result['accuracy']:.3f}"]
-    lines += [f"  {name}: {c}/{n} = {c / n:.3f}" for name, (c, n) in sorted(result["per_persona"].items())]
-    if result.get("per_failure"):
-        lines.append("per failure kind:")
-        lines += [f"  {kind}: {c}/{n} = {c / n:.3f}" for kind, (c, n) in sorted(result["per_failure"].items())]
-    return "\n".join(lines)

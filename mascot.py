@@ -49,12 +49,13 @@ import director as dr
 import evaluate
 import grpo
 import human
+import judge_eval
 import models
 import report
 import reward
 import sft
 from data import Context, PersonaSet, Profile, UserError, flag_type
-from judge import evaluate_pairs, format_eval_report, judge_from_flags, load_pairs
+from judge import judge_from_flags
 from metrics import paired_change
 from simulate import Cast, assign_profiles, run_conversations, write_transcripts
 
@@ -425,13 +426,13 @@ def train_stage2(args) -> dict:
     if dcfg.director_warmup_data:
         esconv = corpora.load_contexts(dcfg.director_warmup_data, persona_set=args.set)
         esconv_train, _ = data.split_contexts(esconv, args.held_out, seed=args.seed)
-        examples = dr.esconv_examples(esconv_train, inputs.personas, n_examples, args.seed)
+        examples = sft.esconv_examples(esconv_train, inputs.personas, n_examples, args.seed)
         source = (f"ESConv strategy warm start: {len(esconv_train)} training dialogues of "
                   f"{dcfg.director_warmup_data}")
     else:
-        examples = dr.format_examples(inputs.personas, train_points, n_examples, args.seed)
+        examples = sft.format_examples(inputs.personas, train_points, n_examples, args.seed)
         source = "format warm start: random agents"
-    warm = dr.warm_start(dcfg, out, policy, tok, inputs.personas, examples, source, held_points, rollout,
+    warm = sft.warm_start(dcfg, out, policy, tok, inputs.personas, examples, source, held_points, rollout,
                          args.seed, args.resume)
     # The KL anchor is the director GRPO starts from: the warm-started one when the warm start ran.
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=dr.DIRECTIVE_MAX_TOKENS)
@@ -475,18 +476,18 @@ def train_stage2(args) -> dict:
 # judge-eval, simulate, evaluate
 # ----------------------------------------------------------------------------------------------
 
-def judge_eval(args) -> None:
+def judge_eval_cmd(args) -> None:
     judge = judge_from_flags(args, args.cache)
-    pairs = [p for path in args.pairs for p in load_pairs(path)]
+    pairs = [p for path in args.pairs for p in judge_eval.load_pairs(path)]
     t0 = time.time()
-    result = evaluate_pairs(judge, pairs)
-    print(format_eval_report(result))
+    result = judge_eval.evaluate_pairs(judge, pairs)
+    print(judge_eval.format_eval_report(result))
     print(f"({result['n']} pairs, {result['no_verdict']} without a verdict, {result['unreadable']} of them "
           f"unreadable; judge {judge.name}, {time.time() - t0:.1f} s)")
 
 
 def judge_stress(args) -> dict:
-    """Best-of-N against the judge and the reward model on held-out states (reward.best_of_n)."""
+    """Best-of-N against the judge and the reward model on held-out states (judge_eval.best_of_n)."""
     run = Path(args.run)
     inputs = load_inputs(args, earlier=[run / "stage1" / "config.json"])
     policy, tok = models.load_model(args.speakers or args.model, device=args.device)
@@ -499,10 +500,10 @@ def judge_stress(args) -> dict:
         rm, rm_tok = reward.RewardModel.load(rm_folder, device=args.device)
         scorers["rm"] = lambda rows, replies: rm.score_texts(rm_tok, [s.rm_messages(inputs.personas, r)
                                                                       for s, r in zip(rows, replies)])
-    result = reward.best_of_n(policy, tok, states, inputs.personas, scorers, args.n, args.max_new_tokens,
+    result = judge_eval.best_of_n(policy, tok, states, inputs.personas, scorers, args.n, args.max_new_tokens,
                               args.temperature, args.seed)
     result.update({"judge": judge.name, "rm": rm_folder or None, "policy": args.speakers or args.model})
-    print(reward.format_best_of_n(result))
+    print(judge_eval.format_best_of_n(result))
     data.write_json(run / "stress" / "results.json", result)
     print(f"judge {judge.name}; reward model {rm_folder or 'none'}; wrote {run / 'stress' / 'results.json'}")
     return result
@@ -584,7 +585,7 @@ DEMO_STAGE1 = ["--states", "10", "--heldout-states", "4", "--candidates", "4", "
                "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "32", "--lr", "1e-5",
                "--rm-epochs", "1", "--save-every", "2", "--dump-every", "2"]
 # Stage 2 starts with 8 supervised steps that teach the 135M director the three-line format
-# (without them it writes no parseable directive and GRPO gets no signal; director.py, section 5).
+# (without them it writes no parseable directive and GRPO gets no signal; sft.py).
 DEMO_STAGE2 = ["--decision-points", "6", "--heldout-points", "4", "--steps", "3", "--prompts-per-step", "2",
                "--group-size", "4", "--rollout-turns", "2", "--max-new-tokens", "32", "--lr", "1e-5",
                "--beta", "0", "--director-warmup", "8", "--warmup-lr", "1e-4", "--save-every", "3",
@@ -657,7 +658,7 @@ def main(argv=None) -> int:
         if args.command == "train":
             (train_stage1 if args.stage == 1 else train_stage2)(args)
         elif args.command == "judge-eval":
-            judge_eval(args)
+            judge_eval_cmd(args)
         elif args.command == "judge-stress":
             judge_stress(args)
         elif args.command == "simulate":

@@ -47,6 +47,7 @@ import torch
 
 import grpo
 import models
+import sampler
 from data import Persona, PersonaSet
 from metrics import binomial_two_sided_p
 
@@ -98,14 +99,14 @@ class PersonaIdentifier:
         for i, item in enumerate(items):
             reply_ids = self.reply_ids(item.reply)
             for k, persona in enumerate(cards):
-                prompt = models.chat_prompt_ids(self.tok, [id_messages(persona, item.situation, item.history)])[0]
+                prompt = sampler.chat_prompt_ids(self.tok, [id_messages(persona, item.situation, item.history)])[0]
                 rows.append((i, k, prompt, reply_ids))
         out = [[0.0] * len(cards) for _ in items]
         rows.sort(key=lambda r: len(r[2]) + len(r[3]))   # similar lengths batch with little padding
         device = next(self.model.parameters()).device
         for start in range(0, len(rows), BATCH_ROWS):
             batch = rows[start:start + BATCH_ROWS]
-            p_ids, p_mask = models.left_pad([r[2] for r in batch], self.tok.pad_token_id)     # (B, P)
+            p_ids, p_mask = sampler.left_pad([r[2] for r in batch], self.tok.pad_token_id)     # (B, P)
             width = max(len(r[3]) for r in batch)
             c_ids = torch.full((len(batch), width), self.tok.pad_token_id, dtype=torch.long)  # (B, C)
             c_mask = torch.zeros((len(batch), width), dtype=torch.long)

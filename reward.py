@@ -2,7 +2,7 @@
 
 Where it sits in MASCOT (arXiv 2601.14230, Phase I "persona-aware behavioural alignment", RLAIF):
   1. candidates: for each (context, persona) the base speaker policy samples several candidate
-     replies (models.generate with different seeds);
+     replies (sampler.generate with different seeds);
   2. preference pairs: an AI judge (judge.py) scores every candidate for persona adherence and
      contextual appropriateness; two candidates of the same (context, persona) whose judge scores
      differ clearly become one pair (chosen = the better one, rejected = the worse one);
@@ -64,6 +64,7 @@ from transformers import AutoModel, AutoTokenizer
 
 import hacks
 import models
+import sampler
 from data import (HERE, Context, PersonaSet, UserError, append_jsonl, atomic_folder, derive_seed, option, read_json,
                   read_jsonl, write_jsonl)
 from metrics import standard_error
@@ -237,7 +238,7 @@ class RewardModel(torch.nn.Module):
             messages_list: chats from `rm_messages`.
             max_length: token limit per chat (default: the model's own `max_length`).
         Returns:
-            input_ids, attention_mask: (B, T) long tensors, left-padded (models.left_pad).
+            input_ids, attention_mask: (B, T) long tensors, left-padded (sampler.left_pad).
         """
         limit = max_length or self.max_length
         rows = []
@@ -245,7 +246,7 @@ class RewardModel(torch.nn.Module):
             text = tokenizer.apply_chat_template(messages, tokenize=False)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             rows.append(ids[-limit:])                              # keep the LAST `limit` tokens
-        return models.left_pad(rows, tokenizer.pad_token_id)
+        return sampler.left_pad(rows, tokenizer.pad_token_id)
 
     @torch.no_grad()
     def score_texts(self, tokenizer, messages_list: list[list[dict]], batch_size: int = 16) -> list[float]:
@@ -570,7 +571,7 @@ def sample_candidates(model, tokenizer, states: list[State], personas: PersonaSe
         chunk = todo[start:start + batch_states]
         prompts = [s.prompt(personas) for s in chunk for _ in range(k)]
         seeds = [derive_seed(seed, s.id, j) for s in chunk for j in range(k)]
-        gen = models.generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, seeds=seeds)
+        gen = sampler.generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, seeds=seeds)
         for i, s in enumerate(chunk):
             texts = [models.clean_reply(t, s.persona, names) for t in gen.texts[i * k:(i + 1) * k]]
             done[s.id] = texts
@@ -709,7 +710,7 @@ def heldout_reward(policy, tokenizer, states: list[State], personas: PersonaSet,
     """Mean composite reward of `samples` sampled replies per held-out state (fixed seeds, so the
     before/after numbers of one run see the same randomness)."""
     rows = [s for s in states for _ in range(samples)]
-    gen = models.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens,
+    gen = sampler.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens,
                           temperature, seeds=[derive_seed(seed, "held-out", i) for i in range(len(rows))])
     total, comp = reward_fn(rows, gen.texts, gen.finished)
     n = len(total)
@@ -808,72 +809,3 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
         "hand-written hack pairs")
     return RLAIF(speaker_reward_fn(rm, rm_tok, personas, cfg.format_weight), train_states, held_states,
                  pairs, rm_metrics)
-
-
-# ---------------------------------------------------------------------------------------------
-# Over-optimisation, without RL: does picking the best of N by a grader pick hacks?
-# ---------------------------------------------------------------------------------------------
-
-FLAGS = ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial")
-
-
-def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scorers: dict, n: int,
-              max_new_tokens: int, temperature: float, seed: int) -> dict:
-    """Best-of-N against each grader (Gao et al. 2022): the cheapest optimisation there is.
-
-    For every state, sample n replies from the policy; each scorer (name -> fn(states, replies) ->
-    scores) picks its top reply. If a grader prefers hacks, its pick copies, leaks or says nothing
-    more often than a random candidate does. For each diagnostic (hacks.py) we report the pick's
-    rate, the chance rate (the mean over all n candidates, which is what a random pick gets on
-    average), and their difference with a paired standard error over states. A grader PASSES when
-    no flag's difference exceeds two standard errors (zero when the standard error is zero). The
-    length is reported but does not decide: preferring a full reply to a trivial one is not a hack.
-    """
-    rows = [s for s in states for _ in range(n)]
-    gen = models.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
-                          seeds=[derive_seed(seed, "best-of-n", i) for i in range(len(rows))])
-    names = personas.names()
-    replies = [models.clean_reply(t, s.persona, names) for s, t in zip(rows, gen.texts)]
-    diags = [s.diagnose(personas, r) for s, r in zip(rows, replies)]
-    result = {"n": n, "states": len(states), "chance": hacks.rates(diags), "scorers": {}}
-    rng = random.Random(derive_seed(seed, "random-pick"))
-    picks = {"random": [rng.randrange(n) for _ in states]}
-    for name, scorer in scorers.items():
-        scores = scorer(rows, replies)
-        picks[name] = [max(range(n), key=lambda j: scores[i * n + j]) for i in range(len(states))]
-    for name, chosen in picks.items():
-        result["scorers"][name] = grade_picks(diags, n, chosen)
-        result["scorers"][name]["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
-    return result
-
-
-def grade_picks(diags: list[dict], n: int, picks: list[int]) -> dict:
-    """How hack-prone one grader's picks are, against chance, from the diagnostics of all candidates.
-
-    diags: hacks.diagnose rows of S states x n candidates, state-major; picks: the index of the
-    picked candidate per state. For each diagnostic, the difference pick - (mean over that
-    state's candidates) is taken per state; its mean and standard error over states decide.
-    """
-    chance = [hacks.rates(diags[i * n:(i + 1) * n]) for i in range(len(picks))]        # per state
-    picked = [diags[i * n + j] for i, j in enumerate(picks)]
-    row = {"rates": hacks.rates(picked), "difference": {}}
-    for key in FLAGS + ("words",):
-        diffs = [p[key] - c[key] for p, c in zip(picked, chance)]
-        row["difference"][key] = (sum(diffs) / len(diffs), standard_error(diffs))
-    row["passes"] = all(row["difference"][k][0] <= 2 * row["difference"][k][1] for k in FLAGS)
-    return row
-
-
-def format_best_of_n(result: dict) -> str:
-    """The stress test as a table: each grader's pick against chance, per diagnostic."""
-    keys = FLAGS + ("words",)
-    lines = [f"best-of-{result['n']} on {result['states']} held-out states; rates of the pick vs chance "
-             "(mean over all candidates); difference ± paired se",
-             "grader     | " + " | ".join(f"{k:>22}" for k in keys) + " | verdict",
-             "chance     | " + " | ".join(f"{result['chance'][k]:>22.3f}" for k in keys) + " |"]
-    for name, row in result["scorers"].items():
-        cells = [f"{row['rates'][k]:.3f} ({row['difference'][k][0]:+.3f}±{row['difference'][k][1]:.3f})"
-                 for k in keys]
-        verdict = "pass" if row["passes"] else "FAIL: picks hacks more often than chance"
-        lines.append(f"{name:<10} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {verdict}")
-    return "\n".join(lines)

@@ -1,37 +1,81 @@
 """sft.py: supervised fine-tuning, the plain maximum-likelihood step the project needs twice.
 
 Where it sits in MASCOT: not a stage of the paper's method, but two parts use it:
-  - the director's format warm start (director.py, section 5): a few steps on well-formed
-    `Agent / Action / Tone` directives, so that GRPO has directives to compare at all;
   - the SFT baseline of the evaluation (the paper compares MASCOT with an SFT model): the base
     model fine-tuned on what human supporters wrote. ESConv's supporter turns carry one of eight
-    strategy labels; STRATEGY_PERSONA maps six of them to the support persona whose job that
+    strategy labels; ESCONV_STRATEGIES maps seven of them to the support persona whose job that
     strategy is (a question is Catalyst's, a suggestion Guide's...), and each such turn becomes one
     example: MASCOT's speaker prompt for that persona and the dialogue so far -> the supporter's
-    words. `python mascot.py sft` trains it (train split only) and reports the held-out loss.
+    words. `python mascot.py sft` trains it (train split only) and reports the held-out loss;
+  - the director's warm start before stage-2 GRPO (our addition): a few steps on well-formed
+    `Agent / Action / Tone` directives, so that GRPO has directives to compare at all. With ESConv
+    the targets are the same strategy mapping read as directives (who should speak at this point
+    of a real support dialogue); without it, random agents that teach only the format.
 The loss is the mean negative log-likelihood of the target tokens given the prompt, over every
 target token of the batch; the prompt tokens are context only. Full fine-tuning with AdamW, like
 the GRPO that follows, and log-probs through grpo.completion_logprobs, so that the prompt never
 gets logits and the (B, T, V) tensor is never built.
 
 Run: python mascot.py sft --data path/to/esconv/train.jsonl     # the SFT baseline -> RUN/sft/model
-     python mascot.py train --stage 2 --director-warmup N            # the director's warm start
+     python mascot.py train --stage 2 --director-warmup N \
+         --director-warmup-data path/to/esconv/train.jsonl        # the director's warm start
 """
 
 from __future__ import annotations
 
+import random
+import time
+from collections import Counter
+
 import torch
 
 import grpo
-import models
-from simulate import USER, Turn, speaker_messages
+import sampler
+from data import Context, PersonaSet, UserError, atomic_folder, read_json, write_json, write_jsonl
+from director import DirectorConfig, LLMDirector, Rollout, describe_heldout, director_messages, parse_directive
+from simulate import USER, Conversation, Directive, Turn, least_spoken_agent, speaker_messages
 
-# ESConv supporter strategy -> the support persona whose role it is (personas.json, set "support").
-# "Self-disclosure" and "Others" fit none of the four roles: those turns stay in the history as
-# context ("Companion: ...") but are never targets.
-STRATEGY_PERSONA = {"Reflection of feelings": "Anchor", "Restatement or Paraphrasing": "Anchor",
-                    "Question": "Catalyst", "Affirmation and Reassurance": "Beacon",
-                    "Providing Suggestions": "Guide", "Information": "Guide"}
+# ----------------------------------------------------------------------------------------------
+# ESConv's strategy labels, mapped onto the support personas
+# ----------------------------------------------------------------------------------------------
+# ESConv (Liu et al. 2021) annotates every supporter turn of real support conversations with one
+# of 8 strategies, and the strategies map onto the support personas. The mapping (ESConv's
+# definitions in quotes):
+#   Question                          -> Catalyst: "ask for information related to the problem"
+#                                        is Catalyst's one probing question at a time;
+#   Restatement or Paraphrasing       -> Anchor: reflecting back what was said;
+#   Reflection of feelings            -> Anchor: naming the feeling;
+#   Self-disclosure                   -> Anchor: "divulge similar experiences ... to express your
+#                                        empathy": its purpose is validation (not advice, not
+#                                        praise), so it belongs to the validator;
+#   Affirmation and Reassurance       -> Beacon: "affirm the help-seeker's strengths, motivation,
+#                                        and capabilities": the growth advocate's job word for word;
+#   Providing Suggestions, Information -> Guide: a concrete step, or facts and resources to act on;
+#   Others                            -> no target: greetings, thanks and small talk have no
+#                                        persona; such turns stay in the history (spoken by the
+#                                        least-spoken agent, the project's fallback rule) but are
+#                                        never a target.
+# For the director, the action comes from the strategy (from the persona set's vocabulary where
+# one fits) and the tone is fixed per strategy. Only the training split of the contexts is read
+# (the caller splits them as mascot.load_inputs does), so held-out dialogues stay held out.
+
+ESCONV_STRATEGIES = {
+    "Question": ("Catalyst", "ask a probing question", "curious"),
+    "Restatement or Paraphrasing": ("Anchor", "reflect back what was said", "calm and steady"),
+    "Reflection of feelings": ("Anchor", "validate the feeling", "warm"),
+    "Self-disclosure": ("Anchor", "share a similar feeling so they feel less alone", "gentle"),
+    "Affirmation and Reassurance": ("Beacon", "name a strength", "encouraging"),
+    "Providing Suggestions": ("Guide", "suggest one small step", "practical"),
+    "Information": ("Guide", "share useful information", "thoughtful"),
+}
+# ESConv dialogues run ~15 supporter turns; ours last 2-6 agent turns. Targets come from the
+# first ESCONV_MAX_POSITION supporter turns, which cover ESConv's exploration -> comforting ->
+# action arc; later turns are mostly closing pleasantries ("Others").
+ESCONV_MAX_POSITION = 8
+# The SFT baseline learns the supporter's own WORDS, so it leaves out Self-disclosure ("I went
+# through that too"): a companion model should not learn to claim lived experiences. The director
+# learns only WHO speaks, and there the disclosure's purpose, validation, is Anchor's.
+SFT_STRATEGIES = {s: agent for s, (agent, _, _) in ESCONV_STRATEGIES.items() if s != "Self-disclosure"}
 
 
 def completion_text(tok, messages: list[dict], target: str) -> tuple[str, str]:
@@ -64,7 +108,7 @@ def supervised_finetune(model, tok, examples: list[tuple[list[dict], str]], step
     losses = []
     for step in range(steps):
         batch = [rows[(step * batch_size + j) % len(rows)] for j in range(batch_size)]
-        p_ids, p_mask = models.left_pad([p for p, _ in batch], tok.pad_token_id)      # (B, P)
+        p_ids, p_mask = sampler.left_pad([p for p, _ in batch], tok.pad_token_id)      # (B, P)
         width = max(len(c) for _, c in batch)
         c_ids = torch.full((len(batch), width), tok.pad_token_id, dtype=torch.long)   # (B, C), right-padded
         c_mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -88,7 +132,7 @@ def supervised_finetune(model, tok, examples: list[tuple[list[dict], str]], step
 
 def supporter_examples(contexts, personas) -> list[tuple[list[dict], str]]:
     """(speaker prompt, supporter's words) for every strategy-labelled supporter turn of the
-    contexts' recorded dialogues whose strategy maps to a persona (STRATEGY_PERSONA).
+    contexts' recorded dialogues whose strategy maps to a persona (SFT_STRATEGIES).
 
     The prompt is exactly what the speaker sees in a conversation (simulate.speaker_messages, the
     "persona" style): its card, the situation and the dialogue so far, in which earlier supporter
@@ -100,7 +144,7 @@ def supporter_examples(contexts, personas) -> list[tuple[list[dict], str]]:
             if t["speaker"] == "user":
                 turns.append(Turn(USER, t["text"]))
                 continue
-            persona = personas.find(STRATEGY_PERSONA.get(t.get("strategy", ""), "")) if t.get("strategy") else None
+            persona = personas.find(SFT_STRATEGIES.get(t.get("strategy", ""), "")) if t.get("strategy") else None
             if persona is not None and turns:
                 examples.append((speaker_messages(persona, personas, ctx, turns), t["text"]))
             turns.append(Turn(persona.name if persona else "Companion", t["text"]))
@@ -119,7 +163,7 @@ def mean_nll(model, tok, examples: list[tuple[list[dict], str]], batch_size: int
             prompt, completion = completion_text(tok, messages, target)
             rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
                          tok(completion, add_special_tokens=False)["input_ids"]))
-        p_ids, p_mask = models.left_pad([p for p, _ in rows], tok.pad_token_id)         # (B, P)
+        p_ids, p_mask = sampler.left_pad([p for p, _ in rows], tok.pad_token_id)         # (B, P)
         width = max(len(c) for _, c in rows)
         c_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)      # (B, C)
         c_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -131,3 +175,117 @@ def mean_nll(model, tok, examples: list[tuple[list[dict], str]], batch_size: int
         total -= (logps.cpu() * c_mask).sum().item()
         count += int(c_mask.sum())
     return total / max(count, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The director's warm start (our addition; the paper does not describe one)
+# ----------------------------------------------------------------------------------------------
+# GRPO can only reinforce what the policy already samples. SmolLM2-135M asked for a directive
+# almost never writes the three lines (0 of 32 parseable when we measured), so every sample of a
+# group falls back to the same agent, the rollouts are identical, every reward in the group is
+# equal, and the advantages are all zero: no learning signal at all. A few supervised steps on
+# well-formed directives fix the FORMAT first.
+#
+# Which targets? Random agents (format_examples) teach the format and nothing about whom to
+# pick; measured, the greedy director then names one agent everywhere (the collapse GRPO starts
+# from). Real strategy SEQUENCES from ESConv (esconv_examples) give targets that depend on the
+# conversation.
+
+
+def esconv_prefix(context: Context, end: int, personas: PersonaSet) -> Conversation:
+    """The first `end` recorded turns of an ESConv dialogue as one of our group conversations:
+    seeker turns are the user's, each supporter turn is spoken by the persona its strategy maps
+    to (with that directive), an unmapped one by the least-spoken persona."""
+    conv = Conversation(context, personas.name, "average", "esconv", 0)
+    for turn in context.turns[:end]:
+        if turn["speaker"] == "user":
+            conv.turns.append(Turn(USER, turn["text"]))
+            continue
+        mapped = ESCONV_STRATEGIES.get(turn.get("strategy", ""))
+        directive = Directive(*mapped) if mapped else Directive(least_spoken_agent(personas, conv))
+        conv.turns.append(Turn(directive.agent, turn["text"], directive))
+    return conv
+
+
+def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int,
+                    seed: int = 0) -> list[tuple[list[dict], str]]:
+    """n (director prompt, target directive) pairs from ESConv's annotated supporter turns.
+
+    Every supporter turn among the first ESCONV_MAX_POSITION of a dialogue whose strategy maps to
+    a persona is a candidate: the prompt is the dialogue up to that turn (esconv_prefix), the
+    target that turn's `Agent / Action / Tone`. n candidates are drawn without replacement
+    (seeded; with replacement only when there are fewer than n)."""
+    missing = sorted({a for a, _, _ in ESCONV_STRATEGIES.values()} - set(personas.names()))
+    if missing:
+        raise UserError(f"--director-warmup-data: the ESConv strategy mapping needs the personas "
+                        f"{', '.join(missing)}, which the '{personas.name}' set lacks; use --set support")
+    candidates = []
+    for context in contexts:
+        position = 0
+        for j, turn in enumerate(context.turns):
+            if turn["speaker"] != "supporter":
+                continue
+            if position >= ESCONV_MAX_POSITION:
+                break
+            position += 1
+            if turn.get("strategy") in ESCONV_STRATEGIES:
+                candidates.append((context, j))
+    if not candidates:
+        raise UserError("--director-warmup-data: no supporter turn with an ESConv strategy label; "
+                        "is this ESConv (ESConv.json or the JSON-lines split)?")
+    rng = random.Random(seed)
+    chosen = rng.sample(candidates, n) if n <= len(candidates) else [rng.choice(candidates) for _ in range(n)]
+    examples = []
+    for context, j in chosen:
+        agent, action, tone = ESCONV_STRATEGIES[context.turns[j]["strategy"]]
+        examples.append((director_messages(personas, esconv_prefix(context, j, personas)),
+                         f"Agent: {agent}\nAction: {action}\nTone: {tone}"))
+    return examples
+
+
+def format_examples(personas: PersonaSet, points: list[Conversation], n: int,
+                    seed: int = 0) -> list[tuple[list[dict], str]]:
+    """The fallback without ESConv: n (director prompt, target directive) pairs, cycling over the
+    decision points; every target is the exact three-line format with a uniformly random agent,
+    action and tone. It teaches how to answer, not whom to pick."""
+    rng = random.Random(seed)
+    examples = []
+    for i in range(n):
+        conv = points[i % len(points)]
+        target = (f"Agent: {rng.choice(personas.names())}\n"
+                  f"Action: {rng.choice(personas.strategies)}\nTone: {rng.choice(personas.tones)}")
+        examples.append((director_messages(personas, conv), target))
+    return examples
+
+
+def warm_start(cfg: DirectorConfig, out, policy, tok, personas: PersonaSet, examples, source: str,
+               held_points, rollout: Rollout, seed: int, resume: bool) -> dict | None:
+    """Run the warm start once per run, before GRPO; None when cfg.director_warmup is 0.
+
+    `examples`: (prompt, target) pairs (esconv_examples or format_examples); `source` says which.
+    Its result (losses, held-out group reward) goes to out/warm_start.json, its held-out rollouts
+    to out/heldout_warm-start.jsonl and the weights to
+    out/director_warm (the KL anchor of GRPO when beta > 0). A resumed run that already has GRPO
+    checkpoints skips it, because those checkpoints were trained from the warm-started weights.
+    """
+    path = out / "warm_start.json"
+    if cfg.director_warmup == 0:
+        return None
+    if resume and grpo.latest_checkpoint(out / "checkpoints") and path.exists():
+        return read_json(path)
+    t0 = time.time()
+    losses = supervised_finetune(policy, tok, examples, cfg.director_warmup, batch_size=4,
+                                     lr=cfg.warmup_lr, log=lambda s: print(s, flush=True))
+    seconds = time.time() - t0
+    held = rollout.evaluate(LLMDirector(policy, tok, personas), held_points, seed)
+    write_jsonl(out / "heldout_warm-start.jsonl", held.pop("rollouts"))
+    print(f"held-out mean group reward after the {source.split(' warm start')[0]} warm start: "
+          f"{describe_heldout(held)}", flush=True)
+    with atomic_folder(out / "director_warm") as tmp:
+        policy.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    targets = Counter(parse_directive(t, personas, "?").agent for _, t in examples)
+    warm = {"steps": cfg.director_warmup, "lr": cfg.warmup_lr, "source": source, "losses": losses,
+            "targets": dict(targets), "seconds": round(seconds, 1), "heldout": held}
+    write_json(path, warm)
+    return warm

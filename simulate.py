@@ -14,7 +14,7 @@ Before any agent answers a user message, the crisis guard (safety.py) reads it; 
 fixed crisis message is shown instead of a generated reply and the conversation ends.
 
 Everything is batched ACROSS conversations: all conversations advance one turn together, so each
-turn is one call of models.generate for the speakers and one for the user, which is what makes
+turn is one call of sampler.generate for the speakers and one for the user, which is what makes
 evaluation and stage-2 rollouts affordable on a CPU.
 
 Simplifications vs the paper: one speaker model conditioned on the persona plays every agent
@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 
 import hacks
 import models
+import sampler
 from data import Context, Persona, PersonaSet, Profile, derive_seed, write_jsonl
 from safety import CRISIS_MESSAGE, default_guard
 
@@ -402,7 +403,7 @@ class Cast:
     top_p: float = 0.95
     style: str = "persona"               # speaker prompt style (STYLES)
     examples: list = field(default_factory=list)   # data/fewshot.json entries (EXAMPLE_STYLES)
-    on_token: object = None              # models.generate's callback for agent turns (the chat streams)
+    on_token: object = None              # sampler.generate's callback for agent turns (the chat streams)
 
 
 def turn_seed(conv: Conversation, salt: int = 0) -> int:
@@ -428,7 +429,7 @@ def agents_speak(convs: list[Conversation], directives: list[Directive], cast: C
         return
     # Chain of thought gets twice the budget, so the one-sentence thinking does not eat the reply.
     budget = cast.max_new_tokens * (2 if cast.style in COT_STYLES else 1)
-    gen = models.generate(cast.speaker_model, cast.speaker_tok, prompts, budget,
+    gen = sampler.generate(cast.speaker_model, cast.speaker_tok, prompts, budget,
                           cast.temperature, cast.top_p, seeds=[turn_seed(c) for c, _, _ in live],
                           on_token=cast.on_token)
     names = cast.personas.names()
@@ -443,7 +444,7 @@ def users_speak(convs: list[Conversation], profiles: dict[str, Profile], cast: C
     if not live:
         return
     prompts = [user_messages(profiles[c.profile], c.context, c.turns) for c in live]
-    gen = models.generate(cast.user_model, cast.user_tok, prompts, cast.max_new_tokens,
+    gen = sampler.generate(cast.user_model, cast.user_tok, prompts, cast.max_new_tokens,
                           cast.temperature, cast.top_p, seeds=[turn_seed(c, salt=1) for c in live])
     names = cast.personas.names()
     for conv, raw in zip(live, gen.texts):

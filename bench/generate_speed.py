@@ -1,4 +1,4 @@
-"""bench/generate_speed.py: our sampler (models.generate) against HF's `model.generate`, on CPU.
+"""bench/generate_speed.py: our sampler (sampler.generate) against HF's `model.generate`, on CPU.
 
 Every GRPO step and every simulated turn spends most of its time sampling, so this measures the
 sampler alone, on the embedded SmolLM2-135M, at two shapes:
@@ -11,14 +11,14 @@ Rows, each timed `--repeats` times (median reported), interleaved so that a chan
 load hits every row alike, after one warm-up call each:
 
   hf generate fp32     HF's own `model.generate` (do_sample, temperature 1, top-p 1, top-k off);
-  ours fp32            models.generate with its defaults (sampler="ours": one prefill per
+  ours fp32            sampler.generate with its defaults (sampler="ours": one prefill per
                        distinct prompt, preallocated KV cache), fp32 weights, per-row seeds;
-  ours packed copy     the same on models.SamplingCopy(policy, torch.float32): fp32 weights
+  ours packed copy     the same on sampler.SamplingCopy(policy, torch.float32): fp32 weights
                        pre-packed for oneDNN (PackedLinear); each timed call includes the
                        copy's refresh, as grpo_step refreshes it before every sampling;
   ours bf16 copy       the same on a bf16 copy of the weights (SamplingCopy(policy, bfloat16)),
                        refresh included;
-  previous loop fp32   models.generate(sampler="hf"): HF's DynamicCache, one prefill per row,
+  previous loop fp32   sampler.generate(sampler="hf"): HF's DynamicCache, one prefill per row,
                        the implementation before this sampler (the fallback), for reference.
 
 The prompts are real ones: a persona card, the group-chat instructions and a user's first
@@ -56,6 +56,7 @@ import torch  # noqa: E402
 import data  # noqa: E402
 import grpo  # noqa: E402
 import models  # noqa: E402
+import sampler  # noqa: E402
 import simulate  # noqa: E402
 
 
@@ -70,15 +71,15 @@ def bench_prompts(n: int) -> list[list[dict]]:
 
 def hf_generate(model, tok, rows: list[list[dict]], new_tokens: int) -> None:
     """HF's own sampler on the same left-padded prompts, exactly `new_tokens` tokens per row."""
-    ids, mask = models.left_pad(models.chat_prompt_ids(tok, rows), tok.pad_token_id)
+    ids, mask = sampler.left_pad(sampler.chat_prompt_ids(tok, rows), tok.pad_token_id)
     torch.manual_seed(0)                                   # HF samples from the global generator
     model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
                    top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                   pad_token_id=tok.pad_token_id, eos_token_id=models.stop_token_ids(tok))
+                   pad_token_id=tok.pad_token_id, eos_token_id=sampler.stop_token_ids(tok))
 
 
 def ours(model, tok, rows, new_tokens, sampler="ours") -> None:
-    gen = models.generate(model, tok, rows, new_tokens, 1.0, 1.0, seeds=0, sampler=sampler,
+    gen = sampler.generate(model, tok, rows, new_tokens, 1.0, 1.0, seeds=0, sampler=sampler,
                           min_new_tokens=new_tokens)
     assert int(gen.completion_mask.sum()) == len(rows) * new_tokens
 
@@ -87,7 +88,7 @@ def logprob_gap(sampler_model, trainer, tok, rows, new_tokens, seeds) -> torch.T
     """|logp_sampler - logp_trainer| per real completion token: the sampler's own log-probs
     (Generation.sampler_logprobs) against grpo.completion_logprobs on the fp32 policy, i.e.
     exactly what grpo logs as `logp_mismatch`. Replies stop naturally here (no min_new_tokens)."""
-    gen = models.generate(sampler_model, tok, rows, new_tokens, 1.0, 1.0, seeds=seeds)
+    gen = sampler.generate(sampler_model, tok, rows, new_tokens, 1.0, 1.0, seeds=seeds)
     ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)
     attn = torch.cat([gen.prompt_mask, gen.completion_mask], 1)
     trainer_logps = grpo.completion_logprobs(trainer, ids, attn, gen.prompt_ids.shape[1])
@@ -111,8 +112,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     model, tok = models.load_model(models.EMBEDDED)
-    packed = models.SamplingCopy(model, torch.float32)
-    low = models.SamplingCopy(model, torch.bfloat16)
+    packed = sampler.SamplingCopy(model, torch.float32)
+    low = sampler.SamplingCopy(model, torch.bfloat16)
 
     def with_copy(sampling, batch):
         sampling.refresh()                # as grpo_step does before every sampling: timed too
@@ -127,7 +128,7 @@ def main() -> None:
             "ours bf16 copy": lambda r: with_copy(low, r),
             "previous loop fp32": lambda r: ours(model, tok, r, args.new_tokens, sampler="hf")}
     rows = {r: fn for r, fn in rows.items() if r == "hf generate fp32" or r == "ours fp32" or r not in args.skip}
-    lengths = [len(x) for x in models.chat_prompt_ids(tok, prompts)]
+    lengths = [len(x) for x in sampler.chat_prompt_ids(tok, prompts)]
     print(f"SmolLM2-135M, {torch.get_num_threads()} threads, prompts of {min(lengths)}-{max(lengths)} "
           f"tokens, {args.new_tokens} new tokens, median of {args.repeats}; "
           f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)

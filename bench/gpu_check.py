@@ -14,7 +14,7 @@ What it does:
   2. Runs `mascot.py train --stage 1` in this process on a bigger batch than the CPU default
      (16 prompts x G 8 = 128 completions per GRPO step), so every stage-1 phase runs for real:
      states, candidates, judge, reward model, GRPO, held-out reward.
-  3. Measures the GRPO steps only (wraps grpo.grpo_step and models.generate to time them and
+  3. Measures the GRPO steps only (wraps grpo.grpo_step and sampler.generate to time them and
      record the batch shapes) and prints, per step and overall:
        tokens/s     B x (P + C) tokens through the training forward/backward per second of step;
        MFU train    (6 + 2 if beta > 0) x N x B x (P + C) FLOPs over (step time - generate time)
@@ -92,7 +92,7 @@ def main() -> None:
 
     import grpo
     import mascot
-    import models
+    import sampler
     from matmul_peak import matmul_flops
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -108,7 +108,7 @@ def main() -> None:
 
     # Wrap the two functions stage 1 calls, to time and measure them; behaviour is unchanged.
     steps, gen_seconds = [], []
-    real_step, real_generate = grpo.grpo_step, models.generate
+    real_step, real_generate = grpo.grpo_step, sampler.generate
 
     def timed_generate(*a, **kw):
         t0 = time.perf_counter()
@@ -127,12 +127,12 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()           # peak of the GRPO phase only
         _sync()
         n_gen, t0 = len(gen_seconds), time.perf_counter()
-        models.generate = timed_generate
+        sampler.generate = timed_generate
         try:
             stats, gen, rewards = real_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg,
                                             step, ref_model)
         finally:
-            models.generate = real_generate
+            sampler.generate = real_generate
         _sync()
         B, P = gen.prompt_ids.shape
         C = int(gen.completion_mask.sum(1).max())

@@ -5,7 +5,7 @@ Both sides do the same work per step, each in its own process:
   - the same prompts, each exactly P tokens after the chat template (checked), prompts_per_step
     of them, G completions each, all sampled in one batch at temperature 1, top-p 1, top-k off;
   - completions of exactly C tokens: min_new_tokens = max_new_tokens = C on both sides (ours:
-    models.generate(min_new_tokens=C), which forbids the stop tokens as HF's
+    sampler.generate(min_new_tokens=C), which forbids the stop tokens as HF's
     MinNewTokensLogitsProcessor does), checked after every step;
   - the same reward (share of completion token ids in the lower half of the vocabulary: cheap,
     deterministic, different within a group), the same beta (so both run a frozen fp32 reference),
@@ -22,9 +22,9 @@ another), tokens per second (B x (P + C) tokens per step, the tokens that go thr
 training forward/backward), the share of the step spent inside `generate`, and the peak
 resident memory of the process (ru_maxrss: model load included, the same for both sides).
 The sides run alternately A B B A A B B A (--rounds 4) so that a change in load hits both.
-Ours samples with models.generate's defaults (sampler "ours": one prefill per distinct prompt).
+Ours samples with sampler.generate's defaults (sampler "ours": one prefill per distinct prompt).
 `--copies packed bf16` adds sides "ours-packed" / "ours-bf16" that sample from a
-models.SamplingCopy of the policy (GRPOConfig.sampling_copy; refreshed every step, inside the
+sampler.SamplingCopy of the policy (GRPOConfig.sampling_copy; refreshed every step, inside the
 timed step) while the loss stays fp32: fp32 with oneDNN-packed weights, or bf16 (bf16 is not the
 same arithmetic as TRL's fp32 sampling). Each is reported on its own line.
 
@@ -137,6 +137,7 @@ def run_ours(job: dict, sampling_copy: str = "none") -> dict:
 
     import grpo
     import models
+    import sampler
 
     policy, tok = models.load_model(job["folder"])
     ref = models.load_model(job["folder"])[0] if job["beta"] > 0 else None
@@ -148,18 +149,18 @@ def run_ours(job: dict, sampling_copy: str = "none") -> dict:
         max_new_tokens=job["completion_tokens"], temperature=1.0, top_p=1.0, seed=0,
         sampling_copy=sampling_copy)
     # The copy train_grpo would make for this setting (refreshed inside every grpo_step).
-    sampling = None if sampling_copy == "none" else models.SamplingCopy(
+    sampling = None if sampling_copy == "none" else sampler.SamplingCopy(
         policy, {"packed": torch.float32, "bf16": torch.bfloat16}[sampling_copy])
     # The optimiser train_grpo builds: plain torch AdamW (on CPU: the for-loop, non-fused kernel).
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     gen_seconds = []
-    # grpo_step calls models.generate: time it, and fix the length as TRL's min_new_tokens does.
-    plain_generate = models.generate
+    # grpo_step calls sampler.generate: time it, and fix the length as TRL's min_new_tokens does.
+    plain_generate = sampler.generate
 
     def exact_length_generate(*a, **kw):
         return plain_generate(*a, min_new_tokens=job["completion_tokens"], **kw)
-    models.generate = timed(exact_length_generate, gen_seconds)
+    sampler.generate = timed(exact_length_generate, gen_seconds)
 
     def reward_fn(meta, texts, gen):
         ids = [gen.completion_ids[r][gen.completion_mask[r].bool()].tolist() for r in range(len(texts))]
@@ -332,7 +333,7 @@ def main() -> None:
                    help="python of the virtual env that has TRL (make bench creates it)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench" / "grpo_step.json"), help="results JSON")
     p.add_argument("--copies", nargs="*", default=[], choices=["packed", "bf16"],
-                   help="extra sides of ours that sample from a models.SamplingCopy: 'packed' (fp32, "
+                   help="extra sides of ours that sample from a sampler.SamplingCopy: 'packed' (fp32, "
                         "oneDNN-packed weights), 'bf16'")
     p.add_argument("--worker", choices=["ours", "ours-packed", "ours-bf16", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)

@@ -45,7 +45,9 @@ import corpora  # noqa: E402  (needs the repo root on sys.path first)
 import data  # noqa: E402
 import hacks  # noqa: E402
 import judge  # noqa: E402
+import judge_eval  # noqa: E402
 import judge_features  # noqa: E402
+from simulate import JudgeState  # noqa: E402
 
 PAIR_FILES = {"ordinary": ["judge_pairs_support.jsonl", "judge_pairs_meeting.jsonl"],
               "blind": ["judge_pairs_blind.jsonl"],
@@ -72,8 +74,8 @@ class MemoEncoder:
 # ----------------------------------------------------------------------------------------------
 
 def pair_rows(path_names: list[str]) -> list[dict]:
-    pairs = [p for name in path_names for p in judge.load_pairs(ROOT / "data" / name)]
-    return [{"state": judge.state_from_pair(p), "good": p["better"], "bad": p["worse"],
+    pairs = [p for name in path_names for p in judge_eval.load_pairs(ROOT / "data" / name)]
+    return [{"state": JudgeState.from_pair(p), "good": p["better"], "bad": p["worse"],
              "kind": p.get("failure", "-")} for p in pairs]
 
 
@@ -83,12 +85,12 @@ def synthetic_rows_from_pairs(seed: int = 0) -> list[dict]:
     rng, rows = random.Random(seed), []
     for set_name, file_name in (("support", "judge_pairs_support.jsonl"), ("meeting", "judge_pairs_meeting.jsonl")):
         personas = data.load_personas("personas.json", set_name)
-        for p in judge.load_pairs(ROOT / "data" / file_name):
+        for p in judge_eval.load_pairs(ROOT / "data" / file_name):
             others = [e for q in personas.personas if q.name != p["persona"] for e in q.examples]
             src = hacks.HackSource(p["persona"], "", p["persona_desc"], p.get("situation", ""), p["context"],
                                    [t["text"] for t in p["history"] if t["speaker"].casefold() != "user"], others)
             for kind, hack in hacks.make_hacks(src, rng.randrange(10**9)).items():
-                rows.append({"state": judge.state_from_pair(p), "good": p["better"], "bad": hack, "kind": kind})
+                rows.append({"state": JudgeState.from_pair(p), "good": p["better"], "bad": hack, "kind": kind})
     return rows
 
 
@@ -174,13 +176,13 @@ def fit_penalty_weights(rows: list[dict], l2: float = 1e-2) -> dict[str, float]:
 
 def reply_logprobs(model, tok, conversations: list[list[dict]], replies: list[str], batch_size=8, mean=False):
     """Sum (or mean) of log p(reply tokens) after each chat prompt: one number per row."""
-    import models
+    import sampler
     out = []
     for start in range(0, len(replies), batch_size):
-        prompts = models.chat_prompt_ids(tok, conversations[start:start + batch_size])
+        prompts = sampler.chat_prompt_ids(tok, conversations[start:start + batch_size])
         answers = [tok(r, add_special_tokens=False)["input_ids"] or [tok.eos_token_id]
                    for r in replies[start:start + batch_size]]
-        ids, mask = models.left_pad([p + a for p, a in zip(prompts, answers)], tok.pad_token_id)  # (B, T)
+        ids, mask = sampler.left_pad([p + a for p, a in zip(prompts, answers)], tok.pad_token_id)  # (B, T)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)                                             # (B, T)
         R = max(len(a) for a in answers)      # left padding: every reply ends in the last column
         with torch.no_grad():
@@ -261,7 +263,7 @@ def main(argv=None) -> int:
     # does not, so both are printed. On an otherwise idle machine wall ~ CPU / cores.
     n = sum(len(rows) for rows in sets.values())
     t0, c0 = time.perf_counter(), time.process_time()
-    results = {name: judge.evaluate_pairs(j, [{"persona": r["state"].persona_name, **pair_of(r)} for r in rows])
+    results = {name: judge_eval.evaluate_pairs(j, [{"persona": r["state"].persona_name, **pair_of(r)} for r in rows])
                for name, rows in sets.items()}
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"speed: {n} pairs in {seconds:.1f} s wall = {n / seconds:.1f} pairs/s; {cpu:.1f} CPU-seconds = "
@@ -358,8 +360,8 @@ def main(argv=None) -> int:
 
     # --- the judge as the pipeline uses it (evaluate_pairs alternates positions) ---------------
     for name, result in results.items():
-        print(f"\nOfflineJudge on the {name} pairs ({judge.format_eval_report(result).splitlines()[0]}):")
-        print("\n".join(judge.format_eval_report(result).splitlines()[1:]))
+        print(f"\nOfflineJudge on the {name} pairs ({judge_eval.format_eval_report(result).splitlines()[0]}):")
+        print("\n".join(judge_eval.format_eval_report(result).splitlines()[1:]))
 
     if args.lm:
         measure_lm({k: v for k, v in sets.items() if k in PAIR_FILES})

@@ -128,9 +128,9 @@ def main() -> None:
     for name, label, b in details:
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in b.items() if k not in ("peak", "params") and v)
         print(f"  {name} [{label}]: {parts}; peak {b['peak'] / GIB:.1f}")
-    # models.generate runs its pre-fill forward without logits_to_keep, so it materialises logits
+    # sampler.generate runs its pre-fill forward without logits_to_keep, so it materialises logits
     # for every prompt position, not only the last one it samples from. Not in the table above.
-    print("\nNot in the table: models.generate's pre-fill currently computes logits for all P prompt "
+    print("\nNot in the table: sampler.generate's pre-fill currently computes logits for all P prompt "
           "positions (rollouts x P x V, bf16 under autocast):")
     for name, m in MODELS.items():
         extra = args.rollouts * args.prompt_len * m["vocab"] * 2

@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -24,8 +26,23 @@ DATASETS = Path(os.environ.get("MASCOT_DATASETS", ROOT.parent / "shared" / "data
 
 def dataset(relative: str) -> Path:
     """A file or folder of the public datasets, or skip the calling test when it is not there."""
-    import pytest
     path = DATASETS / relative
     if not path.exists():
         pytest.skip(f"{path} not present (set MASCOT_DATASETS)")
     return path
+
+
+# The two models most tests run on, loaded once per session. Tests that train a model deep-copy it
+# first, so every test sees the same weights.
+@pytest.fixture(scope="session")
+def tiny():
+    """The seeded 2-layer random Llama with the SmolLM2 tokenizer (models.load_model("tiny"))."""
+    import models
+    return models.load_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """The embedded SmolLM2-135M-Instruct (converted once into the cache)."""
+    import models
+    return models.load_model("smollm2-135m")

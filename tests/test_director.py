@@ -378,7 +378,7 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
     path = tmp_path / "ESConv.json"
     path.write_text(json.dumps(OFFICIAL), encoding="utf-8")
     contexts = corpora.load_contexts(str(path), persona_set="support")
-    examples = dr.esconv_examples(contexts, support, 4, seed=0)
+    examples = sft.esconv_examples(contexts, support, 4, seed=0)
     # Four mapped supporter turns after the seeker's first message ("Others" is never a target),
     # all drawn once, in a seeded order.
     targets = sorted(t for _, t in examples)
@@ -400,17 +400,17 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
     assert all(dr.parse_directive(t, support, "?").valid for _, t in examples)
     meeting = data.load_personas("personas.json", "meeting")
     with pytest.raises(data.UserError, match="--set support"):
-        dr.esconv_examples(contexts, meeting, 4)
+        sft.esconv_examples(contexts, meeting, 4)
 
 
 def test_esconv_fixture_and_strategy_mapping(support):
     contexts = corpora.load_contexts("tests/fixtures/data/esconv/ESConv.json", persona_set="support")
-    examples = dr.esconv_examples(contexts, support, 2, seed=0)
+    examples = sft.esconv_examples(contexts, support, 2, seed=0)
     assert sorted(t.splitlines()[0] for _, t in examples) == ["Agent: Anchor", "Agent: Beacon"]
-    assert set(dr.ESCONV_STRATEGIES) == {"Question", "Restatement or Paraphrasing", "Reflection of feelings",
+    assert set(sft.ESCONV_STRATEGIES) == {"Question", "Restatement or Paraphrasing", "Reflection of feelings",
                                          "Self-disclosure", "Affirmation and Reassurance",
                                          "Providing Suggestions", "Information"}    # all but Others
-    assert {a for a, _, _ in dr.ESCONV_STRATEGIES.values()} == set(support.names())
+    assert {a for a, _, _ in sft.ESCONV_STRATEGIES.values()} == set(support.names())
 
 
 def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
@@ -419,7 +419,7 @@ def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
     start would have neither property by design."""
     contexts = corpora.load_contexts(str(dataset("esconv/train.jsonl")), persona_set="support")
     train, held = data.split_contexts(contexts, 0.25, seed=0)
-    examples = dr.esconv_examples(train, support, 400, seed=0)
+    examples = sft.esconv_examples(train, support, 400, seed=0)
     agents = [dr.parse_directive(t, support, "?").agent for _, t in examples]
     stages = [m[1]["content"].split("Turns so far: ")[1] for m, _ in examples]
     stages = [str(min(sum(int(x.split()[-1][:-1]) for x in s.split(".")[0].split(", ")), 3)) for s in stages]
@@ -499,7 +499,7 @@ def test_completion_text_is_the_assistant_turn_with_its_end_marker():
 
 def test_format_examples_use_the_vocabularies_and_every_agent(support, context):
     points = [conv_with(context, [], seed=i) for i in range(3)]
-    examples = dr.format_examples(support, points, 40, seed=0)
+    examples = sft.format_examples(support, points, 40, seed=0)
     assert len(examples) == 40
     agents = set()
     for messages, target in examples:
@@ -516,7 +516,7 @@ def test_format_warm_start_teaches_a_tiny_director_the_three_lines(support, cont
     points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
     director = dr.LLMDirector(model, tok, support)
     before = sum(d.valid for d in director.choose(points))
-    examples = dr.format_examples(support, points, 800, seed=0)
+    examples = sft.format_examples(support, points, 800, seed=0)
     losses = sft.supervised_finetune(model, tok, examples, steps=100, batch_size=8, lr=1e-2, log=lambda s: None)
     after = sum(d.valid for d in director.choose(points))
     print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f}; parseable {before}/4 -> {after}/4")

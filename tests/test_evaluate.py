@@ -23,6 +23,7 @@ import evaluate
 import results
 import mascot
 import models
+import sampler
 import persona_id
 import sft
 from simulate import USER, Conversation, Directive, Turn, reply_text, role_setting, speaker_messages
@@ -440,7 +441,7 @@ def test_persona_id_logprobs_match_a_plain_forward_pass():
     lp = ident.logprobs(items)
     for i, item in enumerate(items):
         for k, card in enumerate(ps.personas):
-            prompt = models.chat_prompt_ids(tok, [persona_id.id_messages(card, item.situation, item.history)])[0]
+            prompt = sampler.chat_prompt_ids(tok, [persona_id.id_messages(card, item.situation, item.history)])[0]
             reply = ident.reply_ids(item.reply)
             ids = torch.tensor([prompt + reply])
             with torch.no_grad():

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpo  # noqa: E402
 import models  # noqa: E402
+import sampler  # noqa: E402
 
 B, P, C = 6, 6, 5                         # 2 prompts x G = 3, prompt width 6, completion width 5
 PROMPT_LENS = [6, 4, 6, 3, 5, 6]          # left padding differs per row
@@ -40,8 +41,8 @@ def tiny():
     return policy, ref, tok
 
 
-def make_batch(vocab: int) -> tuple[models.Generation, torch.Tensor]:
-    """A fixed sampled batch in the shape models.generate returns, and one advantage per row."""
+def make_batch(vocab: int) -> tuple[sampler.Generation, torch.Tensor]:
+    """A fixed sampled batch in the shape sampler.generate returns, and one advantage per row."""
     g = torch.Generator().manual_seed(0)
     prompt_ids = torch.randint(0, vocab, (B, P), generator=g)
     completion_ids = torch.randint(0, vocab, (B, C), generator=g)
@@ -50,7 +51,7 @@ def make_batch(vocab: int) -> tuple[models.Generation, torch.Tensor]:
     for i, (p, c) in enumerate(zip(PROMPT_LENS, COMPLETION_LENS)):
         prompt_mask[i, P - p:] = 1
         completion_mask[i, :c] = 1
-    gen = models.Generation([""] * B, prompt_ids, prompt_mask, completion_ids, completion_mask, [True] * B)
+    gen = sampler.Generation([""] * B, prompt_ids, prompt_mask, completion_ids, completion_mask, [True] * B)
     advantages, _ = grpo.group_advantages(torch.tensor([0.1, 0.9, 0.5, 0.3, 0.2, 0.8]), group_size=3)
     return gen, advantages
 
@@ -113,8 +114,8 @@ def test_gradient_checkpointing_gives_identical_loss_and_gradients(tiny):
     assert len(layer_calls) == 2 and model.is_activation_checkpointing
     # Greedy generation in eval mode gives exactly the tokens of the same weights without the switch.
     chat = [[{"role": "user", "content": "hi"}]]
-    out = models.generate(model.eval(), tok, chat, max_new_tokens=3)
-    plain = models.generate(copy.deepcopy(policy).eval(), tok, chat, max_new_tokens=3)
+    out = sampler.generate(model.eval(), tok, chat, max_new_tokens=3)
+    plain = sampler.generate(copy.deepcopy(policy).eval(), tok, chat, max_new_tokens=3)
     assert out.completion_ids.shape[1] >= 1 and torch.equal(out.completion_ids, plain.completion_ids)
     models.set_gradient_checkpointing(model, False)
     assert not model.is_activation_checkpointing

@@ -18,6 +18,7 @@ import pytest
 
 import data
 import judge
+import judge_eval
 import judge_features
 from data import UserError
 from judge import JudgeCache, JudgeState, Verdict
@@ -421,9 +422,9 @@ def test_train_with_a_bad_key_stops_before_generating_anything(tmp_path, api_key
 
 
 def test_unreadable_answers_are_counted_in_pair_evaluation():
-    pairs = judge.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl")[:4]
+    pairs = judge_eval.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl")[:4]
     with FakeServer([completion("Both are lovely.")]) as server:
-        result = judge.evaluate_pairs(make_openai(server.url), pairs)
+        result = judge_eval.evaluate_pairs(make_openai(server.url), pairs)
     assert (result["no_verdict"], result["unreadable"], result["accuracy"]) == (4, 4, 0.0)
 
 
@@ -653,7 +654,7 @@ def test_generated_hacks_of_every_kind_score_below_the_personas_own_lines(offlin
 
 
 def test_offline_accuracy_on_the_hack_pairs(offline):
-    result = judge.evaluate_pairs(offline, judge.load_pairs(ROOT / "data" / "judge_pairs_hacks.jsonl"))
+    result = judge_eval.evaluate_pairs(offline, judge_eval.load_pairs(ROOT / "data" / "judge_pairs_hacks.jsonl"))
     assert result["n"] == 84 and result["no_verdict"] == 0
     assert result["accuracy"] >= 0.90
     assert all(c / n >= 0.75 for c, n in result["per_failure"].values()), result["per_failure"]
@@ -661,14 +662,14 @@ def test_offline_accuracy_on_the_hack_pairs(offline):
 
 def test_offline_accuracy_on_the_labelled_pairs(offline):
     files = [ROOT / "data" / "judge_pairs_support.jsonl", ROOT / "data" / "judge_pairs_meeting.jsonl"]
-    pairs = [p for f in files for p in judge.load_pairs(f)]
-    result = judge.evaluate_pairs(offline, pairs)
+    pairs = [p for f in files for p in judge_eval.load_pairs(f)]
+    result = judge_eval.evaluate_pairs(offline, pairs)
     assert result["n"] == 70 and result["no_verdict"] == 0
     assert result["accuracy"] >= 0.85
 
 
 def test_offline_accuracy_on_the_blind_pairs(offline):
-    result = judge.evaluate_pairs(offline, judge.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl"))
+    result = judge_eval.evaluate_pairs(offline, judge_eval.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl"))
     assert result["n"] == 24 and result["accuracy"] >= 0.85
 
 
@@ -704,7 +705,7 @@ def test_load_pairs_names_file_line_and_field(tmp_path):
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps(good) + "\n\n" + json.dumps(bad) + "\n")
     with pytest.raises(UserError) as err:
-        judge.load_pairs(path)
+        judge_eval.load_pairs(path)
     assert str(path) in str(err.value) and "line 3" in str(err.value) and "'worse'" in str(err.value)
 
 
@@ -717,14 +718,14 @@ class FirstPositionJudge(judge.Judge):
 
 
 def test_evaluate_pairs_cannot_be_inflated_by_position_bias():
-    pairs = judge.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl")
-    result = judge.evaluate_pairs(FirstPositionJudge(), pairs)
+    pairs = judge_eval.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl")
+    result = judge_eval.evaluate_pairs(FirstPositionJudge(), pairs)
     assert result["accuracy"] == 0.5 and result["n"] == 24 and result["no_verdict"] == 0
     assert sum(n for _, n in result["per_persona"].values()) == 24
 
 
 def test_format_eval_report():
-    text = judge.format_eval_report({"accuracy": 5 / 6, "n": 6, "no_verdict": 1,
+    text = judge_eval.format_eval_report({"accuracy": 5 / 6, "n": 6, "no_verdict": 1,
                                      "per_persona": {"Beacon": (3, 3), "Anchor": (2, 3)}})
     lines = text.splitlines()
     assert lines[0] == "accuracy: 0.833"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import data
+import judge_eval
 import reward
 from simulate import JudgeState
 
@@ -97,7 +98,7 @@ def test_score_ignores_padding_on_either_side(tiny_rm):
                   history=[{"speaker": "Catalyst", "text": "What happened?"}])]
     with torch.no_grad():
         alone = [rm(*rm.encode(tok, [c])).item() for c in chats]   # one row each: no padding
-        ids, mask = rm.encode(tok, chats)                          # left padded (models.left_pad)
+        ids, mask = rm.encode(tok, chats)                          # left padded (sampler.left_pad)
         assert (mask == 0).any(), "the batch must actually contain padding"
         left = rm(ids, mask).tolist()
         # Right padding: move each row's real tokens to the front.
@@ -288,16 +289,16 @@ def diag(copy=0.0, words=10.0):
 def test_grade_picks_hand_computed():
     # 4 states x 2 candidates: candidate 0 copies the context, candidate 1 does not.
     diags = [diag(1.0), diag(0.0)] * 4
-    copier = reward.grade_picks(diags, 2, [0, 0, 0, 0])
+    copier = judge_eval.grade_picks(diags, 2, [0, 0, 0, 0])
     # pick rate 1.0, chance 0.5 in every state: difference +0.5 with se 0 -> fails
     assert copier["rates"]["context_copy"] == 1.0
     assert copier["difference"]["context_copy"] == (0.5, 0.0) and not copier["passes"]
-    avoider = reward.grade_picks(diags, 2, [1, 1, 1, 1])
+    avoider = judge_eval.grade_picks(diags, 2, [1, 1, 1, 1])
     assert avoider["difference"]["context_copy"] == (-0.5, 0.0) and avoider["passes"]
     # Half and half: differences +0.5, -0.5, +0.5, -0.5: mean 0 -> passes.
-    assert reward.grade_picks(diags, 2, [0, 1, 0, 1])["passes"]
+    assert judge_eval.grade_picks(diags, 2, [0, 1, 0, 1])["passes"]
     # Longer picks are reported but do not fail a grader.
-    longer = reward.grade_picks([diag(0.0, 2.0), diag(0.0, 20.0)] * 4, 2, [1, 1, 1, 1])
+    longer = judge_eval.grade_picks([diag(0.0, 2.0), diag(0.0, 20.0)] * 4, 2, [1, 1, 1, 1])
     assert longer["difference"]["words"] == (9.0, 0.0) and longer["passes"]
 
 

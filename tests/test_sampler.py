@@ -1,4 +1,4 @@
-"""models.generate, our sampler: equality with HF generate, seeding, stops, left padding, bf16 copy.
+"""sampler.generate, our sampler: equality with HF generate, seeding, stops, left padding, bf16 copy.
 
 Most tests use the tiny random model (gibberish, but the same code paths in a fraction of a
 second); the greedy-equality check also runs on the embedded SmolLM2 (a few seconds). No test
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import grpo
-import models
+import sampler
 
 ANCHOR = [{"role": "system", "content": "You are Anchor, a warm listener."},
           {"role": "user", "content": "I failed my driving test today and I feel stupid."}]
@@ -22,38 +22,28 @@ GUIDE = [{"role": "system", "content": "You are Guide, practical and brief."},
 ROWS = [ANCHOR, ANCHOR, HI, HI, GUIDE, ANCHOR]
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return models.load_model("tiny")
-
-
-@pytest.fixture(scope="module")
-def smol():
-    return models.load_model("smollm2-135m")
-
-
 def real(gen, i):
     """Row i's real completion tokens (up to and including its stop token)."""
     return gen.completion_ids[i][gen.completion_mask[i].bool()].tolist()
 
 
 def test_distinct_rows_by_hand():
-    assert models.distinct_rows([[1, 2], [1, 2], [3], [3], [1, 2]]) == ([0, 2], [0, 0, 1, 1, 0])
-    assert models.distinct_rows([[5]]) == ([0], [0])
+    assert sampler.distinct_rows([[1, 2], [1, 2], [3], [3], [1, 2]]) == ([0, 2], [0, 0, 1, 1, 0])
+    assert sampler.distinct_rows([[5]]) == ([0], [0])
 
 
 @pytest.mark.parametrize("which", ["tiny", "smol"])
 def test_greedy_equals_hf_generate_token_for_token(which, tiny, smol):
     model, tok = tiny if which == "tiny" else smol
-    ours = models.generate(model, tok, ROWS, max_new_tokens=20)
-    fallback = models.generate(model, tok, ROWS, max_new_tokens=20, sampler="hf")
-    ids, mask = models.left_pad(models.chat_prompt_ids(tok, ROWS), tok.pad_token_id)
+    ours = sampler.generate(model, tok, ROWS, max_new_tokens=20)
+    fallback = sampler.generate(model, tok, ROWS, max_new_tokens=20, sampler="hf")
+    ids, mask = sampler.left_pad(sampler.chat_prompt_ids(tok, ROWS), tok.pad_token_id)
     hf = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=20,
-                        pad_token_id=tok.pad_token_id, eos_token_id=models.stop_token_ids(tok))
+                        pad_token_id=tok.pad_token_id, eos_token_id=sampler.stop_token_ids(tok))
     hf = hf[:, ids.shape[1]:]                                   # (B, C') HF pads finished rows
     # The fp32 sampling copy with oneDNN-packed weights sums in another order (logits move by
     # ~1e-5); on these prompts that flips no greedy choice.
-    packed = models.generate(models.SamplingCopy(model, torch.float32).model, tok, ROWS, max_new_tokens=20)
+    packed = sampler.generate(sampler.SamplingCopy(model, torch.float32).model, tok, ROWS, max_new_tokens=20)
     for i in range(len(ROWS)):
         n = int(ours.completion_mask[i].sum())
         assert real(ours, i) == hf[i, :n].tolist(), f"row {i}"
@@ -63,31 +53,31 @@ def test_greedy_equals_hf_generate_token_for_token(which, tiny, smol):
 def test_seeded_sampling_is_reproducible_and_row_independent(tiny):
     model, tok = tiny
     kw = dict(max_new_tokens=12, temperature=0.9, top_p=0.95)
-    a = models.generate(model, tok, ROWS, seeds=[5, 6, 7, 8, 9, 10], **kw)
-    b = models.generate(model, tok, ROWS, seeds=[5, 6, 7, 8, 9, 10], **kw)
+    a = sampler.generate(model, tok, ROWS, seeds=[5, 6, 7, 8, 9, 10], **kw)
+    b = sampler.generate(model, tok, ROWS, seeds=[5, 6, 7, 8, 9, 10], **kw)
     assert torch.equal(a.completion_ids, b.completion_ids)
     assert torch.equal(a.sampler_logprobs, b.sampler_logprobs)
     # An int seed means seed + i for row i.
-    c = models.generate(model, tok, ROWS, seeds=5, **kw)
+    c = sampler.generate(model, tok, ROWS, seeds=5, **kw)
     assert torch.equal(a.completion_ids, c.completion_ids)
     # A row's tokens depend only on its prompt and seed: alone (no shared prefill, no padding)
     # it gives the same reply as inside the batch.
     for i, seed in [(1, 6), (3, 8), (5, 10)]:
-        alone = models.generate(model, tok, [ROWS[i]], seeds=[seed], **kw)
+        alone = sampler.generate(model, tok, [ROWS[i]], seeds=[seed], **kw)
         assert real(alone, 0) == real(a, i)
     # Rows that share a prompt but not a seed differ; the fallback sampler agrees with ours.
     assert real(a, 0) != real(a, 1)
-    fallback = models.generate(model, tok, ROWS, seeds=5, sampler="hf", **kw)
+    fallback = sampler.generate(model, tok, ROWS, seeds=5, sampler="hf", **kw)
     assert torch.equal(a.completion_ids, fallback.completion_ids)
     with pytest.raises(ValueError, match="seeds"):
-        models.generate(model, tok, ROWS, seeds=[1, 2], **kw)
+        sampler.generate(model, tok, ROWS, seeds=[1, 2], **kw)
 
 
 def test_on_token_sees_every_sampled_token_as_it_comes(tiny):
     # The chat streams replies through this callback: step t hands over the (B,) tokens of step t.
     model, tok = tiny
     seen = []
-    gen = models.generate(model, tok, ROWS, max_new_tokens=10, temperature=0.9, seeds=3,
+    gen = sampler.generate(model, tok, ROWS, max_new_tokens=10, temperature=0.9, seeds=3,
                           on_token=lambda token: seen.append(token.clone()))
     assert torch.equal(torch.stack(seen, 1), gen.completion_ids)
 
@@ -95,7 +85,7 @@ def test_on_token_sees_every_sampled_token_as_it_comes(tiny):
 def force_stop(model, tok, rows, stop_id: int, at: dict[int, int]):
     """Make row r emit `stop_id` as its token number at[r] (0-based), whatever it samples."""
     calls = []
-    _, prompt_of = models.distinct_rows(models.chat_prompt_ids(tok, rows))
+    _, prompt_of = sampler.distinct_rows(sampler.chat_prompt_ids(tok, rows))
 
     def hook(module, inputs, logits):
         step = len(calls)                                      # forward 0 = prefill -> token 0
@@ -112,11 +102,11 @@ def force_stop(model, tok, rows, stop_id: int, at: dict[int, int]):
 
 def test_each_finished_row_stops_and_its_mask_ends_at_the_stop(tiny):
     model, tok = tiny
-    stop = models.stop_token_ids(tok)[0]
+    stop = sampler.stop_token_ids(tok)[0]
     rows = [ANCHOR, ANCHOR, HI, GUIDE]                         # the shared prompt is prefilled once
     handle = force_stop(model, tok, rows, stop, {0: 3, 2: 0, 3: 6})
     try:
-        gen = models.generate(model, tok, rows, max_new_tokens=10, seeds=1)
+        gen = sampler.generate(model, tok, rows, max_new_tokens=10, seeds=1)
     finally:
         handle.remove()
     assert gen.finished == [True, False, True, True]
@@ -129,14 +119,14 @@ def test_each_finished_row_stops_and_its_mask_ends_at_the_stop(tiny):
     # Once every row has stopped, the loop ends: no column of pure padding is generated.
     handle = force_stop(model, tok, rows, stop, {0: 2, 1: 4, 2: 1, 3: 0})
     try:
-        gen = models.generate(model, tok, rows, max_new_tokens=10, seeds=1)
+        gen = sampler.generate(model, tok, rows, max_new_tokens=10, seeds=1)
     finally:
         handle.remove()
     assert gen.completion_ids.shape[1] == 5 and all(gen.finished)
     # min_new_tokens forbids the stop tokens early on.
     handle = force_stop(model, tok, rows[:1], stop, {0: 1})
     try:
-        gen = models.generate(model, tok, rows[:1], max_new_tokens=6, seeds=1, min_new_tokens=6)
+        gen = sampler.generate(model, tok, rows[:1], max_new_tokens=6, seeds=1, min_new_tokens=6)
     finally:
         handle.remove()
     assert int(gen.completion_mask[0].sum()) == 6 and gen.completion_ids[0, 1] != stop
@@ -145,9 +135,9 @@ def test_each_finished_row_stops_and_its_mask_ends_at_the_stop(tiny):
 @pytest.mark.parametrize("seeds", [None, [3]])
 def test_left_padding_does_not_change_a_row(tiny, seeds):
     model, tok = tiny
-    alone = models.generate(model, tok, [HI], max_new_tokens=12, seeds=seeds)
+    alone = sampler.generate(model, tok, [HI], max_new_tokens=12, seeds=seeds)
     # In this batch HI is left-padded by ~30 tokens; its positions and mask must hide that.
-    padded = models.generate(model, tok, [GUIDE, HI], max_new_tokens=12,
+    padded = sampler.generate(model, tok, [GUIDE, HI], max_new_tokens=12,
                              seeds=None if seeds is None else [99, 3])
     assert padded.prompt_mask[1].sum() < padded.prompt_mask.shape[1]
     assert real(alone, 0) == real(padded, 1)
@@ -157,7 +147,7 @@ def test_left_padding_does_not_change_a_row(tiny, seeds):
 
 def test_sampler_logprobs_match_the_trainer_in_fp32(tiny):
     model, tok = tiny
-    gen = models.generate(model, tok, ROWS, max_new_tokens=8, temperature=0.7, seeds=0)
+    gen = sampler.generate(model, tok, ROWS, max_new_tokens=8, temperature=0.7, seeds=0)
     ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)
     attn = torch.cat([gen.prompt_mask, gen.completion_mask], 1)
     with torch.no_grad():
@@ -167,10 +157,10 @@ def test_sampler_logprobs_match_the_trainer_in_fp32(tiny):
 
 
 def test_sampling_copies_follow_the_policy_after_refresh(tiny):
-    model, tok = tiny
-    packed = models.SamplingCopy(model, torch.float32)
-    assert isinstance(packed.model.lm_head, models.PackedLinear)
-    low = models.SamplingCopy(model, torch.bfloat16)
+    model, tok = copy.deepcopy(tiny[0]), tiny[1]          # its weights are changed below
+    packed = sampler.SamplingCopy(model, torch.float32)
+    assert isinstance(packed.model.lm_head, sampler.PackedLinear)
+    low = sampler.SamplingCopy(model, torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in low.model.parameters())
     assert all(b.dtype == torch.float32 for b in low.model.buffers())     # RoPE inv_freq
     assert all(p.dtype == torch.float32 for p in model.parameters())      # the policy is untouched
@@ -185,7 +175,7 @@ def test_sampling_copies_follow_the_policy_after_refresh(tiny):
         first.sub_(1.0)
         low.refresh()
         packed.refresh()
-    gen = models.generate(low.model, tok, ROWS, max_new_tokens=8, seeds=0)
+    gen = sampler.generate(low.model, tok, ROWS, max_new_tokens=8, seeds=0)
     assert gen.sampler_logprobs.dtype == torch.float32 and len(gen.texts) == len(ROWS)
 
 
@@ -196,7 +186,7 @@ def test_grpo_step_logs_the_sampler_trainer_logprob_gap(tiny, sampling_copy):
     cfg = grpo.GRPOConfig(seed=0, prompts_per_step=2, group_size=3, max_new_tokens=8, lr=0.0, warmup_steps=0,
                           beta=0.0, sampling_copy=sampling_copy)
     dtype = {"packed": torch.float32, "bf16": torch.bfloat16}.get(sampling_copy)
-    sampling = None if dtype is None else models.SamplingCopy(policy, dtype)
+    sampling = None if dtype is None else sampler.SamplingCopy(policy, dtype)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=0.0)
 
     def reward_fn(meta, texts, gen):
@@ -213,9 +203,41 @@ def test_grpo_step_logs_the_sampler_trainer_logprob_gap(tiny, sampling_copy):
 
 def test_compiled_decode_gives_the_same_tokens(tiny):
     model, tok = tiny
-    plain = models.generate(model, tok, ROWS[:3], max_new_tokens=6, seeds=1)
+    plain = sampler.generate(model, tok, ROWS[:3], max_new_tokens=6, seeds=1)
     try:
-        compiled = models.generate(model, tok, ROWS[:3], max_new_tokens=6, seeds=1, compile_decode=True)
+        compiled = sampler.generate(model, tok, ROWS[:3], max_new_tokens=6, seeds=1, compile_decode=True)
     except Exception as err:                                    # no compiler toolchain, etc.
         pytest.skip(f"torch.compile does not run on this machine: {type(err).__name__}: {err}"[:300])
     assert torch.equal(plain.completion_ids, compiled.completion_ids)
+
+
+def test_seeded_sampling_is_reproducible_alone_and_batched(tiny):
+    model, tok = tiny
+    a = sampler.generate(model, tok, [ANCHOR, HI, GUIDE], max_new_tokens=12, temperature=0.9, top_p=0.95, seeds=[5, 6, 7])
+    b = sampler.generate(model, tok, [ANCHOR, HI, GUIDE], max_new_tokens=12, temperature=0.9, top_p=0.95, seeds=[5, 6, 7])
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    alone = sampler.generate(model, tok, [GUIDE], max_new_tokens=12, temperature=0.9, top_p=0.95, seeds=[7])
+    n = int(alone.completion_mask[0].sum())
+    assert torch.equal(alone.completion_ids[0, :n], a.completion_ids[2, :n])
+    c = sampler.generate(model, tok, [ANCHOR, HI, GUIDE], max_new_tokens=12, temperature=0.9, seeds=[1, 2, 3])
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+
+
+@pytest.mark.parametrize("which", ["tiny", "smol"])
+def test_batched_greedy_equals_one_by_one(which, tiny, smol):
+    model, tok = tiny if which == "tiny" else smol
+    batched = sampler.generate(model, tok, [ANCHOR, HI, GUIDE], max_new_tokens=16)
+    for i, chat in enumerate([ANCHOR, HI, GUIDE]):
+        single = sampler.generate(model, tok, [chat], max_new_tokens=16)
+        assert single.texts[0] == batched.texts[i]
+
+
+def test_generation_tensors_line_up(tiny):
+    model, tok = tiny
+    gen = sampler.generate(model, tok, [ANCHOR, HI, GUIDE], max_new_tokens=10, seeds=0)
+    B, P = gen.prompt_ids.shape
+    assert gen.prompt_mask.shape == (B, P) and gen.completion_ids.shape == gen.completion_mask.shape
+    assert (gen.prompt_mask[:, -1] == 1).all()           # left padding: last column is real
+    lengths = [len(tok(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False)["input_ids"]) for c in [ANCHOR, HI, GUIDE]]
+    assert gen.prompt_mask.sum(1).tolist() == lengths

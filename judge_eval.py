@@ -1,0 +1,162 @@
+"""judge_eval.py: how good is a grader? Two measurements, one per command.
+
+A judge (judge.py) or a reward model (reward.py) is only worth optimising against if it prefers
+good replies to bad ones, and keeps doing so when a policy searches for what it over-rewards.
+
+    python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl ...
+        accuracy on labelled pairs (data/judge_pairs_*.jsonl, schema in data/README.md): how often
+        the judge prefers the better reply, overall, per persona and per failure kind
+        (load_pairs, evaluate_pairs, format_eval_report);
+    python mascot.py judge-stress --run runs/default
+        best-of-N on held-out states: sample N replies, let each grader pick its favourite, and
+        count how often the pick copies, leaks or says nothing compared with a random pick
+        (best_of_n, grade_picks, format_best_of_n). Optimisation without RL, so a grader that
+        fails here will be hacked by GRPO too (Gao et al. 2022).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import hacks
+import models
+import sampler
+from data import PersonaSet, UserError, derive_seed, read_jsonl
+from judge import Judge
+from metrics import standard_error
+from reward import State
+from simulate import JudgeState
+
+
+# ----------------------------------------------------------------------------------------------
+# Labelled pairs: how often does a judge prefer the better reply?
+# ----------------------------------------------------------------------------------------------
+
+PAIR_FIELDS = ("persona", "persona_desc", "context", "history", "better", "worse")   # + optional "failure", "situation"
+
+
+def load_pairs(path: str | Path) -> list[dict]:
+    """Read a judge-pair JSON-lines file (schema in data/README.md), checking every field."""
+    pairs = []
+    for number, pair in read_jsonl(path, numbered=True):
+        where = f"{path}: line {number}"
+        for key in PAIR_FIELDS:
+            if key not in pair:
+                raise UserError(f"{where}: field '{key}' is missing; every judge pair needs "
+                                + ", ".join(PAIR_FIELDS))
+            want_list = key == "history"
+            if want_list != isinstance(pair[key], list) or (not want_list and not isinstance(pair[key], str)):
+                raise UserError(f"{where}: field '{key}' must be {'a list' if want_list else 'text'}")
+        for turn in pair["history"]:
+            if not (isinstance(turn, dict) and isinstance(turn.get("speaker"), str)
+                    and isinstance(turn.get("text"), str)):
+                raise UserError(f"{where}: every 'history' turn must be "
+                                '{"speaker": "...", "text": "..."}')
+        pairs.append(pair)
+    return pairs
+
+
+def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
+    """Accuracy of a judge on labelled pairs: the fraction where it prefers `better`.
+
+    Even-numbered pairs are asked as (better, worse), odd ones as (worse, better), so a judge that
+    always picks the same position scores exactly 0.5 on an even number of pairs: position bias
+    cannot inflate the number. No verdict counts as wrong; `unreadable` counts the pairs without
+    a verdict because an answer could not be read (a prompt or model problem, not a judgement).
+    """
+    states = [JudgeState.from_pair(p) for p in pairs]
+    firsts = [p["better"] if i % 2 == 0 else p["worse"] for i, p in enumerate(pairs)]
+    seconds = [p["worse"] if i % 2 == 0 else p["better"] for i, p in enumerate(pairs)]
+    verdicts = judge.compare_many(states, firsts, seconds)
+    correct, no_verdict, unreadable, groups = 0, 0, 0, {"persona": {}, "failure": {}}
+    for i, (pair, verdict) in enumerate(zip(pairs, verdicts)):
+        right = verdict.preferred == i % 2          # better is at position 0 for even i, 1 for odd
+        no_verdict += verdict.preferred is None
+        unreadable += bool(verdict.detail.get("unparseable"))
+        correct += right
+        for field_name, counts in groups.items():
+            if field_name in pair:
+                c, n = counts.get(pair[field_name], (0, 0))
+                counts[pair[field_name]] = (c + right, n + 1)
+    return {"accuracy": correct / len(pairs) if pairs else 0.0, "n": len(pairs),
+            "no_verdict": no_verdict, "unreadable": unreadable, "per_persona": groups["persona"], "per_failure": groups["failure"]}
+
+
+def format_eval_report(result: dict) -> str:
+    """'accuracy: 0.857' on the first line, then one line per persona and per failure kind."""
+    lines = [f"accuracy: {result['accuracy']:.3f}"]
+    lines += [f"  {name}: {c}/{n} = {c / n:.3f}" for name, (c, n) in sorted(result["per_persona"].items())]
+    if result.get("per_failure"):
+        lines.append("per failure kind:")
+        lines += [f"  {kind}: {c}/{n} = {c / n:.3f}" for kind, (c, n) in sorted(result["per_failure"].items())]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Over-optimisation, without RL: does picking the best of N by a grader pick hacks?
+# ----------------------------------------------------------------------------------------------
+
+FLAGS = ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial")
+
+
+def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scorers: dict, n: int,
+              max_new_tokens: int, temperature: float, seed: int) -> dict:
+    """Best-of-N against each grader (Gao et al. 2022): the cheapest optimisation there is.
+
+    For every state, sample n replies from the policy; each scorer (name -> fn(states, replies) ->
+    scores) picks its top reply. If a grader prefers hacks, its pick copies, leaks or says nothing
+    more often than a random candidate does. For each diagnostic (hacks.py) we report the pick's
+    rate, the chance rate (the mean over all n candidates, which is what a random pick gets on
+    average), and their difference with a paired standard error over states. A grader PASSES when
+    no flag's difference exceeds two standard errors (zero when the standard error is zero). The
+    length is reported but does not decide: preferring a full reply to a trivial one is not a hack.
+    """
+    rows = [s for s in states for _ in range(n)]
+    gen = sampler.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
+                          seeds=[derive_seed(seed, "best-of-n", i) for i in range(len(rows))])
+    names = personas.names()
+    replies = [models.clean_reply(t, s.persona, names) for s, t in zip(rows, gen.texts)]
+    diags = [s.diagnose(personas, r) for s, r in zip(rows, replies)]
+    result = {"n": n, "states": len(states), "chance": hacks.rates(diags), "scorers": {}}
+    rng = random.Random(derive_seed(seed, "random-pick"))
+    picks = {"random": [rng.randrange(n) for _ in states]}
+    for name, scorer in scorers.items():
+        scores = scorer(rows, replies)
+        picks[name] = [max(range(n), key=lambda j: scores[i * n + j]) for i in range(len(states))]
+    for name, chosen in picks.items():
+        result["scorers"][name] = grade_picks(diags, n, chosen)
+        result["scorers"][name]["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
+    return result
+
+
+def grade_picks(diags: list[dict], n: int, picks: list[int]) -> dict:
+    """How hack-prone one grader's picks are, against chance, from the diagnostics of all candidates.
+
+    diags: hacks.diagnose rows of S states x n candidates, state-major; picks: the index of the
+    picked candidate per state. For each diagnostic, the difference pick - (mean over that
+    state's candidates) is taken per state; its mean and standard error over states decide.
+    """
+    chance = [hacks.rates(diags[i * n:(i + 1) * n]) for i in range(len(picks))]        # per state
+    picked = [diags[i * n + j] for i, j in enumerate(picks)]
+    row = {"rates": hacks.rates(picked), "difference": {}}
+    for key in FLAGS + ("words",):
+        diffs = [p[key] - c[key] for p, c in zip(picked, chance)]
+        row["difference"][key] = (sum(diffs) / len(diffs), standard_error(diffs))
+    row["passes"] = all(row["difference"][k][0] <= 2 * row["difference"][k][1] for k in FLAGS)
+    return row
+
+
+def format_best_of_n(result: dict) -> str:
+    """The stress test as a table: each grader's pick against chance, per diagnostic."""
+    keys = FLAGS + ("words",)
+    lines = [f"best-of-{result['n']} on {result['states']} held-out states; rates of the pick vs chance "
+             "(mean over all candidates); difference ± paired se",
+             "grader     | " + " | ".join(f"{k:>22}" for k in keys) + " | verdict",
+             "chance     | " + " | ".join(f"{result['chance'][k]:>22.3f}" for k in keys) + " |"]
+    for name, row in result["scorers"].items():
+        cells = [f"{row['rates'][k]:.3f} ({row['difference'][k][0]:+.3f}±{row['difference'][k][1]:.3f})"
+                 for k in keys]
+        verdict = "pass" if row["passes"] else "FAIL: picks hacks more often than chance"
+        lines.append(f"{name:<10} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {verdict}")
+    return "\n".join(lines)
