@@ -63,6 +63,7 @@ results.json, transcripts.jsonl}.
 """
 
 import math
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ from metrics import (NLI_RELATIONS, bootstrap_ci, distinct_n, mean_pairwise_simi
                      nli_rates, parse_ab, parse_rubric_score, rescale_0_100, self_bleu,
                      semantic_redundancy_rate, win_rate)
 from results import json_safe, result_notes, results_markdown, training_use
-from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, RoundRobin, diagnose_reply,
+from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, Conversation, RoundRobin, diagnose_reply,
                       judge_state, role_setting, run_conversations)
 
 
@@ -757,6 +758,38 @@ def earlier_systems(out: Path, protocol: dict, setup: Setup, redo: list[str]) ->
     return keep, [r for r in data.read_jsonl(out / "transcripts.jsonl") if r["system"] in keep]
 
 
+def folder_stamp(folder: str) -> list:
+    """(name, size, modification time) of every file in a model folder: what changes when the
+    model is trained again, so a saved system result is never reused for other weights."""
+    path = Path(folder)
+    if not path.is_dir():
+        return [folder]                      # a model name (the base model): the name is the identity
+    return sorted([str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns]
+                  for f in path.rglob("*") if f.is_file())
+
+
+def resume_key(system: System, protocol: dict, setup: Setup, args) -> dict:
+    """Everything a system's numbers depend on: a saved result with the same key is the result
+    this run would compute (every system's seeds are its own)."""
+    folders = {"trained": speakers_folder(args), "sft": sft_folder(args), "trained-director": director_folder(args)}
+    used = [folders[k] for k in (system.speakers, system.order) if k in folders]
+    return json_safe({"protocol": protocol, "judge": setup.judge.name, "status": setup.status,
+                      "sc": [args.sc_samples, args.sc_pick], "models": {f: folder_stamp(f) for f in used}})
+
+
+def finished_system(out: Path, name: str, key: dict, contexts: list):
+    """(conversations, entry, transcript rows) of a system an interrupted run finished with the
+    same key, else None."""
+    path = out / "partial" / f"{name}.json"
+    if not path.is_file():
+        return None
+    saved = data.read_json(path)
+    if saved.get("key") != key:
+        return None
+    convs = [Conversation.from_json(row, context) for row, context in zip(saved["rows"], contexts)]
+    return convs, saved["entry"], saved["rows"]
+
+
 def run(args, inputs) -> dict:
     """`python mascot.py evaluate`: run the systems, score them, print and write the tables.
 
@@ -781,8 +814,20 @@ def run(args, inputs) -> dict:
     entries, rows = earlier_systems(out, protocol, setup, [s.name for s in systems]) if args.add else ({}, [])
     convs_by_system = {}
     for system in systems:
-        convs_by_system[system.name], entries[system.name] = run_system(system, setup, inputs, args)
-        rows += [{"system": system.name, "index": i, **c.to_json()} for i, c in enumerate(convs_by_system[system.name])]
+        # Each finished system is saved at once (RUN/eval/partial/), so an interrupted evaluation
+        # run again with the same flags redoes only the systems it had not finished.
+        key = resume_key(system, protocol, setup, args)
+        done = finished_system(out, system.name, key, setup.contexts)
+        if done:
+            convs_by_system[system.name], entries[system.name], system_rows = done
+            print(f"{system.name}: kept from the interrupted evaluation ({out / 'partial'})", flush=True)
+        else:
+            convs_by_system[system.name], entries[system.name] = run_system(system, setup, inputs, args)
+            system_rows = [{"system": system.name, "index": i, **c.to_json()}
+                           for i, c in enumerate(convs_by_system[system.name])]
+            data.write_json(out / "partial" / f"{system.name}.json",
+                            json_safe({"key": key, "entry": entries[system.name], "rows": system_rows}))
+        rows += system_rows
     entries = {n: entries[n] for n in SYSTEM_NAMES if n in entries}          # table order
     data.write_jsonl(out / "transcripts.jsonl", rows)
     fields = slice_fields(args.set, next(iter(entries.values()))["conversations"])
@@ -818,6 +863,7 @@ def run(args, inputs) -> dict:
     text = results_markdown(results)
     data.write_text_atomic(out / "results.md", text)
     data.write_json(out / "results.json", json_safe(results))
+    shutil.rmtree(out / "partial", ignore_errors=True)          # results.json now holds every system
     print(text, flush=True)
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'transcripts.jsonl'}", flush=True)
     return results

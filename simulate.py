@@ -101,6 +101,16 @@ class Conversation:
                           for t in self.turns],
                 "events": self.events}
 
+    @classmethod
+    def from_json(cls, row: dict, context: Context) -> "Conversation":
+        """The conversation `to_json` wrote, given its context (rows keep only the context's id)."""
+        if row["context_id"] != context.id:
+            raise ValueError(f"transcript row of context {row['context_id']} given context {context.id}")
+        turns = [Turn(t["speaker"], t["text"], Directive(**t["directive"]) if t["directive"] else None)
+                 for t in row["turns"]]
+        return cls(context, row["persona_set"], row["profile"], row["policy"], row["seed"], turns,
+                   list(row["events"]), ended=any(e.get("type") == "crisis" for e in row["events"]))
+
 
 @dataclass
 class JudgeState:

@@ -20,12 +20,13 @@ import torch
 import baselines
 import data
 import evaluate
-import results
 import mascot
 import models
-import sampler
 import persona_id
+import results
+import sampler
 import sft
+import simulate
 from simulate import USER, Conversation, Directive, Turn, reply_text, role_setting, speaker_messages
 
 
@@ -570,6 +571,62 @@ def test_add_keeps_earlier_systems_of_the_same_protocol(tmp_path):
     assert Counter(x["system"] for x in lines) == {"round-robin": 2, "zero-shot": 2}
     with pytest.raises(data.UserError, match="--add"):
         run(base[:-4] + ["--contexts", "1", "--run", str(tmp_path), "--systems", "few-shot", "--add"])
+
+
+def test_an_interrupted_evaluation_redoes_only_the_unfinished_systems(tmp_path, monkeypatch):
+    base = ["--model", "tiny", "--contexts", "2", "--turns", "1", "--max-new-tokens", "2",
+            "--systems", "zero-shot,round-robin", "--pairwise", "zero-shot,round-robin", "--pairwise-by", "judge"]
+    whole = run(base + ["--run", str(tmp_path / "whole")])
+    real_run_system, ran = evaluate.run_system, []
+
+    def interrupted(system, *rest):
+        if system.name == "round-robin":
+            raise KeyboardInterrupt                        # Ctrl-C during the second system
+        return real_run_system(system, *rest)
+
+    def counted(system, *rest):
+        ran.append(system.name)
+        return real_run_system(system, *rest)
+
+    out = tmp_path / "cut"
+    monkeypatch.setattr(evaluate, "run_system", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(base + ["--run", str(out)])
+    assert [p.name for p in (out / "eval" / "partial").iterdir()] == ["zero-shot.json"]
+    monkeypatch.setattr(evaluate, "run_system", counted)
+    resumed = run(base + ["--run", str(out)])
+    assert ran == ["round-robin"]                          # zero-shot was kept, not simulated again
+    for name in ("zero-shot", "round-robin"):
+        # Equal up to float summation order (the sentence encoder pads a batch of other texts).
+        got, want = (evaluate.json_safe(r["systems"][name]["metrics"]) for r in (resumed, whole))
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key].get("n") == want[key].get("n")
+            if want[key].get("mean") is None:                         # a metric without a number
+                assert got[key].get("mean") is None
+            else:
+                assert got[key]["mean"] == pytest.approx(want[key]["mean"], rel=1e-5)
+    assert resumed["pairwise"]["outcomes"] == whole["pairwise"]["outcomes"]   # kept conversations judged again
+    assert not (out / "eval" / "partial").exists()         # results.json holds everything now
+    # A saved system is only reused for the same flags: another --turns redoes everything.
+    monkeypatch.setattr(evaluate, "run_system", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(base + ["--run", str(out)])
+    ran.clear()
+    monkeypatch.setattr(evaluate, "run_system", counted)
+    run(base[:5] + ["2"] + base[6:] + ["--run", str(out)])
+    assert ran == ["zero-shot", "round-robin"]
+
+
+def test_a_conversation_comes_back_from_its_transcript_row():
+    ctx = data.Context("c-1", "support", "Lost my job.", "I lost my job today.")
+    conv = simulate.start_conversation(ctx, "support", "average", "round-robin", 3)
+    conv.turns.append(simulate.Turn("Anchor", "That is hard.", simulate.Directive("Anchor", "validate", "warm")))
+    simulate.add_user_turn(conv, "I want to end my life tonight.")
+    back = simulate.Conversation.from_json(json.loads(json.dumps(conv.to_json())), ctx)
+    assert back == conv and back.ended
+    with pytest.raises(ValueError, match="c-2"):
+        simulate.Conversation.from_json(conv.to_json(), data.Context("c-2", "support", "x", "y"))
 
 
 def test_every_crisis_stop_is_listed_once_with_its_category_and_score():
