@@ -68,8 +68,8 @@ def run_conversations(contexts, policy, speak, cast, profiles, profile_ids, n_ag
 def _generate(cast, prompts: list[list[dict]], max_new_tokens: int, seeds: list[int]) -> list[str]:
     if not prompts:
         return []
-    return sampler.generate(cast.speaker_model, cast.speaker_tok, prompts, max_new_tokens,
-                           cast.temperature, cast.top_p, seeds=seeds).texts
+    return sampler.generate_texts(cast.speaker_model, cast.speaker_tok, prompts, max_new_tokens,
+                                  cast.temperature, cast.top_p, seeds=seeds)
 
 
 def _live(convs, directives, cast):

@@ -49,15 +49,15 @@ def load_chat(args, say):
     run = Path(args.run)
     speakers = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
     say(f"loading speakers: {speakers}")
-    speaker_model, speaker_tok = models.load_model(speakers, device=args.device)
+    speaker_model, speaker_tok = models.load_role(speakers, "speakers", args)      # a served one streams no tokens
     director_model, director_name = None, args.policy
     if args.policy == "director":
         director_name = args.director or models.trained_or(run / "stage2" / "director", args.model)
-        if director_name == speakers:                 # one model can play both parts: load it once
+        if director_name == speakers and speaker_tok is not None:   # one local model can play both parts
             director_model = (speaker_model, speaker_tok)
         else:
             say(f"loading director: {director_name}")
-            director_model = models.load_model(director_name, device=args.device)
+            director_model = models.load_role(director_name, "director", args)
     policy = dr.make_policy(args.policy, personas, director_model, args.seed)
     # No simulated user in a chat (you are the user), so the Cast has no user model.
     cast = Cast(personas, speaker_model, speaker_tok, None, None, args.max_new_tokens)

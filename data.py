@@ -220,6 +220,66 @@ def atomic_folder(target: str | Path):
 
 
 # ----------------------------------------------------------------------------------------------
+# The answer cache: an append-only JSON-lines file of {"key": sha256, "value": ...}
+# ----------------------------------------------------------------------------------------------
+
+class AnswerCache:
+    """Answers already paid for (judgements, replies of a served model), on disk, so a re-run (or
+    a resumed crash) never asks twice.
+
+    Every record is one line {"key", "value"} appended with flush + fsync (append_jsonl), so
+    after a crash at most the line being written is lost. Reading is forgiving on purpose:
+      - a garbled LAST line is what a crash mid-write leaves: ignored with a warning;
+      - a garbled line in the middle is real damage (an editor, a disk error): skipped with a
+        warning and counted in `skipped`; the answer it held is simply asked again.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.hits = 0
+        self.misses = 0
+        self.skipped = 0
+        self._values: dict[str, object] = self._load()
+
+    @staticmethod
+    def make_key(name: str, method: str, inputs: object) -> str:
+        """sha256 of (who answers, method, canonical JSON of the inputs): equal inputs, equal key."""
+        canonical = json.dumps([name, method, inputs], sort_keys=True, ensure_ascii=False,
+                               separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def _load(self) -> dict[str, object]:
+        if not self.path.exists():
+            return {}
+
+        def damaged(number: int, problem: str) -> None:
+            self.skipped += 1
+            warn(f"{self.path}: skipping garbled line {number} ({problem}); its answer will be "
+                 "asked again")
+
+        records = read_jsonl(self.path, on_damage=damaged)
+        return {r["key"]: r["value"] for r in records if "key" in r and "value" in r}
+
+    def get(self, key: str):
+        """The stored value, or None (a miss). Stored values are never None."""
+        value = self._values.get(key)
+        if value is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return value
+
+    def put(self, key: str, value) -> None:
+        if value is None:
+            raise ValueError("AnswerCache stores no None values: None means 'not cached'")
+        self._values[key] = value
+        append_jsonl(self.path, {"key": key, "value": value})
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+# ----------------------------------------------------------------------------------------------
 # Options: a hyperparameter declared once, with its default, its help text and its valid range
 # ----------------------------------------------------------------------------------------------
 # The algorithms' settings live in dataclasses next to the code that uses them (grpo.GRPOConfig,

@@ -152,8 +152,8 @@ class LLMDirector:
 
     def choose(self, convs: list[Conversation]) -> list[Directive]:
         prompts = [director_messages(self.personas, c) for c in convs]
-        gen = sampler.generate(self.model, self.tok, prompts, DIRECTIVE_MAX_TOKENS, seeds=None)
-        out = parse_many(gen.texts, convs, self.personas)
+        texts = sampler.generate_texts(self.model, self.tok, prompts, DIRECTIVE_MAX_TOKENS, seeds=None)
+        out = parse_many(texts, convs, self.personas)
         self.total += len(out)
         self.invalid += sum(not d.valid for d in out)
         return out

@@ -13,7 +13,7 @@ results): zero-shot, zero-shot CoT, few-shot, few-shot CoT, self-consistency, SF
 plus our round-robin and prompted-director reference points, MASCOT-P (no persona alignment: base
 speakers), MASCOT-C (no director: random speaking order) and MASCOT. Every system gets the same
 persona cards (`--role-setting full`; `name` cuts them to name and role for an ablation), the
-same simulated user (the base model), and for conversation i the same context, Big Five profile
+same simulated user (the base model, or --user), and for conversation i the same context, Big Five profile
 and sampling seeds, so differences come from the system alone. A system whose checkpoint is
 missing is skipped, and the command that makes the checkpoint is printed; nothing stands in.
 
@@ -642,7 +642,8 @@ class Setup:
     the judge and the metric switches."""
     contexts: list               # conversation i's context ...
     profiles: list[str]          # ... and its simulated user's Big Five profile id
-    base: tuple                  # (model, tokenizer): the simulated user of every system, base speakers
+    base: tuple                  # (model, tokenizer) of --model: base speakers, prompted director, evaluator
+    user: tuple                  # (model, tokenizer): the simulated user of every system (--user, else base)
     models: dict                 # "trained" | "sft" | "trained-director" -> (model, tokenizer) when needed
     fewshot: list[dict]
     encoder: object
@@ -667,8 +668,12 @@ def prepare(args, inputs, systems: list[System], out: Path, notes: list[str]) ->
     need = {s.speakers for s in systems} | {s.order for s in systems}
     folders = {"trained": speakers_folder(args), "sft": sft_folder(args), "trained-director": director_folder(args)}
     base = models.load_model(args.model, device=args.device)
-    return Setup(contexts=[c for c, _ in plan], profiles=[p for _, p in plan], base=base,
-                 models={k: models.load_model(f, device=args.device) for k, f in folders.items() if k in need},
+    # Served roles (openai:<base url>) keep their replies in RUN/eval/served_cache.jsonl.
+    roles = {"trained": "speakers", "trained-director": "director"}
+    loaded = {k: models.load_role(f, roles[k], args, out / "served_cache.jsonl") if k in roles
+              else models.load_model(f, device=args.device) for k, f in folders.items() if k in need}
+    user = models.load_role(args.user, "user", args, out / "served_cache.jsonl") if args.user else base
+    return Setup(contexts=[c for c, _ in plan], profiles=[p for _, p in plan], base=base, user=user, models=loaded,
                  fewshot=load_fewshot(args.set) if any(s.style in EXAMPLE_STYLES for s in systems) else [],
                  encoder=encoder, judge=judge, nli=nli,
                  identifier=persona_id.PersonaIdentifier(*base, inputs.personas, args.model) if args.persona_id else None,
@@ -680,7 +685,7 @@ def run_system(system: System, setup: Setup, inputs, args) -> tuple[list, dict]:
     t0 = time.time()
     speaker_model, speaker_tok = setup.models.get(system.speakers, setup.base)
     shown = role_setting(inputs.personas, args.role_setting)        # what the speakers' prompts hold
-    cast = Cast(shown, speaker_model, speaker_tok, setup.base[0], setup.base[1], args.max_new_tokens,
+    cast = Cast(shown, speaker_model, speaker_tok, setup.user[0], setup.user[1], args.max_new_tokens,
                 style=system.style, examples=setup.fewshot if system.style in EXAMPLE_STYLES else [])
     if system.order == "round-robin":
         policy = RoundRobin(inputs.personas)
@@ -773,7 +778,8 @@ def resume_key(system: System, protocol: dict, setup: Setup, args) -> dict:
     this run would compute (every system's seeds are its own)."""
     folders = {"trained": speakers_folder(args), "sft": sft_folder(args), "trained-director": director_folder(args)}
     used = [folders[k] for k in (system.speakers, system.order) if k in folders]
-    return json_safe({"protocol": protocol, "judge": setup.judge.name, "status": setup.status,
+    served = [args.speakers_model, args.user, args.user_model, args.director_model]     # openai: roles
+    return json_safe({"protocol": protocol, "judge": setup.judge.name, "status": setup.status, "served": served,
                       "sc": [args.sc_samples, args.sc_pick], "models": {f: folder_stamp(f) for f in used}})
 
 
@@ -809,8 +815,8 @@ def run(args, inputs) -> dict:
     setup = prepare(args, inputs, systems, out, notes)
     protocol = {"contexts": [c.id for c in setup.contexts], "profiles": setup.profiles, "turns": args.turns,
                 "user_every": args.user_every, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-                "model": args.model, "data": args.data, "set": args.set, "split": inputs.split,
-                "role_setting": args.role_setting}
+                "model": args.model, "user": args.user or args.model, "data": args.data, "set": args.set,
+                "split": inputs.split, "role_setting": args.role_setting}
     entries, rows = earlier_systems(out, protocol, setup, [s.name for s in systems]) if args.add else ({}, [])
     convs_by_system = {}
     for system in systems:
@@ -846,7 +852,7 @@ def run(args, inputs) -> dict:
     profiles = list(dict.fromkeys(setup.profiles))
     summary = (f"{len(setup.contexts)} conversations per system: {n_ctx} held-out '{args.set}' contexts from "
                f"`{args.data}` x {len(profiles)} simulated-user profile(s) ({', '.join(profiles)}); seed {args.seed}, "
-               f"{inputs.split}; simulated user: {args.model}; {args.turns} agent turns, user every {args.user_every}; "
+               f"{inputs.split}; simulated user: {args.user or args.model}; {args.turns} agent turns, user every {args.user_every}; "
                f"{args.role_setting} persona cards in every system; every system sees the same contexts, profiles "
                "and sampling seeds.")
     results = {"protocol": {"summary": summary, **protocol},

@@ -22,7 +22,7 @@ One interface, four backends (pick one with `--judge`):
                   score_many / compare_many                   the same, batched
                   complete(prompt) -> str                     greedy text (LLM backends only)
 
-Every backend goes through a JudgeCache (an append-only JSON-lines file) when a cache path is
+Every backend goes through a AnswerCache (an append-only JSON-lines file) when a cache path is
 given, so a repeated run never pays twice for the same judgement. The openai: judge writes each
 judgement the moment it arrives, so a crashed run loses at most the requests in flight.
 
@@ -51,7 +51,6 @@ import hashlib
 import json
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -62,13 +61,13 @@ import hacks
 import models
 import sampler
 import reward
-from data import UserError
+from data import AnswerCache, UserError
 from judge_features import (OFFLINE_RECIPE, OFFLINE_WEIGHTS, RELEVANCE_CAP, REPEAT_FLOOR, COPY_RUN, COPY_FLOOR,
                             RECITAL_FLOOR, MIN_WORDS, LIST_FLOOR, FUNCTION_FLOOR, OFFLINE_CENTER, OFFLINE_SCALE,
                             PROMPT_TALK, persona_does, split_sentences, lexical_features, semantic_features, weighted_sum,
                             sigmoid, logit)
 from metrics import parse_ab, parse_rubric_score
-from openai_client import ChatClient
+from openai_client import ChatClient, run_concurrently
 from simulate import JudgeState
 
 
@@ -82,65 +81,6 @@ class Verdict:
     preferred: int | None      # 0 = first reply, 1 = second, None = no verdict / order flip
     p_first: float             # probability that the first reply is better, averaged over both orders
     detail: dict = field(default_factory=dict)
-
-
-# ----------------------------------------------------------------------------------------------
-# The cache: an append-only JSON-lines file of {"key": sha256, "value": ...}
-# ----------------------------------------------------------------------------------------------
-
-class JudgeCache:
-    """Judgements already paid for, on disk, so a re-run (or a resumed crash) never asks twice.
-
-    Every record is one line {"key", "value"} appended with flush + fsync (data.append_jsonl), so
-    after a crash at most the line being written is lost. Reading is forgiving on purpose:
-      - a garbled LAST line is what a crash mid-write leaves: ignored with a warning;
-      - a garbled line in the middle is real damage (an editor, a disk error): skipped with a
-        warning and counted in `skipped`; the judgement it held is simply asked again.
-    """
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.hits = 0
-        self.misses = 0
-        self.skipped = 0
-        self._values: dict[str, object] = self._load()
-
-    @staticmethod
-    def make_key(judge_name: str, method: str, inputs: object) -> str:
-        """sha256 of (judge name, method, canonical JSON of the inputs): equal inputs, equal key."""
-        canonical = json.dumps([judge_name, method, inputs], sort_keys=True, ensure_ascii=False,
-                               separators=(",", ":"))
-        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-    def _load(self) -> dict[str, object]:
-        if not self.path.exists():
-            return {}
-
-        def damaged(number: int, problem: str) -> None:
-            self.skipped += 1
-            data.warn(f"{self.path}: skipping garbled line {number} ({problem}); its judgement "
-                      "will be asked again")
-
-        records = data.read_jsonl(self.path, on_damage=damaged)
-        return {r["key"]: r["value"] for r in records if "key" in r and "value" in r}
-
-    def get(self, key: str):
-        """The stored value, or None (a miss). Stored values are never None."""
-        value = self._values.get(key)
-        if value is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return value
-
-    def put(self, key: str, value) -> None:
-        if value is None:
-            raise ValueError("JudgeCache stores no None values: None means 'not cached'")
-        self._values[key] = value
-        data.append_jsonl(self.path, {"key": key, "value": value})
-
-    def __len__(self) -> int:
-        return len(self._values)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,7 +102,7 @@ class Judge:
     can_generate = False
 
     def __init__(self, cache_path: str | Path | None = None):
-        self.cache = JudgeCache(cache_path) if cache_path else None
+        self.cache = AnswerCache(cache_path) if cache_path else None
         self.backend_calls = 0
 
     # --- the cache --------------------------------------------------------------------------
@@ -173,7 +113,7 @@ class Judge:
         with keep(value) true are stored (an unreadable answer is not a judgement worth keeping).
         An input repeated within one batch is computed once, with or without a cache file.
         """
-        keys = [JudgeCache.make_key(self.name, method, x) for x in inputs]
+        keys = [AnswerCache.make_key(self.name, method, x) for x in inputs]
         values = [self.cache.get(k) if self.cache else None for k in keys]
         first_of = {}                                   # key -> index of its first missing input
         for i, (k, v) in enumerate(zip(keys, values)):
@@ -462,27 +402,9 @@ class OpenAIJudge(Judge):
             self.unparseable += n
 
     def _compute_misses(self, todo, compute, store):
-        """Each missing input as its own task, up to `concurrency` at once; each result stored
-        (from this thread only) as soon as it arrives. On the first failure the tasks not yet
-        started are cancelled, the ones in flight are awaited and stored, then the error raised."""
-        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="judge")
-        try:
-            futures = {pool.submit(compute, [i]): i for i in todo}
-            error = None
-            for future in as_completed(futures):
-                if future.cancelled():
-                    continue
-                try:
-                    store(futures[future], future.result()[0])
-                except Exception as err:         # the first failure wins; the rest are its echoes
-                    if error is None:
-                        error = err
-                        for f in futures:
-                            f.cancel()
-            if error is not None:
-                raise error
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """Each missing input as its own request, up to `concurrency` at once, each stored as it
+        arrives (openai_client.run_concurrently)."""
+        run_concurrently(todo, lambda i: compute([i])[0], store, self.concurrency)
 
     def _compare_uncached(self, states, firsts, seconds):
         verdicts = []

@@ -136,9 +136,30 @@ def add_judge_flags(p) -> None:
 def add_trained_flags(p) -> None:
     """Which trained models a command uses; by default the run folder's, else the base model."""
     p.add_argument("--speakers", default=None,
-                   help="speaker model (default: RUN/stage1/speakers if it exists, else --model)")
+                   help="speaker model (default: RUN/stage1/speakers if it exists, else --model), or "
+                        "openai:<base url> for a served one")
     p.add_argument("--director", default=None,
-                   help="director model (default: RUN/stage2/director if it exists, else --model)")
+                   help="director model (default: RUN/stage2/director if it exists, else --model), or "
+                        "openai:<base url> for a served one")
+
+
+def add_served_flags(p, user: bool = True, director: bool = True) -> None:
+    """Frozen roles served by an OpenAI-compatible server (openai_client.ServedModel): the
+    speakers, the simulated user and (evaluate, simulate, chat) the director."""
+    g = p.add_argument_group("served models (--speakers / --user / --director openai:<base url>)")
+    g.add_argument("--speakers-model", default=None, help="the served model's name for --speakers openai:...")
+    if user:
+        g.add_argument("--user", default=None,
+                       help="simulated-user model (default: --model): a folder, a hub id, or openai:<base url>")
+        g.add_argument("--user-model", default=None, help="the served model's name for --user openai:...")
+    if director:
+        g.add_argument("--director-model", default=None, help="the served model's name for --director openai:...")
+    g.add_argument("--served-timeout", type=flag_type("--served-timeout", float, "positive"), default=120.0,
+                   help="seconds per request in total (connect, wait and reply), retried after")
+    g.add_argument("--served-retries", type=flag_type("--served-retries", int, "non-negative"), default=5,
+                   help="retries per request after HTTP 429/5xx, a refused connection or a timeout")
+    g.add_argument("--served-concurrency", type=flag_type("--served-concurrency", int, "positive"), default=8,
+                   help="requests in flight at once; each reply is cached (RUN/.../served_cache.jsonl) as it arrives")
 
 
 def add_conversation_flags(p, turns: bool = True) -> None:
@@ -169,8 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(s2, dr.RewardWeights, prefix="w-")
     add_conversation_flags(s2, turns=False)
     s2.add_argument("--speakers", default=None,
-                    help="frozen speaker model (default: RUN/stage1/speakers if it exists, else --model)")
-    s2.add_argument("--director-model", default=None, help="initial director (default: --model)")
+                    help="frozen speaker model (default: RUN/stage1/speakers if it exists, else --model), or "
+                         "openai:<base url> for a served one")
+    s2.add_argument("--director-model", default=None, help="initial director, trained here (default: --model)")
+    add_served_flags(t, director=False)
 
     j = sub.add_parser("judge-eval", help="accuracy of a judge on labelled preference pairs",
                        formatter_class=formatter)
@@ -196,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(s)
     add_data_flags(s)
     add_trained_flags(s)
+    add_served_flags(s)
     add_conversation_flags(s)
     s.add_argument("--contexts", type=flag_type("--contexts", int, "positive"), default=4, help="how many contexts")
     s.add_argument("--policy", default="round-robin", choices=["round-robin", "random", "least-spoken", "director"],
@@ -209,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_flags(e)
     add_judge_flags(e)
     add_trained_flags(e)
+    add_served_flags(e)
     add_conversation_flags(e)
     g = e.add_argument_group("evaluate")
     g.add_argument("--systems", default="all",
@@ -259,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("chat", help="talk to the companion group in the terminal", formatter_class=formatter)
     add_model_flags(c)
     add_trained_flags(c)
+    add_served_flags(c, user=False)
     c.add_argument("--policy", choices=["director", "round-robin", "random", "least-spoken"], default="director",
                    help="who answers: the LLM director, or a fixed rule")
     c.add_argument("--show-directives", action="store_true",
@@ -389,10 +415,12 @@ def train_stage2(args) -> dict:
         raise UserError(f"--resume: no complete checkpoint in {out / 'checkpoints'}; run without --resume")
     data.save_config(args, out)
     speakers_name = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
-    print(f"stage 2: speakers from {speakers_name} (frozen), simulated user {args.model} (frozen)")
-    speaker_model, speaker_tok = models.load_model(speakers_name, device=args.device)
-    user_model, user_tok = ((speaker_model, speaker_tok) if speakers_name == args.model
-                            else models.load_model(args.model, device=args.device))
+    user_name = args.user or args.model
+    print(f"stage 2: speakers from {speakers_name} (frozen), simulated user {user_name} (frozen)")
+    speaker_model, speaker_tok = models.load_role(speakers_name, "speakers", args, out / "served_cache.jsonl")
+    # One local model plays both parts when they are the same; a served role has its own model name.
+    user_model, user_tok = ((speaker_model, speaker_tok) if speakers_name == user_name and speaker_tok is not None
+                            else models.load_role(user_name, "user", args, out / "served_cache.jsonl"))
     director_name = args.director_model or args.model
     policy, tok = models.load_model(director_name, device=args.device)
     judge = judge_from_flags(args, out / "judge_cache.jsonl")
@@ -516,13 +544,16 @@ def simulate_cmd(args) -> None:
     ids = sorted(inputs.profiles) if args.profile == "all" else [
         p.id for p in data.load_profiles(args.profiles_file, [args.profile])]
     speakers_name = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
-    speaker_model, speaker_tok = models.load_model(speakers_name, device=args.device)
-    user = ((speaker_model, speaker_tok) if speakers_name == args.model
-            else models.load_model(args.model, device=args.device))
+    user_name = args.user or args.model
+    cache = run / "simulate" / "served_cache.jsonl"
+    speaker_model, speaker_tok = models.load_role(speakers_name, "speakers", args, cache)
+    # One local model plays both parts when they are the same; a served role has its own model name.
+    user = ((speaker_model, speaker_tok) if speakers_name == user_name and speaker_tok is not None
+            else models.load_role(user_name, "user", args, cache))
     director = None
     if args.policy == "director":
         name = args.director or models.trained_or(run / "stage2" / "director", args.model)
-        director = models.load_model(name, device=args.device)
+        director = models.load_role(name, "director", args, cache)
     policy = dr.make_policy(args.policy, inputs.personas, director, args.seed)
     cast = Cast(inputs.personas, speaker_model, speaker_tok, user[0], user[1], args.max_new_tokens)
     convs = run_conversations(contexts, policy, cast, inputs.profiles, assign_profiles(len(contexts), ids, args.seed),

@@ -4,6 +4,7 @@ Every stage of MASCOT talks to small causal language models: the speakers (stage
 and the simulated user (stage 2), the judges and the evaluation systems. They all come through here:
 
     load_model(name)        -> (model, tokenizer)   "smollm2-135m" | "tiny" | a folder | a hub id
+    load_role(spec, role, args)                      the same, or a served model for "openai:<url>"
     clean_reply(text, ...)  -> str                   strip "Anchor:" prefixes, stop at other speakers
     SentenceEncoder()       .embed(texts)            all-MiniLM-L6-v2, mean pooled, normalised
 
@@ -32,6 +33,7 @@ from transformers import (AutoModel, AutoModelForCausalLM, AutoTokenizer, LlamaC
 from transformers.utils import logging as hf_logging
 
 from data import UserError, atomic_folder
+from openai_client import ServedModel
 
 EMBEDDED = "smollm2-135m"
 TINY = "tiny"
@@ -149,6 +151,20 @@ def load_model(name: str = EMBEDDED, dtype: torch.dtype = torch.float32, device:
         tok.pad_token = tok.eos_token
     model.to(device=device, dtype=dtype).eval()
     return model, tok
+
+
+def load_role(spec: str, role: str, args, cache_path: str | Path | None = None):
+    """(model, tokenizer) of a frozen role ("speakers", "user", "director"): `openai:<base-url>`
+    is a model served elsewhere (openai_client.ServedModel, tokenizer None), named by
+    --<role>-model and reached with the --served-* flags, checked with one tiny request now;
+    anything else is load_model(spec). `cache_path`: where the served replies are kept."""
+    kind, _, url = spec.partition(":")
+    if kind != "openai":
+        return load_model(spec, device=args.device)
+    served = ServedModel(url.strip(), getattr(args, f"{role}_model", None), f"--{role} {spec}", f"--{role}-model",
+                         args.served_timeout, args.served_retries, args.served_concurrency, cache_path)
+    served.preflight()
+    return served, None
 
 
 def trained_or(folder: str | Path, fallback: str) -> str:

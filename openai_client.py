@@ -1,11 +1,15 @@
 """openai_client.py: one OpenAI-compatible /chat/completions client (standard library only).
 
-Where it sits: judge.py's OpenAIJudge sends every request of an `--judge openai:<base-url>` judge
-through a ChatClient; the client knows HTTP, retries and deadlines, the judge knows prompts,
-answers and the cache. Any server that speaks the OpenAI chat API works: vLLM, a llama.cpp
-server, Ollama, a hosted API.
+Where it sits: this is how MASCOT scales out to models served elsewhere. Any server that speaks
+the OpenAI chat API works: vLLM, a llama.cpp server, Ollama, a hosted API.
+  - judge.py's OpenAIJudge (`--judge openai:<base-url>`) sends every request through a
+    ChatClient: the client knows HTTP, retries and deadlines, the judge knows prompts, answers
+    and the cache;
+  - ServedModel (`--speakers openai:<base-url>`, `--user ...`, `--director ...`) stands in for a
+    local model in a frozen role: the same prompts and sampling settings, one request per reply,
+    `concurrency` at a time, each reply cached as it arrives.
 
-What it promises, each measured against a real llama.cpp server (issue 14) and tested against a
+What the client promises, each checked against a real llama.cpp server and tested against a
 local fake server (tests/test_judge.py):
   - one total deadline per request (`timeout` seconds for connect, headers and body together):
     the body is read in chunks and the deadline checked between them, so a reply trickling in
@@ -32,8 +36,10 @@ import random
 import threading
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
 
-from data import UserError
+from data import AnswerCache, UserError
 
 MESSAGE_CHARS = 200        # how much of a server's error body an error message quotes
 
@@ -89,7 +95,7 @@ class DeadlineExceeded(TimeoutError):
 
 
 class ChatClient:
-    """Chat completions from one model on one server, at temperature 0.
+    """Chat completions from one model on one server.
 
     Thread-safe: OpenAIJudge calls `chat` from up to --judge-concurrency threads at once; the
     only shared state is the request counter, kept under a lock.
@@ -158,10 +164,16 @@ class ChatClient:
             conn.close()
 
     # --- a request with retries -------------------------------------------------------------
-    def chat(self, messages: list[dict], max_tokens: int) -> str:
-        """One chat completion at temperature 0, with retries; returns the reply text."""
-        body = json.dumps({"model": self.model, "messages": messages, "temperature": 0,
-                           "max_tokens": max_tokens}).encode("utf-8")
+    def chat(self, messages: list[dict], max_tokens: int, temperature: float = 0.0, top_p: float | None = None,
+             seed: int | None = None) -> str:
+        """One chat completion, with retries; returns the reply text. Temperature 0 (the judge's)
+        unless given; `seed` asks the server for reproducible sampling (vLLM and llama.cpp honour it)."""
+        request = {"model": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+        if top_p is not None:
+            request["top_p"] = top_p
+        if seed is not None:
+            request["seed"] = seed
+        body = json.dumps(request).encode("utf-8")
         headers = {"Content-Type": "application/json"}
         key = os.environ.get(self.api_key_env, "")
         if key:
@@ -215,3 +227,88 @@ class ChatClient:
         except UserError as err:
             if "content null" not in str(err):
                 raise UserError(f"{err} (preflight request, before any work)") from None
+
+
+def run_concurrently(todo: list, compute_one, store, concurrency: int) -> None:
+    """compute_one(item) for every item of `todo`, up to `concurrency` at once (threads: the work
+    is waiting for a server), calling store(item, result) in this thread as each result arrives,
+    so a caller can write it to its cache at once. On the first failure the items not yet started
+    are cancelled, the ones in flight are awaited and stored, then the error is raised."""
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="openai")
+    try:
+        futures = {pool.submit(compute_one, item): item for item in todo}
+        error = None
+        for future in as_completed(futures):
+            if future.cancelled():
+                continue
+            try:
+                store(futures[future], future.result())
+            except Exception as err:         # the first failure wins; the rest are its echoes
+                if error is None:
+                    error = err
+                    for f in futures:
+                        f.cancel()
+        if error is not None:
+            raise error
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# A served model in a frozen role: speakers, simulated user, director (--speakers openai:URL ...)
+# ----------------------------------------------------------------------------------------------
+
+class ServedModel:
+    """A frozen chat model behind an OpenAI-compatible server, standing in for a local one.
+
+    What a local model does with sampler.generate, this does with one request per conversation:
+    the same chat messages, max_new_tokens, temperature, top_p and the row's seed are sent as they
+    are (the server applies its own chat template). Greedy decoding (seeds None) is temperature 0.
+    Requests run `concurrency` at a time, and every reply is cached as it arrives (AnswerCache,
+    keyed by model, messages and every sampling setting), so an interrupted run asks only for
+    what it has not got and a repeated one asks nothing.
+
+    There are no token tensors, so a served model can fill every frozen role (the speakers and
+    simulated user of stage 2, simulate and evaluate; a director under evaluation) but cannot be
+    the policy GRPO trains.
+    """
+
+    def __init__(self, base_url: str, model: str | None, flag: str, model_flag: str, timeout: float = 60,
+                 retries: int = 5, concurrency: int = 8, cache_path: str | Path | None = None,
+                 api_key_env: str = "MASCOT_API_KEY"):
+        if not model:
+            raise UserError(f"{flag}: no model name; pass {model_flag} NAME (the name the server serves)")
+        if concurrency < 1:
+            raise UserError(f"{flag}: concurrency {concurrency} must be at least 1")
+        self.client = ChatClient(base_url, model, flag, api_key_env, timeout, retries)
+        self.name = f"openai:{self.client.base_url}:{model}"
+        self.concurrency = concurrency
+        self.cache = AnswerCache(cache_path) if cache_path else None
+
+    def __repr__(self) -> str:
+        return f"ServedModel({self.name!r})"
+
+    def preflight(self) -> None:
+        self.client.preflight()
+
+    def generate_texts(self, conversations: list[list[dict]], max_new_tokens: int, temperature: float = 1.0,
+                       top_p: float = 1.0, seeds: list[int] | int | None = None) -> list[str]:
+        """One reply per conversation, in order (sampler.generate's arguments and meaning)."""
+        if isinstance(seeds, int):
+            seeds = [seeds + i for i in range(len(conversations))]
+        settings = [{"messages": m, "max_tokens": max_new_tokens} | (
+            {"temperature": 0.0} if seeds is None else {"temperature": temperature, "top_p": top_p, "seed": seeds[i]})
+            for i, m in enumerate(conversations)]
+        keys = [AnswerCache.make_key(self.name, "chat", x) for x in settings]
+        texts = [self.cache.get(k) if self.cache else None for k in keys]
+
+        def store(i, text):
+            texts[i] = text
+            if self.cache is not None:
+                self.cache.put(keys[i], text)          # one flushed line: a crash keeps it
+
+        todo = [i for i, t in enumerate(texts) if t is None]
+        run_concurrently(todo, lambda i: self.client.chat(
+            settings[i]["messages"], max_new_tokens, settings[i]["temperature"], settings[i].get("top_p"),
+            settings[i].get("seed")), store, self.concurrency)
+        return texts

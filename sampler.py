@@ -7,7 +7,8 @@ of them is a call of
     generate(model, tok, conversations, max_new_tokens, temperature, top_p, seeds) -> Generation
 
 which returns the texts for people and the token tensors GRPO trains on (prompt and completion
-ids and masks, the sampler's own log-probs). SamplingCopy(policy) is a copy of the policy laid
+ids and masks, the sampler's own log-probs). The frozen roles need only the texts and call
+generate_texts, which also accepts a model served elsewhere (openai_client.ServedModel). SamplingCopy(policy) is a copy of the policy laid
 out for faster sampling, refreshed after every optimiser step; the fp32 policy is the one trained.
 
 Models come from models.load_model. Run on its own to check that the embedded model speaks:
@@ -26,6 +27,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 import models
+from openai_client import ServedModel
 
 
 def stop_token_ids(tokenizer) -> list[int]:
@@ -305,6 +307,19 @@ def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: 
     sampler_logprobs = torch.stack(logps, 1) if logps else torch.zeros(B, 0)  # (B, C)
     return Generation(texts, prompt_ids.cpu(), prompt_mask.cpu(), completion.cpu(),
                       completion_mask.cpu(), finished, sampler_logprobs.cpu())
+
+
+def generate_texts(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int = 64,
+                   temperature: float = 1.0, top_p: float = 1.0, seeds: list[int] | int | None = None,
+                   on_token=None) -> list[str]:
+    """Only the reply texts, from a local model (`generate`) or a served one (ServedModel, whose
+    tokenizer is None). Every frozen role goes through here (speakers, simulated user, a director
+    under evaluation), so each can be an `openai:` endpoint; GRPO needs the tensors and calls
+    `generate`. A served reply arrives whole, so `on_token` is not called for it."""
+    if isinstance(model, ServedModel):
+        return model.generate_texts(conversations, max_new_tokens, temperature, top_p, seeds)
+    return generate(model, tokenizer, conversations, max_new_tokens, temperature, top_p, seeds,
+                    on_token=on_token).texts
 
 
 class PackedLinear(torch.nn.Module):

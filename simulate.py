@@ -414,6 +414,7 @@ class Cast:
     style: str = "persona"               # speaker prompt style (STYLES)
     examples: list = field(default_factory=list)   # data/fewshot.json entries (EXAMPLE_STYLES)
     on_token: object = None              # sampler.generate's callback for agent turns (the chat streams)
+    # speaker_model / user_model: a local model, or a served one (openai_client.ServedModel, tok None)
 
 
 def turn_seed(conv: Conversation, salt: int = 0) -> int:
@@ -439,11 +440,10 @@ def agents_speak(convs: list[Conversation], directives: list[Directive], cast: C
         return
     # Chain of thought gets twice the budget, so the one-sentence thinking does not eat the reply.
     budget = cast.max_new_tokens * (2 if cast.style in COT_STYLES else 1)
-    gen = sampler.generate(cast.speaker_model, cast.speaker_tok, prompts, budget,
-                          cast.temperature, cast.top_p, seeds=[turn_seed(c) for c, _, _ in live],
-                          on_token=cast.on_token)
+    texts = sampler.generate_texts(cast.speaker_model, cast.speaker_tok, prompts, budget, cast.temperature,
+                                   cast.top_p, seeds=[turn_seed(c) for c, _, _ in live], on_token=cast.on_token)
     names = cast.personas.names()
-    for (conv, d, persona), raw in zip(live, gen.texts):
+    for (conv, d, persona), raw in zip(live, texts):
         text = models.clean_reply(reply_text(raw, cast.style), persona.name, names) or "..."
         conv.turns.append(Turn(persona.name, text, d))
 
@@ -454,10 +454,10 @@ def users_speak(convs: list[Conversation], profiles: dict[str, Profile], cast: C
     if not live:
         return
     prompts = [user_messages(profiles[c.profile], c.context, c.turns) for c in live]
-    gen = sampler.generate(cast.user_model, cast.user_tok, prompts, cast.max_new_tokens,
-                          cast.temperature, cast.top_p, seeds=[turn_seed(c, salt=1) for c in live])
+    texts = sampler.generate_texts(cast.user_model, cast.user_tok, prompts, cast.max_new_tokens,
+                                   cast.temperature, cast.top_p, seeds=[turn_seed(c, salt=1) for c in live])
     names = cast.personas.names()
-    for conv, raw in zip(live, gen.texts):
+    for conv, raw in zip(live, texts):
         add_user_turn(conv, models.clean_reply(raw, USER, names) or "Okay.")
 
 

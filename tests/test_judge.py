@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,9 @@ import data
 import judge
 import judge_eval
 import judge_features
-from data import UserError
-from judge import JudgeCache, JudgeState, Verdict
+from data import AnswerCache, UserError
+from fake_openai import FakeServer, completion
+from judge import JudgeState, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-DO-NOT-LEAK-8f3a2c"
@@ -37,15 +37,15 @@ STATE = JudgeState(persona_name="Anchor", persona_desc="An emotional validator; 
 
 def test_cache_round_trip(tmp_path):
     path = tmp_path / "cache.jsonl"
-    cache = JudgeCache(path)
-    key = JudgeCache.make_key("offline:x", "score", {"reply": "hi", "state": {"a": 1}})
+    cache = AnswerCache(path)
+    key = AnswerCache.make_key("offline:x", "score", {"reply": "hi", "state": {"a": 1}})
     # Canonical JSON: the order of dict keys does not change the key.
-    assert key == JudgeCache.make_key("offline:x", "score", {"state": {"a": 1}, "reply": "hi"})
-    assert key != JudgeCache.make_key("offline:y", "score", {"reply": "hi", "state": {"a": 1}})
+    assert key == AnswerCache.make_key("offline:x", "score", {"state": {"a": 1}, "reply": "hi"})
+    assert key != AnswerCache.make_key("offline:y", "score", {"reply": "hi", "state": {"a": 1}})
     assert cache.get(key) is None and cache.misses == 1
     cache.put(key, 0.25)
     cache.put("other", {"preferred": 1, "p_first": 0.2, "detail": {}})
-    again = JudgeCache(path)
+    again = AnswerCache(path)
     assert again.get(key) == 0.25 and again.hits == 1
     assert again.get("other")["preferred"] == 1
     assert len(again) == 2
@@ -56,7 +56,7 @@ def test_cache_ignores_a_cut_off_last_line_and_skips_garbled_middle_lines(tmp_pa
     good = [json.dumps({"key": f"k{i}", "value": i + 1}) for i in range(3)]
     path.write_text(good[0] + "\n" + "{not json\n" + good[1] + "\n" + good[2] + "\n"
                     + '{"key": "k9", "val', encoding="utf-8")
-    cache = JudgeCache(path)
+    cache = AnswerCache(path)
     assert [cache.get(f"k{i}") for i in range(3)] == [1, 2, 3]
     assert cache.get("k9") is None
     assert cache.skipped == 1                       # the middle line; the last one is not damage
@@ -64,7 +64,7 @@ def test_cache_ignores_a_cut_off_last_line_and_skips_garbled_middle_lines(tmp_pa
     assert "line 2" in err and "line 5" in err and "cut off" in err
     # Appending after a crash: the half-written line is dropped, so the new record stays readable.
     cache.put("k9", 10)
-    assert JudgeCache(path).get("k9") == 10
+    assert AnswerCache(path).get("k9") == 10
 
 
 class CountingJudge(judge.Judge):
@@ -99,79 +99,6 @@ def test_a_cached_judgement_is_never_asked_again(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # OpenAIJudge against a local server
 # ----------------------------------------------------------------------------------------------
-
-class FakeServer:
-    """An OpenAI-style /chat/completions endpoint answering from a script.
-
-    script: a list of steps, one per request, each (status, headers, body) or a callable
-    taking the request JSON and returning that tuple; the last step repeats. A 4th element
-    trickles the body, one byte per that many seconds; status None drops the connection unanswered
-    (a killed server). `max_active`: the most requests it was answering at once.
-    """
-
-    def __init__(self, script, port=0):
-        self.script, self.requests = list(script), []
-        self.active = self.max_active = 0        # requests being answered at once, and the most seen
-        lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with lock:
-                    server.requests.append({"path": self.path, "headers": dict(self.headers), "json": body})
-                    step = server.script[min(len(server.requests), len(server.script)) - 1]
-                    server.active += 1
-                    server.max_active = max(server.max_active, server.active)
-                try:
-                    reply = step(body) if callable(step) else step
-                finally:
-                    # Counted as answered before the reply goes out: the client may send its next
-                    # request the moment it has read this one, before this thread runs on.
-                    with lock:
-                        server.active -= 1
-                self.answer(*reply)
-
-            def answer(self, status, headers, payload, seconds_per_byte=0.0):
-                if status is None:                   # killed: the connection drops, no answer
-                    self.close_connection = True
-                    return
-                raw = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    for k, v in headers.items():
-                        self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(raw)))
-                    self.end_headers()
-                    if not seconds_per_byte:
-                        self.wfile.write(raw)
-                    for i in range(len(raw) if seconds_per_byte else 0):   # a trickling reply
-                        self.wfile.write(raw[i:i + 1])
-                        self.wfile.flush()
-                        threading.Event().wait(seconds_per_byte)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass                             # the client gave up (timeout test)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join()
-
-
-def completion(text):
-    return 200, {}, {"choices": [{"message": {"role": "assistant", "content": text}}]}
-
 
 def answer_good_one(body):
     """Answer with the label of the reply that contains 'GOOD', as a sensible judge would."""

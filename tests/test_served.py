@@ -1,0 +1,145 @@
+"""Frozen roles served by an OpenAI-compatible server (--speakers / --user / --director openai:<url>).
+
+A fake server (fake_openai.py) answers in place of vLLM or llama.cpp. The checks: the served
+model gets exactly the prompts and sampling settings a local model would (sampler.generate_texts),
+replies are cached as they arrive so a rerun sends nothing, requests overlap up to the
+concurrency, and simulate, evaluate and stage 2 run with served speakers, user and director.
+"""
+
+import argparse
+import json
+import threading
+
+import pytest
+
+import data
+import mascot
+import models
+import sampler
+import simulate
+from fake_openai import FakeServer, completion
+from openai_client import ServedModel
+
+CHAT = [{"role": "system", "content": "You are Anchor, a warm listener."},
+        {"role": "user", "content": "I failed my driving test today."}]
+
+
+def by_role(body):
+    """Answer like a served model that knows who it is playing: the director writes a directive,
+    the simulated user a user line, a companion a reply naming itself."""
+    system = body["messages"][0]["content"]
+    if system.startswith("You direct a group chat"):
+        return completion("Agent: Guide\nAction: suggest one small step\nTone: practical")
+    if system.startswith("You are role-playing a real person"):
+        return completion("served user line")
+    if system.startswith("You are "):
+        return completion(f"served reply from {system.split()[2].strip(',.')}")
+    return completion("OK")                                      # the preflight
+
+
+def served(url, tmp_path=None, **kw):
+    return ServedModel(url, "m", "--speakers openai:" + url, "--speakers-model",
+                       cache_path=tmp_path / "cache.jsonl" if tmp_path else None, **kw)
+
+
+def test_a_served_model_gets_the_prompts_and_sampling_settings_a_local_one_would(tmp_path):
+    with FakeServer([completion("fine")]) as server:
+        model = served(server.url, tmp_path)
+        texts = sampler.generate_texts(model, None, [CHAT, CHAT], 24, temperature=0.7, top_p=0.9, seeds=[11, 12])
+        assert texts == ["fine", "fine"]
+        sent = sorted((r["json"] for r in server.requests), key=lambda b: b["seed"])
+        assert [b["seed"] for b in sent] == [11, 12]
+        assert all(b["messages"] == CHAT and b["max_tokens"] == 24 and b["temperature"] == 0.7
+                   and b["top_p"] == 0.9 and b["model"] == "m" for b in sent)
+        sampler.generate_texts(model, None, [CHAT], 8, seeds=None)             # greedy: temperature 0, no seed
+        greedy = server.requests[-1]["json"]
+        assert greedy["temperature"] == 0 and "seed" not in greedy and "top_p" not in greedy
+        # Every reply was cached as it came: the same questions again send nothing.
+        again = served(server.url, tmp_path)
+        before = len(server.requests)
+        assert sampler.generate_texts(again, None, [CHAT, CHAT], 24, 0.7, 0.9, [11, 12]) == ["fine", "fine"]
+        assert len(server.requests) == before
+
+
+def test_requests_overlap_up_to_the_concurrency_and_an_interrupted_batch_keeps_its_replies(tmp_path):
+    gate = threading.Event()
+
+    def slow(body):
+        gate.wait(0.2)
+        if body["seed"] == 5:
+            return 400, {}, {"error": {"message": "prompt too long"}}
+        return completion(f"reply {body['seed']}")
+
+    with FakeServer([slow]) as server:
+        model = served(server.url, tmp_path, concurrency=3)
+        with pytest.raises(data.UserError, match="prompt too long"):
+            model.generate_texts([CHAT] * 8, 8, seeds=list(range(8)))
+        assert server.max_active <= 3 and server.max_active >= 2
+        kept = len(model.cache)
+        assert kept >= 1                                     # what arrived before the error is kept
+        port = server.httpd.server_address[1]
+    # A rerun (same server, restarted) asks only for what is missing, the failed seed 5 included.
+    with FakeServer([lambda body: completion(f"reply {body['seed']}")], port=port) as server:
+        model = served(server.url, tmp_path, concurrency=3)
+        texts = model.generate_texts([CHAT] * 8, 8, seeds=list(range(8)))
+        assert texts == [f"reply {i}" for i in range(8)]
+        assert len(server.requests) == 8 - kept
+
+
+def test_a_served_role_needs_its_model_name_and_a_url():
+    args = argparse.Namespace(speakers_model=None, served_timeout=5, served_retries=0, served_concurrency=2,
+                              device="cpu")
+    with pytest.raises(data.UserError, match="--speakers-model"):
+        models.load_role("openai:http://127.0.0.1:9/v1", "speakers", args)
+    args.speakers_model = "m"
+    with pytest.raises(data.UserError, match="http"):
+        models.load_role("openai:localhost:8000/v1", "speakers", args)
+    # Checked with one tiny request before any work: nothing listens on port 9.
+    with pytest.raises(data.UserError, match="preflight"):
+        models.load_role("openai:http://127.0.0.1:9/v1", "speakers", args)
+
+
+def run_main(argv):
+    assert mascot.main(argv) == 0
+
+
+def test_simulate_evaluate_and_stage_2_with_served_roles(tmp_path):
+    with FakeServer([by_role]) as server:
+        url = "openai:" + server.url
+        run = str(tmp_path / "run")
+        served_flags = ["--speakers", url, "--speakers-model", "speaker-m", "--user", url, "--user-model", "user-m"]
+        simulate_flags = ["simulate", "--model", "tiny", "--run", run, "--contexts", "2", "--turns", "3",
+                          "--max-new-tokens", "6", *served_flags]
+        run_main(simulate_flags)
+        rows = [json.loads(x) for x in (tmp_path / "run" / "simulate" / "round-robin.jsonl").read_text().splitlines()]
+        agent_texts = [t["text"] for r in rows for t in r["turns"] if t["directive"]]
+        user_texts = [t["text"] for r in rows for t in r["turns"][1:] if t["speaker"] == simulate.USER]
+        assert len(agent_texts) == 6 and all(t.startswith("served reply from") for t in agent_texts)
+        assert user_texts == ["served user line"] * 2
+        # Each role is asked under its own model name, with the prompt a local model would get.
+        asked = {(r["json"]["model"], r["json"]["messages"][0]["content"].split(".")[0][:30]) for r in server.requests}
+        assert ("user-m", "You are role-playing a real pe") in asked
+        assert {m for m, _ in asked} == {"speaker-m", "user-m"}
+        sent = len(server.requests)
+        run_main(simulate_flags)
+        assert len(server.requests) == sent + 2      # the two preflights; every reply from the cache
+
+        # evaluate: the trained speakers and the trained director are served (mascot, mascot-c).
+        run_main(["evaluate", "--model", "tiny", "--run", run, "--contexts", "2", "--turns", "3",
+                  "--max-new-tokens", "6", "--systems", "mascot,mascot-c", "--no-persona-id", *served_flags,
+                  "--director", url, "--director-model", "director-m"])
+        results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
+        assert list(results["systems"]) == ["mascot-c", "mascot"]
+        assert results["systems"]["mascot"]["director"] == f"trained: {url}"
+        assert results["systems"]["mascot"]["directives"] > 0 and results["systems"]["mascot"]["invalid_directives"] == 0
+        transcripts = [json.loads(x) for x in (tmp_path / "run" / "eval" / "transcripts.jsonl").read_text().splitlines()]
+        directed = [t for r in transcripts if r["system"] == "mascot" for t in r["turns"] if t["directive"]]
+        assert directed and all(t["speaker"] == "Guide" for t in directed)     # the served director chose
+        assert "director-m" in {r["json"]["model"] for r in server.requests}
+
+        # Stage 2: speakers and user served, the director trained here on the tiny model.
+        run_main(["train", "--stage", "2", "--model", "tiny", "--run", run, "--steps", "1", "--prompts-per-step", "2",
+                  "--group-size", "2", "--max-new-tokens", "6", "--decision-points", "2", "--heldout-points", "2",
+                  "--rollout-turns", "1", "--director-warmup", "0", *served_flags])
+        assert (tmp_path / "run" / "stage2" / "director" / "config.json").exists()
+        assert (tmp_path / "run" / "stage2" / "served_cache.jsonl").stat().st_size > 0
