@@ -83,8 +83,9 @@ from judge import judge_from_flags
 from metrics import (NLI_RELATIONS, bootstrap_ci, distinct_n, mean_pairwise_similarity, nli_label_index,
                      nli_rates, parse_ab, parse_rubric_score, rescale_0_100, self_bleu,
                      semantic_redundancy_rate, win_rate)
-from results import json_safe, result_notes, results_markdown, training_use
-from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, Conversation, RoundRobin, diagnose_reply,
+from results import (earlier_systems, folder_stamp, json_safe, result_notes, results_markdown, saved_system,
+                     training_use)
+from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, RoundRobin, diagnose_reply,
                       judge_state, role_setting, run_conversations)
 
 
@@ -748,31 +749,6 @@ def sft_folder(args) -> str:
     return args.sft or str(Path(args.run) / "sft" / "model")
 
 
-def earlier_systems(out: Path, protocol: dict, setup: Setup, redo: list[str]) -> tuple[dict, list]:
-    """--add: the systems of the evaluation already in RUN/eval that this run does not redo, with
-    their transcript rows. Only when it was made with the same protocol, judge and metric switches,
-    so its numbers are the ones this run would compute (every system's seeds are its own)."""
-    if not (out / "results.json").is_file():
-        return {}, []
-    old = data.read_json(out / "results.json")
-    if ({k: old["protocol"].get(k) for k in protocol} != json_safe(protocol) or old.get("judge") != setup.judge.name
-            or old.get("status") != setup.status):
-        raise UserError(f"--add: {out / 'results.json'} was made with other contexts, profiles, turns, seed, "
-                        "model, data, judge or metric flags; repeat those flags, or run without --add")
-    keep = {n: e for n, e in old["systems"].items() if n not in redo}
-    return keep, [r for r in data.read_jsonl(out / "transcripts.jsonl") if r["system"] in keep]
-
-
-def folder_stamp(folder: str) -> list:
-    """(name, size, modification time) of every file in a model folder: what changes when the
-    model is trained again, so a saved system result is never reused for other weights."""
-    path = Path(folder)
-    if not path.is_dir():
-        return [folder]                      # a model name (the base model): the name is the identity
-    return sorted([str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns]
-                  for f in path.rglob("*") if f.is_file())
-
-
 def resume_key(system: System, protocol: dict, setup: Setup, args) -> dict:
     """Everything a system's numbers depend on: a saved result with the same key is the result
     this run would compute (every system's seeds are its own)."""
@@ -781,19 +757,6 @@ def resume_key(system: System, protocol: dict, setup: Setup, args) -> dict:
     served = [args.speakers_model, args.user, args.user_model, args.director_model]     # openai: roles
     return json_safe({"protocol": protocol, "judge": setup.judge.name, "status": setup.status, "served": served,
                       "sc": [args.sc_samples, args.sc_pick], "models": {f: folder_stamp(f) for f in used}})
-
-
-def finished_system(out: Path, name: str, key: dict, contexts: list):
-    """(conversations, entry, transcript rows) of a system an interrupted run finished with the
-    same key, else None."""
-    path = out / "partial" / f"{name}.json"
-    if not path.is_file():
-        return None
-    saved = data.read_json(path)
-    if saved.get("key") != key:
-        return None
-    convs = [Conversation.from_json(row, context) for row, context in zip(saved["rows"], contexts)]
-    return convs, saved["entry"], saved["rows"]
 
 
 def run(args, inputs) -> dict:
@@ -817,13 +780,13 @@ def run(args, inputs) -> dict:
                 "user_every": args.user_every, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
                 "model": args.model, "user": args.user or args.model, "data": args.data, "set": args.set,
                 "split": inputs.split, "role_setting": args.role_setting}
-    entries, rows = earlier_systems(out, protocol, setup, [s.name for s in systems]) if args.add else ({}, [])
+    entries, rows = earlier_systems(out, protocol, setup.judge.name, setup.status, [s.name for s in systems]) if args.add else ({}, [])
     convs_by_system = {}
     for system in systems:
         # Each finished system is saved at once (RUN/eval/partial/), so an interrupted evaluation
         # run again with the same flags redoes only the systems it had not finished.
         key = resume_key(system, protocol, setup, args)
-        done = finished_system(out, system.name, key, setup.contexts)
+        done = saved_system(out, system.name, key, setup.contexts)
         if done:
             convs_by_system[system.name], entries[system.name], system_rows = done
             print(f"{system.name}: kept from the interrupted evaluation ({out / 'partial'})", flush=True)

@@ -1,5 +1,6 @@
-"""results.py: how an evaluation's numbers are shown: the tables of results.md, the notes under
-them, and the table of who measured each column and whether training used that evaluator.
+"""results.py: how an evaluation's numbers are shown and kept: the tables of results.md, the notes
+under them, the table of who measured each column and whether training used that evaluator, and
+the results an evaluation reuses (`--add`; the systems an interrupted run had finished).
 
 Where it sits in MASCOT: after evaluate.py. evaluate.py measures every conversation and
 aggregates (means with bootstrap intervals per system and slice, paired changes); it hands this
@@ -18,6 +19,8 @@ import sys
 from pathlib import Path
 
 import data
+from data import UserError
+from simulate import Conversation
 
 SHOWN = ("ok", "approximated")     # statuses with numbers; any other status is the reason there are none
 
@@ -230,6 +233,49 @@ def result_notes(entries: dict, judge, status: dict[str, str], nli_given: bool, 
                  "ended; their share of turns: turns of stopped conversations / all turns")
     notes.append(f"[lo, hi] = 95% percentile bootstrap interval over conversations (1000 resamples, seed {seed})")
     return notes
+
+
+# ----------------------------------------------------------------------------------------------
+# Results kept from an earlier evaluation: --add, and an interrupted run's finished systems
+# ----------------------------------------------------------------------------------------------
+
+def earlier_systems(out: Path, protocol: dict, judge_name: str, status: dict,
+                    redo: list[str]) -> tuple[dict, list]:
+    """--add: the systems of the evaluation already in RUN/eval that this run does not redo, with
+    their transcript rows. Only when it was made with the same protocol, judge and metric switches,
+    so its numbers are the ones this run would compute (every system's seeds are its own)."""
+    if not (out / "results.json").is_file():
+        return {}, []
+    old = data.read_json(out / "results.json")
+    if ({k: old["protocol"].get(k) for k in protocol} != json_safe(protocol) or old.get("judge") != judge_name
+            or old.get("status") != status):
+        raise UserError(f"--add: {out / 'results.json'} was made with other contexts, profiles, turns, seed, "
+                        "model, data, judge or metric flags; repeat those flags, or run without --add")
+    keep = {n: e for n, e in old["systems"].items() if n not in redo}
+    return keep, [r for r in data.read_jsonl(out / "transcripts.jsonl") if r["system"] in keep]
+
+
+def folder_stamp(folder: str) -> list:
+    """(name, size, modification time) of every file in a model folder: what changes when the
+    model is trained again, so a saved system result is never reused for other weights."""
+    path = Path(folder)
+    if not path.is_dir():
+        return [folder]                      # a model name (the base model): the name is the identity
+    return sorted([str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns]
+                  for f in path.rglob("*") if f.is_file())
+
+
+def saved_system(out: Path, name: str, key: dict, contexts: list):
+    """(conversations, entry, transcript rows) of a system an interrupted run finished with the
+    same key, else None."""
+    path = out / "partial" / f"{name}.json"
+    if not path.is_file():
+        return None
+    saved = data.read_json(path)
+    if saved.get("key") != key:
+        return None
+    convs = [Conversation.from_json(row, context) for row, context in zip(saved["rows"], contexts)]
+    return convs, saved["entry"], saved["rows"]
 
 
 if __name__ == "__main__":
