@@ -36,7 +36,8 @@ What this file simplifies relative to DeepSeekMath and TRL's GRPOTrainer:
     denominator (batch size x max length) is not offered: "dapo" already removes the length bias.
   - No DAPO dynamic sampling (re-sampling groups whose rewards are all equal). Such groups get
     advantage exactly 0 and so no policy gradient; we log their fraction (`frac_zero_std`) instead.
-  - One process. `normalizer` makes gradient accumulation exact; there is no multi-GPU reduction.
+  - Data parallelism is plain (parallel.py, torchrun): each process samples a share of the batch and
+    the gradients are summed; no sharded optimiser states, no tensor or pipeline parallelism.
   - Full fine-tuning of a small model instead of the paper's LoRA.
 
 How to run (the training loop is below the pure functions):
@@ -59,6 +60,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file
 
 import models
+import parallel
 import sampler
 from data import UserError, append_jsonl, atomic_folder, derive_seed, option, read_jsonl, write_jsonl
 
@@ -439,8 +441,9 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
         # old_logps (ratio 1, gradient still flows through the numerator), so we skip that pass too.
         old_logps = batched_logprobs(policy, ids, attn, P, cfg.micro_batch, cfg.temperature) if cfg.num_iterations > 1 else None
     # One denominator for the whole optimiser step, so accumulating micro-batches gives exactly
-    # the gradient of the full batch: all real tokens ("dapo") or all sequences ("grpo").
-    normalizer = int(mask.sum().item()) if cfg.loss_type == "dapo" else B
+    # the gradient of the full batch: all real tokens ("dapo") or all sequences ("grpo"), summed
+    # over the ranks under torchrun (parallel.py), whose gradients are then summed too.
+    normalizer = int(parallel.all_sum(mask.sum().item() if cfg.loss_type == "dapo" else B))
     sampler_logps = None if gen.sampler_logprobs is None else gen.sampler_logprobs[:, :C].to(device)
     totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "finite": 1.0,
               "logp_mismatch": None}
@@ -458,7 +461,7 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
                                  mask[sl], cfg.eps_low, cfg.eps_high, cfg.beta, cfg.loss_type,
                                  normalizer=normalizer)
             loss.backward()
-            share = st["n_tokens"] / max(int(mask.sum().item()), 1)           # token-weighted stats
+            share = st["n_tokens"] / max(int(parallel.all_sum(mask.sum().item())), 1)   # token-weighted stats
             if it == 0 and sampler_logps is not None:
                 # How far the sampler's distribution is from the one trained: ~1e-6 when the fp32
                 # policy sampled, larger with a bf16 sampling copy (before any update of this step).
@@ -467,6 +470,9 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
             loss_sum += float(loss.item())
             stats_sum["kl"] += (st["kl"] * share) if ref_logps is not None else 0.0
             stats_sum["clip_frac"] += st["clip_frac"] * share
+        parallel.sum_gradients(policy)                # every rank now holds the whole batch's gradient
+        loss_sum = parallel.all_sum(loss_sum)
+        stats_sum = {k: parallel.all_sum(v) for k, v in stats_sum.items()}
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
         finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)
         if finite:
@@ -480,6 +486,8 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
         totals["clip_frac"] += stats_sum["clip_frac"] / cfg.num_iterations
         totals["grad_norm"] += grad_norm / cfg.num_iterations
         totals["finite"] = min(totals["finite"], float(finite))
+    if totals["logp_mismatch"] is not None:                  # token-weighted over the whole batch
+        totals["logp_mismatch"] = parallel.all_sum(totals["logp_mismatch"])
     return totals
 
 
@@ -546,27 +554,37 @@ def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOC
 
     All G x len(prompts) completions are sampled in ONE batched `generate` call (prompt-major:
     rows g*G .. g*G+G-1 answer prompt g). bench/grpo_step.py times exactly this function.
+    Under torchrun each rank takes its share of the prompts (parallel.py); the rest is the same.
 
     Returns:
         stats: the step's metrics row without "step" and "seconds" (train_grpo adds those).
-        gen, rewards: the sampled batch and its rewards, for the sample dumps.
+        gen: this rank's sampled rows (all of them in one process); rewards: the whole batch's.
     """
     G = cfg.group_size
     device = next(policy.parameters()).device
-    rows_in = [p for p in prompts for _ in range(G)]                       # prompt-major groups
+    mine = parallel.shard(len(prompts))                                    # this rank's prompts
+    meta = None if meta is None else meta[mine]
+    rows_in = [p for p in prompts[mine] for _ in range(G)]                 # prompt-major groups
+    # Each row keeps the seed it has in a one-process run: row r of the global batch, seed r.
+    seeds = sample_seeds(cfg, step, len(prompts) * G)[mine.start * G:mine.stop * G]
     policy.eval()
     if sampling is not None:
         sampling.refresh()                  # a sampler.SamplingCopy: take the last update's weights
     with autocast(cfg, device):
         gen = sampler.generate(policy if sampling is None else sampling.model, tokenizer, rows_in,
                               cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                              seeds=sample_seeds(cfg, step, len(rows_in)), sampler=cfg.sampler,
+                              seeds=seeds, sampler=cfg.sampler,
                               compile_decode=cfg.compile_decode)
     # Rewards are constants of the loss: a reward model must never record an autograd graph.
     with torch.no_grad():
         rewards, components = reward_fn(meta, gen.texts, gen)
-    rewards_t = torch.tensor(rewards, dtype=torch.float32)                # (B,)
+    # The whole batch's rewards on every rank (for the logged statistics); groups never straddle
+    # ranks, so the advantages of this rank's rows are the one-process ones.
+    rewards = parallel.gather(rewards)
+    components = {k: parallel.gather(v) for k, v in components.items()}
+    rewards_t = torch.tensor(rewards, dtype=torch.float32)                # (B_global,)
     advantages, astats = group_advantages(rewards_t, G, scale=cfg.scale_rewards)
+    advantages = advantages[mine.start * G:mine.stop * G]                 # (B,) this rank's rows
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step - 1, cfg)
     policy.train()
@@ -580,7 +598,8 @@ def grpo_step(policy, tokenizer, optimizer, prompts, meta, reward_fn, cfg: GRPOC
              "loss": ustats["loss"], "kl": ustats["kl"], "clip_frac": ustats["clip_frac"],
              "grad_norm": ustats["grad_norm"], "skipped": not ustats["finite"],
              "logp_mismatch": ustats["logp_mismatch"],
-             "length": float(gen.completion_mask.sum(1).float().mean()), "lr": lr_at(step - 1, cfg)}
+             "length": parallel.all_sum(float(gen.completion_mask.sum())) / len(rewards),
+             "lr": lr_at(step - 1, cfg)}
     return stats, gen, rewards
 
 
@@ -594,9 +613,13 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
         reward_fn(meta, texts, gen) -> (rewards, components): one reward per completion (B*G,
             prompt-major: rows g*G .. g*G+G-1 belong to prompt g) and named lists of components.
         describe(meta, texts, rewards) -> list[dict]: rows for the sample dumps (optional).
-    Writes out_dir/metrics.jsonl (one line per step), out_dir/samples/, out_dir/checkpoints/.
-    Returns the metrics rows of this run.
+    Writes out_dir/metrics.jsonl (one line per step), out_dir/samples/, out_dir/checkpoints/
+    (under torchrun: rank 0 only). Returns the metrics rows of this run.
     """
+    if cfg.prompts_per_step % parallel.world():
+        raise UserError(f"--prompts-per-step {cfg.prompts_per_step}: must be a multiple of the "
+                        f"{parallel.world()} torchrun processes, so each gets the same share of the batch")
+    main = parallel.is_main()
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out_dir / "checkpoints"
     metrics_path = out_dir / "metrics.jsonl"
@@ -608,11 +631,13 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
             raise UserError(f"--resume: no complete checkpoint in {ckpt_dir}; run without --resume")
         start = load_checkpoint(ckpt, policy, optimizer)["step"]
         # Drop metric lines of steps after the checkpoint: they are about to be redone.
-        kept = [r for r in read_jsonl(metrics_path) if r["step"] <= start] if metrics_path.exists() else []
-        write_jsonl(metrics_path, kept)
+        if main:
+            kept = [r for r in read_jsonl(metrics_path) if r["step"] <= start] if metrics_path.exists() else []
+            write_jsonl(metrics_path, kept)
         log(f"resumed from {ckpt} at step {start}")
-    elif metrics_path.exists():
+    elif metrics_path.exists() and main:
         metrics_path.unlink()
+    parallel.broadcast_parameters(policy)         # torchrun: every rank starts from rank 0's weights
     # A sampling copy is made once (after any resume) and refreshed inside every step.
     sampling = None if cfg.sampling_copy == "none" else sampler.SamplingCopy(
         policy, {"packed": torch.float32, "bf16": torch.bfloat16}[cfg.sampling_copy])
@@ -625,6 +650,11 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
         row = {"step": step, **stats, "seconds": time.time() - t0}
         bad = 0 if not row["skipped"] else bad + 1
         rows.append(row)
+        texts = parallel.gather(gen.texts)                                  # the whole batch's replies
+        if not main:
+            if bad >= cfg.max_bad_steps:
+                raise UserError(f"training stopped: {bad} non-finite steps in a row at step {step}")
+            continue                              # rank 0 alone logs and writes
         append_jsonl(metrics_path, row)
         log(f"step {step:4d}/{cfg.steps} reward {row['reward_mean']:+.3f} ±{row['reward_std']:.3f} "
             f"kl {'-' if row['kl'] is None else format(row['kl'], '.4f')} clip {row['clip_frac']:.3f} len {row['length']:.1f} "
@@ -632,11 +662,12 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
             f"mismatch {'-' if row['logp_mismatch'] is None else format(row['logp_mismatch'], '.4f')} "
             f"{'SKIPPED (non-finite) ' if row['skipped'] else ''}{row['seconds']:.1f}s")
         if describe and step % cfg.dump_every == 0:
-            write_jsonl(out_dir / "samples" / f"step-{step:06d}.jsonl", describe(meta, gen.texts, rewards))
+            write_jsonl(out_dir / "samples" / f"step-{step:06d}.jsonl", describe(meta, texts, rewards))
         if bad >= cfg.max_bad_steps:
             path = save_checkpoint(ckpt_dir, step, policy, tokenizer, optimizer, {"stopped": "non-finite"})
             raise UserError(f"training stopped: {bad} non-finite steps in a row at step {step} "
                             f"(lower --lr?); the last good state is saved in {path}")
         if step % cfg.save_every == 0 or step == cfg.steps:
             save_checkpoint(ckpt_dir, step, policy, tokenizer, optimizer, {})
+    parallel.barrier()                            # the last checkpoint is written before anyone goes on
     return rows

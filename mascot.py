@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import random
 import sys
 import textwrap
@@ -51,6 +52,7 @@ import grpo
 import human
 import judge_eval
 import models
+import parallel
 import report
 import reward
 import sft
@@ -352,19 +354,45 @@ def save_model(model, tok, folder: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------
+# train: one stage, in one process or under torchrun (parallel.py)
+# ----------------------------------------------------------------------------------------------
+
+def train(args) -> dict:
+    """`mascot.py train --stage 1|2`. Under `torchrun --nproc_per_node N` every process runs this;
+    they split each GRPO batch (parallel.py) and rank 0 alone prints, writes and checks."""
+    args.device = parallel.init(args.device)
+    try:
+        if args.prompts_per_step % parallel.world():
+            raise UserError(f"--prompts-per-step {args.prompts_per_step}: must be a multiple of the "
+                            f"{parallel.world()} torchrun processes, so each gets the same share of the batch")
+        if not parallel.is_main():
+            sys.stdout = open(os.devnull, "w")       # one log, rank 0's; errors still reach stderr
+        return (train_stage1 if args.stage == 1 else train_stage2)(args)
+    finally:
+        parallel.close()
+
+
+# ----------------------------------------------------------------------------------------------
 # Stage 1: persona-aware behavioural alignment (RLAIF, then GRPO on the speakers)
 # ----------------------------------------------------------------------------------------------
 
 def train_stage1(args) -> dict:
     out = Path(args.run) / "stage1"
+    main = parallel.is_main()
     inputs = load_inputs(args)
-    data.save_config(args, out)
+    if main:
+        data.save_config(args, out)
     base, tok = models.load_model(args.model, device=args.device)
     judge = judge_from_flags(args, out / "judge_cache.jsonl")
 
     # Steps 1-4 of the paper's Phase I: states -> candidates -> judge -> pairs -> reward model.
+    # Under torchrun rank 0 does them (judge calls are paid once); the others then read its files.
+    if not main:
+        parallel.barrier()
     rlaif = reward.build_reward_fn(options(reward.RLAIFConfig, args), inputs, base, tok, judge, out,
                                    args.model, args.max_new_tokens, args.seed, args.device)
+    if main:
+        parallel.barrier()
 
     # Step 5: GRPO on the speakers, reward = reward-model score + format_weight * format reward.
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=args.max_new_tokens)
@@ -388,9 +416,11 @@ def train_stage1(args) -> dict:
         return [{"state": meta[i // cfg.group_size].id, "persona": meta[i // cfg.group_size].persona,
                  "reply": t, "reward": r} for i, (t, r) in enumerate(zip(texts, rewards))]
 
-    before = held_out_check("before GRPO")
+    before = held_out_check("before GRPO") if main else None
     grpo.train_grpo(policy, tok, sample_prompts, reward_fn, cfg, out, ref_model=base if cfg.beta > 0 else None,
                     resume=args.resume, describe=describe)
+    if not main:
+        return {}
     after = held_out_check("after GRPO ")
     after["change"], after["change_se"] = paired_change(before["rewards"], after["rewards"])
     print(f"held-out change: {after['change']:+.3f} ± {after['change_se']:.3f} (paired se; same states and seeds)")
@@ -413,7 +443,9 @@ def train_stage2(args) -> dict:
     if args.resume and grpo.latest_checkpoint(out / "checkpoints") is None:
         # Say so before minutes of decision points and held-out rollouts, not after them.
         raise UserError(f"--resume: no complete checkpoint in {out / 'checkpoints'}; run without --resume")
-    data.save_config(args, out)
+    main = parallel.is_main()                  # under torchrun: rank 0 writes and runs the held-out checks
+    if main:
+        data.save_config(args, out)
     speakers_name = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
     user_name = args.user or args.model
     print(f"stage 2: speakers from {speakers_name} (frozen), simulated user {user_name} (frozen)")
@@ -433,7 +465,8 @@ def train_stage2(args) -> dict:
                                             args.user_every, args.seed)
     held_points = dr.build_decision_points(inputs.held_out, dcfg.heldout_points, cast, inputs.profiles, ids,
                                            args.user_every, args.seed + 1)
-    dr.save_decision_points(out / "decision_points.jsonl", train_points, held_points)
+    if main:
+        dr.save_decision_points(out / "decision_points.jsonl", train_points, held_points)
     rollout = dr.Rollout(cast, inputs.profiles, inputs.personas, models.SentenceEncoder(device=args.device),
                          judge, options(dr.RewardWeights, args, prefix="w-"), dcfg.rollout_turns, args.user_every)
 
@@ -447,8 +480,8 @@ def train_stage2(args) -> dict:
         print(f"held-out mean group reward {when}: {dr.describe_heldout(result)}")
         return result
 
-    before = heldout("prompted", director, "before (prompted director)") if dcfg.eval_prompted else None
-    heuristic = heldout("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule")
+    before = heldout("prompted", director, "before (prompted director)") if dcfg.eval_prompted and main else None
+    heuristic = heldout("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule") if main else None
     # The warm start's targets: ESConv's strategies (training split only) or random agents.
     n_examples = dcfg.director_warmup * 4
     if dcfg.director_warmup_data:
@@ -460,12 +493,14 @@ def train_stage2(args) -> dict:
     else:
         examples = sft.format_examples(inputs.personas, train_points, n_examples, args.seed)
         source = "format warm start: random agents"
+    # Under torchrun rank 0 warm-starts; GRPO then starts every rank from rank 0's weights.
     warm = sft.warm_start(dcfg, out, policy, tok, inputs.personas, examples, source, held_points, rollout,
-                         args.seed, args.resume)
+                         args.seed, args.resume) if main else None
+    parallel.barrier()
     # The KL anchor is the director GRPO starts from: the warm-started one when the warm start ran.
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=dr.DIRECTIVE_MAX_TOKENS)
-    ref = (models.load_model(str(out / "director_warm") if warm else director_name, device=args.device)[0]
-           if cfg.beta > 0 else None)
+    ref = (models.load_model(str(out / "director_warm") if dcfg.director_warmup else director_name,
+                             device=args.device)[0] if cfg.beta > 0 else None)
 
     def sample_prompts(step):
         chosen = grpo.sample_batch(train_points, cfg, step)
@@ -480,6 +515,8 @@ def train_stage2(args) -> dict:
 
     grpo.train_grpo(policy, tok, sample_prompts, reward_fn, cfg, out, ref_model=ref, resume=args.resume,
                     describe=describe)
+    if not main:
+        return {}
     after = heldout("trained", director, "after training")
     # Paired changes on the same points and seeds: trained vs warm start, trained vs least-spoken.
     vs = {"least-spoken": dr.compare(after, heuristic)}
@@ -687,7 +724,7 @@ def main(argv=None) -> int:
     sys.stdout.reconfigure(line_buffering=True)       # one line per step shows up as it happens
     try:
         if args.command == "train":
-            (train_stage1 if args.stage == 1 else train_stage2)(args)
+            train(args)
         elif args.command == "judge-eval":
             judge_eval_cmd(args)
         elif args.command == "judge-stress":
