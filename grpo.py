@@ -443,7 +443,8 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
     # One denominator for the whole optimiser step, so accumulating micro-batches gives exactly
     # the gradient of the full batch: all real tokens ("dapo") or all sequences ("grpo"), summed
     # over the ranks under torchrun (parallel.py), whose gradients are then summed too.
-    normalizer = int(parallel.all_sum(mask.sum().item() if cfg.loss_type == "dapo" else B))
+    total_tokens = int(parallel.all_sum(mask.sum().item()))
+    normalizer = total_tokens if cfg.loss_type == "dapo" else int(parallel.all_sum(B))
     sampler_logps = None if gen.sampler_logprobs is None else gen.sampler_logprobs[:, :C].to(device)
     totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "finite": 1.0,
               "logp_mismatch": None}
@@ -461,7 +462,7 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
                                  mask[sl], cfg.eps_low, cfg.eps_high, cfg.beta, cfg.loss_type,
                                  normalizer=normalizer)
             loss.backward()
-            share = st["n_tokens"] / max(int(parallel.all_sum(mask.sum().item())), 1)   # token-weighted stats
+            share = st["n_tokens"] / max(total_tokens, 1)                     # token-weighted stats
             if it == 0 and sampler_logps is not None:
                 # How far the sampler's distribution is from the one trained: ~1e-6 when the fp32
                 # policy sampled, larger with a bf16 sampling copy (before any update of this step).
