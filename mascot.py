@@ -13,6 +13,7 @@
     python mascot.py judge-stress       best-of-N: does optimising the judge / reward model pick hacks?
     python mascot.py demo               all of the above on the embedded model, sized for a CPU
     python mascot.py COMMAND --help     every flag, with its default
+    torchrun --nproc_per_node N -- mascot.py train ...   the same training, data-parallel (parallel.py)
 
 Each command writes into a run folder (default runs/default):
 
@@ -22,6 +23,8 @@ Each command writes into a run folder (default runs/default):
                           metrics.jsonl samples/ checkpoints/ director/ summary.json
     runs/default/sft/     config.json model/ summary.json
     runs/default/eval/    config.json transcripts.jsonl results.md results.json [human.md human.json]
+                          (partial/ while it runs: each finished system, for a resumed evaluation)
+    served_cache.jsonl    in a stage's or eval's folder when a role is served (--speakers openai:...)
 
 This file only wires the stages together: read it top to bottom to see the whole pipeline, and
 follow the calls into the module that does each part (the README's reading order). The settings
