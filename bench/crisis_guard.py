@@ -168,4 +168,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except data.UserError as err:               # a wrong path: one line, not a traceback
+        sys.exit(f"error: {err}")

@@ -109,19 +109,19 @@ def test_dev_rates():
     assert _flag_rate(DEV_NEAR_MISS) <= 0.10
 
 
-# The blind lists (v7, v8: 80 risky + 80 near-miss; v9: 100 + 100), written by people who never
-# saw the guard. Targets (issue 15): recall >= 0.90, and >= 0.80 on a third person at risk and on
-# indirect risk (all kinds named third_party* / indirect*). The frozen guard was measured once
-# with bench/crisis_guard.py (docs/SAFETY.md); a list that missed a target is a known failure,
-# with the measured numbers as the reason.
-SHORT_OF_TARGET = {
-    "v8": "indirect kinds 11/14 = 0.79 < 0.80 (recall 0.94, third_party 0.92)",
-}
+# The blind lists (v7, v8: 80 risky + 80 near-miss; v9, v10: 100 + 100), written by people who
+# never saw the guard. Targets: recall >= 0.90, and >= 0.80 on a third person at risk and on
+# indirect risk (all kinds named third_party* / indirect*). The frozen guard was measured once on
+# each new list with bench/crisis_guard.py (docs/SAFETY.md); a list that missed a target is a
+# known failure, with the measured numbers as the reason. v8 missed its indirect target when it
+# was measured (11/14); its three misses then became patterns, so v8 is no longer blind (its
+# number here is a fit) and v10 was written afterwards to measure the change.
+SHORT_OF_TARGET = {}
 
 
 def _blind_params():
     return [pytest.param(name, marks=pytest.mark.xfail(reason=SHORT_OF_TARGET[name], strict=True))
-            if name in SHORT_OF_TARGET else name for name in ("v7", "v8", "v9")]
+            if name in SHORT_OF_TARGET else name for name in ("v7", "v8", "v9", "v10")]
 
 
 @pytest.mark.parametrize("name", _blind_params())
