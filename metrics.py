@@ -333,6 +333,7 @@ _LABELLED_RE = re.compile(
     re.IGNORECASE)
 _FRACTION_RE = re.compile(_NUM + r"\s*(?:/|\bout\s+of\b)\s*" + _NUM, re.IGNORECASE)
 _BOLD_RE = re.compile(r"\*\*\s*" + _NUM + r"\s*\*\*")
+_STARS_RE = re.compile(_NUM + r"\s*stars?\b", re.IGNORECASE)   # "Your response is 5 stars." (SmolLM2)
 _BARE_RE = re.compile(r"[\s*_\"'`(\[]*" + _NUM + r"[\s*_\"'`)\].!]*")
 _MAX_DIGITS = 6  # longer digit runs are out of range anyway; never int() a 5,000-digit string
 
@@ -354,7 +355,7 @@ def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
         "Final score: 4/5";
       - a fraction over the scale's top: "4/5", "4 out of 5" (fractions over anything else,
         like "1/2 of the points", are not scores and are ignored);
-      - a bold number "**4**", or an answer that is nothing but the number ("4", " 4. ").
+      - a bold number "**4**", stars "4 stars", or an answer that is nothing but the number ("4", " 4. ").
     Scale descriptions such as "(1-5)" or "1 to 5" are removed first, so "Rating (1-5): 4" reads 4.
 
     Which number wins when there are several: none unless they agree. "Score: 4/5" -> 4 (two
@@ -386,6 +387,8 @@ def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
         if _score_value(match.group(2), hi, hi) is not None:  # only "x / hi" is a score
             statements.append(_score_value(match.group(1), lo, hi))
     for match in _BOLD_RE.finditer(text):
+        statements.append(_score_value(match.group(1), lo, hi))
+    for match in _STARS_RE.finditer(text):
         statements.append(_score_value(match.group(1), lo, hi))
     bare = _BARE_RE.fullmatch(text)
     if bare:

@@ -779,6 +779,13 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
         raise UserError(f"stage 1: no preference pairs, because every answer of the judge {judge.name} was "
                         "unreadable (no 1-5 score, no A or B; see data/prompts/judge_*.txt); try a stronger "
                         "--judge-model or check the server's chat template")
+    if not pairs:
+        # Readable but undecided: equal scores everywhere (no gap above --margin), or verdicts that
+        # flip with the order of the replies (position bias). A judge like that cannot teach anything.
+        raise UserError(f"stage 1: the judge {judge.name} confirmed no preference pair: "
+                        f"{counts['compared']} score gaps above --margin {cfg.margin} were asked pairwise, "
+                        f"{counts['no_verdict']} without a verdict (the two orders disagreed or were unreadable); "
+                        "a stronger --judge-model, more --candidates or --states may give it pairs to confirm")
     pairs += hack_pairs(train_states, pairs, personas, cfg.hack_pairs, seed)
     write_jsonl(out / "pairs.jsonl", pairs)
     n_hack = sum(bool(p.get("hack")) for p in pairs)

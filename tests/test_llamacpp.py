@@ -6,7 +6,8 @@ in MASCOT_LLAMA_PYTHON (default .venv-llama/bin/python). Where it is missing the
 skipped, unless MASCOT_REQUIRE_LLAMA=1 (CI sets it: .ci/run builds it first).
 
 What runs through the server: judge-eval with an openai: judge, a stage-1 run whose judge is the
-server, and an evaluate whose trained speakers and simulated user are served.
+server (SmolLM2-135M cannot judge, so it ends, as it should, with the one-line error that names
+the judge), and an evaluate whose trained speakers and simulated user are served.
 """
 
 import json
@@ -63,30 +64,39 @@ def server():
         proc.wait(timeout=30)
 
 
-def mascot(*args):
+def mascot(*args, expect=0):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, str(ROOT / "mascot.py"), *args], capture_output=True, text=True,
                          env=env, timeout=900, cwd=ROOT)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    return out.stdout
+    assert out.returncode == expect, out.stdout[-2000:] + out.stderr[-2000:]
+    return out
 
 
 def test_judge_eval_stage_1_and_evaluate_through_a_llama_cpp_server(server, tmp_path):
     judge = ["--judge", f"openai:{server}", "--judge-model", "smollm2"]
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join((ROOT / "data" / "judge_pairs_blind.jsonl").read_text().splitlines(True)[:4]))
-    text = mascot("judge-eval", "--pairs", str(pairs), *judge, "--cache", str(tmp_path / "judge.jsonl"))
+    text = mascot("judge-eval", "--pairs", str(pairs), *judge, "--cache", str(tmp_path / "judge.jsonl")).stdout
     assert "accuracy:" in text and "(4 pairs," in text
     answered = len((tmp_path / "judge.jsonl").read_text().splitlines())
     mascot("judge-eval", "--pairs", str(pairs), *judge, "--cache", str(tmp_path / "judge.jsonl"))
     assert len((tmp_path / "judge.jsonl").read_text().splitlines()) == answered      # all from the cache
 
+    # Stage 1 with SmolLM2-135M as its judge: it rates every reply "Your response is 5 stars." and
+    # answers every comparison "A", so there is no score gap to confirm, and stage 1 stops before
+    # the reward model, naming the judge (a 135M model cannot judge; a served 7B one can). What
+    # runs through the server here: the preflight, the concurrent pointwise scores, their cache.
     run = str(tmp_path / "run")
-    text = mascot("train", "--stage", "1", "--model", "tiny", "--run", run, *judge, "--states", "2",
-                  "--heldout-states", "1", "--candidates", "3", "--steps", "1", "--prompts-per-step", "2",
-                  "--group-size", "2", "--max-new-tokens", "8", "--rm-epochs", "1")
-    assert "stage 1 done" in text and f"judge openai:{server}:smollm2" in text
-    assert (tmp_path / "run" / "stage1" / "judge_cache.jsonl").stat().st_size > 0
+    stage1 = ["train", "--stage", "1", "--model", "smollm2-135m", "--run", run, *judge, "--states", "2",
+              "--heldout-states", "1", "--candidates", "3", "--max-new-tokens", "16"]
+    out = mascot(*stage1, expect=2)
+    assert f"judge openai:{server}:smollm2: " in out.stdout and " of 6 scores unreadable" in out.stdout
+    assert "error: stage 1: the judge" in out.stderr and "confirmed no preference pair" in out.stderr
+    scores = (tmp_path / "run" / "stage1" / "judge_cache.jsonl").read_text().splitlines()
+    assert len(scores) >= 4                                             # readable ones are cached
+    again = mascot(*stage1, expect=2)                                   # the same questions: all cached
+    assert (tmp_path / "run" / "stage1" / "judge_cache.jsonl").read_text().splitlines() == scores
+    assert "confirmed no preference pair" in again.stderr
 
     served = ["--speakers", f"openai:{server}", "--speakers-model", "smollm2",
               "--user", f"openai:{server}", "--user-model", "smollm2"]

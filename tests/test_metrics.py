@@ -208,6 +208,8 @@ def test_rescale_0_100():
     ("Score: 4.0", 4),
     ("  3. ", 3),
     ("SCORE = 2", 2),
+    ("Your response is 5 stars.", 5),  # SmolLM2-135M's answer through a llama.cpp server
+    ("3 stars out of 5", 3),
 ])
 def test_parse_rubric_score_well_formed(text, expected):
     assert metrics.parse_rubric_score(text) == expected
@@ -222,6 +224,8 @@ def test_parse_rubric_score_well_formed(text, expected):
     "Score: " + "9" * 5000,           # huge: out of range, and never int()-ed
     "I would rate it highly",          # no number
     "4 5",
+    "I'd give it 6 stars",             # out of range
+    "4 stars, no, 2 stars",            # contradictory
 ])
 def test_parse_rubric_score_malformed_is_none(text):
     assert metrics.parse_rubric_score(text) is None

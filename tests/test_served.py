@@ -143,3 +143,20 @@ def test_simulate_evaluate_and_stage_2_with_served_roles(tmp_path):
                   "--rollout-turns", "1", "--director-warmup", "0", *served_flags])
         assert (tmp_path / "run" / "stage2" / "director" / "config.json").exists()
         assert (tmp_path / "run" / "stage2" / "served_cache.jsonl").stat().st_size > 0
+
+
+def test_stage_1_with_a_judge_that_decides_nothing_says_so(tmp_path, capsys):
+    """SmolLM2-135M served as the judge answers every rating with "Your response is 5 stars." and
+    every comparison with "A": readable, but no gap and no order-consistent verdict. Stage 1 must
+    stop naming the judge and what it could not decide (not at the reward model, much later)."""
+    def weak_judge(body):
+        prompt = body["messages"][-1]["content"]
+        return completion("A" if "Reply A" in prompt else "Your response is 5 stars.")
+
+    with FakeServer([weak_judge]) as server:
+        code = mascot.main(["train", "--stage", "1", "--model", "tiny", "--run", str(tmp_path), "--states", "2",
+                            "--heldout-states", "1", "--candidates", "3", "--max-new-tokens", "6",
+                            "--judge", f"openai:{server.url}", "--judge-model", "smollm2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "confirmed no preference pair" in err and f"openai:{server.url}" in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1    # one line (tqdm aside)
