@@ -164,9 +164,16 @@ def test_terminal_line_then_ctrl_c(tmp_path, spawn_on_pty):
     # Ctrl-C at the prompt, as a person presses it: not within microseconds of the prompt
     # appearing. (A SIGINT that lands between input() writing "you> " and readline starting to
     # wait is lost inside CPython's readline, and the chat keeps waiting for a line.)
+    # On a loaded machine the process may still be on its way into readline after 0.5 s; then,
+    # as a person would, press it again (at most three times).
     time.sleep(0.5)
-    os.write(fd, b"\x03")
-    assert "Goodbye." in read_until(fd, r"Goodbye\.")
+    out = ""
+    for _ in range(3):
+        os.write(fd, b"\x03")
+        out += read_until(fd, r"Goodbye\.", timeout=10.0)
+        if "Goodbye." in out:
+            break
+    assert "Goodbye." in out and "Traceback" not in out
     assert finish(pid, fd) == 0
 
 
