@@ -218,7 +218,7 @@ def test_the_key_never_reaches_the_cache_file(api_key, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# Faults of a real server (issue 14): every one reproduced here against the fake server
+# Faults of a real server: every one reproduced here against the fake server
 # ----------------------------------------------------------------------------------------------
 
 def score_by_reply(body):
@@ -338,7 +338,7 @@ def test_preflight_fails_before_any_work(api_key):
 
 
 def test_train_with_a_bad_key_stops_before_generating_anything(tmp_path, api_key):
-    """`train` used to find a bad key only after sampling every candidate (issue 14)."""
+    """`train` used to find a bad key only after sampling every candidate."""
     with FakeServer([(401, {}, "bad key")]) as server:
         out = subprocess.run([sys.executable, str(ROOT / "mascot.py"), "train", "--stage", "1", "--model", "tiny",
                               "--run", str(tmp_path), "--judge", f"openai:{server.url}", "--judge-model", "m"],
@@ -359,7 +359,7 @@ def test_unreadable_answers_are_counted_in_pair_evaluation():
     ("A", 0), ("B", 1), ("**B**", 1), ("(A) because it is specific", 0), ("Reply B is better.", 1),
     ("Answer: A", 0), ("A better reply is B", 1), ("A is better.", 0), ("I pick B.", 1),
     ("reply b", 1), ("neither", None), ("", None),
-    # What the sentence says is better wins over a leading label (issue 14: 14 of 200 real answers).
+    # What the sentence says is better wins over a leading label (14 of 200 real llama.cpp answers were misread before).
     ("A: Reply B is better.", 1), ("B: Reply A is better.", 0), ("A: Response B is clearly better", 1),
     ("The better reply is B.", 1), ("Reply A is the better one.", 0), ("I prefer B", 1),
     ("**B** is better", 1), ("A: it stays in character", 0), ("Reply A is better than reply B", 0)])
