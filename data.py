@@ -279,6 +279,34 @@ class AnswerCache:
         return len(self._values)
 
 
+def cached_answers(cache: AnswerCache | None, keys: list[str], compute_misses,
+                   keep=lambda value: value is not None) -> list:
+    """The answer for every key: from `cache` when it has it, else computed, each distinct key once.
+
+    compute_misses(todo, store) computes the answers at the indices `todo` (in one batch, or one
+    request each, concurrently) and calls store(i, answer) as each arrives; an answer with
+    keep(answer) true is written to the cache at once (one flushed line: a crash keeps it), so a
+    failure part-way loses only what was in flight. Without a cache file (cache None) every key is
+    computed, still once per distinct key.
+    """
+    values = [cache.get(k) if cache else None for k in keys]
+    first_of = {}                                   # key -> index of its first missing input
+    for i, (k, v) in enumerate(zip(keys, values)):
+        if v is None:
+            first_of.setdefault(k, i)
+    if not first_of:
+        return values
+    fresh = {}
+
+    def store(i, value):                            # called as each answer arrives
+        fresh[i] = value
+        if cache is not None and keep(value):
+            cache.put(keys[i], value)
+
+    compute_misses(list(first_of.values()), store)
+    return [fresh[first_of[k]] if v is None else v for k, v in zip(keys, values)]
+
+
 # ----------------------------------------------------------------------------------------------
 # Options: a hyperparameter declared once, with its default, its help text and its valid range
 # ----------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ One interface, four backends (pick one with `--judge`):
                   score_many / compare_many                   the same, batched
                   complete(prompt) -> str                     greedy text (LLM backends only)
 
-Every backend goes through a AnswerCache (an append-only JSON-lines file) when a cache path is
+Every backend goes through an AnswerCache (an append-only JSON-lines file) when a cache path is
 given, so a repeated run never pays twice for the same judgement. The openai: judge writes each
 judgement the moment it arrives, so a crashed run loses at most the requests in flight.
 
@@ -59,9 +59,9 @@ import torch
 import data
 import hacks
 import models
-import sampler
 import reward
-from data import AnswerCache, UserError
+import sampler
+from data import AnswerCache, UserError, cached_answers
 from judge_features import (OFFLINE_RECIPE, OFFLINE_WEIGHTS, RELEVANCE_CAP, REPEAT_FLOOR, COPY_RUN, COPY_FLOOR,
                             RECITAL_FLOOR, MIN_WORDS, LIST_FLOOR, FUNCTION_FLOOR, OFFLINE_CENTER, OFFLINE_SCALE,
                             PROMPT_TALK, persona_does, split_sentences, lexical_features, semantic_features, weighted_sum,
@@ -114,23 +114,7 @@ class Judge:
         An input repeated within one batch is computed once, with or without a cache file.
         """
         keys = [AnswerCache.make_key(self.name, method, x) for x in inputs]
-        values = [self.cache.get(k) if self.cache else None for k in keys]
-        first_of = {}                                   # key -> index of its first missing input
-        for i, (k, v) in enumerate(zip(keys, values)):
-            if v is None:
-                first_of.setdefault(k, i)
-        todo = list(first_of.values())
-        if todo:
-            fresh = {}
-
-            def store(i, value):                        # called as each judgement arrives
-                fresh[i] = value
-                if self.cache is not None and keep(value):
-                    self.cache.put(keys[i], value)      # one line, flushed: a crash keeps it
-
-            self._compute_misses(todo, compute, store)
-            values = [fresh[first_of[k]] if v is None else v for k, v in zip(keys, values)]
-        return values
+        return cached_answers(self.cache, keys, lambda todo, store: self._compute_misses(todo, compute, store), keep)
 
     def _compute_misses(self, todo: list[int], compute, store) -> None:
         """Compute the inputs at `todo` and store(i, value) each. Here: one batch, the fastest

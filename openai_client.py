@@ -39,7 +39,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from data import AnswerCache, UserError
+from data import AnswerCache, UserError, cached_answers
 
 MESSAGE_CHARS = 200        # how much of a server's error body an error message quotes
 
@@ -300,15 +300,9 @@ class ServedModel:
             {"temperature": 0.0} if seeds is None else {"temperature": temperature, "top_p": top_p, "seed": seeds[i]})
             for i, m in enumerate(conversations)]
         keys = [AnswerCache.make_key(self.name, "chat", x) for x in settings]
-        texts = [self.cache.get(k) if self.cache else None for k in keys]
 
-        def store(i, text):
-            texts[i] = text
-            if self.cache is not None:
-                self.cache.put(keys[i], text)          # one flushed line: a crash keeps it
+        def ask(i):
+            s = settings[i]
+            return self.client.chat(s["messages"], max_new_tokens, s["temperature"], s.get("top_p"), s.get("seed"))
 
-        todo = [i for i, t in enumerate(texts) if t is None]
-        run_concurrently(todo, lambda i: self.client.chat(
-            settings[i]["messages"], max_new_tokens, settings[i]["temperature"], settings[i].get("top_p"),
-            settings[i].get("seed")), store, self.concurrency)
-        return texts
+        return cached_answers(self.cache, keys, lambda todo, store: run_concurrently(todo, ask, store, self.concurrency))
