@@ -617,9 +617,7 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
     Writes out_dir/metrics.jsonl (one line per step), out_dir/samples/, out_dir/checkpoints/
     (under torchrun: rank 0 only). Returns the metrics rows of this run.
     """
-    if cfg.prompts_per_step % parallel.world():
-        raise UserError(f"--prompts-per-step {cfg.prompts_per_step}: must be a multiple of the "
-                        f"{parallel.world()} torchrun processes, so each gets the same share of the batch")
+    parallel.check_share(cfg.prompts_per_step)
     main = parallel.is_main()
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out_dir / "checkpoints"
@@ -651,7 +649,8 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
         row = {"step": step, **stats, "seconds": time.time() - t0}
         bad = 0 if not row["skipped"] else bad + 1
         rows.append(row)
-        texts = parallel.gather(gen.texts)                                  # the whole batch's replies
+        dump = describe is not None and step % cfg.dump_every == 0
+        texts = parallel.gather(gen.texts) if dump else None                # the whole batch's replies
         if not main:
             if bad >= cfg.max_bad_steps:
                 raise UserError(f"training stopped: {bad} non-finite steps in a row at step {step}")
@@ -662,7 +661,7 @@ def train_grpo(policy, tokenizer, sample_prompts, reward_fn, cfg: GRPOConfig, ou
             f"zero-std {row['frac_zero_std']:.2f} gnorm {row['grad_norm']:.2f} "
             f"mismatch {'-' if row['logp_mismatch'] is None else format(row['logp_mismatch'], '.4f')} "
             f"{'SKIPPED (non-finite) ' if row['skipped'] else ''}{row['seconds']:.1f}s")
-        if describe and step % cfg.dump_every == 0:
+        if dump:
             write_jsonl(out_dir / "samples" / f"step-{step:06d}.jsonl", describe(meta, texts, rewards))
         if bad >= cfg.max_bad_steps:
             path = save_checkpoint(ckpt_dir, step, policy, tokenizer, optimizer, {"stopped": "non-finite"})

@@ -365,9 +365,7 @@ def train(args) -> dict:
     they split each GRPO batch (parallel.py) and rank 0 alone prints, writes and checks."""
     args.device = parallel.init(args.device)
     try:
-        if args.prompts_per_step % parallel.world():
-            raise UserError(f"--prompts-per-step {args.prompts_per_step}: must be a multiple of the "
-                            f"{parallel.world()} torchrun processes, so each gets the same share of the batch")
+        parallel.check_share(args.prompts_per_step)     # before stage 1's candidates and judge
         if not parallel.is_main():
             sys.stdout = open(os.devnull, "w")       # one log, rank 0's; errors still reach stderr
         return (train_stage1 if args.stage == 1 else train_stage2)(args)

@@ -36,6 +36,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from data import UserError
+
 
 def init(device: str) -> str:
     """Join the process group torchrun describes, once; return the device this rank should use
@@ -72,6 +74,13 @@ def barrier() -> None:
     """Wait until every rank got here (e.g. until rank 0 has written the files the others read)."""
     if dist.is_initialized():
         dist.barrier()
+
+
+def check_share(prompts_per_step: int) -> None:
+    """Every rank must get the same number of prompts: say so before any work if not."""
+    if prompts_per_step % world():
+        raise UserError(f"--prompts-per-step {prompts_per_step}: must be a multiple of the {world()} "
+                        "torchrun processes, so each gets the same share of the batch")
 
 
 def shard(n: int) -> slice:
