@@ -349,6 +349,16 @@ def load_inputs(args, earlier: list[Path] = ()) -> Inputs:
     return Inputs(personas, train, held, profiles, split)
 
 
+def load_speakers_and_user(args, speakers_name: str, cache: Path) -> tuple[tuple, tuple]:
+    """The frozen speakers and simulated user, each (model, tokenizer). One local model plays both
+    parts when they are the same; a served role (openai:) has its own model name, so is its own."""
+    speakers = models.load_role(speakers_name, "speakers", args, cache)
+    user_name = args.user or args.model
+    if user_name == speakers_name and speakers[1] is not None:
+        return speakers, speakers
+    return speakers, models.load_role(user_name, "user", args, cache)
+
+
 def save_model(model, tok, folder: Path) -> Path:
     with data.atomic_folder(folder) as tmp:
         model.save_pretrained(tmp)
@@ -448,12 +458,9 @@ def train_stage2(args) -> dict:
     if main:
         data.save_config(args, out)
     speakers_name = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
-    user_name = args.user or args.model
-    print(f"stage 2: speakers from {speakers_name} (frozen), simulated user {user_name} (frozen)")
-    speaker_model, speaker_tok = models.load_role(speakers_name, "speakers", args, out / "served_cache.jsonl")
-    # One local model plays both parts when they are the same; a served role has its own model name.
-    user_model, user_tok = ((speaker_model, speaker_tok) if speakers_name == user_name and speaker_tok is not None
-                            else models.load_role(user_name, "user", args, out / "served_cache.jsonl"))
+    print(f"stage 2: speakers from {speakers_name} (frozen), simulated user {args.user or args.model} (frozen)")
+    (speaker_model, speaker_tok), (user_model, user_tok) = load_speakers_and_user(args, speakers_name,
+                                                                                  out / "served_cache.jsonl")
     director_name = args.director_model or args.model
     policy, tok = models.load_model(director_name, device=args.device)
     judge = judge_from_flags(args, out / "judge_cache.jsonl")
@@ -582,12 +589,8 @@ def simulate_cmd(args) -> None:
     ids = sorted(inputs.profiles) if args.profile == "all" else [
         p.id for p in data.load_profiles(args.profiles_file, [args.profile])]
     speakers_name = args.speakers or models.trained_or(run / "stage1" / "speakers", args.model)
-    user_name = args.user or args.model
     cache = run / "simulate" / "served_cache.jsonl"
-    speaker_model, speaker_tok = models.load_role(speakers_name, "speakers", args, cache)
-    # One local model plays both parts when they are the same; a served role has its own model name.
-    user = ((speaker_model, speaker_tok) if speakers_name == user_name and speaker_tok is not None
-            else models.load_role(user_name, "user", args, cache))
+    (speaker_model, speaker_tok), user = load_speakers_and_user(args, speakers_name, cache)
     director = None
     if args.policy == "director":
         name = args.director or models.trained_or(run / "stage2" / "director", args.model)
