@@ -91,6 +91,34 @@ def completion_text(tok, messages: list[dict], target: str) -> tuple[str, str]:
     return prompt, target + (tok.eos_token or "")
 
 
+def token_rows(tok, examples: list[tuple[list[dict], str]]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids) of each (messages, target) example (completion_text's split)."""
+    rows = []
+    for messages, target in examples:
+        prompt, completion = completion_text(tok, messages, target)
+        rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
+                     tok(completion, add_special_tokens=False)["input_ids"]))
+    return rows
+
+
+def target_logprobs(model, pad_id: int, rows: list[tuple[list[int], list[int]]]):
+    """Log-probs of each row's target tokens given its prompt, (B, C), and the targets' mask, (B, C).
+
+    Prompts left-padded (sampler.left_pad), targets right-padded, one sequence per row, so
+    grpo.completion_logprobs reads exactly the target positions."""
+    p_ids, p_mask = sampler.left_pad([p for p, _ in rows], pad_id)                # (B, P)
+    width = max(len(c) for _, c in rows)
+    c_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)             # (B, C), right-padded
+    c_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, (_, c) in enumerate(rows):
+        c_ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
+        c_mask[r, :len(c)] = 1
+    dev = next(model.parameters()).device
+    logps = grpo.completion_logprobs(model, torch.cat([p_ids, c_ids], 1).to(dev),
+                                     torch.cat([p_mask, c_mask], 1).to(dev), p_ids.shape[1])  # (B, C)
+    return logps, c_mask.to(dev)
+
+
 def supervised_finetune(model, tok, examples: list[tuple[list[dict], str]], steps: int,
                           batch_size: int = 8, lr: float = 2e-5, log=print) -> list[float]:
     """Maximum likelihood of each target given its prompt, `steps` AdamW steps of `batch_size`
@@ -98,27 +126,14 @@ def supervised_finetune(model, tok, examples: list[tuple[list[dict], str]], step
     token), which should fall. Full fine-tuning, like the GRPO that follows."""
     if steps <= 0 or not examples:
         return []
-    rows = []
-    for messages, target in examples:
-        prompt, completion = completion_text(tok, messages, target)
-        rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
-                     tok(completion, add_special_tokens=False)["input_ids"]))
+    rows = token_rows(tok, examples)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     losses = []
     for step in range(steps):
         batch = [rows[(step * batch_size + j) % len(rows)] for j in range(batch_size)]
-        p_ids, p_mask = sampler.left_pad([p for p, _ in batch], tok.pad_token_id)      # (B, P)
-        width = max(len(c) for _, c in batch)
-        c_ids = torch.full((len(batch), width), tok.pad_token_id, dtype=torch.long)   # (B, C), right-padded
-        c_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, (_, c) in enumerate(batch):
-            c_ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
-            c_mask[r, :len(c)] = 1
-        dev = next(model.parameters()).device
-        logps = grpo.completion_logprobs(model, torch.cat([p_ids, c_ids], 1).to(dev),
-                                         torch.cat([p_mask, c_mask], 1).to(dev), p_ids.shape[1])  # (B, C)
-        mask = c_mask.to(dev).float()
+        logps, mask = target_logprobs(model, tok.pad_token_id, batch)                 # (B, C) each
+        mask = mask.float()
         loss = -(logps * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -156,24 +171,11 @@ def mean_nll(model, tok, examples: list[tuple[list[dict], str]], batch_size: int
     """Mean negative log-likelihood per target token over the examples (no update): the number
     the SFT command prints before and after training, on held-out dialogues."""
     total, count = 0.0, 0
-    dev = next(model.parameters()).device
-    for start in range(0, len(examples), batch_size):
-        rows = []
-        for messages, target in examples[start:start + batch_size]:
-            prompt, completion = completion_text(tok, messages, target)
-            rows.append((tok(prompt, add_special_tokens=False)["input_ids"],
-                         tok(completion, add_special_tokens=False)["input_ids"]))
-        p_ids, p_mask = sampler.left_pad([p for p, _ in rows], tok.pad_token_id)         # (B, P)
-        width = max(len(c) for _, c in rows)
-        c_ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)      # (B, C)
-        c_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, (_, c) in enumerate(rows):
-            c_ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
-            c_mask[r, :len(c)] = 1
-        logps = grpo.completion_logprobs(model, torch.cat([p_ids, c_ids], 1).to(dev),
-                                         torch.cat([p_mask, c_mask], 1).to(dev), p_ids.shape[1])  # (B, C)
-        total -= (logps.cpu() * c_mask).sum().item()
-        count += int(c_mask.sum())
+    rows = token_rows(tok, examples)
+    for start in range(0, len(rows), batch_size):
+        logps, mask = target_logprobs(model, tok.pad_token_id, rows[start:start + batch_size])   # (B, C)
+        total -= (logps * mask).sum().item()
+        count += int(mask.sum())
     return total / max(count, 1)
 
 
