@@ -43,6 +43,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+import torch
+
 import hacks
 import sampler
 from data import PersonaSet, UserError, option, write_jsonl
@@ -384,6 +386,66 @@ def choice_diagnostics(agents: list[str], features: list[str], names: list[str],
     return out
 
 
+def agent_probabilities(model, tok, personas: PersonaSet, convs: list[Conversation]) -> list[dict[str, float]] | None:
+    """The director's own distribution over whom it names at each point, read off its weights.
+
+    Greedy choices on a handful of points cannot tell a collapsed policy from one whose two
+    favourites are nearly tied at every point (a tiny update then flips every greedy choice at
+    once); these probabilities can. p(agent | point) is the probability of the token that starts
+    that agent's name after "Agent:" at the start of the answer (the rest of a name follows its
+    first token almost surely), renormalised over the roster: ONE forward per point, of the
+    prompt the director runs with plus the shared start of the line. Returns one {name: p} per
+    point, or None when two names begin with the same token (no single token tells them apart).
+    `model` must be a local causal LM."""
+    names = personas.names()
+    lines = [tok(f"Agent: {n}", add_special_tokens=False)["input_ids"] for n in names]
+    shared = 0                                      # tokens every line starts with ("Agent", ":")
+    while all(len(x) > shared for x in lines) and len({x[shared] for x in lines}) == 1:
+        shared += 1
+    if any(len(x) <= shared for x in lines) or len({x[shared] for x in lines}) < len(names):
+        return None
+    firsts = torch.tensor([x[shared] for x in lines])                                    # (A,)
+    dev = next(model.parameters()).device
+    out = []
+    for conv in convs:
+        prompt = tok.apply_chat_template(director_messages(personas, conv), tokenize=False,
+                                         add_generation_prompt=True)
+        ids = tok(prompt, add_special_tokens=False)["input_ids"] + lines[0][:shared]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids], device=dev), use_cache=False).logits[0, -1]  # (V,)
+        probs = torch.softmax(logits.float().cpu()[firsts], dim=0)                          # (A,)
+        out.append(dict(zip(names, probs.tolist())))
+    return out
+
+
+def policy_diagnostics(probs: list[dict[str, float]], features: list[str]) -> dict:
+    """Collapse diagnostics of the policy itself (agent_probabilities), not of a sample of it.
+
+    With the point drawn uniformly and the choice drawn from p(. | point), in bits:
+      entropy          H(mean_i p_i): 0 = one agent everywhere;
+      mi_point         I(choice; point) = H(mean_i p_i) - mean_i H(p_i): does the choice depend
+                       on the point at all (0 = the same distribution everywhere);
+      mi_stage         I(choice; stage) = H(mean_i p_i) - sum_s w_s H(mean_{i in s} p_i): the part
+                       the stage feature explains (w_s = share of points in stage s);
+    plus the marginal and the mean distribution per stage. A die-rolling director has high
+    entropy and no information; a collapsed one has neither."""
+    names = list(probs[0])
+
+    def h(dist):
+        return -sum(p * math.log2(p) for p in dist.values() if p > 0)
+
+    def mean(dists):
+        return {n: sum(d[n] for d in dists) / len(dists) for n in names}
+
+    marginal = mean(probs)
+    stages = {s: mean([p for p, f in zip(probs, features) if f == s]) for s in sorted(set(features))}
+    weight = {s: features.count(s) / len(features) for s in stages}
+    return {"marginal": marginal, "entropy": h(marginal),
+            "mi_point": max(0.0, h(marginal) - sum(h(p) for p in probs) / len(probs)),
+            "mi_stage": max(0.0, h(marginal) - sum(weight[s] * h(d) for s, d in stages.items())),
+            "by_stage": stages}
+
+
 # ----------------------------------------------------------------------------------------------
 # 5. Stage 2: decision points, rollouts, and the data GRPO needs
 # ----------------------------------------------------------------------------------------------
@@ -491,10 +553,16 @@ class Rollout:
                         if t.speaker not in (USER, SAFETY))
         names = self.personas.names()
         agree = [a == least_spoken_agent(self.personas, p) for a, p in zip(agents, points)]
+        stages = [stage_feature(p) for p in points]
+        # A local LLM director also gets the diagnostics of its distribution (a served one has
+        # no weights here, a fixed rule no distribution).
+        probs = (agent_probabilities(policy.model, policy.tok, self.personas, points)
+                 if isinstance(policy, LLMDirector) and hasattr(policy.model, "parameters") else None)
         return {"reward": sum(rewards) / n, "se": standard_error(rewards), "rewards": rewards,
                 "components": comps, "choices": {name: agents.count(name) for name in names},
                 "block_choices": {name: block.get(name, 0) for name in names},
-                "diagnostics": choice_diagnostics(agents, [stage_feature(p) for p in points], names, seed=seed),
+                "diagnostics": choice_diagnostics(agents, stages, names, seed=seed),
+                "policy": policy_diagnostics(probs, stages) if probs else None,
                 "agree_least_spoken": sum(agree) / n,
                 "invalid": sum(not d.valid for d in firsts), "n": n, "example": copies[0].to_json(),
                 "rollouts": [{"stage": stage_feature(p), "first_turn": len(p.turns), **c.to_json()}
@@ -513,4 +581,14 @@ def describe_heldout(result: dict) -> str:
     return (f"{result['reward']:.3f} ± {result['se']:.3f} (se, {result['n']} points)  "
             f"agent choices {result['choices']}  entropy {d['entropy']:.2f} bits  "
             f"I(choice; stage) {d['mi']:.2f} bits  chi2 {d['chi2']:.1f} (df {d['df']}) "
-            f"p {d['p_chi2']:.3g}, permutation p {d['p_perm']:.3g}  unparseable {result['invalid']}/{result['n']}")
+            f"p {d['p_chi2']:.3g}, permutation p {d['p_perm']:.3g}  unparseable {result['invalid']}/{result['n']}"
+            + policy_line(result.get("policy")))
+
+
+def policy_line(p: dict | None) -> str:
+    """The policy diagnostics (policy_diagnostics) as the end of a log line; empty without them."""
+    if not p:
+        return ""
+    marginal = ", ".join(f"{n} {v:.2f}" for n, v in p["marginal"].items())
+    return (f"  policy: p(agent) {marginal}; entropy {p['entropy']:.2f} bits, I(choice; point) "
+            f"{p['mi_point']:.3f}, I(choice; stage) {p['mi_stage']:.3f} bits")

@@ -522,3 +522,51 @@ def test_format_warm_start_teaches_a_tiny_director_the_three_lines(support, cont
     print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f}; parseable {before}/4 -> {after}/4")
     assert losses[-1] < losses[0] / 3
     assert before == 0 and after >= 3
+
+
+def test_policy_diagnostics_on_hand_made_policies():
+    stages = ["0", "0", "1", "1"]
+    constant = [{"A": 1.0, "B": 0.0}] * 4
+    d = dr.policy_diagnostics(constant, stages)
+    assert d["entropy"] == 0.0 and d["mi_point"] == 0.0 and d["mi_stage"] == 0.0
+    die = [{"A": 0.5, "B": 0.5}] * 4                    # varied choices that ignore the conversation
+    d = dr.policy_diagnostics(die, stages)
+    assert d["entropy"] == pytest.approx(1.0) and d["mi_point"] == pytest.approx(0.0, abs=1e-12)
+    by_stage = [{"A": 1.0, "B": 0.0}] * 2 + [{"A": 0.0, "B": 1.0}] * 2   # the stage decides
+    d = dr.policy_diagnostics(by_stage, stages)
+    assert d["entropy"] == pytest.approx(1.0) and d["mi_stage"] == pytest.approx(1.0)
+    assert d["by_stage"]["1"] == {"A": 0.0, "B": 1.0}
+    # Point-dependent but not stage-dependent: each stage holds one A-point and one B-point.
+    mixed = [{"A": 1.0, "B": 0.0}, {"A": 0.0, "B": 1.0}] * 2
+    d = dr.policy_diagnostics(mixed, stages)
+    assert d["mi_point"] == pytest.approx(1.0) and d["mi_stage"] == pytest.approx(0.0, abs=1e-12)
+    # Hand-computed: p = (0.75, 0.25) at every point -> H = 0.811 bits, nothing depends on anything.
+    d = dr.policy_diagnostics([{"A": 0.75, "B": 0.25}] * 4, stages)
+    assert d["entropy"] == pytest.approx(-(0.75 * math.log2(0.75) + 0.25 * math.log2(0.25)))
+
+
+def test_agent_probabilities_are_the_first_name_token_under_the_director_prompt(tiny, support, context):
+    model, tok = tiny
+    points = [conv_with(context, ["Anchor", "Beacon"][:k], seed=k) for k in range(2)]
+    probs = dr.agent_probabilities(model, tok, support, points)
+    assert len(probs) == 2 and all(sum(p.values()) == pytest.approx(1.0) for p in probs)
+    # The same numbers by another road: grpo.completion_logprobs of each full "Agent: <name>"
+    # line, keeping the token where the lines part (the names' first tokens).
+    lines = [tok(f"Agent: {n}", add_special_tokens=False)["input_ids"] for n in support.names()]
+    shared = next(i for i in range(10) if len({x[i] for x in lines}) > 1)
+    for point, p in zip(points, probs):
+        prompt = tok(tok.apply_chat_template(dr.director_messages(support, point), tokenize=False,
+                                             add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        first = []
+        for line in lines:
+            ids = torch.tensor([prompt + line[:shared + 1]])
+            with torch.no_grad():
+                lp = grpo.completion_logprobs(model, ids, torch.ones_like(ids), len(prompt))
+            first.append(lp[0, shared].item())
+        expected = torch.softmax(torch.tensor(first), 0).tolist()
+        assert [p[n] for n in support.names()] == pytest.approx(expected, abs=1e-5)
+    # Two names that one token cannot tell apart: no distribution rather than a wrong one.
+    twin = Persona(**{**support.personas[1].__dict__, "name": support.personas[0].name + " Two"})
+    twins = PersonaSet(support.name, support.description, [support.personas[0], twin],
+                       support.strategies, support.tones)
+    assert dr.agent_probabilities(model, tok, twins, points[:1]) is None
