@@ -565,8 +565,8 @@ class Rollout:
                 "policy": policy_diagnostics(probs, stages) if probs else None,
                 "agree_least_spoken": sum(agree) / n,
                 "invalid": sum(not d.valid for d in firsts), "n": n, "example": copies[0].to_json(),
-                "rollouts": [{"stage": stage_feature(p), "first_turn": len(p.turns), **c.to_json()}
-                             for c, p in zip(copies, points)]}
+                "rollouts": [{"stage": s, "first_turn": len(p.turns), **c.to_json()}
+                             for c, p, s in zip(copies, points, stages)]}
 
 
 def compare(after: dict, before: dict) -> dict:

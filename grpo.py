@@ -321,6 +321,25 @@ def completion_logprobs(model, input_ids, attention_mask, n_prompt, chunk_size=5
     return logps
 
 
+def target_logprobs(model, pad_id: int, rows: list[tuple[list[int], list[int]]]):
+    """Log-probs of each row's target tokens given its prompt, (B, C), and the targets' mask, (B, C).
+
+    Prompts left-padded (sampler.left_pad), targets right-padded, one sequence per row, so
+    completion_logprobs reads exactly the target positions. Used for supervised targets (sft.py)
+    and for scoring a fixed reply under several prompts (persona_id.py)."""
+    p_ids, p_mask = sampler.left_pad([p for p, _ in rows], pad_id)                # (B, P)
+    width = max(len(c) for _, c in rows)
+    c_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)             # (B, C), right-padded
+    c_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, (_, c) in enumerate(rows):
+        c_ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
+        c_mask[r, :len(c)] = 1
+    dev = next(model.parameters()).device
+    logps = completion_logprobs(model, torch.cat([p_ids, c_ids], 1).to(dev),
+                                torch.cat([p_mask, c_mask], 1).to(dev), p_ids.shape[1])  # (B, C)
+    return logps, c_mask.to(dev)
+
+
 # ---------------------------------------------------------------------------------------------
 # The training loop: sample -> reward -> advantages -> clipped update (shared by both stages)
 # ---------------------------------------------------------------------------------------------

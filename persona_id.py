@@ -103,19 +103,11 @@ class PersonaIdentifier:
                 rows.append((i, k, prompt, reply_ids))
         out = [[0.0] * len(cards) for _ in items]
         rows.sort(key=lambda r: len(r[2]) + len(r[3]))   # similar lengths batch with little padding
-        device = next(self.model.parameters()).device
         for start in range(0, len(rows), BATCH_ROWS):
             batch = rows[start:start + BATCH_ROWS]
-            p_ids, p_mask = sampler.left_pad([r[2] for r in batch], self.tok.pad_token_id)     # (B, P)
-            width = max(len(r[3]) for r in batch)
-            c_ids = torch.full((len(batch), width), self.tok.pad_token_id, dtype=torch.long)  # (B, C)
-            c_mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for j, r in enumerate(batch):
-                c_ids[j, :len(r[3])] = torch.tensor(r[3])
-                c_mask[j, :len(r[3])] = 1
-            logps = grpo.completion_logprobs(self.model, torch.cat([p_ids, c_ids], 1).to(device),
-                                             torch.cat([p_mask, c_mask], 1).to(device), p_ids.shape[1])  # (B, C)
-            sums = (logps.cpu() * c_mask).sum(1)                                               # (B,)
+            logps, mask = grpo.target_logprobs(self.model, self.tok.pad_token_id,
+                                               [(r[2], r[3]) for r in batch])                  # (B, C) each
+            sums = (logps * mask).sum(1)                                                       # (B,)
             for (i, k, _, _), s in zip(batch, sums.tolist()):
                 out[i][k] = s
         return out

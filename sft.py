@@ -30,7 +30,6 @@ from collections import Counter
 import torch
 
 import grpo
-import sampler
 from data import Context, PersonaSet, UserError, atomic_folder, read_json, write_json, write_jsonl
 from director import DirectorConfig, LLMDirector, Rollout, describe_heldout, director_messages, parse_directive
 from simulate import USER, Conversation, Directive, Turn, least_spoken_agent, speaker_messages
@@ -101,24 +100,6 @@ def token_rows(tok, examples: list[tuple[list[dict], str]]) -> list[tuple[list[i
     return rows
 
 
-def target_logprobs(model, pad_id: int, rows: list[tuple[list[int], list[int]]]):
-    """Log-probs of each row's target tokens given its prompt, (B, C), and the targets' mask, (B, C).
-
-    Prompts left-padded (sampler.left_pad), targets right-padded, one sequence per row, so
-    grpo.completion_logprobs reads exactly the target positions."""
-    p_ids, p_mask = sampler.left_pad([p for p, _ in rows], pad_id)                # (B, P)
-    width = max(len(c) for _, c in rows)
-    c_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)             # (B, C), right-padded
-    c_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, (_, c) in enumerate(rows):
-        c_ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
-        c_mask[r, :len(c)] = 1
-    dev = next(model.parameters()).device
-    logps = grpo.completion_logprobs(model, torch.cat([p_ids, c_ids], 1).to(dev),
-                                     torch.cat([p_mask, c_mask], 1).to(dev), p_ids.shape[1])  # (B, C)
-    return logps, c_mask.to(dev)
-
-
 def supervised_finetune(model, tok, examples: list[tuple[list[dict], str]], steps: int,
                           batch_size: int = 8, lr: float = 2e-5, log=print) -> list[float]:
     """Maximum likelihood of each target given its prompt, `steps` AdamW steps of `batch_size`
@@ -132,7 +113,7 @@ def supervised_finetune(model, tok, examples: list[tuple[list[dict], str]], step
     losses = []
     for step in range(steps):
         batch = [rows[(step * batch_size + j) % len(rows)] for j in range(batch_size)]
-        logps, mask = target_logprobs(model, tok.pad_token_id, batch)                 # (B, C) each
+        logps, mask = grpo.target_logprobs(model, tok.pad_token_id, batch)                 # (B, C) each
         mask = mask.float()
         loss = -(logps * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
@@ -173,7 +154,7 @@ def mean_nll(model, tok, examples: list[tuple[list[dict], str]], batch_size: int
     total, count = 0.0, 0
     rows = token_rows(tok, examples)
     for start in range(0, len(rows), batch_size):
-        logps, mask = target_logprobs(model, tok.pad_token_id, rows[start:start + batch_size])   # (B, C)
+        logps, mask = grpo.target_logprobs(model, tok.pad_token_id, rows[start:start + batch_size])   # (B, C)
         total -= (logps * mask).sum().item()
         count += int(mask.sum())
     return total / max(count, 1)
