@@ -8,6 +8,7 @@ Each trick is run against the plain computation on a tiny random Llama (2 layers
     log-prob chunk size         same log-probs and gradients (the chunks are independent rows)
     beta = 0 skips the reference        same loss as computing it, and the reference never runs
     num_iterations = 1 skips the old-policy pass    same loss and gradients as computing it
+    shared prompts              same loss and gradients (1e-5): each distinct prompt runs once
     bf16 autocast               close, within a bound derived from bf16's precision (see the test)
     rewards                     computed without autograd
 
@@ -41,14 +42,19 @@ def tiny():
     return policy, ref, tok
 
 
-def make_batch(vocab: int) -> tuple[sampler.Generation, torch.Tensor]:
-    """A fixed sampled batch in the shape sampler.generate returns, and one advantage per row."""
+def make_batch(vocab: int, grouped: bool = False) -> tuple[sampler.Generation, torch.Tensor]:
+    """A fixed sampled batch in the shape sampler.generate returns, and one advantage per row.
+    grouped=False: six different prompts; True: 2 prompts x G 3 as GRPO samples them (rows 0-2
+    share prompt 0, left-padded to 6 tokens; rows 3-5 share prompt 1, 4 tokens)."""
     g = torch.Generator().manual_seed(0)
     prompt_ids = torch.randint(0, vocab, (B, P), generator=g)
+    prompt_lens = [6, 6, 6, 4, 4, 4] if grouped else PROMPT_LENS
+    if grouped:
+        prompt_ids = prompt_ids[[0, 0, 0, 3, 3, 3]]
     completion_ids = torch.randint(0, vocab, (B, C), generator=g)
     prompt_mask = torch.zeros(B, P, dtype=torch.long)
     completion_mask = torch.zeros(B, C, dtype=torch.long)
-    for i, (p, c) in enumerate(zip(PROMPT_LENS, COMPLETION_LENS)):
+    for i, (p, c) in enumerate(zip(prompt_lens, COMPLETION_LENS)):
         prompt_mask[i, P - p:] = 1
         completion_mask[i, :c] = 1
     gen = sampler.Generation([""] * B, prompt_ids, prompt_mask, completion_ids, completion_mask, [True] * B)
@@ -195,6 +201,50 @@ def test_one_iteration_skips_the_old_policy_pass_without_changing_the_loss(tiny)
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert loss.item() == pytest.approx(loss_skip, abs=1e-6)
     assert_same_grads(grads_skip, {n: p.grad for n, p in fresh.named_parameters()}, atol=1e-6)
+
+
+def body_tokens(model) -> list:
+    """Record how many tokens each call of the model's transformer body processes."""
+    seen = []
+    model.get_decoder().register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
+    return seen
+
+
+def test_shared_prompts_give_the_plain_loss_and_gradients_for_fewer_tokens(tiny):
+    policy, ref, tok = tiny
+    gen, adv = make_batch(len(tok), grouped=True)
+    # policy_update as it runs: rows that share a prompt share its forward pass.
+    model = copy.deepcopy(policy).train()
+    seen = body_tokens(model)
+    grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=0.0), gen, adv, config(beta=0.0))
+    shared = {n: p.grad.clone() for n, p in model.named_parameters()}
+    # 2 distinct prompts x 6 positions, then 6 rows x 5 completion positions: 42 tokens, not 66.
+    assert seen == [2 * P, B * C]
+
+    # The plain path: every row's prompt run again, one forward over all 6 x 11 tokens.
+    ids, attn, mask = full_batch_tensors(gen)
+    plain = copy.deepcopy(policy).train()
+    seen_plain = body_tokens(plain)
+    logps = grpo.completion_logprobs(plain, ids, attn, P, share_prompts=False)   # (B, C)
+    loss, _ = grpo.grpo_loss(logps, None, None, adv, mask, beta=0.0, loss_type="dapo")
+    loss.backward()
+    assert seen_plain == [B * (P + C)]
+    assert_same_grads(shared, {n: p.grad for n, p in plain.named_parameters()}, atol=1e-5)
+    with torch.no_grad():
+        assert torch.allclose(grpo.completion_logprobs(policy, ids, attn, P), logps.detach(), atol=1e-5)
+
+
+def test_shared_prompts_step_aside_under_gradient_checkpointing(tiny):
+    # HF switches the KV cache off in training under activation checkpointing: the plain path runs.
+    policy, _, tok = tiny
+    gen, _ = make_batch(len(tok), grouped=True)
+    ids, attn, _ = full_batch_tensors(gen)
+    model = copy.deepcopy(policy).train()
+    models.set_gradient_checkpointing(model, True)
+    seen = body_tokens(model)
+    grpo.completion_logprobs(model, ids, attn, P)
+    assert seen[0] == B * (P + C)
 
 
 def test_bf16_autocast_stays_close_to_fp32(tiny):
