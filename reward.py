@@ -329,6 +329,13 @@ def split_pairs(pairs: list[dict], held_out_fraction: float, seed: int) -> tuple
             [p for p in pairs if p["state_id"] in held_states])
 
 
+def pair_scores(rm: RewardModel, tokenizer, pairs: list[dict], batch_size: int = 16):
+    """(r_chosen, r_rejected), both (N,): the reward model's scores of each pair's two chats."""
+    r_c = torch.tensor(rm.score_texts(tokenizer, [p["chosen_messages"] for p in pairs], batch_size))    # (N,)
+    r_r = torch.tensor(rm.score_texts(tokenizer, [p["rejected_messages"] for p in pairs], batch_size))  # (N,)
+    return r_c, r_r
+
+
 def evaluate_pairs(rm: RewardModel, tokenizer, pairs: list[dict], batch_size: int = 16):
     """(loss, accuracy) of the reward model on pairs; accuracy = fraction with r_c > r_r.
 
@@ -337,8 +344,7 @@ def evaluate_pairs(rm: RewardModel, tokenizer, pairs: list[dict], batch_size: in
     """
     if not pairs:
         return None, None
-    r_c = torch.tensor(rm.score_texts(tokenizer, [p["chosen_messages"] for p in pairs], batch_size))    # (N,)
-    r_r = torch.tensor(rm.score_texts(tokenizer, [p["rejected_messages"] for p in pairs], batch_size))  # (N,)
+    r_c, r_r = pair_scores(rm, tokenizer, pairs, batch_size)                # (N,), (N,)
     return bradley_terry_loss(r_c, r_r).item(), (r_c > r_r).float().mean().item()
 
 
@@ -413,6 +419,9 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
         log(f"reward model epoch {epoch}/{epochs}: train loss {metrics['train_loss']:.4f} "
             f"acc {metrics['train_accuracy']:.3f} | {held_text}")
     models.set_gradient_checkpointing(rm.backbone, False)
+    # The last step's gradients would otherwise stay attached to the parameters: another full copy
+    # of the body's weights (540 MB for SmolLM2-135M) held through the whole GRPO run.
+    rm.zero_grad(set_to_none=True)
     rm.eval()
     return metrics
 
@@ -671,9 +680,12 @@ def labelled_hack_accuracy(rm: RewardModel, tokenizer, path: Path) -> dict:
     pairs = [{"kind": r["failure"],
               "chosen_messages": rm_messages(JudgeState.from_pair(r), r["better"]),
               "rejected_messages": rm_messages(JudgeState.from_pair(r), r["worse"])} for r in rows]
-    result = {"accuracy": evaluate_pairs(rm, tokenizer, pairs)[1], "n": len(pairs), "per_kind": {}}
+    r_c, r_r = pair_scores(rm, tokenizer, pairs)                          # each chat scored once
+    right = (r_c > r_r).float()                                            # (N,) a tie is wrong
+    result = {"accuracy": right.mean().item(), "n": len(pairs), "per_kind": {}}
     for kind in sorted({p["kind"] for p in pairs}):
-        result["per_kind"][kind] = evaluate_pairs(rm, tokenizer, [p for p in pairs if p["kind"] == kind])[1]
+        of_kind = torch.tensor([p["kind"] == kind for p in pairs])           # (N,) bool
+        result["per_kind"][kind] = right[of_kind].mean().item()
     return result
 
 

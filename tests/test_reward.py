@@ -1,8 +1,10 @@
 """Tests for reward.py: the Bradley-Terry loss by hand, the reward model on the tiny random Llama
 (padding, truncation, learning a synthetic preference, save/load), and the format reward."""
 
+import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,8 @@ import data
 import judge_eval
 import reward
 from simulate import JudgeState
+
+HERE = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -168,6 +172,27 @@ def test_reward_model_learns_a_synthetic_preference():
     assert metrics["heldout_loss"] < before_loss
     assert metrics["n_train"] == 160 and metrics["n_heldout"] == 40
     assert len(lines) == 3 and lines[-1].startswith("reward model epoch 2/2")   # header + 1 per epoch
+    # No gradients left attached after training: they would be one more copy of the weights.
+    assert all(p.grad is None for p in rm.parameters())
+
+
+def test_labelled_hack_accuracy_scores_each_pair_once_and_splits_by_kind(tmp_path):
+    torch.manual_seed(0)
+    rm, tok = reward.RewardModel.from_base("tiny")
+    rows = [json.loads(line) for line in (HERE / "data" / "judge_pairs_hacks.jsonl").read_text().splitlines()[:12]]
+    path = tmp_path / "hacks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    calls = []
+    rm.register_forward_pre_hook(lambda mod, args: calls.append(args[0].shape[0]))
+    result = reward.labelled_hack_accuracy(rm, tok, path)
+    assert sum(calls) == 2 * len(rows)                             # chosen + rejected, once each
+    # Each kind's accuracy is the accuracy on that kind's pairs alone, scored separately.
+    for kind, acc in result["per_kind"].items():
+        pairs = [{"chosen_messages": reward.rm_messages(JudgeState.from_pair(r), r["better"]),
+                  "rejected_messages": reward.rm_messages(JudgeState.from_pair(r), r["worse"])}
+                 for r in rows if r["failure"] == kind]
+        assert acc == pytest.approx(reward.evaluate_pairs(rm, tok, pairs)[1])
+    assert result["n"] == 12
 
 
 def test_training_is_deterministic_and_never_fakes_heldout_accuracy():
