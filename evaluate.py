@@ -668,11 +668,11 @@ def prepare(args, inputs, systems: list[System], out: Path, notes: list[str]) ->
     nli = load_nli(args.nli_model, args.device) if args.nli_model else None
     need = {s.speakers for s in systems} | {s.order for s in systems}
     folders = {"trained": speakers_folder(args), "sft": sft_folder(args), "trained-director": director_folder(args)}
-    base = models.load_model(args.model, device=args.device)
+    base = models.load_model(args.model, device=args.device, frozen=True)
     # Served roles (openai:<base url>) keep their replies in RUN/eval/served_cache.jsonl.
     roles = {"trained": "speakers", "trained-director": "director"}
     loaded = {k: models.load_role(f, roles[k], args, out / "served_cache.jsonl") if k in roles
-              else models.load_model(f, device=args.device) for k, f in folders.items() if k in need}
+              else models.load_model(f, device=args.device, frozen=True) for k, f in folders.items() if k in need}
     user = models.load_role(args.user, "user", args, out / "served_cache.jsonl") if args.user else base
     return Setup(contexts=[c for c, _ in plan], profiles=[p for _, p in plan], base=base, user=user, models=loaded,
                  fewshot=load_fewshot(args.set) if any(s.style in EXAMPLE_STYLES for s in systems) else [],

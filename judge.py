@@ -282,7 +282,7 @@ class HFJudge(Judge):
         super().__init__(cache_path)
         self.name = f"hf:{model_or_path}"
         try:
-            self.model, self.tokenizer = models.load_model(model_or_path, device=device)
+            self.model, self.tokenizer = models.load_model(model_or_path, device=device, frozen=True)
         except UserError as err:    # its message names --model; here the flag is --judge
             raise UserError(f"--judge hf:{model_or_path}: {err}") from None
         self.batch_size = batch_size

@@ -393,7 +393,7 @@ def train_stage1(args) -> dict:
     inputs = load_inputs(args)
     if main:
         data.save_config(args, out)
-    base, tok = models.load_model(args.model, device=args.device)
+    base, tok = models.load_model(args.model, device=args.device, frozen=True)   # samples, and is the reference
     judge = judge_from_flags(args, out / "judge_cache.jsonl")
 
     # Steps 1-4 of the paper's Phase I: states -> candidates -> judge -> pairs -> reward model.
@@ -508,7 +508,7 @@ def train_stage2(args) -> dict:
     # The KL anchor is the director GRPO starts from: the warm-started one when the warm start ran.
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=dr.DIRECTIVE_MAX_TOKENS)
     ref = (models.load_model(str(out / "director_warm") if dcfg.director_warmup else director_name,
-                             device=args.device)[0] if cfg.beta > 0 else None)
+                             device=args.device, frozen=True)[0] if cfg.beta > 0 else None)
 
     def sample_prompts(step):
         chosen = grpo.sample_batch(train_points, cfg, step)

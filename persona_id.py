@@ -166,7 +166,7 @@ def main(argv: list[str]) -> int:
     files = [a for a in argv if not a.startswith("--")] or ["data/judge_pairs_support.jsonl"]
     kinds = IN_ROLE_FAILURES if "--all-kinds" not in argv else None
     model_name = next((a.split("=", 1)[1] for a in argv if a.startswith("--model=")), models.EMBEDDED)
-    model, tok = models.load_model(model_name)
+    model, tok = models.load_model(model_name, frozen=True)
     sets = {name: data.load_personas("personas.json", name) for name in data.available_sets("personas.json")}
     idents = {name: PersonaIdentifier(model, tok, ps, model_name) for name, ps in sets.items()}
     owner = {p.name: idents[name] for name, ps in sets.items() for p in ps.personas}

@@ -322,41 +322,13 @@ def generate_texts(model, tokenizer, conversations: list[list[dict]], max_new_to
                     on_token=on_token).texts
 
 
-class PackedLinear(torch.nn.Module):
-    """A frozen nn.Linear for CPU inference, its weight stored pre-arranged ("packed") in oneDNN's
-    blocked layout, as torch.compile's CPU backend does when it freezes weights.
-
-    Why: a decode step multiplies 8 rows by each weight matrix. At that shape the default CPU
-    matmul re-reads the row-major weight in a cache-unfriendly order, and for the 49k x 576 LM
-    head it does not even split the work across threads; with the packed layout the same fp32
-    products take ~0.6x the time on 2 cores (bench/generate_speed.py). Same fp32 arithmetic,
-    another summation order: logits move by ~1e-5. torch.ops.mkldnn is PyTorch's internal oneDNN
-    binding (what inductor emits), pinned with torch in requirements.txt.
-    """
-
-    def __init__(self, linear: torch.nn.Linear):
-        super().__init__()
-        self.bias = None if linear.bias is None else linear.bias.detach().clone()
-        self.pack(linear)
-
-    @torch.no_grad()
-    def pack(self, linear: torch.nn.Linear) -> None:
-        """(Re)build the packed weight from an ordinary Linear's current weight (out, in)."""
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().float(), 8)
-        if self.bias is not None:
-            self.bias.copy_(linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:                     # (..., in) -> (..., out)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-
 class SamplingCopy:
     """A copy of the policy that only samples, laid out for speed; the fp32 policy is the one trained.
 
     Two layouts, one idea (a decode step reads every weight to make one token per row, so how the
     weights are stored sets its speed):
       dtype=torch.float32 (CPU): the same fp32 weights, every Linear packed for oneDNN
-          (PackedLinear). Numerically the policy, up to summation order.
+          (models.PackedLinear). Numerically the policy, up to summation order.
       dtype=torch.bfloat16: half the bytes per weight. Fast on a GPU and on CPUs with native bf16
           dot products (AVX512-BF16, AMX); on an AVX2-only CPU such as our 2-core EPYC, bf16
           matmuls are emulated and ~4x SLOWER than fp32 (bench/generate_speed.py), so CPU runs
@@ -375,9 +347,8 @@ class SamplingCopy:
         self.model = copy.deepcopy(policy).eval()
         device = next(policy.parameters()).device
         self.packed = dtype == torch.float32 and device.type == "cpu"
-        for name, module in list(self.model.named_modules()):
-            if self.packed and isinstance(module, torch.nn.Linear):
-                self.model.set_submodule(name, PackedLinear(module))
+        if self.packed:
+            models.pack_linears(self.model)
         for p in self.model.parameters():                    # embeddings and norms (and all, bf16)
             p.requires_grad_(False)
             p.grad = None
@@ -390,7 +361,7 @@ class SamplingCopy:
         for name, mine in self.model.named_parameters():
             mine.copy_(theirs[name])
         for name, module in self.model.named_modules():
-            if isinstance(module, PackedLinear):
+            if isinstance(module, models.PackedLinear):
                 module.pack(self.policy.get_submodule(name))
 
 

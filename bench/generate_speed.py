@@ -14,7 +14,7 @@ load hits every row alike, after one warm-up call each:
   ours fp32            sampler.generate with its defaults (sampler="ours": one prefill per
                        distinct prompt, preallocated KV cache), fp32 weights, per-row seeds;
   ours packed copy     the same on sampler.SamplingCopy(policy, torch.float32): fp32 weights
-                       pre-packed for oneDNN (PackedLinear); each timed call includes the
+                       pre-packed for oneDNN (models.PackedLinear); each timed call includes the
                        copy's refresh, as grpo_step refreshes it before every sampling;
   ours bf16 copy       the same on a bf16 copy of the weights (SamplingCopy(policy, bfloat16)),
                        refresh included;
@@ -53,6 +53,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+import corpora  # noqa: E402
 import data  # noqa: E402
 import grpo  # noqa: E402
 import models  # noqa: E402
@@ -63,7 +64,7 @@ import simulate  # noqa: E402
 def bench_prompts(n: int) -> list[list[dict]]:
     """n distinct chat prompts of ~300 tokens: speaker prompts for the first n bundled contexts."""
     personas = data.load_personas(ROOT / "personas.json", "support")
-    contexts = data.load_contexts("bundled", persona_set="support", limit=n)
+    contexts = corpora.load_contexts("bundled", persona_set="support", limit=n)
     return [simulate.speaker_messages(personas.personas[i % len(personas.personas)], personas, c,
                                       [simulate.Turn(simulate.USER, c.first_message)])
             for i, c in enumerate(contexts)]

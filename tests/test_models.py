@@ -35,6 +35,23 @@ def test_tiny_model_is_seeded_and_shares_the_tokenizer(tiny):
     assert "<|im_start|>" in tok.apply_chat_template(CHATS[1], tokenize=False)
 
 
+def test_a_frozen_model_is_packed_and_computes_the_same(smol):
+    # frozen=True: no gradients, every Linear packed for oneDNN; same logits up to summation order,
+    # and the same greedy reply on the embedded model.
+    model, tok = smol
+    frozen, _ = models.load_model("smollm2-135m", frozen=True)
+    assert not any(isinstance(m, torch.nn.Linear) for m in frozen.modules())
+    assert isinstance(frozen.lm_head, models.PackedLinear)
+    assert not any(p.requires_grad for p in frozen.parameters())
+    ids, mask = sampler.left_pad(sampler.chat_prompt_ids(tok, CHATS), tok.pad_token_id)
+    with torch.no_grad():
+        a = model(input_ids=ids, attention_mask=mask).logits
+        b = frozen(input_ids=ids, attention_mask=mask).logits
+    assert (a - b).abs().max().item() < 1e-3 * a.abs().max().item()
+    assert (sampler.generate(frozen, tok, CHATS, max_new_tokens=20).texts
+            == sampler.generate(model, tok, CHATS, max_new_tokens=20).texts)
+
+
 def test_missing_model_is_a_one_line_error(tmp_path):
     empty = tmp_path / "not-a-model"
     empty.mkdir()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import grpo
+import models
 import sampler
 
 ANCHOR = [{"role": "system", "content": "You are Anchor, a warm listener."},
@@ -159,7 +160,7 @@ def test_sampler_logprobs_match_the_trainer_in_fp32(tiny):
 def test_sampling_copies_follow_the_policy_after_refresh(tiny):
     model, tok = copy.deepcopy(tiny[0]), tiny[1]          # its weights are changed below
     packed = sampler.SamplingCopy(model, torch.float32)
-    assert isinstance(packed.model.lm_head, sampler.PackedLinear)
+    assert isinstance(packed.model.lm_head, models.PackedLinear)
     low = sampler.SamplingCopy(model, torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in low.model.parameters())
     assert all(b.dtype == torch.float32 for b in low.model.buffers())     # RoPE inv_freq
