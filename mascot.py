@@ -635,7 +635,8 @@ def sft_cmd(args) -> dict:
     before = sft.mean_nll(model, tok, held) if held else float("nan")
     print(f"held-out loss before: {before:.3f} nats per token")
     losses = sft.supervised_finetune(model, tok, train, args.steps, args.batch_size, args.lr,
-                                     log=lambda line: print(line.replace("warm start", "sft step")))
+                                     log=lambda line: print(line.replace("warm start", "sft step")),
+                                     micro_batch=1)
     after = sft.mean_nll(model, tok, held) if held else float("nan")
     print(f"held-out loss after:  {after:.3f} nats per token")
     folder = save_model(model, tok, out / "model")

@@ -361,7 +361,7 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
         epochs: passes over the training pairs (reward models over-fit quickly: InstructGPT
             trains for a single epoch; 2 suits our few hundred pairs).
         lr: AdamW learning rate (2e-5 is a usual full fine-tuning rate for a ~100M body).
-        batch_size: pairs per optimiser step; each step runs 2 * batch_size chats in one forward.
+        batch_size: pairs per optimiser step (each pair runs its two chats in one forward pass).
         seed: seeds the split and the order of the pairs in every epoch.
         log: where the one line per epoch goes.
     Returns:
@@ -377,11 +377,6 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
                         f"{held_out_fraction}); build more preference pairs first")
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW([p for p in rm.parameters() if p.requires_grad], lr=lr)
-    # Gradient checkpointing: the body keeps only each layer's input and recomputes the rest in
-    # the backward pass. 2 x batch_size chats of up to max_length tokens otherwise hold every
-    # layer's activations at once; with it the peak memory of this loop about halves at the same
-    # speed on a CPU (docs/PERFORMANCE.md). Same arithmetic, same gradients.
-    models.set_gradient_checkpointing(rm.backbone, True)
     log(f"reward model: {len(train)} training pairs, {len(held)} held out, {epochs} epochs, "
         f"lr {lr}, batch {batch_size}")
     metrics = {"train_loss": None, "train_accuracy": None, "heldout_loss": None,
@@ -394,20 +389,23 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
         for start in range(0, len(order), batch_size):
             batch = [train[i] for i in order[start:start + batch_size]]
             n = len(batch)
-            # Chosen and rejected chats share one forward pass: rows 0..n-1 and n..2n-1.
-            ids, mask = rm.encode(tokenizer, [p["chosen_messages"] for p in batch]
-                                  + [p["rejected_messages"] for p in batch])  # (2n, T)
-            scores = rm(ids, mask)                                 # (2n,)
-            r_c, r_r = scores[:n], scores[n:]                      # (n,), (n,)
-            loss = bradley_terry_loss(r_c, r_r)                    # mean over this batch's pairs
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            # One pair at a time through forward and backward, its chosen and rejected chats in
+            # one forward pass; the gradients add up to the batch's, since each pair's loss is
+            # divided by the batch's n (the batch mean). Why: 2 x batch_size chats of up to
+            # max_length tokens at once held every layer's activations for all of them (12 GB
+            # on the embedded model; docs/PERFORMANCE.md); one pair holds those of two chats.
+            for pair in batch:
+                ids, mask = rm.encode(tokenizer, [pair["chosen_messages"], pair["rejected_messages"]])  # (2, T)
+                r_c, r_r = rm(ids, mask)                           # scalars
+                loss = bradley_terry_loss(r_c[None], r_r[None]) / n   # this pair's share of the mean
+                loss.backward()
+                loss_sum += loss.item() * n                        # undo the mean: sum over pairs
+                correct += int(r_c > r_r)
             # Clip the global gradient norm at 1.0 (as TRL's trainers do by default): one pair
             # with a huge margin error must not throw the body's weights far off.
             torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
             optimizer.step()
-            loss_sum += loss.item() * n                            # undo the mean: sum over pairs
-            correct += int((r_c > r_r).sum())
         metrics["train_loss"] = loss_sum / len(train)
         metrics["train_accuracy"] = correct / len(train)
         ordinary = [p for p in held if not p.get("hack")]
@@ -418,7 +416,6 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
                      if ordinary else "no ordinary held-out pairs")
         log(f"reward model epoch {epoch}/{epochs}: train loss {metrics['train_loss']:.4f} "
             f"acc {metrics['train_accuracy']:.3f} | {held_text}")
-    models.set_gradient_checkpointing(rm.backbone, False)
     # The last step's gradients would otherwise stay attached to the parameters: another full copy
     # of the body's weights (540 MB for SmolLM2-135M) held through the whole GRPO run.
     rm.zero_grad(set_to_none=True)

@@ -101,10 +101,17 @@ def token_rows(tok, examples: list[tuple[list[dict], str]]) -> list[tuple[list[i
 
 
 def supervised_finetune(model, tok, examples: list[tuple[list[dict], str]], steps: int,
-                          batch_size: int = 8, lr: float = 2e-5, log=print) -> list[float]:
+                          batch_size: int = 8, lr: float = 2e-5, log=print,
+                          micro_batch: int | None = None) -> list[float]:
     """Maximum likelihood of each target given its prompt, `steps` AdamW steps of `batch_size`
     examples (cycling). Returns the per-step loss (mean negative log-probability per target
-    token), which should fall. Full fine-tuning, like the GRPO that follows."""
+    token), which should fall. Full fine-tuning, like the GRPO that follows.
+
+    micro_batch: examples per forward/backward (None: the whole batch at once). The gradients of
+    the micro-batches add up, with the whole batch's target-token count as the one denominator,
+    so the step is the full batch's (as grpo.policy_update accumulates). Why: the director's
+    prompts run to ~700 tokens, and four at once kept ~4 GB of activations for the backward pass;
+    the warm start and the SFT command go one example at a time."""
     if steps <= 0 or not examples:
         return []
     rows = token_rows(tok, examples)
@@ -113,15 +120,19 @@ def supervised_finetune(model, tok, examples: list[tuple[list[dict], str]], step
     losses = []
     for step in range(steps):
         batch = [rows[(step * batch_size + j) % len(rows)] for j in range(batch_size)]
-        logps, mask = grpo.target_logprobs(model, tok.pad_token_id, batch)                 # (B, C) each
-        mask = mask.float()
-        loss = -(logps * mask).sum() / mask.sum()
+        n_targets = sum(len(target) for _, target in batch)                 # the step's denominator
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum = 0.0
+        step_rows = micro_batch or len(batch)
+        for start in range(0, len(batch), step_rows):
+            logps, mask = grpo.target_logprobs(model, tok.pad_token_id, batch[start:start + step_rows])  # (b, C)
+            loss = -(logps * mask.float()).sum() / n_targets
+            loss.backward()                                                 # gradients add up
+            loss_sum += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(loss.item())
-        log(f"warm start {step + 1}/{steps}: loss {loss.item():.3f}")
+        losses.append(loss_sum)
+        log(f"warm start {step + 1}/{steps}: loss {loss_sum:.3f}")
     model.eval()
     return losses
 
@@ -258,7 +269,7 @@ def warm_start(cfg: DirectorConfig, out, policy, tok, personas: PersonaSet, exam
         return read_json(path)
     t0 = time.time()
     losses = supervised_finetune(policy, tok, examples, cfg.director_warmup, batch_size=4,
-                                     lr=cfg.warmup_lr, log=lambda s: print(s, flush=True))
+                                 lr=cfg.warmup_lr, log=lambda s: print(s, flush=True), micro_batch=1)
     seconds = time.time() - t0
     held = rollout.evaluate(LLMDirector(policy, tok, personas), held_points, seed)
     write_jsonl(out / "heldout_warm-start.jsonl", held.pop("rollouts"))

@@ -497,6 +497,23 @@ def test_completion_text_is_the_assistant_turn_with_its_end_marker():
     assert completion == "Agent: Anchor\nAction: validate\nTone: warm<|im_end|>"
 
 
+def test_supervised_micro_batches_give_the_whole_batch_gradient(support, context):
+    # One example at a time, one denominator for the step: the same loss and gradients as the
+    # whole batch in one forward (lr 0, so the weights stay put and the gradients can be read).
+    points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
+    examples = sft.format_examples(support, points, 4, seed=0)
+    runs = []
+    for micro_batch in (None, 1, 3):
+        model, tok = models.load_model("tiny")
+        losses = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=4, lr=0.0,
+                                         log=lambda s: None, micro_batch=micro_batch)
+        runs.append((losses[0], {n: p.grad.clone() for n, p in model.named_parameters()}))
+    for loss, grads in runs[1:]:
+        assert loss == pytest.approx(runs[0][0], abs=1e-6)
+        for name, grad in grads.items():
+            assert torch.allclose(grad, runs[0][1][name], atol=1e-6), name
+
+
 def test_format_examples_use_the_vocabularies_and_every_agent(support, context):
     points = [conv_with(context, [], seed=i) for i in range(3)]
     examples = sft.format_examples(support, points, 40, seed=0)

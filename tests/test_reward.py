@@ -1,6 +1,7 @@
 """Tests for reward.py: the Bradley-Terry loss by hand, the reward model on the tiny random Llama
 (padding, truncation, learning a synthetic preference, save/load), and the format reward."""
 
+import copy
 import json
 import math
 import random
@@ -193,6 +194,31 @@ def test_labelled_hack_accuracy_scores_each_pair_once_and_splits_by_kind(tmp_pat
                  for r in rows if r["failure"] == kind]
         assert acc == pytest.approx(reward.evaluate_pairs(rm, tok, pairs)[1])
     assert result["n"] == 12
+
+
+def test_one_pair_at_a_time_is_the_batch_gradient(monkeypatch):
+    # train_reward_model runs the pairs of a batch one at a time; the gradient it clips and steps
+    # with must be that of the batch-mean Bradley-Terry loss over every chat in one forward.
+    pairs = synthetic_pairs(6, seed=2)
+    torch.manual_seed(0)
+    rm, tok = reward.RewardModel.from_base("tiny")
+    manual = copy.deepcopy(rm)
+    seen = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def recording_clip(params, max_norm):
+        params = list(params)
+        seen.append([p.grad.clone() for p in params])
+        return clip(params, max_norm)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
+    reward.train_reward_model(rm, tok, pairs, held_out_fraction=0.0, epochs=1, lr=1e-3,
+                              batch_size=6, log=lambda line: None)
+    ids, mask = manual.encode(tok, [p["chosen_messages"] for p in pairs] + [p["rejected_messages"] for p in pairs])
+    scores = manual(ids, mask)                                     # (12,)
+    reward.bradley_terry_loss(scores[:6], scores[6:]).backward()
+    assert len(seen) == 1                                          # one batch, one step
+    for (name, p), grad in zip(manual.named_parameters(), seen[0]):
+        assert torch.allclose(grad, p.grad, atol=1e-6), name
 
 
 def test_training_is_deterministic_and_never_fakes_heldout_accuracy():
