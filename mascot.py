@@ -675,20 +675,23 @@ def demo(args) -> dict:
     run = Path(args.run)
     common = ["--model", args.model, "--run", str(run)]
     t0 = time.time()
+
+    def so_far() -> str:
+        return f"{time.time() - t0:.0f} s so far, peak memory {data.peak_rss_gb():.1f} GB"
     for stage, budget in ((1, DEMO_STAGE1), (2, DEMO_STAGE2)):
         folder = run / f"stage{stage}"
         if (folder / "summary.json").exists():
             print(f"demo: stage {stage} already done in {folder}")
             continue
         resume = ["--resume"] if grpo.latest_checkpoint(folder / "checkpoints") else []
-        print(f"\n=== demo: stage {stage} ({time.time() - t0:.0f} s so far) ===")
+        print(f"\n=== demo: stage {stage} ({so_far()}) ===")
         sub = build_parser().parse_args(["train", "--stage", str(stage), *common, *budget, *resume])
         (train_stage1 if stage == 1 else train_stage2)(sub)
-    print(f"\n=== demo: evaluation ({time.time() - t0:.0f} s so far) ===")
+    print(f"\n=== demo: evaluation ({so_far()}) ===")
     results = evaluate_cmd(build_parser().parse_args(["evaluate", *common, *DEMO_EVAL]))
     path = report.build_report(run)
     print_side_by_side(run / "eval" / "transcripts.jsonl")
-    print(f"\ndemo finished in {time.time() - t0:.0f} s; results in {run}/eval/results.md, report: {path}")
+    print(f"\ndemo finished ({so_far()}); results in {run}/eval/results.md, report: {path}")
     return results
 
 
@@ -727,6 +730,7 @@ def print_side_by_side(transcripts: Path, width: int = 60) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)       # one line per step shows up as it happens
+    data.return_freed_memory()                        # freed activations go back to the OS
     try:
         if args.command == "train":
             train(args)
