@@ -296,7 +296,8 @@ def completion_logprobs(model, input_ids, attention_mask, n_prompt, chunk_size=5
     position of prompt AND completion, (B, T, V), then a log-softmax copy of the same size (and
     its float32 upcast). With SmolLM2's V = 49152, B = 16 and T = 1024 that is 805M floats,
     3.2 GB per copy. Here instead:
-      1. run the transformer body once to get hidden states (B, T, H), H = 576 for SmolLM2-135M;
+      1. run the transformer body (no LM head) to get final hidden states, H = 576 for
+         SmolLM2-135M, each distinct prompt only once (`completion_hidden`);
       2. keep only positions P-1 .. P+C-2: the hidden state at position t predicts token t+1, so
          these C positions predict exactly the C completion tokens; the prompt needs no logits;
       3. apply the LM head to `chunk_size` rows at a time and reduce each chunk to one number
@@ -311,8 +312,6 @@ def completion_logprobs(model, input_ids, attention_mask, n_prompt, chunk_size=5
     shift happens to cancel out, since RoPE attention depends only on relative offsets; with
     absolute position embeddings (GPT-2) a padded row would get different log-probs from the
     same row unpadded. Both cases are tested.
-
-    Rows that share a prompt share its forward pass (`completion_hidden`).
 
     Works for models whose logits are exactly `lm_head(final hidden state)` (Llama, SmolLM2,
     Qwen). Models that post-process logits (e.g. Gemma-2's soft-capping) would need it here too.

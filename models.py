@@ -4,6 +4,7 @@ Every stage of MASCOT talks to small causal language models: the speakers (stage
 and the simulated user (stage 2), the judges and the evaluation systems. They all come through here:
 
     load_model(name)        -> (model, tokenizer)   "smollm2-135m" | "tiny" | a folder | a hub id
+                                                     (frozen=True: packed for CPU inference)
     load_role(spec, role, args)                      frozen, or a served model for "openai:<url>"
     clean_reply(text, ...)  -> str                   strip "Anchor:" prefixes, stop at other speakers
     SentenceEncoder()       .embed(texts)            all-MiniLM-L6-v2, mean pooled, normalised
@@ -124,8 +125,8 @@ def load_model(name: str = EMBEDDED, dtype: torch.dtype = torch.float32, device:
         name: "smollm2-135m" (embedded, default), "tiny" (random, for tests), a local folder
             (e.g. a checkpoint written by `train`), or a Hugging Face hub id (needs internet).
         frozen: a model that will only run, never train (a frozen role, a reference): no
-            gradients, and on a CPU every fp32 Linear packed for oneDNN (`pack_linears`), which
-            samples ~1.5x faster with the same arithmetic up to summation order.
+            gradients, and on a CPU every fp32 Linear packed for oneDNN (`pack_linears`): the
+            same arithmetic up to summation order, decode steps ~1.8x and prefill ~1.2x faster.
     Returns:
         (model in eval mode on `device`, tokenizer with left padding and a pad token)
     """
@@ -176,9 +177,9 @@ class PackedLinear(torch.nn.Module):
     matmul re-reads the row-major weight in a cache-unfriendly order, and for the 49k x 576 LM
     head it does not even split the work across threads; with the packed layout the same fp32
     products take ~0.6x the time on 2 cores (bench/generate_speed.py), and a whole decode step of
-    SmolLM2-135M at B = 8 ~0.56x (93 against 165 ms; a 306-token prefill 0.83x). Same fp32 arithmetic,
-    another summation order: logits move by ~1e-5. torch.ops.mkldnn is PyTorch's internal oneDNN
-    binding (what inductor emits), pinned with torch in requirements.txt.
+    SmolLM2-135M at B = 8 ~0.56x (93 against 165 ms; a prefill of 8 x 306 tokens 0.83x). Same
+    fp32 arithmetic, another summation order: logits move by ~1e-5. torch.ops.mkldnn is
+    PyTorch's internal oneDNN binding (what inductor emits), pinned with torch in requirements.txt.
     """
 
     def __init__(self, linear: torch.nn.Linear):

@@ -8,9 +8,11 @@ Both sides do the same work per step, each in its own process:
     sampler.generate(min_new_tokens=C), which forbids the stop tokens as HF's
     MinNewTokensLogitsProcessor does), checked after every step;
   - the same reward (share of completion token ids in the lower half of the vocabulary: cheap,
-    deterministic, different within a group), the same beta (so both run a frozen fp32 reference),
-    loss "grpo", eps 0.2 / 0.28, num_iterations 1, one forward/backward of all B rows, AdamW
-    (non-fused, weight decay 0), the same constant learning rate, gradient clipping at 1.0.
+    deterministic, different within a group), the same beta (so both run a frozen fp32
+    reference; ours has its Linears packed, as every frozen model of `mascot.py` has), loss
+    "grpo", eps 0.2 / 0.28, num_iterations 1, one forward/backward of all B rows (ours runs each
+    group's shared prompt once in it, grpo.completion_hidden), AdamW (non-fused, weight decay 0),
+    the same constant learning rate, gradient clipping at 1.0.
 TRL's defaults that would change the work are overridden: bf16 off, gradient checkpointing off,
 fused AdamW off, no vLLM, no logging/saving/evaluation, no shuffling, a constant LR schedule.
 
@@ -140,7 +142,8 @@ def run_ours(job: dict, sampling_copy: str = "none") -> dict:
     import sampler
 
     policy, tok = models.load_model(job["folder"])
-    ref = models.load_model(job["folder"])[0] if job["beta"] > 0 else None
+    # The reference is frozen, as in `mascot.py train` (packed Linears on a CPU).
+    ref = models.load_model(job["folder"], frozen=True)[0] if job["beta"] > 0 else None
     B = job["prompts_per_step"] * job["group_size"]
     cfg = grpo.GRPOConfig(
         prompts_per_step=job["prompts_per_step"], group_size=job["group_size"], lr=job["lr"],
