@@ -203,11 +203,18 @@ def pack_linears(model) -> None:
 
     The ordinary weight goes with the Linear it belonged to, so memory stays about the same (a
     tied LM head is the exception: the embedding keeps the shared matrix, the head its packed
-    copy). A packed model can be run, not trained or saved: only frozen roles get one.
+    copy, 113 MB for SmolLM2-135M). A packed model can be run, not trained or saved: only frozen
+    roles get one.
     """
     for name, module in list(model.named_modules()):
         if isinstance(module, torch.nn.Linear):
             model.set_submodule(name, PackedLinear(module))
+    # What is left (embeddings, norms, buffers) may still point into the memory-mapped safetensors
+    # file, and while one tensor does, the whole mapping stays, with every page the packing just
+    # read counted as resident: 1.11 GB for SmolLM2-135M. Copies of their own release it: 0.69 GB.
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            tensor.data = tensor.data.clone()
 
 
 def load_role(spec: str, role: str, args, cache_path: str | Path | None = None):

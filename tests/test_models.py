@@ -1,6 +1,9 @@
 """models.py: loading (embedded cache, tiny, bad names), reply clean-up, the sentence encoder."""
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,6 +53,20 @@ def test_a_frozen_model_is_packed_and_computes_the_same(smol):
     assert (a - b).abs().max().item() < 1e-3 * a.abs().max().item()
     assert (sampler.generate(frozen, tok, CHATS, max_new_tokens=20).texts
             == sampler.generate(model, tok, CHATS, max_new_tokens=20).texts)
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads Linux's /proc")
+def test_a_frozen_model_lets_go_of_the_weight_file(smol):
+    # Packing reads every weight through the memory-mapped safetensors file; unless the tensors
+    # left unpacked get copies of their own, the mapping stays and all it read counts as
+    # resident: 1.11 GB after loading a frozen SmolLM2-135M, 0.69 GB with the copies.
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import models\n"
+              "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
+              "before = rss(); models.load_model('smollm2-135m', frozen=True); print((rss() - before) / 1e9)")
+    root = Path(__file__).resolve().parents[1]
+    grown = float(subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True,
+                                 check=True).stdout.split()[-1])
+    assert grown < 0.9
 
 
 def test_missing_model_is_a_one_line_error(tmp_path):
