@@ -214,6 +214,9 @@ class DirectorConfig:
                                       "with random agents; 0 skips it (sft.py)",
                                   "non-negative")
     warmup_lr: float = option(2e-5, "learning rate of the warm start", "positive")
+    warmup_agent_weight: float = option(5.0, "loss weight of each token of the warm start's `Agent: <name>` "
+                                             "line (the others weigh 1): the choice is ~5 of ~25 target "
+                                             "tokens", "positive")
     eval_prompted: bool = option(True, "evaluate the prompted base model as a director on the held-out "
                                        "points too (--no-eval-prompted saves the time where it is known "
                                        "to write no parseable directive, as SmolLM2-135M)")

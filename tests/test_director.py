@@ -5,6 +5,7 @@ import json
 import math
 import random
 import string
+from collections import Counter
 
 import pytest
 import torch
@@ -426,6 +427,12 @@ def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
     diag = dr.choice_diagnostics(agents, stages, support.names())
     assert diag["distinct"] == 4 and diag["entropy_norm"] > 0.9
     assert diag["p_chi2"] < 1e-6
+    # Balanced by default: 100 targets per agent, although ESConv's mapped turns are not (a
+    # plain draw keeps its marginal: Anchor 32%, Beacon 17% of the candidates).
+    assert Counter(agents) == {name: 100 for name in support.names()}
+    plain = Counter(dr.parse_directive(t, support, "?").agent
+                    for _, t in sft.esconv_examples(train, support, 400, seed=0, balanced=False))
+    assert max(plain.values()) - min(plain.values()) > 30
     held_situations = {c.situation for c in held} - {c.situation for c in train}
     assert not any(m[1]["content"].split("\n")[0][len("Situation: "):] in held_situations for m, _ in examples)
 
@@ -512,6 +519,32 @@ def test_supervised_micro_batches_give_the_whole_batch_gradient(support, context
         assert loss == pytest.approx(runs[0][0], abs=1e-6)
         for name, grad in grads.items():
             assert torch.allclose(grad, runs[0][1][name], atol=1e-6), name
+
+
+def test_first_line_weight_is_a_weighted_mean_over_target_tokens(support, context):
+    # The loss with the Agent line weighted by 5, recomputed by hand from the per-token
+    # log-probabilities: sum(w * -logp) / sum(w), with w = 5 on the tokens up to and including
+    # the first newline and 1 after.
+    points = [conv_with(context, ["Anchor"][:i % 2], seed=i) for i in range(2)]
+    examples = sft.format_examples(support, points, 2, seed=0)
+    model, tok = models.load_model("tiny")
+    rows = sft.token_rows(tok, examples)
+    with torch.no_grad():
+        logps, mask = grpo.target_logprobs(model, tok.pad_token_id, rows)            # (2, C)
+    num = den = 0.0
+    for r, (_, target) in enumerate(rows):
+        k = sft.first_line_length(tok, target)
+        assert tok.decode(target[:k]).endswith("\n") and "\n" not in tok.decode(target[:k - 1])
+        assert tok.decode(target[:k - 1]).startswith("Agent: ")
+        w = [5.0] * k + [1.0] * (len(target) - k)
+        num -= sum(wi * float(lp) for wi, lp in zip(w, logps[r, :len(target)]))
+        den += sum(w)
+    loss = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None,
+                                   micro_batch=1, first_line_weight=5.0)[0]
+    assert loss == pytest.approx(num / den, rel=1e-5)
+    plain = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None)[0]
+    assert plain == pytest.approx(float(-(logps * mask).sum() / mask.sum()), rel=1e-5)
+    assert loss != pytest.approx(plain, rel=1e-3)
 
 
 def test_format_examples_use_the_vocabularies_and_every_agent(support, context):
