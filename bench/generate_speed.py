@@ -79,9 +79,9 @@ def hf_generate(model, tok, rows: list[list[dict]], new_tokens: int) -> None:
                    pad_token_id=tok.pad_token_id, eos_token_id=sampler.stop_token_ids(tok))
 
 
-def ours(model, tok, rows, new_tokens, sampler="ours") -> None:
-    gen = sampler.generate(model, tok, rows, new_tokens, 1.0, 1.0, seeds=0, sampler=sampler,
-                          min_new_tokens=new_tokens)
+def ours(model, tok, rows, new_tokens, which="ours") -> None:
+    gen = sampler.generate(model, tok, rows, new_tokens, 1.0, 1.0, seeds=0, sampler=which,
+                           min_new_tokens=new_tokens)
     assert int(gen.completion_mask.sum()) == len(rows) * new_tokens
 
 
@@ -127,7 +127,7 @@ def main() -> None:
             "ours fp32": lambda r: ours(model, tok, r, args.new_tokens),
             "ours packed copy": lambda r: with_copy(packed, r),
             "ours bf16 copy": lambda r: with_copy(low, r),
-            "previous loop fp32": lambda r: ours(model, tok, r, args.new_tokens, sampler="hf")}
+            "previous loop fp32": lambda r: ours(model, tok, r, args.new_tokens, which="hf")}
     rows = {r: fn for r, fn in rows.items() if r == "hf generate fp32" or r == "ours fp32" or r not in args.skip}
     lengths = [len(x) for x in sampler.chat_prompt_ids(tok, prompts)]
     print(f"SmolLM2-135M, {torch.get_num_threads()} threads, prompts of {min(lengths)}-{max(lengths)} "
