@@ -131,9 +131,8 @@ def supervised_finetune(model, tok, examples: list[tuple[list[dict], str]], step
     Action and Tone lines follow from it (sft.ESCONV_STRATEGIES) and dominate an unweighted loss.
 
     decay: the learning rate falls linearly from lr to lr / steps over the steps. The director's
-    warm start uses it: with 4 examples a step at 1e-4, the last few batches otherwise decide the
-    agent marginal it ends with (measured on held-out ESConv turns, constant rate: one warm start
-    ended with p(Anchor) 0.49-0.64 at every stage, one on other, balanced batches with 0.04).
+    warm start uses it: with 4 examples a step at 1e-4, the last few batches otherwise decide
+    which agent it ends up favouring (docs/RESULTS.md, Session 7).
 
     micro_batch: examples per forward/backward (None: the whole batch at once). The gradients of
     the micro-batches add up, with the whole batch's target-token count as the one denominator,
@@ -250,8 +249,8 @@ def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int, seed:
     without replacement while it has enough. Why: the targets are unequal (three of the seven
     strategies map to Anchor; over the first eight supporter turns of our training split Anchor
     is 32% of the mapped turns, Catalyst 28%, Guide 24%, Beacon 17%), and a warm start on a plain
-    draw ended with Anchor its most likely agent at every stage (p 0.49-0.64), so its greedy choice
-    was Anchor everywhere. With equal counts the prior is flat and what is left to learn is how the
+    draw can put one agent first at every stage, so that its greedy choice is that agent
+    everywhere (docs/RESULTS.md, Sessions 6 and 7). With equal counts the prior is flat and what is left to learn is how the
     conversation changes the odds (a Question opens most dialogues, Suggestions come later): the
     conditionals, which is what the director is for. balanced=False: n candidates drawn without
     replacement (seeded; with replacement only when there are fewer than n).
