@@ -247,14 +247,14 @@ def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int, seed:
     balanced (the default): the same number of candidates for every agent that is some turn's
     target (n / #agents, the remainder to the first agents in persona order), each agent's drawn
     without replacement while it has enough. Why: the targets are unequal (three of the seven
-    strategies map to Anchor; over the first eight supporter turns of our training split Anchor
-    is 32% of the mapped turns, Catalyst 28%, Guide 24%, Beacon 17%), and a warm start on a plain
-    draw can put one agent first at every stage, so that its greedy choice is that agent
-    everywhere (docs/RESULTS.md, Sessions 6 and 7). With equal counts the prior is flat and what is left to learn is how the
-    conversation changes the odds (a Question opens most dialogues, Suggestions come later): the
-    conditionals, which is what the director is for. balanced=False: n candidates drawn without
-    replacement (seeded; with replacement only when there are fewer than n).
-    (The split at --held-out 0.25 --seed 0, as mascot.load_inputs makes it.)"""
+    strategies map to Anchor; over the first eight supporter turns of our training split, at
+    --held-out 0.25 --seed 0, Anchor is 32% of the mapped turns, Catalyst 28%, Guide 24%, Beacon
+    17%), and a warm start on a plain draw can put one agent first at every stage, so that its
+    greedy choice is that agent everywhere (docs/RESULTS.md, Sessions 6 and 7). With equal counts
+    the prior is flat and what is left to learn is how the conversation changes the odds (a
+    Question opens most dialogues, Suggestions come later): the conditionals, which is what the
+    director is for. balanced=False: n candidates drawn without replacement (seeded; with
+    replacement only when there are fewer than n)."""
     missing = sorted({a for a, _, _ in ESCONV_STRATEGIES.values()} - set(personas.names()))
     if missing:
         raise UserError(f"--director-warmup-data: the ESConv strategy mapping needs the personas "
