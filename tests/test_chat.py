@@ -107,6 +107,10 @@ def spawn_on_pty():
         pid, fd = os.forkpty()
         if pid == 0:                              # the child: become the chat program
             os.chdir(ROOT)
+            # A person's shell starts the foreground program with SIGINT at its default. A test
+            # run started in the background by a non-interactive shell inherits SIGINT ignored,
+            # and Python then installs no KeyboardInterrupt handler: Ctrl-C would do nothing.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execve(argv[0], argv, ENV)
         started.append((pid, fd))
         return pid, fd
