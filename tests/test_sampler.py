@@ -242,3 +242,21 @@ def test_generation_tensors_line_up(tiny):
     lengths = [len(tok(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True),
                        add_special_tokens=False)["input_ids"]) for c in [ANCHOR, HI, GUIDE]]
     assert gen.prompt_mask.sum(1).tolist() == lengths
+
+
+def test_few_row_linear_is_the_same_product():
+    torch.manual_seed(0)
+    weight, bias = torch.randn(40, 24), torch.randn(40)
+    for shape in [(8, 24), (8, 1, 24), (1, 24), (2, 3, 24)]:
+        x = torch.randn(*shape)
+        with sampler.FewRowLinear():
+            fast = torch.nn.functional.linear(x, weight, bias)
+            fast_no_bias = torch.nn.functional.linear(x, weight)
+        assert fast.shape == shape[:-1] + (40,) and fast.is_contiguous()
+        assert torch.allclose(fast, torch.nn.functional.linear(x, weight, bias), atol=1e-5)
+        assert torch.allclose(fast_no_bias, x @ weight.T, atol=1e-5)
+    # More rows than MAX_ROWS (a prefill, a training pass) take PyTorch's own kernel, unchanged.
+    x = torch.randn(sampler.FewRowLinear.MAX_ROWS + 1, 24)
+    with sampler.FewRowLinear():
+        many = torch.nn.functional.linear(x, weight, bias)
+    assert torch.equal(many, torch.nn.functional.linear(x, weight, bias))
