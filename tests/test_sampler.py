@@ -244,7 +244,10 @@ def test_generation_tensors_line_up(tiny):
     assert gen.prompt_mask.sum(1).tolist() == lengths
 
 
-def test_few_row_linear_is_the_same_product():
+def test_few_row_linear_is_the_same_product(monkeypatch):
+    products = []                                   # the mode's own route: one torch.mm per product
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: products.append(a.shape) or mm(a, b))
     torch.manual_seed(0)
     weight, bias = torch.randn(40, 24), torch.randn(40)
     for shape in [(8, 24), (8, 1, 24), (1, 24), (2, 3, 24)]:
@@ -255,8 +258,9 @@ def test_few_row_linear_is_the_same_product():
         assert fast.shape == shape[:-1] + (40,) and fast.is_contiguous()
         assert torch.allclose(fast, torch.nn.functional.linear(x, weight, bias), atol=1e-5)
         assert torch.allclose(fast_no_bias, x @ weight.T, atol=1e-5)
+    assert products == [(40, 24)] * 8               # W @ x^T taken for all 8 products above
     # More rows than MAX_ROWS (a prefill, a training pass) take PyTorch's own kernel, unchanged.
     x = torch.randn(sampler.FewRowLinear.MAX_ROWS + 1, 24)
     with sampler.FewRowLinear():
         many = torch.nn.functional.linear(x, weight, bias)
-    assert torch.equal(many, torch.nn.functional.linear(x, weight, bias))
+    assert torch.equal(many, torch.nn.functional.linear(x, weight, bias)) and len(products) == 8
