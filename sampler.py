@@ -306,6 +306,8 @@ def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: 
     step = torch.compile(model, dynamic=True) if compile_decode else model
 
     # Our sampler computes the few-row products of the decode steps as W @ x^T (FewRowLinear).
+    # The mode is entered around each model forward only: every torch call made inside it pays a
+    # Python call, and sampling a token or a streaming callback gains nothing from it.
     fast = sampler == "ours" and not compile_decode and device.type == "cpu"
     layout = FewRowLinear if fast else contextlib.nullcontext
 
