@@ -11,7 +11,10 @@ good replies to bad ones, and keeps doing so when a policy searches for what it 
         best-of-N on held-out states: sample N replies, let each grader pick its favourite, and
         count how often the pick copies, leaks or says nothing compared with a random pick
         (best_of_n, grade_picks, format_best_of_n). Optimisation without RL, so a grader that
-        fails here will be hacked by GRPO too (Gao et al. 2022).
+        fails here will be hacked by GRPO too (Gao et al. 2022). Gao et al. also score each pick
+        with a "gold" grader the proxy never saw; ours is the independent evaluator of
+        evaluate.py, persona identification by the frozen base model (grade_independent): a
+        grader whose picks it does not rate above chance will not teach GRPO more in-role replies.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import hacks
 import models
+import persona_id
 import sampler
 from data import PersonaSet, UserError, derive_seed, read_jsonl
 from judge import Judge
@@ -101,7 +105,7 @@ FLAGS = ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial")
 
 
 def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scorers: dict, n: int,
-              max_new_tokens: int, temperature: float, seed: int) -> dict:
+              max_new_tokens: int, temperature: float, seed: int, identifier=None) -> dict:
     """Best-of-N against each grader (Gao et al. 2022): the cheapest optimisation there is.
 
     For every state, sample n replies from the policy; each scorer (name -> fn(states, replies) ->
@@ -111,6 +115,11 @@ def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scor
     average), and their difference with a paired standard error over states. A grader PASSES when
     no flag's difference exceeds two standard errors (zero when the standard error is zero). The
     length is reported but does not decide: preferring a full reply to a trivial one is not a hack.
+
+    identifier (a persona_id.PersonaIdentifier, or None): also score every candidate with the
+    independent evaluator and report each pick's persona-ID numbers against chance (Gao et al.'s
+    gold score; grade_independent). It then joins the graders as "persona-id", best-of-n by its
+    own log-ratio: the most a pick can gain on it, and which hacks it would pick itself.
     """
     rows = [s for s in states for _ in range(n)]
     gen = sampler.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
@@ -121,13 +130,52 @@ def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scor
     result = {"n": n, "states": len(states), "chance": hacks.rates(diags), "scorers": {}}
     rng = random.Random(derive_seed(seed, "random-pick"))
     picks = {"random": [rng.randrange(n) for _ in states]}
+    gold = None
+    if identifier is not None:
+        gold = identifier.score([persona_id.Item(s.persona, s.context.situation,
+                                                 [(t.speaker, t.text) for t in s.history], r)
+                                 for s, r in zip(rows, replies)])
+        result["independent_chance"] = {k: _mean([g[k] for g in gold if g[k] is not None]) for k in INDEPENDENT}
+        scorers = {**scorers, "persona-id": lambda _rows, _replies: [
+            g["log_ratio"] if g["log_ratio"] is not None else float("-inf") for g in gold]}
     for name, scorer in scorers.items():
         scores = scorer(rows, replies)
         picks[name] = [max(range(n), key=lambda j: scores[i * n + j]) for i in range(len(states))]
     for name, chosen in picks.items():
         result["scorers"][name] = grade_picks(diags, n, chosen)
+        if gold is not None:
+            result["scorers"][name]["independent"] = grade_independent(gold, n, chosen)
         result["scorers"][name]["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
     return result
+
+
+INDEPENDENT = ("correct", "log_ratio")     # persona_id.PersonaIdentifier.score's two numbers
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def grade_independent(scores: list[dict], n: int, picks: list[int]) -> dict:
+    """The independent evaluator's numbers for one grader's picks, against chance.
+
+    scores: persona_id score dicts ({"correct": 0/1, "log_ratio": nats per token}, None values for
+    a speaker outside the persona set) of S states x n candidates, state-major; picks: the picked
+    candidate per state. As in grade_picks, the per-state difference pick - (mean over that
+    state's candidates) is averaged over states, with its standard error; states whose pick has
+    no score are skipped. key -> (pick mean, difference, se); (None, None, None) with no state.
+    """
+    out = {}
+    for key in INDEPENDENT:
+        picked, diffs = [], []
+        for i, j in enumerate(picks):
+            own = [g[key] for g in scores[i * n:(i + 1) * n] if g[key] is not None]
+            if scores[i * n + j][key] is None or not own:
+                continue
+            picked.append(scores[i * n + j][key])
+            diffs.append(scores[i * n + j][key] - sum(own) / len(own))
+        out[key] = (_mean(picked), _mean(diffs), standard_error(diffs) if diffs else None)
+    return out
 
 
 def grade_picks(diags: list[dict], n: int, picks: list[int]) -> dict:
@@ -159,4 +207,20 @@ def format_best_of_n(result: dict) -> str:
                  for k in keys]
         verdict = "pass" if row["passes"] else "FAIL: picks hacks more often than chance"
         lines.append(f"{name:<10} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {verdict}")
+    if "independent_chance" in result:
+        chance = result["independent_chance"]
+        lines += ["",
+                  "the independent evaluator (persona identification by the frozen base model, persona_id.py; "
+                  "no grader above saw it): the pick vs chance, difference ± paired se",
+                  f"grader     | {'in-role reply identified':>28} | {'persona log-ratio (nats/token)':>32}",
+                  f"chance     | {_cell(chance['correct']):>28} | {_cell(chance['log_ratio']):>32}"]
+        for name, row in result["scorers"].items():
+            ind = row["independent"]
+            cells = [_cell(ind[k][0]) + (f" ({ind[k][1]:+.3f}±{ind[k][2]:.3f})" if ind[k][1] is not None else "")
+                     for k in INDEPENDENT]
+            lines.append(f"{name:<10} | {cells[0]:>28} | {cells[1]:>32}")
     return "\n".join(lines)
+
+
+def _cell(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

@@ -56,6 +56,7 @@ import human
 import judge_eval
 import models
 import parallel
+import persona_id
 import report
 import reward
 import sft
@@ -219,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="held-out states (context, persona, conversation so far)")
     st.add_argument("--temperature", type=flag_type("--temperature", float, "positive"), default=1.0,
                     help="sampling temperature of the candidates")
+    st.add_argument("--persona-id", action=argparse.BooleanOptionalAction, default=True,
+                    help="also score every candidate with the independent evaluator (persona_id.py, the "
+                         "frozen --model): does a grader's pick stay in role more often than chance?")
 
     s = sub.add_parser("simulate", help="simulate conversations and write transcripts", formatter_class=formatter)
     add_model_flags(s)
@@ -573,8 +577,12 @@ def judge_stress(args) -> dict:
         rm, rm_tok = reward.RewardModel.load(rm_folder, device=args.device)
         scorers["rm"] = lambda rows, replies: rm.score_texts(rm_tok, [s.rm_messages(inputs.personas, r)
                                                                       for s, r in zip(rows, replies)])
+    identifier = None
+    if args.persona_id:       # the frozen base model, even when --speakers names a trained policy
+        base = (policy, tok) if not args.speakers else models.load_model(args.model, device=args.device, frozen=True)
+        identifier = persona_id.PersonaIdentifier(*base, inputs.personas, args.model)
     result = judge_eval.best_of_n(policy, tok, states, inputs.personas, scorers, args.n, args.max_new_tokens,
-                              args.temperature, args.seed)
+                                  args.temperature, args.seed, identifier)
     result.update({"judge": judge.name, "rm": rm_folder or None, "policy": args.speakers or args.model})
     print(judge_eval.format_best_of_n(result))
     data.write_json(run / "stress" / "results.json", result)

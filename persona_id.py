@@ -102,7 +102,10 @@ class PersonaIdentifier:
                 prompt = sampler.chat_prompt_ids(self.tok, [id_messages(persona, item.situation, item.history)])[0]
                 rows.append((i, k, prompt, reply_ids))
         out = [[0.0] * len(cards) for _ in items]
-        rows.sort(key=lambda r: len(r[2]) + len(r[3]))   # similar lengths batch with little padding
+        # Similar lengths batch with little padding; rows that share a prompt (the candidates of one
+        # state under one card, in judge-stress) sit next to each other, so completion_logprobs
+        # runs that prompt once for all of them (grpo.completion_hidden).
+        rows.sort(key=lambda r: (len(r[2]), r[2], len(r[3])))
         for start in range(0, len(rows), BATCH_ROWS):
             batch = rows[start:start + BATCH_ROWS]
             logps, mask = grpo.target_logprobs(self.model, self.tok.pad_token_id,

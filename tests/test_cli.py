@@ -108,8 +108,13 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
                     "--max-new-tokens", "6")
     assert stress.returncode == 0, stress.stdout[-2000:] + stress.stderr[-2000:]
     result = json.loads((tmp_path / "run" / "stress" / "results.json").read_text())
-    assert set(result["scorers"]) == {"random", "judge", "rm"} and result["states"] == 2
+    assert set(result["scorers"]) == {"random", "judge", "rm", "persona-id"} and result["states"] == 2
     assert "best-of-3" in stress.stdout and "judge" in stress.stdout
+    # The independent evaluator scores every pick; its own pick is the best it can get.
+    assert "the independent evaluator" in stress.stdout
+    oracle = result["scorers"]["persona-id"]["independent"]["log_ratio"]
+    assert oracle[1] >= 0 and all(result["scorers"][k]["independent"]["log_ratio"][0] <= oracle[0] + 1e-9
+                                  for k in ("random", "judge", "rm"))
 
     stage2_flags = ["train", "--stage", "2", "--model", "tiny", "--run", run, "--steps", "2",
                     "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",

@@ -437,8 +437,12 @@ def test_persona_id_logprobs_match_a_plain_forward_pass():
     model, tok = models.load_model("tiny")
     ps = personas()
     ident = persona_id.PersonaIdentifier(model, tok, ps, "tiny")
+    # The last two share the first one's prompt (as judge-stress's candidates do), so their rows
+    # take completion_logprobs' shared-prompt path.
     items = [persona_id.Item("Anchor", "I failed.", [("User", "I failed my test.")], "That sounds heavy."),
-             persona_id.Item("Guide", "A long situation " * 5, [("User", "Help."), ("Anchor", "I hear you.")], "Try x.")]
+             persona_id.Item("Guide", "A long situation " * 5, [("User", "Help."), ("Anchor", "I hear you.")], "Try x."),
+             persona_id.Item("Anchor", "I failed.", [("User", "I failed my test.")], "Tell me more about it?"),
+             persona_id.Item("Beacon", "I failed.", [("User", "I failed my test.")], "You will pass next time.")]
     lp = ident.logprobs(items)
     for i, item in enumerate(items):
         for k, card in enumerate(ps.personas):
