@@ -167,6 +167,15 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     return (columns * attention_mask.long()).argmax(dim=1)         # (B,)
 
 
+def common_prefix(rows: list[list[int]]) -> int:
+    """Length of the longest prefix that every token list shares."""
+    n = min(len(r) for r in rows)
+    for i in range(n):
+        if any(r[i] != rows[0][i] for r in rows[1:]):
+            return i
+    return n
+
+
 class RewardModel(torch.nn.Module):
     """A transformer body plus a linear head: r(chat) = w . h_last, one number per chat.
 
@@ -240,23 +249,85 @@ class RewardModel(torch.nn.Module):
         Returns:
             input_ids, attention_mask: (B, T) long tensors, left-padded (sampler.left_pad).
         """
+        return sampler.left_pad(self.token_rows(tokenizer, messages_list, max_length), tokenizer.pad_token_id)
+
+    def token_rows(self, tokenizer, messages_list: list[list[dict]], max_length: int | None = None) -> list[list[int]]:
+        """The chats as token lists, unpadded, each truncated from the left as `encode` explains."""
         limit = max_length or self.max_length
         rows = []
         for messages in messages_list:
             text = tokenizer.apply_chat_template(messages, tokenize=False)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             rows.append(ids[-limit:])                              # keep the LAST `limit` tokens
-        return sampler.left_pad(rows, tokenizer.pad_token_id)
+        return rows
+
+    def score_shared(self, rows: list[list[int]]) -> torch.Tensor:
+        """Scores (B,) of chats that begin alike, with their common first tokens run only once.
+
+        A preference pair is two replies to one conversation: the two chats are the same ~300
+        tokens of persona and history, then ~40 tokens of reply each. `forward` would run the
+        shared part twice; here the body runs it once, keeps its keys and values, gives each row
+        a copy (index_select: in backward autograd sums the rows' gradients into the shared
+        part), then runs only the rows' own tokens against that cache. Every token attends to
+        exactly what it attends to in `forward`, so the scores and gradients are the same up to
+        float summation order (tests/test_reward.py), for ~1.7x less work per pair. The same idea
+        as grpo.completion_hidden's shared prompts.
+
+        Args:
+            rows: B >= 1 token lists (token_rows); the shared part is their longest common
+                prefix, short of every row's last token (a row needs one token of its own).
+        Returns:
+            (B,) float32 scores, with gradient.
+        """
+        device = self.head.weight.device
+        P = min(common_prefix(rows), min(len(r) for r in rows) - 1)
+        if P < 1:                                                  # nothing shared: the plain path
+            ids, mask = sampler.left_pad(rows, 0)
+            return self(ids, mask)
+        B = len(rows)
+        prefix = torch.tensor([rows[0][:P]], device=device)                          # (1, P)
+        shared = self.backbone(input_ids=prefix, position_ids=torch.arange(P, device=device)[None],
+                               use_cache=True)
+        cache = shared.past_key_values
+        cache.batch_select_indices(torch.zeros(B, dtype=torch.long, device=device))  # (1, ...) -> (B, ...)
+        width = max(len(r) for r in rows) - P
+        own = torch.zeros((B, width), dtype=torch.long, device=device)               # (B, S), right-padded
+        own_mask = torch.zeros((B, width), dtype=torch.long, device=device)
+        for b, r in enumerate(rows):
+            own[b, :len(r) - P] = torch.tensor(r[P:], device=device)
+            own_mask[b, :len(r) - P] = 1
+        # Padding sits after each row's last real token, which (causal attention) never sees it.
+        hidden = self.backbone(input_ids=own, attention_mask=torch.cat([own_mask.new_ones(B, P), own_mask], 1),
+                               position_ids=(P + torch.arange(width, device=device)).expand(B, width),
+                               past_key_values=cache, use_cache=True).last_hidden_state  # (B, S, H)
+        h_last = hidden[torch.arange(B, device=device), own_mask.sum(1) - 1]           # (B, H)
+        return self.head(h_last.to(self.head.weight.dtype)).squeeze(-1).float()      # (B,)
 
     @torch.no_grad()
     def score_texts(self, tokenizer, messages_list: list[list[dict]], batch_size: int = 16) -> list[float]:
-        """Scores of many chats, batch_size at a time, without gradient (for GRPO and evaluation)."""
+        """Scores of many chats, without gradient (for GRPO and evaluation).
+
+        Chats that differ only in the reply (GRPO's G samples of one state, best-of-N's
+        candidates) are scored together, up to batch_size at a time, with their conversation run
+        once (score_shared); the others batch_size at a time through `forward`.
+        """
         was_training = self.training
         self.eval()
-        scores = []
-        for start in range(0, len(messages_list), batch_size):
-            ids, mask = self.encode(tokenizer, messages_list[start:start + batch_size])
-            scores.extend(self(ids, mask).tolist())
+        scores = [0.0] * len(messages_list)
+        groups: dict[str, list[int]] = {}                          # the chat without its reply -> rows
+        for i, messages in enumerate(messages_list):
+            groups.setdefault(repr(messages[:-1]), []).append(i)
+        alone = [g[0] for g in groups.values() if len(g) == 1]
+        batches = [g[k:k + batch_size] for g in groups.values() if len(g) > 1 for k in range(0, len(g), batch_size)]
+        for batch in batches:
+            rows = self.token_rows(tokenizer, [messages_list[i] for i in batch])
+            for i, v in zip(batch, self.score_shared(rows).tolist()):
+                scores[i] = v
+        for start in range(0, len(alone), batch_size):
+            batch = alone[start:start + batch_size]
+            ids, mask = self.encode(tokenizer, [messages_list[i] for i in batch])
+            for i, v in zip(batch, self(ids, mask).tolist()):
+                scores[i] = v
         self.train(was_training)
         return scores
 
@@ -329,14 +400,19 @@ def split_pairs(pairs: list[dict], held_out_fraction: float, seed: int) -> tuple
             [p for p in pairs if p["state_id"] in held_states])
 
 
-def pair_scores(rm: RewardModel, tokenizer, pairs: list[dict], batch_size: int = 16):
-    """(r_chosen, r_rejected), both (N,): the reward model's scores of each pair's two chats."""
-    r_c = torch.tensor(rm.score_texts(tokenizer, [p["chosen_messages"] for p in pairs], batch_size))    # (N,)
-    r_r = torch.tensor(rm.score_texts(tokenizer, [p["rejected_messages"] for p in pairs], batch_size))  # (N,)
-    return r_c, r_r
+@torch.no_grad()
+def pair_scores(rm: RewardModel, tokenizer, pairs: list[dict]):
+    """(r_chosen, r_rejected), both (N,): the reward model's scores of each pair's two chats, a
+    pair at a time with its shared conversation run once (RewardModel.score_shared)."""
+    was_training = rm.training
+    rm.eval()
+    scores = torch.stack([rm.score_shared(rm.token_rows(tokenizer, [p["chosen_messages"], p["rejected_messages"]]))
+                          for p in pairs]) if pairs else torch.zeros((0, 2))                   # (N, 2)
+    rm.train(was_training)
+    return scores[:, 0], scores[:, 1]
 
 
-def evaluate_pairs(rm: RewardModel, tokenizer, pairs: list[dict], batch_size: int = 16):
+def evaluate_pairs(rm: RewardModel, tokenizer, pairs: list[dict]):
     """(loss, accuracy) of the reward model on pairs; accuracy = fraction with r_c > r_r.
 
     A tie counts as wrong: a model that gives every reply the same score is at accuracy 0, not 0.5.
@@ -344,7 +420,7 @@ def evaluate_pairs(rm: RewardModel, tokenizer, pairs: list[dict], batch_size: in
     """
     if not pairs:
         return None, None
-    r_c, r_r = pair_scores(rm, tokenizer, pairs, batch_size)                # (N,), (N,)
+    r_c, r_r = pair_scores(rm, tokenizer, pairs)                            # (N,), (N,)
     return bradley_terry_loss(r_c, r_r).item(), (r_c > r_r).float().mean().item()
 
 
@@ -396,8 +472,9 @@ def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_f
             # max_length tokens at once held every layer's activations for all of them (12 GB
             # on the embedded model; docs/PERFORMANCE.md); one pair holds those of two chats.
             for pair in batch:
-                ids, mask = rm.encode(tokenizer, [pair["chosen_messages"], pair["rejected_messages"]])  # (2, T)
-                r_c, r_r = rm(ids, mask)                           # scalars
+                # The two chats share persona and history: run that part once (score_shared).
+                r_c, r_r = rm.score_shared(rm.token_rows(tokenizer, [pair["chosen_messages"],
+                                                                    pair["rejected_messages"]]))  # scalars
                 loss = bradley_terry_loss(r_c[None], r_r[None]) / n   # this pair's share of the mean
                 loss.backward()
                 loss_sum += loss.item() * n                        # undo the mean: sum over pairs
@@ -677,7 +754,7 @@ def labelled_hack_accuracy(rm: RewardModel, tokenizer, path: Path) -> dict:
     pairs = [{"kind": r["failure"],
               "chosen_messages": rm_messages(JudgeState.from_pair(r), r["better"]),
               "rejected_messages": rm_messages(JudgeState.from_pair(r), r["worse"])} for r in rows]
-    r_c, r_r = pair_scores(rm, tokenizer, pairs)                          # each chat scored once
+    r_c, r_r = pair_scores(rm, tokenizer, pairs)                          # (N,), (N,)
     right = (r_c > r_r).float()                                            # (N,) a tie is wrong
     result = {"accuracy": right.mean().item(), "n": len(pairs), "per_kind": {}}
     for kind in sorted({p["kind"] for p in pairs}):

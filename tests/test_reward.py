@@ -13,6 +13,7 @@ import torch
 import data
 import judge_eval
 import reward
+import sampler
 from simulate import JudgeState
 
 HERE = Path(__file__).resolve().parents[1]
@@ -184,7 +185,7 @@ def test_labelled_hack_accuracy_scores_each_pair_once_and_splits_by_kind(tmp_pat
     path = tmp_path / "hacks.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     calls = []
-    rm.register_forward_pre_hook(lambda mod, args: calls.append(args[0].shape[0]))
+    rm.head.register_forward_pre_hook(lambda mod, args: calls.append(args[0].shape[0]))
     result = reward.labelled_hack_accuracy(rm, tok, path)
     assert sum(calls) == 2 * len(rows)                             # chosen + rejected, once each
     # Each kind's accuracy is the accuracy on that kind's pairs alone, scored separately.
@@ -219,6 +220,36 @@ def test_one_pair_at_a_time_is_the_batch_gradient(monkeypatch):
     assert len(seen) == 1                                          # one batch, one step
     for (name, p), grad in zip(manual.named_parameters(), seen[0]):
         assert torch.allclose(grad, p.grad, atol=1e-6), name
+
+
+def test_score_shared_equals_the_plain_forward_and_runs_the_shared_part_once():
+    torch.manual_seed(0)
+    rm, tok = reward.RewardModel.from_base("tiny")
+    pair = synthetic_pairs(1, seed=4)[0]
+    rows = rm.token_rows(tok, [pair["chosen_messages"], pair["rejected_messages"]])
+    P = reward.common_prefix(rows)
+    assert 10 < P < min(len(r) for r in rows)                      # the conversation is shared
+    tokens = []
+    rm.backbone.register_forward_pre_hook(lambda mod, args, kwargs: tokens.append(kwargs["input_ids"].numel()),
+                                          with_kwargs=True)
+    shared = rm.score_shared(rows)                                 # (2,)
+    assert sum(tokens) == P + 2 * (max(len(r) for r in rows) - P)  # the shared part once
+    plain = rm(*rm.encode(tok, [pair["chosen_messages"], pair["rejected_messages"]]))
+    assert torch.allclose(shared, plain, atol=1e-5)
+    # Rows of different lengths, one of them the other's prefix plus one token, and rows that
+    # share nothing (the plain path): the same scores as forward.
+    for rows in ([[5, 6, 7, 8], [5, 6, 7, 8, 9]], [[5, 6, 7], [8, 9]], [[5, 6, 7]]):
+        ids, mask = sampler.left_pad(rows, 0)
+        assert torch.allclose(rm.score_shared(rows), rm(ids, mask), atol=1e-5), rows
+    assert reward.common_prefix([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2 and reward.common_prefix([[1], [2]]) == 0
+    # score_texts groups the chats that differ only in the reply (here 3 replies to one
+    # conversation, 2 to another, 1 alone) and keeps every score in its row.
+    chats = [p["chosen_messages"] for p in synthetic_pairs(3, seed=5)]
+    many = [chats[0][:-1] + [{"role": "assistant", "content": r}] for r in ("One.", "Two words.", "Three more.")]
+    many = [many[0], chats[1], many[1], chats[2], many[2],
+            chats[1][:-1] + [{"role": "assistant", "content": "Another reply."}]]
+    one_by_one = [rm(*rm.encode(tok, [m])).item() for m in many]
+    assert rm.score_texts(tok, many, batch_size=2) == pytest.approx(one_by_one, abs=1e-5)
 
 
 def test_training_is_deterministic_and_never_fakes_heldout_accuracy():
