@@ -395,6 +395,10 @@ def train_stage1(args) -> dict:
     out = Path(args.run) / "stage1"
     main = parallel.is_main()
     inputs = load_inputs(args)
+    if args.resume and grpo.latest_checkpoint(out / "checkpoints") is None:
+        # Say so before the reward model and the held-out replies, not after them (stage 2 too).
+        raise UserError(f"--resume: no GRPO checkpoint in {out / 'checkpoints'} yet; run without --resume "
+                        "(the states, candidates, judgements and a finished reward model are reused either way)")
     if main:
         data.save_config(args, out)
     base, tok = models.load_model(args.model, device=args.device, frozen=True)   # samples, and is the reference

@@ -65,6 +65,10 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
                  "--decision-points", "2", "--heldout-points", "1", "--steps", "1", "--max-new-tokens", "4",
                  "--rollout-turns", "1", "--prompts-per-step", "1", "--group-size", "2")
     assert out.returncode == 2 and "--resume" in out.stderr and "Traceback" not in out.stderr
+    # Stage 1 says so at once too, before any candidate or reward model (nothing is written).
+    one = mascot("train", "--stage", "1", "--model", "tiny", "--run", str(tmp_path / "one"), "--resume")
+    assert one.returncode == 2 and "no GRPO checkpoint" in one.stderr and "Traceback" not in one.stderr
+    assert not (tmp_path / "one" / "stage1" / "candidates.jsonl").exists()
 
 
 def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
