@@ -264,22 +264,16 @@ class RewardModel(torch.nn.Module):
         return rows
 
     def score_shared(self, rows: list[list[int]]) -> torch.Tensor:
-        """Scores (B,) of chats that begin alike, with their common first tokens run only once.
+        """Scores (B,) of chats that begin alike, with gradient; their common first tokens run once.
 
-        A preference pair is two replies to one conversation: the two chats are the same ~300
-        tokens of persona and history, then ~40 tokens of reply each. `forward` would run the
-        shared part twice; here the body runs it once, keeps its keys and values, gives each row
-        a copy (index_select: in backward autograd sums the rows' gradients into the shared
-        part), then runs only the rows' own tokens against that cache. Every token attends to
-        exactly what it attends to in `forward`, so the scores and gradients are the same up to
-        float summation order (tests/test_reward.py), for ~1.7x less work per pair. The same idea
-        as grpo.completion_hidden's shared prompts.
-
-        Args:
-            rows: B >= 1 token lists (token_rows); the shared part is their longest common
-                prefix, short of every row's last token (a row needs one token of its own).
-        Returns:
-            (B,) float32 scores, with gradient.
+        A preference pair is two replies to one conversation: ~220 shared tokens of persona and
+        history, then ~50 of reply each. The body runs the shared part once, keeps its keys and
+        values, gives each row a copy (index_select: backward sums the rows' gradients into it),
+        then runs only the rows' own tokens against that cache, as grpo.completion_hidden does.
+        Every token attends to what it attends to in `forward`: the same scores and gradients up
+        to float summation order (tests/test_reward.py), for ~1.7x fewer tokens per pair.
+        rows: B >= 1 token lists (token_rows); the shared part is their longest common prefix,
+        short of every row's last token (a row needs one token of its own).
         """
         device = self.head.weight.device
         P = min(common_prefix(rows), min(len(r) for r in rows) - 1)
