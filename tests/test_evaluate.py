@@ -645,3 +645,26 @@ def test_every_crisis_stop_is_listed_once_with_its_category_and_score():
     assert rows == ["| esconv-7 | 0 | I want to end my life \\| tonight | explicit_suicidal | +1.23 | round-robin, mascot |",
                     "| esconv-9 | 2 | To be continued. | probe | +0.05 | mascot |"]
     assert results.crisis_section({"a": {"crisis_flags": []}}) == []
+
+
+def test_persona_id_cut_keeps_long_turns_cut_and_averages_per_conversation():
+    # extras/persona_id_cut.py: every agent turn cut to the same token count, shorter ones left
+    # out; the per-conversation mean over what was scored.
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "extras" / "persona_id_cut.py"
+    spec = importlib.util.spec_from_file_location("persona_id_cut", path)
+    cut = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cut)
+    _, tok = models.load_model("tiny")
+    long_text = "I hear how heavy this week has been for you and I am here with you"
+    convs = [{"situation": "s", "turns": [{"speaker": USER, "text": "I failed my exam again today"},
+                                          {"speaker": "Anchor", "text": long_text},
+                                          {"speaker": "Catalyst", "text": "Why?"}]},
+             {"situation": "t", "turns": [{"speaker": USER, "text": "hi"}]}]
+    items, owner = cut.cut_items(convs, tok, 5)
+    assert owner == [0] and len(items) == 1                  # "Why?" is shorter than 5 tokens
+    assert items[0].reply == tok.decode(tok(long_text, add_special_tokens=False)["input_ids"][:5])
+    assert items[0].history == [(USER, "I failed my exam again today")] and items[0].speaker == "Anchor"
+    scores = [{"correct": 1.0}, {"correct": 0.0}, {"correct": None}, {"correct": 1.0}]
+    assert cut.per_conversation(scores, [0, 0, 1, 2], 4, "correct") == [0.5, None, 1.0, None]
