@@ -169,6 +169,7 @@ RUBRIC_METRICS = AGENT_METRICS + COLLECTIVE_METRICS
 INDEPENDENT_METRICS = (
     Metric("persona_id_accuracy", "persona ID accuracy", digits=3),
     Metric("persona_log_ratio", "persona log-ratio", digits=3),
+    Metric("persona_id_equal", f"persona ID accuracy, first {persona_id.EQUAL_TOKENS} tokens", digits=3),
 )
 REDUNDANCY_METRICS = (
     Metric("self_bleu", "Self-BLEU", digits=3),
@@ -198,9 +199,9 @@ METRIC_GROUPS = (   # one table each in results.md
     ("Reward-hack diagnostics (rates over agent turns) and crisis-guard stops", HACK_METRICS))
 # The metrics the slice tables show (the full set per slice is in results.json).
 HEADLINE = ("agent_overall", "collective_overall", "persona_consistency", "persona_id_accuracy",
-            "persona_log_ratio", "self_bleu", "distinct_2", "nli_entailment", "context_copy", "persona_copy")
+            "persona_log_ratio", "persona_id_equal", "self_bleu", "distinct_2", "nli_entailment", "context_copy", "persona_copy")
 # The paired-change table: (key, +1 if higher is better, -1 if lower is better, 0 if neither).
-CHANGE_KEYS = (("persona_id_accuracy", 1), ("persona_log_ratio", 1), ("self_bleu", -1), ("semantic_redundancy", -1),
+CHANGE_KEYS = (("persona_id_accuracy", 1), ("persona_log_ratio", 1), ("persona_id_equal", 1), ("self_bleu", -1), ("semantic_redundancy", -1),
                ("context_copy", -1), ("persona_copy", -1), ("history_echo", -1), ("meta_leak", -1),
                ("trivial", -1), ("words", 0), ("crisis_stop", -1))
 RUBRIC_LO, RUBRIC_HI = 1, 5
@@ -420,10 +421,17 @@ def hack_scores(conv, personas) -> dict:
     return {m.key: rates.get(m.key) for m in HACK_METRICS if m.key in hacks.DIAGNOSTICS}
 
 
+def _mean_of(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r[key] is not None]
+    return sum(values) / len(values) if values else None
+
+
 def persona_id_scores(convs, identifier) -> list[dict]:
-    """Per conversation, the independent evaluator's two numbers over its agent turns
-    (persona_id.py): the share of turns whose own card is the base model's best guess, and the
-    mean per-token log-ratio own card vs the others. None without agent turns."""
+    """Per conversation, the independent evaluator's numbers over its agent turns (persona_id.py):
+    the share of turns whose own card is the base model's best guess, the mean per-token log-ratio
+    own card vs the others, and the share again from each turn's first EQUAL_TOKENS tokens (turns
+    at least that long; a system whose replies grow cannot gain on it by length alone). None
+    without such turns."""
     items, owner = [], []
     for n, c in enumerate(convs):
         for i, t in enumerate(c.turns):
@@ -434,9 +442,9 @@ def persona_id_scores(convs, identifier) -> list[dict]:
     scores = identifier.score(items) if items else []
     out = []
     for n in range(len(convs)):
-        mine = [s for s, o in zip(scores, owner) if o == n and s["correct"] is not None]
-        out.append({"persona_id_accuracy": sum(s["correct"] for s in mine) / len(mine) if mine else None,
-                    "persona_log_ratio": sum(s["log_ratio"] for s in mine) / len(mine) if mine else None})
+        mine = [s for s, o in zip(scores, owner) if o == n]
+        out.append({"persona_id_accuracy": _mean_of(mine, "correct"), "persona_log_ratio": _mean_of(mine, "log_ratio"),
+                    "persona_id_equal": _mean_of(mine, "correct_equal")})
     return out
 
 

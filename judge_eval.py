@@ -149,7 +149,7 @@ def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scor
     return result
 
 
-INDEPENDENT = ("correct", "log_ratio")     # persona_id.PersonaIdentifier.score's two numbers
+INDEPENDENT = ("correct", "log_ratio", "correct_equal")     # persona_id.PersonaIdentifier.score's numbers
 
 
 def _mean(values: list[float]) -> float | None:
@@ -159,8 +159,9 @@ def _mean(values: list[float]) -> float | None:
 def grade_independent(scores: list[dict], n: int, picks: list[int]) -> dict:
     """The independent evaluator's numbers for one grader's picks, against chance.
 
-    scores: persona_id score dicts ({"correct": 0/1, "log_ratio": nats per token}, None values for
-    a speaker outside the persona set) of S states x n candidates, state-major; picks: the picked
+    scores: persona_id score dicts ({"correct": 0/1, "log_ratio": nats per token, "correct_equal":
+    0/1 from the first tokens}, None values for a speaker outside the persona set or, for
+    correct_equal, a reply too short) of S states x n candidates, state-major; picks: the picked
     candidate per state. As in grade_picks, the per-state difference pick - (mean over that
     state's candidates) is averaged over states, with its standard error; states whose pick has
     no score are skipped. key -> (pick mean, difference, se); (None, None, None) with no state.
@@ -212,13 +213,15 @@ def format_best_of_n(result: dict) -> str:
         lines += ["",
                   "the independent evaluator (persona identification by the frozen base model, persona_id.py; "
                   "no grader above saw it): the pick vs chance, difference ± paired se",
-                  f"grader     | {'in-role reply identified':>28} | {'persona log-ratio (nats/token)':>32}",
-                  f"chance     | {_cell(chance['correct']):>28} | {_cell(chance['log_ratio']):>32}"]
+                  f"grader     | {'in-role reply identified':>28} | {'persona log-ratio (nats/token)':>32} | "
+                  f"{f'identified, first {persona_id.EQUAL_TOKENS} tokens':>30}",
+                  f"chance     | {_cell(chance['correct']):>28} | {_cell(chance['log_ratio']):>32} | "
+                  f"{_cell(chance['correct_equal']):>30}"]
         for name, row in result["scorers"].items():
             ind = row["independent"]
             cells = [_cell(ind[k][0]) + (f" ({ind[k][1]:+.3f}±{ind[k][2]:.3f})" if ind[k][1] is not None else "")
                      for k in INDEPENDENT]
-            lines.append(f"{name:<10} | {cells[0]:>28} | {cells[1]:>32}")
+            lines.append(f"{name:<10} | {cells[0]:>28} | {cells[1]:>32} | {cells[2]:>30}")
     return "\n".join(lines)
 
 

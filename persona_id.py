@@ -13,6 +13,8 @@ reward or a judge:
         lp_k = log p_base(y | card_k, c)       the frozen base LM (--model), teacher-forced
     persona-ID accuracy  = 1 if argmax_k lp_k == s             (chance = 1 / number of personas)
     persona log-ratio    = (lp_s - log mean_{k != s} exp lp_k) / tokens(y)
+    equal-length accuracy = the accuracy with lp_k summed over the first EQUAL_TOKENS tokens of y
+                           only (turns shorter than that are left out)
 
 The log-ratio is the log Bayes factor "own card vs the others" (uniform prior over personas), per
 token of the reply, so long and short replies count alike; everything that does not depend on the
@@ -27,6 +29,11 @@ Why it is independent of training:
   - the one link: with --beta > 0, stage 1's KL term keeps the speakers close to this same base
     model conditioned on the speaker's OWN card. That term never sees the other cards, so it does
     not reward being distinguishable from them; with --beta 0 the base model takes no part at all.
+Why an equal-length accuracy: the accuracy compares SUMMED log-probabilities, so a longer turn gives
+the evaluator more evidence at the same per-token distinctiveness, and a training run whose replies
+grew gains accuracy without being more in role. Cutting every turn to the same number of tokens
+removes that. It costs nothing: the model is causal, so the first tokens' log-probs are read from
+the same teacher-forced pass as the whole turn's.
 Its blind spot, which the hack columns cover: a reply that recites its own card (persona_copy)
 is very likely under that card and scores well here too.
 
@@ -53,6 +60,7 @@ from metrics import binomial_two_sided_p
 
 HISTORY_TURNS = 2     # conversation turns shown with the card (the reply's immediate context)
 BATCH_ROWS = 16       # (reply, card) rows per forward pass
+EQUAL_TOKENS = 32     # the equal-length accuracy reads each turn's first this many tokens
 IN_ROLE_FAILURES = ("wrong-role", "off-role")   # pair kinds whose worse reply belongs to another persona
 
 
@@ -92,8 +100,9 @@ class PersonaIdentifier:
         return self.tok(reply.strip(), add_special_tokens=False)["input_ids"] or [self.tok.eos_token_id]
 
     @torch.no_grad()
-    def logprobs(self, items: list[Item]) -> list[list[float]]:
-        """lp[i][k] = sum of log p(reply_i tokens | card_k, history_i) under the frozen model."""
+    def logprobs(self, items: list[Item]) -> tuple[list[list[float]], list[list[float]]]:
+        """(lp, first): lp[i][k] = sum of log p(reply_i tokens | card_k, history_i) under the frozen
+        model; first[i][k] = the same sum over reply_i's first EQUAL_TOKENS tokens only."""
         cards = self.personas.personas
         rows = []                                        # (item index, card index, prompt ids, reply ids)
         for i, item in enumerate(items):
@@ -102,6 +111,7 @@ class PersonaIdentifier:
                 prompt = sampler.chat_prompt_ids(self.tok, [id_messages(persona, item.situation, item.history)])[0]
                 rows.append((i, k, prompt, reply_ids))
         out = [[0.0] * len(cards) for _ in items]
+        first = [[0.0] * len(cards) for _ in items]
         # Similar lengths batch with little padding; rows that share a prompt (the candidates of one
         # state under one card, in judge-stress) sit next to each other, so completion_logprobs
         # runs that prompt once for all of them (grpo.completion_hidden).
@@ -110,27 +120,33 @@ class PersonaIdentifier:
             batch = rows[start:start + BATCH_ROWS]
             logps, mask = grpo.target_logprobs(self.model, self.tok.pad_token_id,
                                                [(r[2], r[3]) for r in batch])                  # (B, C) each
-            sums = (logps * mask).sum(1)                                                       # (B,)
-            for (i, k, _, _), s in zip(batch, sums.tolist()):
-                out[i][k] = s
-        return out
+            per_token = logps * mask                                                           # (B, C)
+            # Targets are left-aligned (target_logprobs), so column t is the reply's t-th token.
+            sums, firsts = per_token.sum(1), per_token[:, :EQUAL_TOKENS].sum(1)                # (B,) each
+            for (i, k, _, _), s, f in zip(batch, sums.tolist(), firsts.tolist()):
+                out[i][k], first[i][k] = s, f
+        return out, first
 
     def score(self, items: list[Item]) -> list[dict]:
-        """Per item: {"correct": 0/1, "log_ratio": nats per reply token, "tokens"}; an item whose
-        speaker is not in the persona set gets None values."""
+        """Per item: {"correct": 0/1, "log_ratio": nats per reply token, "correct_equal": 0/1 from
+        the first EQUAL_TOKENS tokens (None for a shorter reply), "tokens"}; an item whose speaker
+        is not in the persona set gets None values."""
         names = [p.name for p in self.personas.personas]
         results = []
-        for item, lp in zip(items, self.logprobs(items)):
+        best = lambda values: max(range(len(values)), key=lambda k: values[k])  # noqa: E731
+        for item, lp, lp_first in zip(items, *self.logprobs(items)):
             if item.speaker not in names or len(names) < 2:
-                results.append({"correct": None, "log_ratio": None, "tokens": 0})
+                results.append({"correct": None, "log_ratio": None, "correct_equal": None, "tokens": 0})
                 continue
             s = names.index(item.speaker)
             others = [v for k, v in enumerate(lp) if k != s]
             top = max(others)                                    # log-mean-exp, computed stably
             log_mean_others = top + math.log(sum(math.exp(v - top) for v in others) / len(others))
             n_tokens = len(self.reply_ids(item.reply))
-            results.append({"correct": float(max(range(len(lp)), key=lambda k: lp[k]) == s),
-                            "log_ratio": (lp[s] - log_mean_others) / n_tokens, "tokens": n_tokens})
+            results.append({"correct": float(best(lp) == s),
+                            "log_ratio": (lp[s] - log_mean_others) / n_tokens,
+                            "correct_equal": float(best(lp_first) == s) if n_tokens >= EQUAL_TOKENS else None,
+                            "tokens": n_tokens})
         return results
 
 

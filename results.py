@@ -223,7 +223,9 @@ def result_notes(entries: dict, judge, status: dict[str, str], nli_given: bool, 
         notes.append("persona ID accuracy: share of agent turns whose own card gives the frozen base model the "
                      "highest likelihood (chance = 1 / number of personas); persona log-ratio: log p(turn | own "
                      "card) minus the log of the mean p(turn | other card), per token (> 0: more typical of its own "
-                     "persona). Its validity on labelled pairs: README")
+                     "persona); persona ID accuracy, first N tokens: the accuracy again from every agent turn's first N "
+                     "tokens only (shorter turns left out), so longer replies cannot gain it by length. Its validity on "
+                     "labelled pairs: README")
     notes.append("lower Self-BLEU, semantic redundancy (share of agent-turn pairs with cosine >= 0.8), "
                  "mean similarity and NLI entailment = less repetition; higher distinct-n = more varied wording")
     notes.append("hack rates: share of agent turns that repeat 6+ words in a row of the situation or a user "

@@ -407,13 +407,14 @@ def test_hack_scores_of_a_hand_made_conversation():
 # ------------------------------------------------------------------ the independent evaluator
 
 class FixedLogprobs(persona_id.PersonaIdentifier):
-    """lp[k] given by hand, so the accuracy and the log-ratio can be checked by hand."""
-    def __init__(self, table, tokens):
+    """lp[k] given by hand, so the accuracy and the log-ratio can be checked by hand; the sums over
+    the first EQUAL_TOKENS tokens equal the whole turn's unless `first` is given."""
+    def __init__(self, table, tokens, first=None):
         super().__init__(None, None, personas(), "fixed")
-        self.table, self.tokens = table, tokens
+        self.table, self.tokens, self.first = table, tokens, first or table
 
     def logprobs(self, items):
-        return self.table
+        return self.table, self.first
 
     def reply_ids(self, reply):
         return [0] * self.tokens
@@ -428,8 +429,18 @@ def test_persona_log_ratio_by_hand():
     mean_others = math.log((math.exp(-12) + math.exp(-14) + math.exp(-16)) / 3)
     assert first["correct"] == 1.0 and first["log_ratio"] == pytest.approx((-10 - mean_others) / 2)
     assert second["correct"] == 0.0 and second["log_ratio"] == pytest.approx((-13 - mean_others) / 2)
+    assert first["correct_equal"] is None          # 2 tokens: too short for the equal-length accuracy
     unknown = ident.score([persona_id.Item("Nobody", "s", [], "r")])[0]
-    assert unknown["correct"] is None
+    assert unknown["correct"] is None and unknown["correct_equal"] is None
+
+
+def test_equal_length_accuracy_reads_the_first_tokens_only():
+    # A long Anchor turn: its first EQUAL_TOKENS tokens are more Guide-like (-20 vs -21), the whole
+    # turn more Anchor-like (-50 vs -60), as when a longer reply wins on evidence alone.
+    whole, first = [[-50.0, -60.0, -70.0, -80.0]], [[-21.0, -30.0, -25.0, -20.0]]
+    ident = FixedLogprobs(whole, tokens=persona_id.EQUAL_TOKENS, first=first)
+    score = ident.score([persona_id.Item("Anchor", "s", [], "r")])[0]
+    assert score["correct"] == 1.0 and score["correct_equal"] == 0.0
 
 
 def test_persona_id_logprobs_match_a_plain_forward_pass():
@@ -442,8 +453,10 @@ def test_persona_id_logprobs_match_a_plain_forward_pass():
     items = [persona_id.Item("Anchor", "I failed.", [("User", "I failed my test.")], "That sounds heavy."),
              persona_id.Item("Guide", "A long situation " * 5, [("User", "Help."), ("Anchor", "I hear you.")], "Try x."),
              persona_id.Item("Anchor", "I failed.", [("User", "I failed my test.")], "Tell me more about it?"),
-             persona_id.Item("Beacon", "I failed.", [("User", "I failed my test.")], "You will pass next time.")]
-    lp = ident.logprobs(items)
+             persona_id.Item("Beacon", "I failed.", [("User", "I failed my test.")], "You will pass next time."),
+             persona_id.Item("Guide", "I failed.", [("User", "I failed my test.")], "Make a plan, step by step. " * 8)]
+    assert len(ident.reply_ids(items[-1].reply)) > persona_id.EQUAL_TOKENS
+    lp, lp_first = ident.logprobs(items)
     for i, item in enumerate(items):
         for k, card in enumerate(ps.personas):
             prompt = sampler.chat_prompt_ids(tok, [persona_id.id_messages(card, item.situation, item.history)])[0]
@@ -451,8 +464,9 @@ def test_persona_id_logprobs_match_a_plain_forward_pass():
             ids = torch.tensor([prompt + reply])
             with torch.no_grad():
                 logits = model(ids).logits.log_softmax(-1)[0]                  # (T, V)
-            direct = sum(logits[len(prompt) - 1 + j, t].item() for j, t in enumerate(reply))
-            assert lp[i][k] == pytest.approx(direct, abs=1e-3)
+            token_lps = [logits[len(prompt) - 1 + j, t].item() for j, t in enumerate(reply)]
+            assert lp[i][k] == pytest.approx(sum(token_lps), abs=1e-3)
+            assert lp_first[i][k] == pytest.approx(sum(token_lps[:persona_id.EQUAL_TOKENS]), abs=1e-3)
 
 
 def test_persona_id_validation_counts_pairs():
@@ -461,7 +475,8 @@ def test_persona_id_validation_counts_pairs():
 
     class ByText(FixedLogprobs):
         def logprobs(self, items):      # the better reply is more Anchor-like than the worse one
-            return [[-1.0, -3.0, -3.0, -3.0] if it.reply == "b" else [-3.0, -1.0, -3.0, -3.0] for it in items]
+            table = [[-1.0, -3.0, -3.0, -3.0] if it.reply == "b" else [-3.0, -1.0, -3.0, -3.0] for it in items]
+            return table, table
 
     ident = ByText(None, tokens=1)
     result = persona_id.validate(lambda name: ident, [pair] * 3)
@@ -645,26 +660,3 @@ def test_every_crisis_stop_is_listed_once_with_its_category_and_score():
     assert rows == ["| esconv-7 | 0 | I want to end my life \\| tonight | explicit_suicidal | +1.23 | round-robin, mascot |",
                     "| esconv-9 | 2 | To be continued. | probe | +0.05 | mascot |"]
     assert results.crisis_section({"a": {"crisis_flags": []}}) == []
-
-
-def test_persona_id_cut_keeps_long_turns_cut_and_averages_per_conversation():
-    # extras/persona_id_cut.py: every agent turn cut to the same token count, shorter ones left
-    # out; the per-conversation mean over what was scored.
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "extras" / "persona_id_cut.py"
-    spec = importlib.util.spec_from_file_location("persona_id_cut", path)
-    cut = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cut)
-    _, tok = models.load_model("tiny")
-    long_text = "I hear how heavy this week has been for you and I am here with you"
-    convs = [{"situation": "s", "turns": [{"speaker": USER, "text": "I failed my exam again today"},
-                                          {"speaker": "Anchor", "text": long_text},
-                                          {"speaker": "Catalyst", "text": "Why?"}]},
-             {"situation": "t", "turns": [{"speaker": USER, "text": "hi"}]}]
-    items, owner = cut.cut_items(convs, tok, 5)
-    assert owner == [0] and len(items) == 1                  # "Why?" is shorter than 5 tokens
-    assert items[0].reply == tok.decode(tok(long_text, add_special_tokens=False)["input_ids"][:5])
-    assert items[0].history == [(USER, "I failed my exam again today")] and items[0].speaker == "Anchor"
-    scores = [{"correct": 1.0}, {"correct": 0.0}, {"correct": None}, {"correct": 1.0}]
-    assert cut.per_conversation(scores, [0, 0, 1, 2], 4, "correct") == [0.5, None, 1.0, None]

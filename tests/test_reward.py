@@ -386,15 +386,18 @@ def test_grade_picks_hand_computed():
 
 def test_grade_independent_hand_computed():
     # 2 states x 3 candidates; the independent evaluator's numbers per candidate.
-    def g(correct, ratio):
-        return {"correct": correct, "log_ratio": ratio, "tokens": 5}
-    scores = [g(1.0, 0.3), g(0.0, 0.0), g(0.0, -0.3),          # state 0: chance 1/3, ratio 0.0
-              g(1.0, 0.2), g(1.0, 0.1), g(0.0, 0.0)]           # state 1: chance 2/3, ratio 0.1
+    def g(correct, ratio, equal=None):
+        return {"correct": correct, "log_ratio": ratio, "correct_equal": equal, "tokens": 5}
+    scores = [g(1.0, 0.3, 1.0), g(0.0, 0.0), g(0.0, -0.3, 0.0),            # state 0: chance 1/3, ratio 0.0
+              g(1.0, 0.2, 0.0), g(1.0, 0.1, 1.0), g(0.0, 0.0, 1.0)]      # state 1: chance 2/3, ratio 0.1
     best = judge_eval.grade_independent(scores, 3, [0, 0])
     # picks: correct 1, 1 -> mean 1.0; differences 1 - 1/3 and 1 - 2/3 -> mean 0.5
     assert best["correct"][0] == 1.0 and best["correct"][1] == pytest.approx(0.5)
     # log-ratio differences 0.3 and 0.1: mean 0.2, se = std([0.3, 0.1]) / sqrt(2) = 0.1
     assert best["log_ratio"][1] == pytest.approx(0.2) and best["log_ratio"][2] == pytest.approx(0.1)
+    # equal length: state 0's short candidate has None and is left out of chance (1/2); picks 1, 0;
+    # differences 1 - 1/2 and 0 - 2/3 -> mean -1/12
+    assert best["correct_equal"][0] == 0.5 and best["correct_equal"][1] == pytest.approx(-1 / 12)
     worst = judge_eval.grade_independent(scores, 3, [2, 2])
     assert worst["correct"][1] == pytest.approx(-0.5) and worst["log_ratio"][1] == pytest.approx(-0.2)
     # A pick whose speaker the evaluator cannot score is skipped, and its state's None candidates
