@@ -15,6 +15,8 @@ good replies to bad ones, and keeps doing so when a policy searches for what it 
         with a "gold" grader the proxy never saw; ours is the independent evaluator of
         evaluate.py, persona identification by the frozen base model (grade_independent): a
         grader whose picks it does not rate above chance will not teach GRPO more in-role replies.
+        For a judge with named features (the offline judge) it also shows which features carry
+        that signal (feature_alignment).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ FLAGS = ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial")
 
 
 def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scorers: dict, n: int,
-              max_new_tokens: int, temperature: float, seed: int, identifier=None) -> dict:
+              max_new_tokens: int, temperature: float, seed: int, identifier=None, features=None) -> dict:
     """Best-of-N against each grader (Gao et al. 2022): the cheapest optimisation there is.
 
     For every state, sample n replies from the policy; each scorer (name -> fn(states, replies) ->
@@ -120,6 +122,10 @@ def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scor
     independent evaluator and report each pick's persona-ID numbers against chance (Gao et al.'s
     gold score; grade_independent). It then joins the graders as "persona-id", best-of-n by its
     own log-ratio: the most a pick can gain on it, and which hacks it would pick itself.
+
+    features (fn(states, replies) -> one {name: value} dict per reply, e.g. the offline judge's
+    features_many, or None): with an identifier, also which of the grader's features agree with
+    the independent evaluator (feature_alignment).
     """
     rows = [s for s in states for _ in range(n)]
     gen = sampler.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
@@ -146,7 +152,47 @@ def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scor
         if gold is not None:
             result["scorers"][name]["independent"] = grade_independent(gold, n, chosen)
         result["scorers"][name]["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
+    if gold is not None and features is not None:
+        result["feature_alignment"] = feature_alignment(features(rows, replies), gold, n)
     return result
+
+
+def within_state_correlation(xs: list[float], ys: list[float | None], n: int) -> float | None:
+    """Pearson correlation of xs and ys after subtracting each state's mean from both (S states x
+    n candidates, state-major; candidates with y None left out): how well x ranks the candidates
+    OF ONE STATE by y, which is all a best-of-n pick or a GRPO group's advantage can use.
+    Differences between states (one persona or context is easier) do not count. None when x or y
+    never varies within a state."""
+    dx, dy = [], []
+    for start in range(0, len(xs), n):
+        kept = [i for i in range(start, start + n) if ys[i] is not None]
+        if len(kept) < 2:
+            continue
+        mx, my = sum(xs[i] for i in kept) / len(kept), sum(ys[i] for i in kept) / len(kept)
+        dx += [xs[i] - mx for i in kept]
+        dy += [ys[i] - my for i in kept]
+    sxx, syy = sum(a * a for a in dx), sum(b * b for b in dy)
+    if sxx == 0 or syy == 0:
+        return None
+    return sum(a * b for a, b in zip(dx, dy)) / (sxx * syy) ** 0.5
+
+
+def feature_alignment(feats: list[dict], gold: list[dict], n: int) -> dict:
+    """Which of a grader's features carry the independent evaluator's signal.
+
+    feats: one {feature: value} dict per candidate ("higher is better"), gold: persona_id scores,
+    both S states x n candidates, state-major. Per feature: its within-state correlation with the
+    evaluator's per-token log-ratio, and the log-ratio gain of the best-of-n pick by that feature
+    alone (grade_independent's (pick mean, difference from chance, se)). A feature with r near 0
+    cannot teach in-role replies however much it weighs; one with r < 0 works against them."""
+    ratio = [g["log_ratio"] for g in gold]
+    out = {}
+    for key in feats[0]:
+        xs = [f[key] for f in feats]
+        picks = [max(range(n), key=lambda j: xs[i * n + j]) for i in range(len(xs) // n)]
+        out[key] = {"r": within_state_correlation(xs, ratio, n),
+                    "pick": grade_independent(gold, n, picks)["log_ratio"]}
+    return out
 
 
 INDEPENDENT = ("correct", "log_ratio", "correct_equal")     # persona_id.PersonaIdentifier.score's numbers
@@ -222,6 +268,16 @@ def format_best_of_n(result: dict) -> str:
             cells = [_cell(ind[k][0]) + (f" ({ind[k][1]:+.3f}±{ind[k][2]:.3f})" if ind[k][1] is not None else "")
                      for k in INDEPENDENT]
             lines.append(f"{name:<10} | {cells[0]:>28} | {cells[1]:>32} | {cells[2]:>30}")
+    if "feature_alignment" in result:
+        lines += ["", "the judge's features against the independent evaluator: within-state correlation r with the "
+                      "persona log-ratio, and the log-ratio of the best-of-N pick by that feature alone vs chance",
+                  f"{'feature':<16} | {'r':>6} | {'pick log-ratio (diff ± se)':>28}"]
+        for key, row in sorted(result["feature_alignment"].items(),
+                               key=lambda kv: -(kv[1]["r"] if kv[1]["r"] is not None else -2)):
+            pick = row["pick"]
+            cell = _cell(pick[0]) + (f" ({pick[1]:+.3f}±{pick[2]:.3f})" if pick[1] is not None else "")
+            r = "n/a" if row["r"] is None else f"{row['r']:+.3f}"
+            lines.append(f"{key:<16} | {r:>6} | {cell:>28}")
     return "\n".join(lines)
 
 

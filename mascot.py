@@ -585,8 +585,12 @@ def judge_stress(args) -> dict:
     if args.persona_id:       # the frozen base model, even when --speakers names a trained policy
         base = (policy, tok) if not args.speakers else models.load_model(args.model, device=args.device, frozen=True)
         identifier = persona_id.PersonaIdentifier(*base, inputs.personas, args.model)
+    features = None
+    if hasattr(judge, "features_many"):       # the offline judge: which of its features agree with the evaluator
+        features = lambda rows, replies: judge.features_many([s.judge_state(inputs.personas) for s in rows],  # noqa: E731
+                                                             replies)
     result = judge_eval.best_of_n(policy, tok, states, inputs.personas, scorers, args.n, args.max_new_tokens,
-                                  args.temperature, args.seed, identifier)
+                                  args.temperature, args.seed, identifier, features)
     result.update({"judge": judge.name, "rm": rm_folder or None, "policy": args.speakers or args.model})
     print(judge_eval.format_best_of_n(result))
     data.write_json(run / "stress" / "results.json", result)

@@ -408,6 +408,26 @@ def test_grade_independent_hand_computed():
     assert judge_eval.grade_independent(scores[:3], 3, [1])["correct"] == (None, None, None)
 
 
+def test_within_state_correlation_and_feature_alignment_by_hand():
+    # 2 states x 2 candidates. Within-state deviations: x (0.5, -0.5), (1, -1); y (0.2, -0.2),
+    # (0.1, -0.1): sum xy 0.4, sum xx 2.5, sum yy 0.1 -> r = 0.4 / sqrt(0.25) = 0.8. The states'
+    # own levels (x around 0.5 and 4) do not enter.
+    xs, ys = [1.0, 0.0, 5.0, 3.0], [0.5, 0.1, 0.4, 0.2]
+    assert judge_eval.within_state_correlation(xs, ys, 2) == pytest.approx(0.8)
+    assert judge_eval.within_state_correlation([-x for x in xs], ys, 2) == pytest.approx(-0.8)
+    # A candidate without a score leaves its state with one: that state drops out (r of 1 pair = 1).
+    assert judge_eval.within_state_correlation(xs, [0.5, None, 0.4, 0.2], 2) == pytest.approx(1.0)
+    assert judge_eval.within_state_correlation([1.0, 1.0, 2.0, 2.0], ys, 2) is None      # x never varies
+    gold = [{"correct": None, "log_ratio": y, "correct_equal": None} for y in ys]
+    feats = [{"a": x, "b": -x} for x in xs]
+    align = judge_eval.feature_alignment(feats, gold, 2)
+    # a picks candidate 0 of each state: log-ratios 0.5 and 0.4 against chance 0.3 and 0.3:
+    # differences 0.2 and 0.1 -> mean 0.15, se = std(0.2, 0.1) / sqrt(2) = 0.05
+    assert align["a"]["r"] == pytest.approx(0.8)
+    assert align["a"]["pick"] == (pytest.approx(0.45), pytest.approx(0.15), pytest.approx(0.05))
+    assert align["b"]["r"] == pytest.approx(-0.8) and align["b"]["pick"][1] == pytest.approx(-0.15)
+
+
 def test_split_pairs_keeps_every_state_on_one_side():
     pairs = [{"state_id": f"s{i % 10}", "k": i} for i in range(40)]       # 4 pairs per state
     train, held = reward.split_pairs(pairs, 0.3, seed=0)
