@@ -248,6 +248,26 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, eps_low=0.2, eps_hi
     return loss, stats
 
 
+def shared_prefix_forward(body, prefix_ids, prefix_mask, prefix_positions, index, own_ids, own_mask, own_positions):
+    """Final hidden states of B rows that each begin with one of U distinct prefixes, every prefix
+    run through the transformer body once: ((U, P, H) of the prefixes, (B, S, H) of the rows' own tokens).
+
+    The prefixes run with a KV cache; index_select gives row b the keys and values of prefix
+    index[b] (autograd turns that into a sum of the rows' gradients in backward); then only the
+    rows' own B x S tokens run, attending to that cache. Every token attends to exactly what it
+    attends to in one plain forward over the whole rows, so hidden states and gradients equal the
+    plain path's up to float summation order. Used for GRPO's shared prompts (completion_hidden)
+    and for a preference pair's shared conversation (reward.RewardModel.score_shared).
+    prefix_*: (U, P); index: (B,) long; own_*: (B, S), own_mask 0 after a row's end.
+    """
+    prefix = body(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=prefix_positions, use_cache=True)
+    cache = prefix.past_key_values
+    cache.batch_select_indices(index)                              # (U, ...) -> (B, ...) rows
+    own = body(input_ids=own_ids, attention_mask=torch.cat([prefix_mask[index], own_mask], 1),
+               position_ids=own_positions, past_key_values=cache, use_cache=True).last_hidden_state  # (B, S, H)
+    return prefix.last_hidden_state, own
+
+
 def completion_hidden(model, input_ids, attention_mask, position_ids, n_prompt, share_prompts=True):
     """The final hidden states that predict the completion tokens, (B, C, H): positions P-1 .. T-2.
 
@@ -255,12 +275,10 @@ def completion_hidden(model, input_ids, attention_mask, position_ids, n_prompt, 
 
     Shared prompts (GRPO's case: the G completions of a group share one prompt, so a batch of
     2 prompts x G 4 holds only 2 distinct prompts): run the body over each DISTINCT prompt once,
-    U x P tokens, keeping its keys and values; give every row its prompt's keys and values
-    (index_select, which autograd turns into a sum of the rows' gradients in backward); then run
-    the body over the B x C completion tokens only, attending to that cache. Every completion
-    token sees exactly what it sees in the plain forward, and gradients reach the prompt's
-    activations through the cache, so the log-probs and their gradients are the plain path's, up
-    to float summation order (tests/test_grpo_tricks.py). At ~300-token prompts and ~32-token
+    U x P tokens, then over the B x C completion tokens only, attending to the prompts' keys and
+    values (shared_prefix_forward). Gradients reach the prompt's activations through the cache,
+    so the log-probs and their gradients are the plain path's, up to float summation order
+    (tests/test_grpo_tricks.py). At ~300-token prompts and ~32-token
     replies this is 2 x 300 + 8 x 32 = 856 tokens instead of 8 x 332 = 2656: the update's
     forward and backward cost about a third. The same idea as the sampler's shared prefill.
 
@@ -277,14 +295,9 @@ def completion_hidden(model, input_ids, attention_mask, position_ids, n_prompt, 
         return hidden[:, P - 1:-1]                                 # (B, C, H)
     first = torch.tensor(first, device=input_ids.device)          # (U,) one row per distinct prompt
     index = torch.tensor(index, device=input_ids.device)          # (B,) each row's distinct prompt
-    prompt = body(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-                  position_ids=position_ids[first, :P], use_cache=True)   # over (U, P) tokens
-    cache = prompt.past_key_values
-    cache.batch_select_indices(index)                              # (U, ...) -> (B, ...) rows
-    rest = body(input_ids=input_ids[:, P:], attention_mask=attention_mask,
-                position_ids=position_ids[:, P:], past_key_values=cache,
-                use_cache=True).last_hidden_state                  # (B, C, H) over (B, C) tokens
-    last_prompt = prompt.last_hidden_state[index, -1:]             # (B, 1, H) predicts token P
+    prompt, rest = shared_prefix_forward(body, input_ids[first, :P], attention_mask[first, :P], position_ids[first, :P],
+                                         index, input_ids[:, P:], attention_mask[:, P:], position_ids[:, P:])
+    last_prompt = prompt[index, -1:]                               # (B, 1, H) predicts token P
     return torch.cat([last_prompt, rest[:, :-1]], dim=1)           # (B, C, H)
 
 

@@ -62,6 +62,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
+import grpo
 import hacks
 import models
 import sampler
@@ -267,11 +268,10 @@ class RewardModel(torch.nn.Module):
         """Scores (B,) of chats that begin alike, with gradient; their common first tokens run once.
 
         A preference pair is two replies to one conversation: ~220 shared tokens of persona and
-        history, then ~50 of reply each. The body runs the shared part once, keeps its keys and
-        values, gives each row a copy (index_select: backward sums the rows' gradients into it),
-        then runs only the rows' own tokens against that cache, as grpo.completion_hidden does.
-        Every token attends to what it attends to in `forward`: the same scores and gradients up
-        to float summation order (tests/test_reward.py), for ~1.7x fewer tokens per pair.
+        history, then ~50 of reply each. The body runs the shared part once and then only the
+        rows' own tokens against its keys and values (grpo.shared_prefix_forward, as for GRPO's
+        shared prompts): the same scores and gradients as `forward` up to float summation order
+        (tests/test_reward.py), for ~1.7x fewer tokens per pair.
         rows: B >= 1 token lists (token_rows); the shared part is their longest common prefix,
         short of every row's last token (a row needs one token of its own).
         """
@@ -280,22 +280,17 @@ class RewardModel(torch.nn.Module):
         if P < 1:                                                  # nothing shared: the plain path
             ids, mask = sampler.left_pad(rows, 0)
             return self(ids, mask)
-        B = len(rows)
-        prefix = torch.tensor([rows[0][:P]], device=device)                          # (1, P)
-        shared = self.backbone(input_ids=prefix, position_ids=torch.arange(P, device=device)[None],
-                               use_cache=True)
-        cache = shared.past_key_values
-        cache.batch_select_indices(torch.zeros(B, dtype=torch.long, device=device))  # (1, ...) -> (B, ...)
-        width = max(len(r) for r in rows) - P
+        B, width = len(rows), max(len(r) for r in rows) - P
         own = torch.zeros((B, width), dtype=torch.long, device=device)               # (B, S), right-padded
         own_mask = torch.zeros((B, width), dtype=torch.long, device=device)
         for b, r in enumerate(rows):
             own[b, :len(r) - P] = torch.tensor(r[P:], device=device)
             own_mask[b, :len(r) - P] = 1
         # Padding sits after each row's last real token, which (causal attention) never sees it.
-        hidden = self.backbone(input_ids=own, attention_mask=torch.cat([own_mask.new_ones(B, P), own_mask], 1),
-                               position_ids=(P + torch.arange(width, device=device)).expand(B, width),
-                               past_key_values=cache, use_cache=True).last_hidden_state  # (B, S, H)
+        _, hidden = grpo.shared_prefix_forward(
+            self.backbone, torch.tensor([rows[0][:P]], device=device), torch.ones((1, P), dtype=torch.long, device=device),
+            torch.arange(P, device=device)[None], torch.zeros(B, dtype=torch.long, device=device),
+            own, own_mask, (P + torch.arange(width, device=device)).expand(B, width))          # (B, S, H)
         h_last = hidden[torch.arange(B, device=device), own_mask.sum(1) - 1]           # (B, H)
         return self.head(h_last.to(self.head.weight.dtype)).squeeze(-1).float()      # (B,)
 
@@ -398,13 +393,10 @@ def split_pairs(pairs: list[dict], held_out_fraction: float, seed: int) -> tuple
 
 @torch.no_grad()
 def pair_scores(rm: RewardModel, tokenizer, pairs: list[dict]):
-    """(r_chosen, r_rejected), both (N,): the reward model's scores of each pair's two chats, a
-    pair at a time with its shared conversation run once (RewardModel.score_shared)."""
-    was_training = rm.training
-    rm.eval()
-    scores = torch.stack([rm.score_shared(rm.token_rows(tokenizer, [p["chosen_messages"], p["rejected_messages"]]))
-                          for p in pairs]) if pairs else torch.zeros((0, 2))                   # (N, 2)
-    rm.train(was_training)
+    """(r_chosen, r_rejected), both (N,): the reward model's scores of each pair's two chats. The
+    two differ only in the reply, so score_texts runs their shared conversation once."""
+    chats = [m for p in pairs for m in (p["chosen_messages"], p["rejected_messages"])]
+    scores = torch.tensor(rm.score_texts(tokenizer, chats)).view(-1, 2)                          # (N, 2)
     return scores[:, 0], scores[:, 1]
 
 
