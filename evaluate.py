@@ -199,11 +199,12 @@ METRIC_GROUPS = (   # one table each in results.md
     ("Reward-hack diagnostics (rates over agent turns) and crisis-guard stops", HACK_METRICS))
 # The metrics the slice tables show (the full set per slice is in results.json).
 HEADLINE = ("agent_overall", "collective_overall", "persona_consistency", "persona_id_accuracy",
-            "persona_log_ratio", "persona_id_equal", "self_bleu", "distinct_2", "nli_entailment", "context_copy", "persona_copy")
+            "persona_log_ratio", "persona_id_equal", "self_bleu", "distinct_2", "nli_entailment", "context_copy",
+            "persona_copy")
 # The paired-change table: (key, +1 if higher is better, -1 if lower is better, 0 if neither).
-CHANGE_KEYS = (("persona_id_accuracy", 1), ("persona_log_ratio", 1), ("persona_id_equal", 1), ("self_bleu", -1), ("semantic_redundancy", -1),
-               ("context_copy", -1), ("persona_copy", -1), ("history_echo", -1), ("meta_leak", -1),
-               ("trivial", -1), ("words", 0), ("crisis_stop", -1))
+CHANGE_KEYS = (("persona_id_accuracy", 1), ("persona_log_ratio", 1), ("persona_id_equal", 1), ("self_bleu", -1),
+               ("semantic_redundancy", -1), ("context_copy", -1), ("persona_copy", -1), ("history_echo", -1),
+               ("meta_leak", -1), ("trivial", -1), ("words", 0), ("crisis_stop", -1))
 RUBRIC_LO, RUBRIC_HI = 1, 5
 JUDGE_MAX_TOKENS = 32   # room for "Score: 4" and a few words a judge adds; cached, so cheap to re-run
 

@@ -184,8 +184,9 @@ def feature_alignment(feats: list[dict], gold: list[dict], n: int) -> dict:
     both S states x n candidates, state-major. Per feature: its within-state correlation with the
     evaluator's per-token log-ratio, and the log-ratio gain of the best-of-n pick by that feature
     alone (grade_independent's (pick mean, difference from chance, se); where the feature ties,
-    as a hack penalty does on clean replies, the pick is the first candidate, i.e. a random one). A feature with r near 0
-    cannot teach in-role replies however much it weighs; one with r < 0 works against them."""
+    as a hack penalty does on clean replies, the pick is the first candidate, i.e. a random one).
+    A feature with r near 0 cannot teach in-role replies however much it weighs; one with r < 0
+    works against them."""
     ratio = [g["log_ratio"] for g in gold]
     out = {}
     for key in feats[0]:
