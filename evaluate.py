@@ -185,6 +185,7 @@ HACK_METRICS = (
     Metric("context_copy", "context copy", digits=3),
     Metric("persona_copy", "persona-card copy", digits=3),
     Metric("history_echo", "history echo", digits=3),
+    Metric("self_repeat", "repeats itself", digits=3),
     Metric("meta_leak", "meta/prompt leak", digits=3),
     Metric("trivial", "empty or trivial", digits=3),
     Metric("words", "reply length (words)", digits=1),
@@ -204,7 +205,7 @@ HEADLINE = ("agent_overall", "collective_overall", "persona_consistency", "perso
 # The paired-change table: (key, +1 if higher is better, -1 if lower is better, 0 if neither).
 CHANGE_KEYS = (("persona_id_accuracy", 1), ("persona_log_ratio", 1), ("persona_id_equal", 1), ("self_bleu", -1),
                ("semantic_redundancy", -1), ("context_copy", -1), ("persona_copy", -1), ("history_echo", -1),
-               ("meta_leak", -1), ("trivial", -1), ("words", 0), ("crisis_stop", -1))
+               ("self_repeat", -1), ("meta_leak", -1), ("trivial", -1), ("words", 0), ("crisis_stop", -1))
 RUBRIC_LO, RUBRIC_HI = 1, 5
 JUDGE_MAX_TOKENS = 32   # room for "Score: 4" and a few words a judge adds; cached, so cheap to re-run
 

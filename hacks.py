@@ -13,6 +13,8 @@ Reward Model Overoptimization"). This file gives the rest of the project two too
         context_copy    repeats a 6-word span of the user's messages or the situation
         persona_copy    repeats a 6-word span of its own persona card
         history_echo    repeats a 6-word span of an earlier companion turn (its own or another's)
+        self_repeat     says the same thing twice within itself: a 6-word span twice, or one
+                        sentence of 3+ words again ("How about this one? How about this one? ...")
         meta_leak       prompt or meta text: "Situation:", "Conversation so far", speaker labels,
                         "As an AI", "Your response should ...", instructions echoed back
         trivial         fewer than 3 words ("Okay.", "...", "I see.")
@@ -116,6 +118,23 @@ def leaks_meta(reply: str, speaker_names: list[str] = ()) -> bool:
     return bool(re.search(label, reply, re.IGNORECASE))
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def repeats_itself(reply: str, span: int = SPAN) -> bool:
+    """True when the reply repeats itself: a run of `span` words occurs twice in it (overlapping
+    allowed, so a phrase looped three times counts), or a sentence of TRIVIAL_WORDS or more words
+    comes again. A degenerate loop is a failure a per-reply reward can miss and a policy can
+    learn, and none of the copy checks above sees it: it copies nothing but itself."""
+    w = words(reply)
+    spans = [tuple(w[i:i + span]) for i in range(len(w) - span + 1)]
+    if len(spans) != len(set(spans)):
+        return True
+    sentences = [tuple(words(s)) for s in _SENTENCE_END.split(reply)]
+    sentences = [s for s in sentences if len(s) >= TRIVIAL_WORDS]
+    return len(sentences) != len(set(sentences))
+
+
 def diagnose(reply: str, user_texts: list[str], persona_texts: list[str], agent_texts: list[str],
              speaker_names: list[str] = ()) -> dict:
     """Every diagnostic of one reply, as 0/1 flags plus its length in words.
@@ -130,12 +149,13 @@ def diagnose(reply: str, user_texts: list[str], persona_texts: list[str], agent_
     return {"context_copy": float(copies(reply, user_texts)),
             "persona_copy": float(copies(reply, persona_texts)),
             "history_echo": float(copies(reply, agent_texts)),
+            "self_repeat": float(repeats_itself(reply)),
             "meta_leak": float(leaks_meta(reply, speaker_names)),
             "trivial": float(len(words(reply)) < TRIVIAL_WORDS),
             "words": float(len(words(reply)))}
 
 
-DIAGNOSTICS = ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial", "words")
+DIAGNOSTICS = ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial", "words")
 
 
 def rates(rows: list[dict]) -> dict[str, float]:

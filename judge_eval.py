@@ -103,7 +103,7 @@ def format_eval_report(result: dict) -> str:
 # Over-optimisation, without RL: does picking the best of N by a grader pick hacks?
 # ----------------------------------------------------------------------------------------------
 
-FLAGS = ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial")
+FLAGS = ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial")
 
 
 def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scorers: dict, n: int,

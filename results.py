@@ -230,7 +230,8 @@ def result_notes(entries: dict, judge, status: dict[str, str], nli_given: bool, 
                  "mean similarity and NLI entailment = less repetition; higher distinct-n = more varied wording")
     notes.append("hack rates: share of agent turns that repeat 6+ words in a row of the situation or a user "
                  "message (context copy), of the speaker's own persona card (persona-card copy), of an earlier "
-                 "companion turn, its own or another's (history echo); that hold prompt text or a speaker label (meta/prompt "
+                 "companion turn, its own or another's (history echo); that say the same 6 words or sentence twice "
+                 "(repeats itself); that hold prompt text or a speaker label (meta/prompt "
                  "leak); with under 3 words (empty or trivial). Crisis stops: share of conversations the guard "
                  "ended; their share of turns: turns of stopped conversations / all turns")
     notes.append(f"[lo, hi] = 95% percentile bootstrap interval over conversations (1000 resamples, seed {seed})")

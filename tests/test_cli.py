@@ -87,7 +87,7 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
     assert len(rows) == 2
     # The hack diagnostics of the sampled replies are logged with every step.
     assert all(0.0 <= row[f"r_diag_{k}"] <= 1.0 for row in rows
-               for k in ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial"))
+               for k in ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial"))
     summary = json.loads((stage1 / "summary.json").read_text())
     assert summary["pairs"] > 0 and summary["heldout_after"]["n"] == 8
     pairs = [json.loads(line) for line in (stage1 / "pairs.jsonl").read_text().splitlines()]

@@ -93,7 +93,9 @@ def test_confidence_intervals_contain_the_means(full_results):
             if summary["status"] in ("ok", "approximated") and summary["n"]:
                 assert summary["lo"] - 1e-9 <= summary["mean"] <= summary["hi"] + 1e-9, key
                 checked += 1
-    assert checked == 12 * 16   # 2 approximated, 2 persona-ID, 5 redundancy, 7 hack and crisis columns
+    # 2 approximated, 2 persona-ID (the equal-length one has n 0: the tiny model's turns are
+    # shorter than 32 tokens), 5 redundancy, 8 hack and crisis columns
+    assert checked == 12 * 17
 
 
 def test_summaries_match_a_hand_computed_interval():
@@ -130,14 +132,16 @@ def test_offline_judge_marks_what_it_cannot_measure(full_results, trained_run):
 
 def test_every_table_has_hack_columns_an_independent_evaluator_and_says_who_measured(full_results, trained_run):
     md = (trained_run / "eval" / "results.md").read_text()
-    for title in ("context copy", "persona-card copy", "history echo", "meta/prompt leak", "empty or trivial",
-                  "reply length (words)", "crisis stops", "persona ID accuracy", "persona log-ratio"):
+    for title in ("context copy", "persona-card copy", "history echo", "repeats itself", "meta/prompt leak",
+                  "empty or trivial", "reply length (words)", "crisis stops", "persona ID accuracy", "persona log-ratio",
+                  "persona ID accuracy, first 32 tokens"):
         assert title in md
     for entry in full_results["systems"].values():
-        for key in ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial", "words",
+        for key in ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial", "words",
                     "crisis_stop", "persona_id_accuracy", "persona_log_ratio"):
             m = entry["metrics"][key]
             assert m["status"] == "ok" and m["n"] == 2 and m["lo"] <= m["mean"] <= m["hi"]
+        assert entry["metrics"]["persona_id_equal"]["status"] == "ok"    # n 0 when no turn reaches 32 tokens
         assert entry["crisis_conversations"] == 0 and entry["crisis_turn_share"] == 0.0
     # Who measured what: the offline judge is the training judge (no stage config in this run:
     # the default is assumed); the independent evaluator is not.

@@ -59,16 +59,29 @@ def test_diagnose_hand_computed():
     user = ["My cat has been missing for three days and I keep checking the door."]
     agents = ["Three days of not knowing where she is sounds exhausting."]
     row = hacks.diagnose("Three days of not knowing where she is sounds exhausting.", user, CARD, agents, NAMES)
-    assert row == {"context_copy": 0.0, "persona_copy": 0.0, "history_echo": 1.0, "meta_leak": 0.0,
-                   "trivial": 0.0, "words": 10.0}
+    assert row == {"context_copy": 0.0, "persona_copy": 0.0, "history_echo": 1.0, "self_repeat": 0.0,
+                   "meta_leak": 0.0, "trivial": 0.0, "words": 10.0}
     row = hacks.diagnose("Okay.", user, CARD, agents, NAMES)
     assert row["trivial"] == 1.0 and row["words"] == 1.0
-    assert hacks.rates([{"context_copy": 1.0, "persona_copy": 0.0, "history_echo": 0.0, "meta_leak": 1.0,
-                         "trivial": 0.0, "words": 10.0},
-                        {"context_copy": 0.0, "persona_copy": 0.0, "history_echo": 0.0, "meta_leak": 1.0,
-                         "trivial": 1.0, "words": 2.0}]) == {
-        "context_copy": 0.5, "persona_copy": 0.0, "history_echo": 0.0, "meta_leak": 1.0, "trivial": 0.5,
-        "words": 6.0}
+    assert hacks.rates([{"context_copy": 1.0, "persona_copy": 0.0, "history_echo": 0.0, "self_repeat": 1.0,
+                         "meta_leak": 1.0, "trivial": 0.0, "words": 10.0},
+                        {"context_copy": 0.0, "persona_copy": 0.0, "history_echo": 0.0, "self_repeat": 0.0,
+                         "meta_leak": 1.0, "trivial": 1.0, "words": 2.0}]) == {
+        "context_copy": 0.5, "persona_copy": 0.0, "history_echo": 0.0, "self_repeat": 0.5, "meta_leak": 1.0,
+        "trivial": 0.5, "words": 6.0}
+
+
+@pytest.mark.parametrize("reply, repeats", [
+    ("How about this one? " * 8, True),                       # a phrase looped: 6-word spans recur
+    ("I'm here for you. I'm here for you.", True),            # a 4-word sentence said twice
+    ("That sounds hard. Do you want to talk about it? That sounds hard.", True),
+    ("Yes. Yes.", False),                                      # too short to count as saying a thing twice
+    ("It sounds like the week wore you down, and that makes sense. What part of it weighs most right now?", False),
+    ("You kept going. You kept trying, even when it was hard, and that counts.", False),   # shared words, no repeat
+])
+def test_repeats_itself(reply, repeats):
+    assert hacks.repeats_itself(reply) is repeats
+    assert hacks.diagnose(reply, [], [], [], NAMES)["self_repeat"] == float(repeats)
 
 
 def source():

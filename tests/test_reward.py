@@ -364,7 +364,7 @@ def test_format_reward_empty_reply_scores_zero():
 # ---------------------------------------------------------------------------------------------
 
 def diag(copy=0.0, words=10.0):
-    return {"context_copy": copy, "persona_copy": 0.0, "history_echo": 0.0, "meta_leak": 0.0,
+    return {"context_copy": copy, "persona_copy": 0.0, "history_echo": 0.0, "self_repeat": 0.0, "meta_leak": 0.0,
             "trivial": 0.0, "words": words}
 
 
