@@ -249,7 +249,7 @@ Answer with one line: Score: <1-5>"""
 BLOCK_JUDGE_TOKENS = 16
 
 # The hack diagnostics that make a turn count as hacked (hacks.py; `words` is a length, not a flag).
-HACK_FLAGS = ("context_copy", "persona_copy", "history_echo", "meta_leak", "trivial")
+HACK_FLAGS = ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial")
 
 
 def block_judgement(judge, conv: Conversation, block_start: int, personas: PersonaSet) -> float:
