@@ -146,7 +146,7 @@ def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scor
             g["log_ratio"] if g["log_ratio"] is not None else float("-inf") for g in gold]}
     for name, scorer in scorers.items():
         scores = scorer(rows, replies)
-        picks[name] = [max(range(n), key=lambda j: scores[i * n + j]) for i in range(len(states))]
+        picks[name] = best_picks(scores, n)
     for name, chosen in picks.items():
         result["scorers"][name] = grade_picks(diags, n, chosen)
         if gold is not None:
@@ -155,6 +155,12 @@ def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scor
     if gold is not None and features is not None:
         result["feature_alignment"] = feature_alignment(features(rows, replies), gold, n)
     return result
+
+
+def best_picks(scores: list[float], n: int) -> list[int]:
+    """Per state (S states x n candidates, state-major), the index of its highest score; the
+    first of a tie."""
+    return [max(range(n), key=lambda j: scores[i * n + j]) for i in range(len(scores) // n)]
 
 
 def within_state_correlation(xs: list[float], ys: list[float | None], n: int) -> float | None:
@@ -191,9 +197,8 @@ def feature_alignment(feats: list[dict], gold: list[dict], n: int) -> dict:
     out = {}
     for key in feats[0]:
         xs = [f[key] for f in feats]
-        picks = [max(range(n), key=lambda j: xs[i * n + j]) for i in range(len(xs) // n)]
         out[key] = {"r": within_state_correlation(xs, ratio, n),
-                    "pick": grade_independent(gold, n, picks)["log_ratio"]}
+                    "pick": grade_independent(gold, n, best_picks(xs, n))["log_ratio"]}
     return out
 
 

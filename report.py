@@ -529,7 +529,8 @@ def stage1_section(run: Path) -> str:
                                       [("reward", "reward"), ("se", "± se"), ("rm", "reward model"),
                                        ("format", "format"), ("diag_context_copy", "copies context"),
                                        ("diag_persona_copy", "copies persona"),
-                                       ("diag_self_repeat", "repeats itself"), ("diag_meta_leak", "meta leak"), ("diag_trivial", "trivial"),
+                                       ("diag_self_repeat", "repeats itself"), ("diag_meta_leak", "meta leak"),
+                                       ("diag_trivial", "trivial"),
                                        ("diag_words", "words"), ("n", "replies")]))
         if finite(after.get("change")) and finite(after.get("change_se")):
             out.append(f"<p>Held-out change after - before, paired by state and seed: "
