@@ -69,6 +69,11 @@ def director_messages(personas: PersonaSet, conv: Conversation) -> list[dict]:
     roster = "\n".join(f"- {p.name}, the {p.role}" for p in personas.personas)
     counts = Counter(t.speaker for t in conv.agent_turns())
     spoken = ", ".join(f"{p.name} {counts.get(p.name, 0)}x" for p in personas.personas)
+    # Who spoke last, said outright: the history shows it, but a small director reads a named
+    # field far more easily than the last speaker line of a long history, and a second turn in a
+    # row by the same companion is what the balance term of the group reward penalises.
+    agent_turns = conv.agent_turns()
+    last = f" Last to speak: {agent_turns[-1].speaker}." if agent_turns else ""
     system = ("You direct a group chat in which several companions talk with one person. "
               f"The companions:\n{roster}\n"
               "Choose who should speak next and how, so that the group stays helpful, varied and "
@@ -77,7 +82,7 @@ def director_messages(personas: PersonaSet, conv: Conversation) -> list[dict]:
               f"Useful actions: {'; '.join(personas.strategies)}.\n"
               f"Useful tones: {'; '.join(personas.tones)}.")
     user = (f"Situation: {conv.context.situation}\n\nConversation so far:\n"
-            f"{render_history(conv.turns)}\n\nTurns so far: {spoken}.\nWho speaks next, and how?")
+            f"{render_history(conv.turns)}\n\nTurns so far: {spoken}.{last}\nWho speaks next, and how?")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -224,6 +229,9 @@ class DirectorConfig:
                                            "its annotated supporter strategies, mapped onto the personas, "
                                            "are the warm start's targets; only the training split of "
                                            "--held-out/--seed is read. Empty: format-only warm start")
+    warmup_repeats: bool = option(False, "keep ESConv turns whose mapped companion is the one who spoke "
+                                         "last (a supporter using the same kind of strategy twice); by "
+                                         "default they are left out of the warm start (sft.esconv_examples)")
 
 
 # What the block judge is asked when the judge is an LLM (our text; the paper's is not published).

@@ -503,9 +503,11 @@ def train_stage2(args) -> dict:
     if dcfg.director_warmup_data:
         esconv = corpora.load_contexts(dcfg.director_warmup_data, persona_set=args.set)
         esconv_train, _ = data.split_contexts(esconv, args.held_out, seed=args.seed)
-        examples = sft.esconv_examples(esconv_train, inputs.personas, n_examples, args.seed)
+        examples = sft.esconv_examples(esconv_train, inputs.personas, n_examples, args.seed,
+                                       repeats=dcfg.warmup_repeats)
         source = (f"ESConv strategy warm start: {len(esconv_train)} training dialogues of "
-                  f"{dcfg.director_warmup_data}")
+                  f"{dcfg.director_warmup_data}"
+                  f"{'' if dcfg.warmup_repeats else ', turns that repeat the last companion left out'}")
     else:
         examples = sft.format_examples(inputs.personas, train_points, n_examples, args.seed)
         source = "format warm start: random agents"

@@ -237,7 +237,7 @@ def esconv_prefix(context: Context, end: int, personas: PersonaSet) -> Conversat
 
 
 def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int, seed: int = 0,
-                    balanced: bool = True) -> list[tuple[list[dict], str]]:
+                    balanced: bool = True, repeats: bool = False) -> list[tuple[list[dict], str]]:
     """n (director prompt, target directive) pairs from ESConv's annotated supporter turns.
 
     Every supporter turn among the first ESCONV_MAX_POSITION of a dialogue whose strategy maps to
@@ -254,7 +254,14 @@ def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int, seed:
     the prior is flat and what is left to learn is how the conversation changes the odds (a
     Question opens most dialogues, Suggestions come later): the conditionals, which is what the
     director is for. balanced=False: n candidates drawn without replacement (seeded; with
-    replacement only when there are fewer than n)."""
+    replacement only when there are fewer than n).
+
+    repeats=False (the default) leaves out a turn whose target is the companion who spoke last in
+    the prefix. ESConv has one supporter; when they use the same kind of strategy twice in a row
+    (31% of the mapped turns that follow another one, in the full training file), the mapping makes
+    that the same companion twice in a row, which in a group is one companion taking two turns and
+    is what the group reward's balance term penalises. Left in, the warm start teaches the
+    director the repeat that GRPO then has to unlearn (docs/RESULTS.md, Sessions 6-7 and 11)."""
     missing = sorted({a for a, _, _ in ESCONV_STRATEGIES.values()} - set(personas.names()))
     if missing:
         raise UserError(f"--director-warmup-data: the ESConv strategy mapping needs the personas "
@@ -269,6 +276,10 @@ def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int, seed:
                 break
             position += 1
             if turn.get("strategy") in ESCONV_STRATEGIES:
+                if not repeats:
+                    spoken = esconv_prefix(context, j, personas).agent_turns()
+                    if spoken and spoken[-1].speaker == ESCONV_STRATEGIES[turn["strategy"]][0]:
+                        continue
                 candidates.append((context, j))
     if not candidates:
         raise UserError("--director-warmup-data: no supporter turn with an ESConv strategy label; "

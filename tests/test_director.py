@@ -379,7 +379,7 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
     path = tmp_path / "ESConv.json"
     path.write_text(json.dumps(OFFICIAL), encoding="utf-8")
     contexts = corpora.load_contexts(str(path), persona_set="support")
-    examples = sft.esconv_examples(contexts, support, 4, seed=0)
+    examples = sft.esconv_examples(contexts, support, 4, seed=0, repeats=True)
     # Four mapped supporter turns after the seeker's first message ("Others" is never a target),
     # all drawn once, in a seeded order.
     targets = sorted(t for _, t in examples)
@@ -394,7 +394,14 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
         "User: I think I will be fired.", "Catalyst: Why do you think so?", "User: My boss ignores me.",
         "Anchor: Oh no.", "Anchor: I felt the same when my manager went quiet.", "User: It is scary.",
         "Beacon: You noticed early, which gives you time."]
-    assert "Turns so far: Anchor 2x, Catalyst 1x, Beacon 1x, Guide 0x." in prompt
+    assert "Turns so far: Anchor 2x, Catalyst 1x, Beacon 1x, Guide 0x. Last to speak: Beacon." in prompt
+    # By default a turn whose companion spoke last is left out: the Self-disclosure (Anchor) comes
+    # right after "Oh no.", which the fallback gave Anchor, so three distinct targets remain.
+    default = {t.splitlines()[0] for _, t in sft.esconv_examples(contexts, support, 3, seed=0)}
+    assert default == {"Agent: Catalyst", "Agent: Beacon", "Agent: Guide"}
+    # The opening prompt has nobody to name as the last speaker.
+    opening = next(m for m, t in examples if t.startswith("Agent: Catalyst"))[1]["content"]
+    assert "Turns so far: Anchor 0x, Catalyst 0x, Beacon 0x, Guide 0x.\nWho speaks next" in opening
     # The greeting before the seeker's first turn is dropped, as corpora does for every source.
     assert "Hello!" not in prompt
     # Every target parses, and the mapping needs the support personas.
@@ -433,6 +440,12 @@ def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
     plain = Counter(dr.parse_directive(t, support, "?").agent
                     for _, t in sft.esconv_examples(train, support, 400, seed=0, balanced=False))
     assert max(plain.values()) - min(plain.values()) > 30
+    # No target names the companion who spoke last (the prompt says who that was), unless asked.
+    def repeats(examples):
+        return sum(f"Last to speak: {dr.parse_directive(t, support, '?').agent}." in m[1]["content"]
+                   for m, t in examples)
+    assert repeats(examples) == 0
+    assert repeats(sft.esconv_examples(train, support, 400, seed=0, repeats=True)) > 60
     held_situations = {c.situation for c in held} - {c.situation for c in train}
     assert not any(m[1]["content"].split("\n")[0][len("Situation: "):] in held_situations for m, _ in examples)
 
@@ -516,7 +529,7 @@ def test_supervised_micro_batches_give_the_whole_batch_gradient(support, context
                                          log=lambda s: None, micro_batch=micro_batch)
         runs.append((losses[0], {n: p.grad.clone() for n, p in model.named_parameters()}))
     for loss, grads in runs[1:]:
-        assert loss == pytest.approx(runs[0][0], abs=1e-6)
+        assert loss == pytest.approx(runs[0][0], rel=1e-6)       # fp32: one ulp at ~10 is ~1e-6
         for name, grad in grads.items():
             assert torch.allclose(grad, runs[0][1][name], atol=1e-6), name
 
