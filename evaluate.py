@@ -80,8 +80,8 @@ import models
 import persona_id
 from data import UserError
 from judge import judge_from_flags
-from metrics import (NLI_RELATIONS, bootstrap_ci, distinct_n, mean_pairwise_similarity, nli_label_index,
-                     nli_rates, parse_ab, parse_rubric_score, rescale_0_100, self_bleu,
+from metrics import (NLI_RELATIONS, bootstrap_ci, distinct_n, mean_or_none, mean_pairwise_similarity,
+                     nli_label_index, nli_rates, parse_ab, parse_rubric_score, rescale_0_100, self_bleu,
                      semantic_redundancy_rate, win_rate)
 from results import (earlier_systems, folder_stamp, json_safe, result_notes, results_markdown, saved_system,
                      training_use)
@@ -423,11 +423,6 @@ def hack_scores(conv, personas) -> dict:
     return {m.key: rates.get(m.key) for m in HACK_METRICS if m.key in hacks.DIAGNOSTICS}
 
 
-def _mean_of(rows: list[dict], key: str) -> float | None:
-    values = [r[key] for r in rows if r[key] is not None]
-    return sum(values) / len(values) if values else None
-
-
 def persona_id_scores(convs, identifier) -> list[dict]:
     """Per conversation, the independent evaluator's numbers over its agent turns (persona_id.py):
     the share of turns whose own card is the base model's best guess, the mean per-token log-ratio
@@ -445,8 +440,9 @@ def persona_id_scores(convs, identifier) -> list[dict]:
     out = []
     for n in range(len(convs)):
         mine = [s for s, o in zip(scores, owner) if o == n]
-        out.append({"persona_id_accuracy": _mean_of(mine, "correct"), "persona_log_ratio": _mean_of(mine, "log_ratio"),
-                    "persona_id_equal": _mean_of(mine, "correct_equal")})
+        out.append({"persona_id_accuracy": mean_or_none([r["correct"] for r in mine]),
+                    "persona_log_ratio": mean_or_none([r["log_ratio"] for r in mine]),
+                    "persona_id_equal": mean_or_none([r["correct_equal"] for r in mine])})
     return out
 
 

@@ -30,7 +30,7 @@ import persona_id
 import sampler
 from data import PersonaSet, UserError, derive_seed, read_jsonl
 from judge import Judge
-from metrics import standard_error
+from metrics import mean_or_none, standard_error
 from reward import State
 from simulate import JudgeState
 
@@ -141,7 +141,7 @@ def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scor
         gold = identifier.score([persona_id.Item(s.persona, s.context.situation,
                                                  [(t.speaker, t.text) for t in s.history], r)
                                  for s, r in zip(rows, replies)])
-        result["independent_chance"] = {k: _mean([g[k] for g in gold if g[k] is not None]) for k in INDEPENDENT}
+        result["independent_chance"] = {k: mean_or_none([g[k] for g in gold]) for k in INDEPENDENT}
         scorers = {**scorers, "persona-id": lambda _rows, _replies: [
             g["log_ratio"] if g["log_ratio"] is not None else float("-inf") for g in gold]}
     for name, scorer in scorers.items():
@@ -205,10 +205,6 @@ def feature_alignment(feats: list[dict], gold: list[dict], n: int) -> dict:
 INDEPENDENT = ("correct", "log_ratio", "correct_equal")     # persona_id.PersonaIdentifier.score's numbers
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def grade_independent(scores: list[dict], n: int, picks: list[int]) -> dict:
     """The independent evaluator's numbers for one grader's picks, against chance.
 
@@ -228,7 +224,7 @@ def grade_independent(scores: list[dict], n: int, picks: list[int]) -> dict:
                 continue
             picked.append(scores[i * n + j][key])
             diffs.append(scores[i * n + j][key] - sum(own) / len(own))
-        out[key] = (_mean(picked), _mean(diffs), standard_error(diffs) if diffs else None)
+        out[key] = (mean_or_none(picked), mean_or_none(diffs), standard_error(diffs) if diffs else None)
     return out
 
 

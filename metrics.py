@@ -583,6 +583,13 @@ def mean_pairwise_similarity(embeddings: torch.Tensor) -> float:
 # Two statistics of the training logs: a standard error and a paired change
 # -------------------------------------------------------------------------------------
 
+def mean_or_none(values: list) -> float | None:
+    """The mean of the values that are not None; None when none is left (a score that does not
+    apply, e.g. the persona evaluator on a speaker outside the persona set, is skipped, not 0)."""
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 def standard_error(values: list[float]) -> float:
     """Standard error of the mean, std / sqrt(n) with the n-1 sample std (0 for fewer than 2 values).
     A before/after change smaller than about twice this is noise."""

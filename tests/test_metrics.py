@@ -24,6 +24,11 @@ import metrics
 
 # ------------------------------------------------------------------ tokens, BLEU, Self-BLEU
 
+def test_mean_or_none_skips_what_does_not_apply():
+    assert metrics.mean_or_none([1.0, None, 0.0, None, 0.5]) == pytest.approx(0.5)   # (1 + 0 + 0.5) / 3
+    assert metrics.mean_or_none([None, None]) is None and metrics.mean_or_none([]) is None
+
+
 def test_tokenize_lowercases_and_splits_punctuation():
     assert metrics.tokenize("Don’t worry, Sam!") == ["don't", "worry", ",", "sam", "!"]
     assert metrics.tokenize("   ") == []
