@@ -36,6 +36,11 @@ removes that. It costs nothing: the model is causal, so the first tokens' log-pr
 the same teacher-forced pass as the whole turn's.
 Its blind spot, which the hack columns cover: a reply that recites its own card (persona_copy)
 is very likely under that card and scores well here too.
+Names are masked: every persona name in the reply is replaced by NEUTRAL_NAME, one no card holds,
+before scoring. A reply that names its speaker ("Anchor here: ...") is near-certain under the card
+that opens "You are Anchor"; on 384 base-model replies to held-out ESConv states, the 5 that named
+their own speaker were all identified (log-ratio +0.15 nats per token against +0.00 for the 374
+that named nobody). A speaker could learn to sign its turns; the evaluator must read the role.
 
 What we simplify: the conversation the card is shown with is cut to the last HISTORY_TURNS turns
 (the user's latest message, usually); each extra turn costs 4 more forward passes per agent turn.
@@ -47,6 +52,7 @@ it prefers the in-role reply of the labelled wrong-role / off-role pairs (README
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass
 
@@ -62,6 +68,15 @@ HISTORY_TURNS = 2     # conversation turns shown with the card (the reply's imme
 BATCH_ROWS = 16       # (reply, card) rows per forward pass
 EQUAL_TOKENS = 32     # the equal-length accuracy reads each turn's first this many tokens
 IN_ROLE_FAILURES = ("wrong-role", "off-role")   # pair kinds whose worse reply belongs to another persona
+NEUTRAL_NAME = "Alex"  # stands in for every persona name in a scored reply (no card names it)
+
+
+def mask_names(reply: str, names: list[str]) -> str:
+    """The reply with every persona name (whole word, any case) replaced by NEUTRAL_NAME."""
+    if not names:
+        return reply
+    pattern = r"\b(" + "|".join(re.escape(n) for n in names) + r")\b"
+    return re.sub(pattern, NEUTRAL_NAME, reply, flags=re.IGNORECASE)
 
 
 def card_text(persona: Persona) -> str:
@@ -96,8 +111,10 @@ class PersonaIdentifier:
         self.name = f"persona-id:{model_name or 'base'}"
 
     def reply_ids(self, reply: str) -> list[int]:
-        """The reply's tokens as the assistant turn would hold them (an empty reply: end-of-text)."""
-        return self.tok(reply.strip(), add_special_tokens=False)["input_ids"] or [self.tok.eos_token_id]
+        """The reply's tokens as the assistant turn would hold them, persona names masked
+        (mask_names; an empty reply: end-of-text)."""
+        text = mask_names(reply.strip(), self.personas.names())
+        return self.tok(text, add_special_tokens=False)["input_ids"] or [self.tok.eos_token_id]
 
     @torch.no_grad()
     def logprobs(self, items: list[Item]) -> tuple[list[list[float]], list[list[float]]]:

@@ -447,6 +447,20 @@ def test_equal_length_accuracy_reads_the_first_tokens_only():
     assert score["correct"] == 1.0 and score["correct_equal"] == 0.0
 
 
+def test_persona_names_are_masked_before_scoring():
+    # Whole words, any case: "Anchors" is a word of its own and stays.
+    assert persona_id.mask_names("anchor here. Beacon says hi; Anchors aweigh", ["Anchor", "Beacon"]) == \
+        "Alex here. Alex says hi; Anchors aweigh"
+    assert not any(persona_id.NEUTRAL_NAME in persona_id.card_text(p) for p in personas().personas)
+    # A reply that signs with its speaker's name scores exactly as the same reply signed "Alex".
+    model, tok = models.load_model("tiny")
+    ident = persona_id.PersonaIdentifier(model, tok, personas(), "tiny")
+    signed, neutral = (persona_id.Item("Anchor", "I failed.", [("User", "I failed my test.")], f"{name} here: that hurts.")
+                       for name in ("Anchor", "Alex"))
+    lp, _ = ident.logprobs([signed, neutral])
+    assert lp[0] == pytest.approx(lp[1], abs=1e-5)
+
+
 def test_persona_id_logprobs_match_a_plain_forward_pass():
     # The batched, padded scoring must equal sum log softmax of one unpadded forward pass.
     model, tok = models.load_model("tiny")
