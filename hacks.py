@@ -100,7 +100,8 @@ META_PATTERNS = [
     r"\bhere(?:'s| is) (?:a|my|the|\w+'s) (?:continuation|response|reply|answer|message)\b",
     r"\bas an ai\b|\blanguage model\b",
     r"\b(?:the )?director (?:asks|wants|told|says)\b",
-    r"\(\s*your director\b",          # the speaker prompt's own "(Your director asks you to: ...)"
+    r"\(\s*your director\b",          # "(Your director asks you to: ...)", an older speaker prompt's line
+    r"\bin your next message\b",      # the speaker prompt's directive sentence read back
     r"\b(?:instructions?|output|note|tone)\s*:",
     r"^\W*(?:reply|response|answer|thinking)\s*:",
     r"\[(?:insert|item|name|date|task)[^\]]*\]",

@@ -248,11 +248,13 @@ def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, t
     "few-shot" / "few-shot-cot" `examples` (data/fewshot.json entries, one per companion) without /
     with their thinking. `reply_text` keeps only what follows "Reply:".
     The system message also carries the background (the situation); the conversation follows as
-    chat turns seen from this agent (`transcript_messages`), the same in every style, and the
-    director's instruction, when it gave one, closes the last user message. Why this layout:
-    a small model copies whatever labels its prompt holds into its reply ("Situation: ..."), and
-    chat roles need the fewest labels. The one label left, "(Beacon, another companion):", is
-    still echoed sometimes; hacks.py counts it as a meta leak (docs/RESULTS.md compares layouts).
+    chat turns seen from this agent (`transcript_messages`), the same in every style. The
+    director's instruction, when it gave one, is the system message's last sentence, plain words
+    with no label ("In your next message, name a strength, in an encouraging tone."). Why this
+    layout: a small model copies whatever labels its prompt holds into its reply ("Situation:
+    ...", "(Your director asks you to: ...)"), and chat roles need the fewest labels. The one
+    label left, "(Beacon, another companion):", is still echoed sometimes; hacks.py counts it as
+    a meta leak (docs/RESULTS.md compares layouts).
     """
     card = persona_card(persona)
     if style in EXAMPLE_STYLES and not examples:
@@ -276,11 +278,10 @@ def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, t
     else:
         raise ValueError(f"speaker_messages: unknown style {style!r}; use one of {', '.join(STYLES)}")
     system += f"\nBackground: {context.situation}"
-    chat = transcript_messages(persona, turns)
     if directive is not None and (directive.action or directive.tone):
-        chat.append({"role": "user", "content": f"(Your director asks you to: {directive.action or 'respond'}, "
-                                                f"tone: {directive.tone or 'natural'}.)"})
-    elif not chat or chat[-1]["role"] == "assistant":
+        system += f"\nIn your next message, {directive.action or 'respond'}, in a {directive.tone or 'natural'} tone."
+    chat = transcript_messages(persona, turns)
+    if not chat or chat[-1]["role"] == "assistant":
         chat.append({"role": "user", "content": f"(It is {persona.name}'s turn.)"})
     return [{"role": "system", "content": system}] + merge_consecutive(chat)
 

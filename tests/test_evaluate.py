@@ -284,9 +284,12 @@ def test_speaker_prompt_gives_the_model_no_label_to_echo():
              Turn("Anchor", "That stings."), Turn(USER, "It does.")]
     msgs = speaker_messages(anchor, ps, context(), turns, Directive("Anchor", "reflect", "warm"))
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
-    assert msgs[0]["content"].endswith("\nBackground: " + context().situation)
+    assert msgs[0]["content"].endswith("\nBackground: " + context().situation +
+                                       "\nIn your next message, reflect, in a warm tone.")
     assert msgs[1]["content"] == "I failed again today.\n(Beacon, another companion): You will pass next time."
-    assert msgs[3]["content"] == "It does.\n(Your director asks you to: reflect, tone: warm.)"
+    assert msgs[3]["content"] == "It does."
+    # Without a directive the system message ends with the background.
+    assert speaker_messages(anchor, ps, context(), turns)[0]["content"].endswith(context().situation)
     assert not any("Situation:" in m["content"] or "Conversation so far" in m["content"] for m in msgs)
     # When the speaker itself spoke last, a user message hands it the turn (roles must alternate).
     assert speaker_messages(anchor, ps, context(), turns[:3])[-1] == {"role": "user", "content": "(It is Anchor's turn.)"}
