@@ -258,7 +258,7 @@ def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int, seed:
 
     repeats=False (the default) leaves out a turn whose target is the companion who spoke last in
     the prefix. ESConv has one supporter; when they use the same kind of strategy twice in a row
-    (31% of the mapped turns that follow another one, in the full training file), the mapping makes
+    (31% of the mapped turns that follow another one in ESConv's training file), the mapping makes
     that the same companion twice in a row, which in a group is one companion taking two turns and
     is what the group reward's balance term penalises. Left in, the warm start teaches the
     director the repeat that GRPO then has to unlearn (docs/RESULTS.md, Sessions 6-7 and 11)."""
