@@ -67,12 +67,13 @@ def director_messages(personas: PersonaSet, conv: Conversation) -> list[dict]:
     372 tokens, a whole opening prompt 305 instead of 493 on average) makes every director
     generation and GRPO pass on it cheaper."""
     roster = "\n".join(f"- {p.name}, the {p.role}" for p in personas.personas)
-    counts = Counter(t.speaker for t in conv.agent_turns())
-    spoken = ", ".join(f"{p.name} {counts.get(p.name, 0)}x" for p in personas.personas)
-    # Who spoke last, said outright: the history shows it, but a small director reads a named
-    # field far more easily than the last speaker line of a long history, and a second turn in a
-    # row by the same companion is what the balance term of the group reward penalises.
     agent_turns = conv.agent_turns()
+    counts = Counter(t.speaker for t in agent_turns)
+    spoken = ", ".join(f"{p.name} {counts.get(p.name, 0)}x" for p in personas.personas)
+    # The companion who spoke last, said outright: the history shows it, but a small director
+    # reads a named field far more easily than a speaker line somewhere above the user's latest
+    # message, and the same companion twice in a row (user turns between do not count) is what
+    # the balance term of the group reward penalises.
     last = f" Last to speak: {agent_turns[-1].speaker}." if agent_turns else ""
     system = ("You direct a group chat in which several companions talk with one person. "
               f"The companions:\n{roster}\n"

@@ -80,11 +80,11 @@ def copies(reply: str, sources: list[str], span: int = SPAN) -> bool:
 
 # Prompt and meta text a companion's reply must never contain. Each pattern names one way the
 # prompt leaks: our own prompt labels (simulate.speaker_messages writes "Background:", "(Beacon,
-# another companion):" and "(It is Anchor's turn.)"; older layouts and the evaluator's prompt
-# write "Situation:", "Conversation so far:" and "Write <name>'s next message"), the system
-# prompt read back ("You are one of several companions in a group chat", "You are an AI
-# assistant", "the user"), instruction echoes, assistant boilerplate, notes about the director or
-# the format.
+# another companion):", "(It is Anchor's turn.)" and the directive as "In your next message,
+# ..."; older layouts and the evaluator's prompt write "Situation:", "Conversation so far:" and
+# "Write <name>'s next message"), the system prompt read back ("You are one of several
+# companions in a group chat", "You are an AI assistant", "the user"), instruction echoes,
+# assistant boilerplate, notes about the director or the format.
 META_PATTERNS = [
     r"\bsituation\s*:",
     r"\bbackground\s*:",
@@ -101,7 +101,7 @@ META_PATTERNS = [
     r"\bas an ai\b|\blanguage model\b",
     r"\b(?:the )?director (?:asks|wants|told|says)\b",
     r"\(\s*your director\b",          # "(Your director asks you to: ...)", an older speaker prompt's line
-    r"\bin your next message\b",      # the speaker prompt's directive sentence read back
+    r"\bin your next message\s*,",    # the speaker prompt's directive sentence read back
     r"\b(?:instructions?|output|note|tone)\s*:",
     r"^\W*(?:reply|response|answer|thinking)\s*:",
     r"\[(?:insert|item|name|date|task)[^\]]*\]",

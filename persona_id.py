@@ -38,9 +38,9 @@ Its blind spot, which the hack columns cover: a reply that recites its own card 
 is very likely under that card and scores well here too.
 Names are masked: every persona name in the reply is replaced by NEUTRAL_NAME, one no card holds,
 before scoring. A reply that names its speaker ("Anchor here: ...") is near-certain under the card
-that opens "You are Anchor"; on 384 base-model replies to held-out ESConv states, the 5 that named
-their own speaker were all identified (log-ratio +0.15 nats per token against +0.00 for the 374
-that named nobody). A speaker could learn to sign its turns; the evaluator must read the role.
+that opens "You are Anchor", whatever else it says (docs/RESULTS.md, Session 11, measures it), so
+a speaker could learn to sign its turns; the evaluator must read the role. Only the capitalised
+name is masked: "I can guide you" and "a beacon of hope" are ordinary words, and a role's own.
 
 What we simplify: the conversation the card is shown with is cut to the last HISTORY_TURNS turns
 (the user's latest message, usually); each extra turn costs 4 more forward passes per agent turn.
@@ -72,11 +72,12 @@ NEUTRAL_NAME = "Alex"  # stands in for every persona name in a scored reply (no 
 
 
 def mask_names(reply: str, names: list[str]) -> str:
-    """The reply with every persona name (whole word, any case) replaced by NEUTRAL_NAME."""
+    """The reply with every persona name, as a whole word spelt as the name is, replaced by
+    NEUTRAL_NAME."""
     if not names:
         return reply
-    pattern = r"\b(" + "|".join(re.escape(n) for n in names) + r")\b"
-    return re.sub(pattern, NEUTRAL_NAME, reply, flags=re.IGNORECASE)
+    pattern = r"(?<!\w)(" + "|".join(re.escape(n) for n in names) + r")(?!\w)"
+    return re.sub(pattern, NEUTRAL_NAME, reply)
 
 
 def card_text(persona: Persona) -> str:

@@ -257,16 +257,17 @@ def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int, seed:
     replacement only when there are fewer than n).
 
     repeats=False (the default) leaves out a turn whose target is the companion who spoke last in
-    the prefix. ESConv has one supporter; when they use the same kind of strategy twice in a row
-    (31% of the mapped turns that follow another one in ESConv's training file), the mapping makes
+    the prefix (user turns between do not count). ESConv has one supporter; when they use the
+    same kind of strategy in two consecutive supporter turns (31% of the mapped supporter turns
+    that come after another mapped one, in ESConv's published training data), the mapping makes
     that the same companion twice in a row, which in a group is one companion taking two turns and
     is what the group reward's balance term penalises. Left in, the warm start teaches the
-    director the repeat that GRPO then has to unlearn (docs/RESULTS.md, Sessions 6-7 and 11)."""
+    director the repeat that GRPO then has to unlearn (docs/RESULTS.md, Sessions 6, 7 and 11)."""
     missing = sorted({a for a, _, _ in ESCONV_STRATEGIES.values()} - set(personas.names()))
     if missing:
         raise UserError(f"--director-warmup-data: the ESConv strategy mapping needs the personas "
                         f"{', '.join(missing)}, which the '{personas.name}' set lacks; use --set support")
-    candidates = []
+    candidates, repeated = [], 0
     for context in contexts:
         position = 0
         for j, turn in enumerate(context.turns):
@@ -279,8 +280,12 @@ def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int, seed:
                 if not repeats:
                     spoken = esconv_prefix(context, j, personas).agent_turns()
                     if spoken and spoken[-1].speaker == ESCONV_STRATEGIES[turn["strategy"]][0]:
+                        repeated += 1
                         continue
                 candidates.append((context, j))
+    if not candidates and repeated:
+        raise UserError("--director-warmup-data: every supporter turn with an ESConv strategy label "
+                        "repeats the companion before it; add --warmup-repeats to keep such turns")
     if not candidates:
         raise UserError("--director-warmup-data: no supporter turn with an ESConv strategy label; "
                         "is this ESConv (ESConv.json or the JSON-lines split)?")

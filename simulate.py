@@ -279,11 +279,28 @@ def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, t
         raise ValueError(f"speaker_messages: unknown style {style!r}; use one of {', '.join(STYLES)}")
     system += f"\nBackground: {context.situation}"
     if directive is not None and (directive.action or directive.tone):
-        system += f"\nIn your next message, {directive.action or 'respond'}, in a {directive.tone or 'natural'} tone."
+        system += "\n" + directive_sentence(directive)
     chat = transcript_messages(persona, turns)
     if not chat or chat[-1]["role"] == "assistant":
         chat.append({"role": "user", "content": f"(It is {persona.name}'s turn.)"})
     return [{"role": "system", "content": system}] + merge_consecutive(chat)
+
+
+def directive_sentence(directive: Directive) -> str:
+    """The director's `Action / Tone` as one plain sentence for the speaker's system message.
+
+    >>> directive_sentence(Directive("Beacon", "Name a strength.", "encouraging"))
+    'In your next message, name a strength, in an encouraging tone.'
+    """
+    def phrase(text: str, default: str) -> str:
+        # The director writes free text: no end punctuation mid-sentence, and a lowercase start
+        # unless the first word is an acronym or "I".
+        text = text.strip().rstrip(".!;:,").strip() or default
+        first = text.split()[0]
+        return text if first.isupper() or first.startswith("I'") else text[0].lower() + text[1:]
+    tone = phrase(directive.tone, "natural")
+    article = "an" if tone[0].lower() in "aeiou" else "a"
+    return f"In your next message, {phrase(directive.action, 'respond')}, in {article} {tone} tone."
 
 
 def transcript_messages(persona: Persona, turns: list[Turn], max_turns: int = 8) -> list[dict]:

@@ -5,6 +5,7 @@ import json
 import math
 import random
 import string
+import types
 from collections import Counter
 
 import pytest
@@ -254,10 +255,14 @@ class Scripted:
         return [dr.Directive(agent, f"action {self.calls}", "calm") for _ in convs]
 
 
-def test_a_rollout_has_a_directive_at_every_turn(support, context):
+def test_a_rollout_has_a_directive_at_every_turn(support, context, monkeypatch):
     """The sampled directive directs the block's first turn, the director itself every later one
     (not a fixed rule without a directive); copies of one point share their seeds, so two equal
     directives give the same block word for word."""
+    # The tiny model's random words can trip the crisis guard's probe and end the rollout early;
+    # the guard has its own tests (test_safety.py), this one is about the directives.
+    quiet = types.SimpleNamespace(check=lambda text: types.SimpleNamespace(flagged=False))
+    monkeypatch.setattr(simulate, "default_guard", lambda: quiet)
     model, tok = models.load_model("tiny")
     profiles = {p.id: p for p in data.load_profiles("data/profiles.json")}
     cast = Cast(support, model, tok, model, tok, max_new_tokens=4)
@@ -411,6 +416,21 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
         sft.esconv_examples(contexts, meeting, 4)
 
 
+def test_esconv_warm_start_says_when_every_turn_is_a_repeat(tmp_path, support):
+    # "Oh." (Others) goes to the least-spoken Anchor, so the Reflection after it, Anchor's too,
+    # is a repeat and the only labelled turn: the error names the flag that keeps it.
+    dialog = [{"speaker": "seeker", "annotation": {}, "content": "My dog died."},
+              {"speaker": "supporter", "annotation": {"strategy": "Others"}, "content": "Oh."},
+              {"speaker": "supporter", "annotation": {"strategy": "Reflection of feelings"},
+               "content": "You must miss him."}]
+    path = tmp_path / "ESConv.json"
+    path.write_text(json.dumps([dict(OFFICIAL[0], dialog=dialog)]), encoding="utf-8")
+    contexts = corpora.load_contexts(str(path), persona_set="support")
+    with pytest.raises(data.UserError, match="--warmup-repeats"):
+        sft.esconv_examples(contexts, support, 2)
+    assert [t.splitlines()[0] for _, t in sft.esconv_examples(contexts, support, 1, repeats=True)] == ["Agent: Anchor"]
+
+
 def test_esconv_fixture_and_strategy_mapping(support):
     contexts = corpora.load_contexts("tests/fixtures/data/esconv/ESConv.json", persona_set="support")
     examples = sft.esconv_examples(contexts, support, 2, seed=0)
@@ -435,7 +455,7 @@ def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
     assert diag["distinct"] == 4 and diag["entropy_norm"] > 0.9
     assert diag["p_chi2"] < 1e-6
     # Balanced by default: 100 targets per agent, although ESConv's mapped turns are not (a
-    # plain draw keeps its marginal: Anchor 32%, Beacon 17% of the candidates).
+    # plain draw keeps their unequal marginal).
     assert Counter(agents) == {name: 100 for name in support.names()}
     plain = Counter(dr.parse_directive(t, support, "?").agent
                     for _, t in sft.esconv_examples(train, support, 400, seed=0, balanced=False))

@@ -10,6 +10,7 @@ rubric parsing and the pairwise preference against counts worked out by hand.
 Run: .venv/bin/python -m pytest -q tests/test_evaluate.py
 """
 
+import doctest
 import json
 import math
 from collections import Counter
@@ -288,6 +289,13 @@ def test_speaker_prompt_gives_the_model_no_label_to_echo():
                                        "\nIn your next message, reflect, in a warm tone.")
     assert msgs[1]["content"] == "I failed again today.\n(Beacon, another companion): You will pass next time."
     assert msgs[3]["content"] == "It does."
+    # The director's free text becomes one plain sentence (article, case and end punctuation).
+    assert simulate.directive_sentence(Directive("Beacon", "Name a strength.", "encouraging")) == \
+        "In your next message, name a strength, in an encouraging tone."
+    assert simulate.directive_sentence(Directive("Guide", "", "")) == "In your next message, respond, in a natural tone."
+    assert simulate.directive_sentence(Directive("Guide", "ASK one thing", "warm.")) == \
+        "In your next message, ASK one thing, in a warm tone."
+    assert doctest.testmod(simulate).failed == 0
     # Without a directive the system message ends with the background.
     assert speaker_messages(anchor, ps, context(), turns)[0]["content"].endswith(context().situation)
     assert not any("Situation:" in m["content"] or "Conversation so far" in m["content"] for m in msgs)
@@ -451,9 +459,10 @@ def test_equal_length_accuracy_reads_the_first_tokens_only():
 
 
 def test_persona_names_are_masked_before_scoring():
-    # Whole words, any case: "Anchors" is a word of its own and stays.
-    assert persona_id.mask_names("anchor here. Beacon says hi; Anchors aweigh", ["Anchor", "Beacon"]) == \
-        "Alex here. Alex says hi; Anchors aweigh"
+    # Whole words spelt as the name: "Anchors" is a word of its own, "guide" an ordinary verb.
+    assert persona_id.mask_names("Anchor here. Beacon says hi; Anchors aweigh; I can guide you",
+                                 ["Anchor", "Beacon", "Guide"]) == "Alex here. Alex says hi; Anchors aweigh; I can guide you"
+    assert persona_id.mask_names("Ask J.D. (J.D. knows)", ["J.D."]) == "Ask Alex (Alex knows)"
     assert not any(persona_id.NEUTRAL_NAME in persona_id.card_text(p) for p in personas().personas)
     # A reply that signs with its speaker's name scores exactly as the same reply signed "Alex".
     model, tok = models.load_model("tiny")

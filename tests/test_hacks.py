@@ -46,6 +46,7 @@ def test_copies_needs_six_words_in_a_row():
     ("The director asks me to name a strength.", True),
     ("(Your director continues to answer with multiple questions.)", True),   # seen in stage-2 rollouts
     ("In your next message, name a strength, in an encouraging tone.", True),  # the directive read back
+    ("In your next message to your boss, ask for one day off.", False),       # advice, not the prompt
     ("Maybe ask your director at work for a day off?", False),                # the job title
     ("Reply: [Catalyst asks a question]", True),
     ("That sounds really hard, and it makes sense you're tired.", False),
