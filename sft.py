@@ -269,20 +269,24 @@ def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int, seed:
                         f"{', '.join(missing)}, which the '{personas.name}' set lacks; use --set support")
     candidates, repeated = [], 0
     for context in contexts:
-        position = 0
+        # Who speaks each recorded turn in our group: esconv_prefix keeps one turn per record, so
+        # the whole dialogue, built once, gives every prefix's last companion.
+        speakers = [t.speaker for t in esconv_prefix(context, len(context.turns), personas).turns]
+        position, last = 0, None
         for j, turn in enumerate(context.turns):
             if turn["speaker"] != "supporter":
                 continue
             if position >= ESCONV_MAX_POSITION:
                 break
             position += 1
-            if turn.get("strategy") in ESCONV_STRATEGIES:
-                if not repeats:
-                    spoken = esconv_prefix(context, j, personas).agent_turns()
-                    if spoken and spoken[-1].speaker == ESCONV_STRATEGIES[turn["strategy"]][0]:
-                        repeated += 1
-                        continue
-                candidates.append((context, j))
+            target = ESCONV_STRATEGIES.get(turn.get("strategy", ""))
+            before, last = last, speakers[j]
+            if target is None:
+                continue
+            if target[0] == before and not repeats:
+                repeated += 1
+                continue
+            candidates.append((context, j))
     if not candidates and repeated:
         raise UserError("--director-warmup-data: every supporter turn with an ESConv strategy label "
                         "repeats the companion before it; add --warmup-repeats to keep such turns")
