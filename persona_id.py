@@ -47,6 +47,8 @@ What we simplify: the conversation the card is shown with is cut to the last HIS
 
 Validity is measured, not assumed: `python persona_id.py data/judge_pairs_*.jsonl` prints how often
 it prefers the in-role reply of the labelled wrong-role / off-role pairs (README, docs/RESULTS.md).
+`python persona_id.py --esconv=path/to/esconv/train.jsonl` identifies real ESConv supporters' turns
+under the strategy-to-persona mapping of the SFT baseline: what imitating them can gain here.
 """
 
 from __future__ import annotations
@@ -198,11 +200,90 @@ def validate(identifier_for_set, pairs: list[dict]) -> dict:
     return by_kind
 
 
+# ----------------------------------------------------------------------------------------------
+# Real supporters' words: python persona_id.py --esconv=path/to/esconv/train.jsonl
+# ----------------------------------------------------------------------------------------------
+# The SFT baseline (sft.py) teaches each persona the words real ESConv supporters wrote when their
+# annotated strategy is that persona's job (a question is Catalyst's, a suggestion Guide's). It can
+# at best write like those supporters, so how well THIS evaluator identifies the supporters' own
+# turns under the same mapping bounds what that SFT can gain on it.
+
+def reference_items(contexts, mapping: dict[str, str]) -> list[Item]:
+    """Every recorded supporter turn whose strategy `mapping` gives to a persona, as an Item spoken
+    by that persona after the dialogue so far (earlier supporter turns under their mapped persona,
+    or "Companion"). A supporter turn before any seeker turn has nothing to answer and is left out,
+    as in sft.supporter_examples."""
+    items = []
+    for ctx in contexts:
+        history: list[tuple[str, str]] = []
+        for turn in ctx.turns:
+            if turn["speaker"] == "user":
+                history.append(("User", turn["text"]))
+                continue
+            name = mapping.get(turn.get("strategy", ""))
+            if name and history:
+                items.append(Item(name, ctx.situation, list(history), turn["text"]))
+            history.append((name or "Companion", turn["text"]))
+    return items
+
+
+def identification_table(items: list[Item], results: list[dict], names: list[str]) -> list[dict]:
+    """Per persona (in `names` order) and for all items: turns, accuracy, mean log-ratio, mean
+    tokens, and the equal-length accuracy over the turns at least EQUAL_TOKENS long."""
+    rows = []
+    for name in [*names, "all"]:
+        rs = [r for it, r in zip(items, results) if name in ("all", it.speaker) and r["correct"] is not None]
+        if not rs:
+            continue
+        long = [r["correct_equal"] for r in rs if r["correct_equal"] is not None]
+        rows.append({"persona": name, "n": len(rs), "accuracy": sum(r["correct"] for r in rs) / len(rs),
+                     "log_ratio": sum(r["log_ratio"] for r in rs) / len(rs),
+                     "tokens": sum(r["tokens"] for r in rs) / len(rs),
+                     "n_equal": len(long), "accuracy_equal": sum(long) / len(long) if long else None})
+    return rows
+
+
+def reference_main(path: str, turns: int, model_name: str) -> int:
+    """Score `turns` supporter turns (seeded sample) of the held-out dialogues of mascot.py's
+    default split (fraction 0.25, seed 0), so none of them was in the SFT baseline's data."""
+    import random
+
+    import corpora
+    import data
+    import sft
+    personas = data.load_personas("personas.json", "support")
+    held = data.split_contexts(corpora.load_contexts(path, persona_set="support"), 0.25, seed=0)[1]
+    items = reference_items(held, sft.SFT_STRATEGIES)
+    if not items:
+        raise data.UserError(f"--esconv={path}: no strategy-labelled supporter turn in the held-out dialogues "
+                             "(an ESConv file: ESConv.json or an ESConv .jsonl)")
+    random.Random(0).shuffle(items)
+    items = items[:turns]
+    model, tok = models.load_model(model_name, frozen=True)
+    rows = identification_table(items, PersonaIdentifier(model, tok, personas, model_name).score(items),
+                                personas.names())
+    print(f"persona identification of {len(items)} real supporter turns (held-out dialogues of {path}), each "
+          f"given to the persona its strategy maps to (sft.SFT_STRATEGIES), under the frozen {model_name}; "
+          f"chance {1 / len(personas.personas):.2f}")
+    print(f"| persona | turns | identified | log-ratio (nats/token) | tokens | identified, first {EQUAL_TOKENS} tokens |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        equal = f"{r['accuracy_equal']:.3f} (n={r['n_equal']})" if r["n_equal"] else "-"
+        print(f"| {r['persona']} | {r['n']} | {r['accuracy']:.3f} | {r['log_ratio']:+.4f} | {r['tokens']:.1f} | {equal} |")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     import data
+    model_name = next((a.split("=", 1)[1] for a in argv if a.startswith("--model=")), models.EMBEDDED)
+    esconv = next((a.split("=", 1)[1] for a in argv if a.startswith("--esconv=")), None)
+    if esconv is not None:
+        turns = next((a.split("=", 1)[1] for a in argv if a.startswith("--turns=")), "240")
+        if not turns.isdigit() or int(turns) < 1:
+            raise data.UserError(f"--turns={turns}: give a positive whole number of supporter turns")
+        return reference_main(esconv, int(turns), model_name)
     files = [a for a in argv if not a.startswith("--")] or ["data/judge_pairs_support.jsonl"]
     kinds = IN_ROLE_FAILURES if "--all-kinds" not in argv else None
-    model_name = next((a.split("=", 1)[1] for a in argv if a.startswith("--model=")), models.EMBEDDED)
     model, tok = models.load_model(model_name, frozen=True)
     sets = {name: data.load_personas("personas.json", name) for name in data.available_sets("personas.json")}
     idents = {name: PersonaIdentifier(model, tok, ps, model_name) for name, ps in sets.items()}
@@ -227,4 +308,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from data import UserError
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

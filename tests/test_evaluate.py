@@ -499,6 +499,32 @@ def test_persona_id_logprobs_match_a_plain_forward_pass():
             assert lp_first[i][k] == pytest.approx(sum(token_lps[:persona_id.EQUAL_TOKENS]), abs=1e-3)
 
 
+def test_real_supporter_turns_become_items_and_a_table_per_persona():
+    # persona_id --esconv: the SFT baseline's mapping, read as "who would have said this".
+    ctx = data.Context("e-1", "support", "Lost my job.", "I lost my job today.", turns=[
+        {"speaker": "supporter", "text": "Hello!", "strategy": "Question"},
+        {"speaker": "user", "text": "I lost my job today."},
+        {"speaker": "supporter", "text": "What happened?", "strategy": "Question"},
+        {"speaker": "user", "text": "They cut my team."},
+        {"speaker": "supporter", "text": "I went through that too.", "strategy": "Self-disclosure"},
+        {"speaker": "supporter", "text": "Maybe call three contacts.", "strategy": "Providing Suggestions"}])
+    items = persona_id.reference_items([ctx], sft.SFT_STRATEGIES)
+    # The opening "Hello!" answers nothing and Self-disclosure fits no persona: two items.
+    assert [(it.speaker, it.reply) for it in items] == [("Catalyst", "What happened?"),
+                                                       ("Guide", "Maybe call three contacts.")]
+    assert items[1].history == [("Catalyst", "Hello!"), ("User", "I lost my job today."),
+                                ("Catalyst", "What happened?"), ("User", "They cut my team."),
+                                ("Companion", "I went through that too.")]
+    results = [{"correct": 1.0, "log_ratio": 0.2, "correct_equal": None, "tokens": 4},
+               {"correct": 0.0, "log_ratio": -0.1, "correct_equal": 1.0, "tokens": 40}]
+    rows = persona_id.identification_table(items, results, ["Anchor", "Catalyst", "Beacon", "Guide"])
+    assert [r["persona"] for r in rows] == ["Catalyst", "Guide", "all"]      # Anchor has no turn
+    total = rows[-1]
+    assert (total["n"], total["accuracy"], total["tokens"], total["n_equal"], total["accuracy_equal"]) == (2, 0.5, 22, 1, 1.0)
+    assert total["log_ratio"] == pytest.approx(0.05)
+    assert rows[0]["accuracy_equal"] is None and rows[0]["n_equal"] == 0
+
+
 def test_persona_id_validation_counts_pairs():
     pair = {"persona": "Anchor", "context": "I failed.", "history": [], "better": "b", "worse": "w",
             "failure": "wrong-role"}
