@@ -64,7 +64,7 @@ import grpo
 import models
 import sampler
 from data import Persona, PersonaSet
-from metrics import binomial_two_sided_p
+from metrics import binomial_two_sided_p, mean_or_none
 
 HISTORY_TURNS = 2     # conversation turns shown with the card (the reply's immediate context)
 BATCH_ROWS = 16       # (reply, card) rows per forward pass
@@ -204,27 +204,17 @@ def validate(identifier_for_set, pairs: list[dict]) -> dict:
 # Real supporters' words: python persona_id.py --esconv=path/to/esconv/train.jsonl
 # ----------------------------------------------------------------------------------------------
 # The SFT baseline (sft.py) teaches each persona the words real ESConv supporters wrote when their
-# annotated strategy is that persona's job (a question is Catalyst's, a suggestion Guide's). It can
-# at best write like those supporters, so how well THIS evaluator identifies the supporters' own
-# turns under the same mapping bounds what that SFT can gain on it.
+# annotated strategy is that persona's job (a question is Catalyst's, a suggestion Guide's). A
+# model that writes like those supporters scores roughly what the supporters' own turns score
+# here, so this shows roughly what that SFT can gain on this evaluator (not a strict bound).
 
 def reference_items(contexts, mapping: dict[str, str]) -> list[Item]:
     """Every recorded supporter turn whose strategy `mapping` gives to a persona, as an Item spoken
-    by that persona after the dialogue so far (earlier supporter turns under their mapped persona,
-    or "Companion"). A supporter turn before any seeker turn has nothing to answer and is left out,
-    as in sft.supporter_examples."""
-    items = []
-    for ctx in contexts:
-        history: list[tuple[str, str]] = []
-        for turn in ctx.turns:
-            if turn["speaker"] == "user":
-                history.append(("User", turn["text"]))
-                continue
-            name = mapping.get(turn.get("strategy", ""))
-            if name and history:
-                items.append(Item(name, ctx.situation, list(history), turn["text"]))
-            history.append((name or "Companion", turn["text"]))
-    return items
+    by that persona after the dialogue so far (sft.mapped_supporter_turns: earlier supporter turns
+    under their mapped persona, or "Companion"; the walk the SFT baseline's data is built by)."""
+    import sft
+    return [Item(name, ctx.situation, [(t.speaker, t.text) for t in turns], text)
+            for ctx, name, turns, text in sft.mapped_supporter_turns(contexts, mapping)]
 
 
 def identification_table(items: list[Item], results: list[dict], names: list[str]) -> list[dict]:
@@ -236,10 +226,10 @@ def identification_table(items: list[Item], results: list[dict], names: list[str
         if not rs:
             continue
         long = [r["correct_equal"] for r in rs if r["correct_equal"] is not None]
-        rows.append({"persona": name, "n": len(rs), "accuracy": sum(r["correct"] for r in rs) / len(rs),
-                     "log_ratio": sum(r["log_ratio"] for r in rs) / len(rs),
-                     "tokens": sum(r["tokens"] for r in rs) / len(rs),
-                     "n_equal": len(long), "accuracy_equal": sum(long) / len(long) if long else None})
+        rows.append({"persona": name, "n": len(rs), "accuracy": mean_or_none([r["correct"] for r in rs]),
+                     "log_ratio": mean_or_none([r["log_ratio"] for r in rs]),
+                     "tokens": mean_or_none([r["tokens"] for r in rs]),
+                     "n_equal": len(long), "accuracy_equal": mean_or_none(long)})
     return rows
 
 

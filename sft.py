@@ -172,25 +172,36 @@ def supervised_finetune(model, tok, examples: list[tuple[list[dict], str]], step
     return losses
 
 
-def supporter_examples(contexts, personas) -> list[tuple[list[dict], str]]:
-    """(speaker prompt, supporter's words) for every strategy-labelled supporter turn of the
-    contexts' recorded dialogues whose strategy maps to a persona (SFT_STRATEGIES).
+def mapped_supporter_turns(contexts, mapping: dict[str, str]):
+    """Walk the contexts' recorded dialogues and yield (context, persona name, turns before,
+    supporter's words) for every supporter turn whose strategy `mapping` gives to a persona.
 
-    The prompt is exactly what the speaker sees in a conversation (simulate.speaker_messages, the
-    "persona" style): its card, the situation and the dialogue so far, in which earlier supporter
-    turns are labelled with their persona (or "Companion") and seeker turns with "User"."""
-    examples = []
+    The turns before are simulate.Turns: seeker turns spoken by USER, earlier supporter turns by
+    their mapped persona (or "Companion" when their strategy maps to none). A dialogue's first
+    turn has nothing to answer and is never yielded. Used by supporter_examples (the SFT data) and
+    persona_id.reference_items (the independent evaluator on real supporters' turns)."""
     for ctx in contexts:
-        turns = []
+        turns: list[Turn] = []
         for t in ctx.turns:
             if t["speaker"] == "user":
                 turns.append(Turn(USER, t["text"]))
                 continue
-            persona = personas.find(SFT_STRATEGIES.get(t.get("strategy", ""), "")) if t.get("strategy") else None
-            if persona is not None and turns:
-                examples.append((speaker_messages(persona, personas, ctx, turns), t["text"]))
-            turns.append(Turn(persona.name if persona else "Companion", t["text"]))
-    return examples
+            name = mapping.get(t.get("strategy", ""))
+            if name and turns:
+                yield ctx, name, list(turns), t["text"]
+            turns.append(Turn(name or "Companion", t["text"]))
+
+
+def supporter_examples(contexts, personas) -> list[tuple[list[dict], str]]:
+    """(speaker prompt, supporter's words) for every strategy-labelled supporter turn of the
+    contexts' recorded dialogues whose strategy maps to a persona of the set (SFT_STRATEGIES).
+
+    The prompt is exactly what the speaker sees in a conversation (simulate.speaker_messages, the
+    "persona" style): its card, the situation and the dialogue so far, in which earlier supporter
+    turns are labelled with their persona (or "Companion") and seeker turns with "User"."""
+    mapping = {s: name for s, name in SFT_STRATEGIES.items() if personas.find(name) is not None}
+    return [(speaker_messages(personas.find(name), personas, ctx, turns), text)
+            for ctx, name, turns, text in mapped_supporter_turns(contexts, mapping)]
 
 
 @torch.no_grad()
