@@ -223,9 +223,10 @@ class DirectorConfig:
     warmup_agent_weight: float = option(5.0, "loss weight of each token of the warm start's `Agent: <name>` "
                                              "line (the others weigh 1): the choice is ~5 of ~25 target "
                                              "tokens", "positive")
-    eval_prompted: bool = option(True, "evaluate the prompted base model as a director on the held-out "
-                                       "points too (--no-eval-prompted saves the time where it is known "
-                                       "to write no parseable directive, as SmolLM2-135M)")
+    eval_prompted: bool = option(True, "evaluate the initial director (--director-model, else the base "
+                                       "model), prompted, on the held-out points before training "
+                                       "(--no-eval-prompted saves the time where it is known to write no "
+                                       "parseable directive, as SmolLM2-135M)")
     director_warmup_data: str = option("", "ESConv file (the JSON-lines split or the official ESConv.json): "
                                            "its annotated supporter strategies, mapped onto the personas, "
                                            "are the warm start's targets; only the training split of "

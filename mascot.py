@@ -496,7 +496,10 @@ def train_stage2(args) -> dict:
         print(f"held-out mean group reward {when}: {dr.describe_heldout(result)}")
         return result
 
-    before = heldout("prompted", director, "before (prompted director)") if dcfg.eval_prompted and main else None
+    # "prompted": the initial director (--director-model, else --model) before any training; with
+    # --director-warmup 0 and a director trained elsewhere, that is the director GRPO starts from.
+    before = (heldout("prompted", director, f"before training (the initial director {director_name}, prompted)")
+              if dcfg.eval_prompted and main else None)
     heuristic = heldout("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule") if main else None
     # The warm start's targets: ESConv's strategies (training split only) or random agents.
     n_examples = dcfg.director_warmup * 4

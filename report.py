@@ -712,7 +712,7 @@ def conversations_section(run: Path) -> str:
     else:
         summary, summary_missing = load_json(run / "stage2" / "summary.json")
         examples = [(label, part(summary, key).get("example")) for key, label in
-                    (("heldout_before", "before stage 2 (prompted director)"),
+                    (("heldout_before", "before stage 2 (the initial director, prompted)"),
                      ("heldout_after", "after stage 2 (trained director)"))]
         examples = [(label, ex) for label, ex in examples if isinstance(ex, dict) and ex.get("turns")]
         if not examples:
