@@ -653,3 +653,26 @@ def test_agent_probabilities_are_the_first_name_token_under_the_director_prompt(
     twins = PersonaSet(support.name, support.description, [support.personas[0], twin],
                        support.strategies, support.tones)
     assert dr.agent_probabilities(model, tok, twins, points[:1]) is None
+
+
+def test_headroom_separates_a_reproducible_best_agent_from_noise():
+    """extras/director_headroom.headroom on hand-made rewards (two points, agents A and B).
+
+    Reproducible: A is best at point 0 and B at point 1 on both replicates, so the oracle picked
+    on one replicate scores (3 + 3) / 2 = 3.0 on the other, +1.0 over the rule's 2.0 at both
+    points (paired se 0), and the deviations correlate perfectly. Noise: the best agent swaps
+    between replicates, so the cross-validated oracle scores the worse agent (1.0, -1.0 against
+    the rule) while the in-sample oracle still looks good (3.0): the optimism the script warns of."""
+    from extras.director_headroom import headroom
+    same = {"A": [3.0, 1.0], "B": [1.0, 3.0], "rule": [2.0, 2.0]}
+    r = headroom([same, same], ["A", "B"])
+    assert r["oracle_in_sample"] == [3.0, 3.0]
+    assert [c["vs_rule"] for c in r["oracle_cross"]] == [1.0, 1.0]
+    assert [c["se"] for c in r["oracle_cross"]] == [0.0, 0.0]
+    assert r["best_agree"] == 1.0 and r["deviation_corr"] == pytest.approx(1.0)
+    swapped = {"A": [1.0, 3.0], "B": [3.0, 1.0], "rule": [2.0, 2.0]}
+    r = headroom([same, swapped], ["A", "B"])
+    assert r["oracle_in_sample"] == [3.0, 3.0]
+    assert [c["mean"] for c in r["oracle_cross"]] == [1.0, 1.0]
+    assert [c["vs_rule"] for c in r["oracle_cross"]] == [-1.0, -1.0]
+    assert r["best_agree"] == 0.0 and r["deviation_corr"] == pytest.approx(-1.0)
