@@ -21,8 +21,9 @@ What it does
         correlation across replicates of each (point, agent) reward minus its point's mean
         (0 = whom to pick is noise, 1 = it is fully reproducible).
 
-    If the cross-validated oracle is not above the rule, no director can beat the rule on this
-    reward at this size, however it is trained.
+    If the cross-validated oracle is not above the rule, a director that learnt each point's best
+    first agent from this reward would not beat the rule either (the check covers the first agent
+    with its usual action and tone, the rule directing the rest).
 
 Run (after a stage-2 run, with that run's flags; ~2 x 5 x the time of one held-out evaluation):
     python extras/director_headroom.py --run runs/esc20 --data path/to/esconv/train.jsonl \\
@@ -32,7 +33,6 @@ The held-out points are read from RUN/stage2/decision_points.jsonl (built again 
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -42,6 +42,7 @@ import data                                                                 # no
 import director as dr                                                       # noqa: E402
 import mascot                                                               # noqa: E402
 import models                                                               # noqa: E402
+from judge_eval import within_state_correlation                             # noqa: E402
 from metrics import paired_change                                           # noqa: E402
 from sft import ESCONV_STRATEGIES                                           # noqa: E402
 from simulate import Cast, Conversation, Directive, LeastSpoken             # noqa: E402
@@ -63,8 +64,12 @@ def held_out_points(args, inputs, cast) -> list[Conversation]:
     path = Path(args.run) / "stage2" / "decision_points.jsonl"
     by_id = {c.id: c for c in inputs.held_out}
     if path.exists():
-        return [Conversation.from_json(row, by_id[row["context_id"]]) for row in data.read_jsonl(path)
-                if row["split"] == "heldout"]
+        rows = [row for row in data.read_jsonl(path) if row["split"] == "heldout"]
+        unknown = sorted({row["context_id"] for row in rows} - set(by_id))
+        if unknown:
+            raise data.UserError(f"{path}: held-out context {unknown[0]} is not among the held-out contexts "
+                                 f"of --data {args.data} (pass the run's own --data, --held-out and --seed)")
+        return [Conversation.from_json(row, by_id[row["context_id"]]) for row in rows]
     return dr.build_decision_points(inputs.held_out, args.heldout_points, cast, inputs.profiles,
                                     sorted(inputs.profiles), args.user_every, args.seed + 1)
 
@@ -77,16 +82,6 @@ def with_seed_offset(points: list[Conversation], offset: int) -> list[Conversati
         q.seed = p.seed + offset
         out.append(q)
     return out
-
-
-def correlation(xs: list[float], ys: list[float]) -> float:
-    """Pearson correlation (0 when either side is constant)."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sx = math.sqrt(sum((x - mx) ** 2 for x in xs))
-    sy = math.sqrt(sum((y - my) ** 2 for y in ys))
-    return sxy / (sx * sy) if sx > 0 and sy > 0 else 0.0
 
 
 def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:
@@ -104,8 +99,10 @@ def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:
         cross.append({"mean": sum(picked) / n, "vs_rule": mean, "se": se})
     out["oracle_cross"] = cross
     out["best_agree"] = sum(x == y for x, y in zip(*best)) / n
-    dev = [[r[g][i] - sum(r[h][i] for h in names) / len(names) for i in range(n) for g in names] for r in (a, b)]
-    out["deviation_corr"] = correlation(*dev)
+    # Each point's agents are one "state" of within_state_correlation: their rewards minus the
+    # point's mean, correlated across the replicates (0 when nothing varies within a point).
+    flat = [[r[g][i] for i in range(n) for g in names] for r in (a, b)]
+    out["deviation_corr"] = within_state_correlation(*flat, len(names)) or 0.0
     return out
 
 
