@@ -15,9 +15,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def mascot(*args, timeout=900):
+    """`python mascot.py ARGS` in a fresh process, as a user runs it (each call pays ~8 s of imports)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, str(ROOT / "mascot.py"), *args], capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def mascot_here(capsys, monkeypatch, *args) -> tuple[int, str]:
+    """The same through mascot.main in this process: (exit status, stderr). What the process would
+    exit with is main's return value or argparse's SystemExit; an uncaught exception fails the test
+    with its traceback, as it would show one to the user. For the error paths, which stop before
+    any work, so the subprocess's import time is not paid a dozen times."""
+    import mascot as cli
+    monkeypatch.chdir(ROOT)                              # relative paths resolve as in mascot()
+    capsys.readouterr()
+    try:
+        code = cli.main(list(args))
+    except SystemExit as stop:                           # argparse's own errors exit with 2
+        code = stop.code
+    return code, capsys.readouterr().err
 
 
 def test_help_lists_the_subcommands():
@@ -25,6 +41,15 @@ def test_help_lists_the_subcommands():
     assert out.returncode == 0
     for command in ("train", "judge-eval", "simulate"):
         assert command in out.stdout
+
+
+def test_bad_input_from_the_shell_is_one_line_without_traceback():
+    """One error path through a real process: exit status 2, one line, no traceback."""
+    out = mascot("train", "--stage", "1", "--model", "tiny", "--personas", "no/such/file.json")
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    errors = [l for l in out.stderr.splitlines() if l.startswith("error") or "error:" in l]
+    assert len(errors) == 1 and "no/such/file.json" in errors[0], out.stderr
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -41,33 +66,35 @@ def test_help_lists_the_subcommands():
     (["train", "--stage", "1", "--temperature", "-1"], "--temperature"),
     (["train", "--stage", "1", "--model", "tiny", "--held-out", "0"], "--held-out"),   # nothing held out
 ])
-def test_bad_input_is_one_line_without_traceback(args, needle):
-    out = mascot(*args)
-    assert out.returncode == 2, out.stderr
-    assert "Traceback" not in out.stderr
-    lines = [l for l in out.stderr.splitlines() if l.strip()]
-    assert any(needle in l for l in lines), out.stderr
+def test_bad_input_is_one_line_without_traceback(args, needle, capsys, monkeypatch):
+    code, err = mascot_here(capsys, monkeypatch, *args)
+    assert code == 2, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert any(needle in l for l in lines), err
     assert len([l for l in lines if l.startswith("error") or "error:" in l]) == 1
 
 
-def test_evaluate_refuses_a_split_that_differs_from_training(tmp_path):
+def test_evaluate_refuses_a_split_that_differs_from_training(tmp_path, capsys, monkeypatch):
     (tmp_path / "stage1").mkdir()
     (tmp_path / "stage1" / "config.json").write_text(json.dumps(
         {"data": "bundled", "set": "support", "seed": 0, "held_out": 0.25}))
-    out = mascot("evaluate", "--model", "tiny", "--run", str(tmp_path), "--seed", "1")
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "--seed 1" in out.stderr and "--seed 0" in out.stderr
+    code, err = mascot_here(capsys, monkeypatch, "evaluate", "--model", "tiny", "--run", str(tmp_path),
+                            "--seed", "1")
+    assert code == 2
+    assert "--seed 1" in err and "--seed 0" in err
     assert not (tmp_path / "eval" / "config.json").exists()
 
 
-def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
-    out = mascot("train", "--stage", "2", "--model", "tiny", "--run", str(tmp_path), "--resume",
-                 "--decision-points", "2", "--heldout-points", "1", "--steps", "1", "--max-new-tokens", "4",
-                 "--rollout-turns", "1", "--prompts-per-step", "1", "--group-size", "2")
-    assert out.returncode == 2 and "--resume" in out.stderr and "Traceback" not in out.stderr
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    code, err = mascot_here(capsys, monkeypatch, "train", "--stage", "2", "--model", "tiny", "--run",
+                            str(tmp_path), "--resume", "--decision-points", "2", "--heldout-points", "1",
+                            "--steps", "1", "--max-new-tokens", "4", "--rollout-turns", "1",
+                            "--prompts-per-step", "1", "--group-size", "2")
+    assert code == 2 and "--resume" in err
     # Stage 1 says so at once too, before any candidate or reward model (nothing is written).
-    one = mascot("train", "--stage", "1", "--model", "tiny", "--run", str(tmp_path / "one"), "--resume")
-    assert one.returncode == 2 and "no GRPO checkpoint" in one.stderr and "Traceback" not in one.stderr
+    code, err = mascot_here(capsys, monkeypatch, "train", "--stage", "1", "--model", "tiny", "--run",
+                            str(tmp_path / "one"), "--resume")
+    assert code == 2 and "no GRPO checkpoint" in err
     assert not (tmp_path / "one" / "stage1" / "candidates.jsonl").exists()
 
 
