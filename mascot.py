@@ -40,6 +40,7 @@ import argparse
 import dataclasses
 import os
 import random
+import shutil
 import sys
 import textwrap
 import time
@@ -708,12 +709,25 @@ def demo(args) -> dict:
         print(f"\n=== demo: stage {stage} ({so_far()}) ===")
         sub = build_parser().parse_args(["train", "--stage", str(stage), *common, *budget, *resume])
         (train_stage1 if stage == 1 else train_stage2)(sub)
+        drop_resume_checkpoints(folder)
     print(f"\n=== demo: evaluation ({so_far()}) ===")
     results = evaluate_cmd(build_parser().parse_args(["evaluate", *common, *DEMO_EVAL]))
     path = report.build_report(run)
     print_side_by_side(run / "eval" / "transcripts.jsonl")
     print(f"\ndemo finished ({so_far()}); results in {run}/eval/results.md, report: {path}")
     return results
+
+
+def drop_resume_checkpoints(folder: Path) -> None:
+    """Remove a finished stage's GRPO checkpoints (the demo only). They exist to resume an
+    interrupted stage; once summary.json and the final model are written nothing reads them, and
+    with AdamW's two moments each holds 3x the model (~1.6 GB for SmolLM2-135M, two kept per
+    stage). `train` keeps them, so a finished run can still be inspected step by step."""
+    checkpoints = folder / "checkpoints"
+    if (folder / "summary.json").exists() and checkpoints.is_dir():
+        size = sum(f.stat().st_size for f in checkpoints.rglob("*") if f.is_file())
+        shutil.rmtree(checkpoints)
+        print(f"demo: {folder.name} finished; its resume checkpoints removed ({size / 1e9:.1f} GB)")
 
 
 def print_side_by_side(transcripts: Path, width: int = 60) -> None:

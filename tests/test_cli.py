@@ -195,3 +195,17 @@ def test_demo_prints_one_conversation_before_and_after_side_by_side(tmp_path, ca
     assert "after: mascot" in out
     line = next(l for l in out.splitlines() if "Anchor answers" in l)
     assert "Beacon answers" in line                  # same row: the two columns line up
+
+
+def test_demo_drops_a_finished_stages_resume_checkpoints_only(tmp_path, capsys):
+    import mascot as cli
+    for name, finished in (("stage1", True), ("stage2", False)):
+        ckpt = tmp_path / name / "checkpoints" / "ckpt-000002"
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.safetensors").write_bytes(b"x" * 1000)
+        if finished:
+            (tmp_path / name / "summary.json").write_text("{}")
+        cli.drop_resume_checkpoints(tmp_path / name)
+    assert not (tmp_path / "stage1" / "checkpoints").exists()      # finished: nothing resumes from it
+    assert (tmp_path / "stage2" / "checkpoints" / "ckpt-000002").is_dir()   # interrupted: kept
+    assert "stage1 finished; its resume checkpoints removed" in capsys.readouterr().out
