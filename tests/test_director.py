@@ -601,8 +601,8 @@ def test_format_warm_start_teaches_a_tiny_director_the_three_lines(support, cont
     before = sum(d.valid for d in director.choose(points))
     examples = sft.format_examples(support, points, 800, seed=0)
     # lr 5e-3 settles by step ~80 at a loss of ~0.43 (the uniform agent/action/tone choices are
-    # what is left). At 1e-2 the loss stayed on a noisy plateau near 0.8 and whether the greedy
-    # directives parsed depended on the CPU's summation order (2/4 on one machine, 4/4 on another).
+    # what is left). At 1e-2 the loss stays on a noisy plateau near 0.8, where whether the greedy
+    # directives parse depends on the CPU's float summation order, so the test would not be stable.
     losses = sft.supervised_finetune(model, tok, examples, steps=100, batch_size=8, lr=5e-3, log=lambda s: None)
     after = sum(d.valid for d in director.choose(points))
     print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f}; parseable {before}/4 -> {after}/4")
