@@ -36,6 +36,11 @@ def mascot_here(capsys, monkeypatch, *args) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def error_lines(stderr: str) -> list[str]:
+    """The lines of stderr that report an error (ours start "error: ", argparse's "prog: error: ")."""
+    return [l for l in stderr.splitlines() if l.startswith("error") or "error:" in l]
+
+
 def test_help_lists_the_subcommands():
     out = mascot("--help")
     assert out.returncode == 0
@@ -48,7 +53,7 @@ def test_bad_input_from_the_shell_is_one_line_without_traceback():
     out = mascot("train", "--stage", "1", "--model", "tiny", "--personas", "no/such/file.json")
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
-    errors = [l for l in out.stderr.splitlines() if l.startswith("error") or "error:" in l]
+    errors = error_lines(out.stderr)
     assert len(errors) == 1 and "no/such/file.json" in errors[0], out.stderr
 
 
@@ -71,7 +76,7 @@ def test_bad_input_is_one_line_without_traceback(args, needle, capsys, monkeypat
     assert code == 2, err
     lines = [l for l in err.splitlines() if l.strip()]
     assert any(needle in l for l in lines), err
-    assert len([l for l in lines if l.startswith("error") or "error:" in l]) == 1
+    assert len(error_lines(err)) == 1
 
 
 def test_evaluate_refuses_a_split_that_differs_from_training(tmp_path, capsys, monkeypatch):
