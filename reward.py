@@ -1,49 +1,28 @@
-"""reward.py: the reward side of stage 1 (the paper's Phase I): what the speakers are trained to want.
+"""reward.py: stage 1's reward (the paper's Phase I, persona-aware behavioural alignment, RLAIF).
 
-Where it sits in MASCOT (arXiv 2601.14230, Phase I "persona-aware behavioural alignment", RLAIF):
-  1. candidates: for each (context, persona) the base speaker policy samples several candidate
-     replies (sampler.generate with different seeds);
-  2. preference pairs: an AI judge (judge.py) scores every candidate for persona adherence and
-     contextual appropriateness; two candidates of the same (context, persona) whose judge scores
-     differ clearly become one pair (chosen = the better one, rejected = the worse one);
-  3. reward model: a transformer with a scalar head, trained on those pairs with the
-     Bradley-Terry loss, so that r(persona, conversation, reply) is high where the judge
-     preferred the reply (`RewardModel`, `train_reward_model`);
-  4. format reward: cheap rules that catch what a small speaker gets wrong most often: too short
-     or rambling, "Anchor:" label prefixes, writing other people's lines, stopping mid-sentence
-     (`format_reward`);
-  5. GRPO (grpo.py) fine-tunes each speaker on the composite reward: reward-model score + format
-     reward, with the speaker's persona in its system prompt.
-The reward model and the format reward are plain functions of (context, reply) returning a number,
-so the training loop and the evaluation call the same code; `judge.make_judge("rm:<folder>")`
-also loads a saved reward model as a judge.
+What the speakers are trained to want, built in four steps (arXiv 2601.14230, Phase I):
+  1. states and candidates: for each (context, persona, conversation so far) the base speaker
+     samples K candidate replies;
+  2. preference pairs: an AI judge (judge.py) scores every candidate for persona adherence and fit;
+     two candidates whose scores differ clearly, confirmed by a pairwise comparison, become a pair
+     (chosen, rejected); synthetic reward hacks (copying, reciting, leaking...) join as rejected;
+  3. the reward model: a transformer with a scalar head trained on the pairs with the
+     Bradley-Terry loss, so that r(persona, conversation, reply) is high where the judge preferred;
+  4. the composite reward GRPO maximises (grpo.py): reward-model score + a format reward.
+Why a reward model, when the judge could score GRPO's samples directly? GRPO scores G samples per
+prompt every step, thousands of judgements a run; the reward model is one forward pass, and it
+learns from comparisons, which judges make more reliably than absolute scores (InstructGPT, 3.5).
 
-Why train a reward model at all, when the judge could score GRPO's samples directly? GRPO scores
-G samples per prompt at every step, thousands of judgements per run; the reward model is one
-forward pass of a small model, and it learns from comparisons, which judges make more reliably
-than absolute scores (the reasoning of InstructGPT, Ouyang et al. 2022, section 3.5).
+Our decisions where the paper is silent: a causal LM's body (the embedded SmolLM2-135M by default)
+with a linear head read at the last real token, fully fine-tuned, one model for all personas of a
+set (the persona is in the system message); `rm_messages` lays out every input, for training pairs
+and GRPO's samples alike; AdamW for one epoch (reward models over-fit fast, as InstructGPT found);
+the held-out split is by state; the format reward is our own four rules; no reward normalisation
+(GRPO compares the G replies to one prompt, so an offset cancels).
 
-Our decisions where the paper is silent:
-  - Architecture: a causal LM's transformer body (the embedded SmolLM2-135M by default; any HF
-    causal LM folder works, and "tiny" for tests) with a linear head H -> 1 read at the last real
-    token. One reward model serves all personas of a set: the persona is in the system message,
-    so the score is conditional on it. The body is fully fine-tuned (the paper appears to use LoRA).
-  - Input layout: `rm_messages` renders (persona, conversation, reply) as one chat; the same
-    function builds training pairs and scores GRPO samples, so the two can never drift apart.
-  - Training: AdamW, Bradley-Terry loss, a seeded held-out split whose accuracy (the fraction of
-    pairs with r_chosen > r_rejected) is the number to watch: 0.5 is chance.
-  - Format reward: our own four rules, each 0 or 1, averaged (see `format_reward`).
-  - No reward normalisation after training: GRPO compares the G replies to the same prompt with
-    each other (group advantages), so any constant offset of the reward cancels out.
-
-The chapter ends with `build_reward_fn`, which runs steps 1-4 for a run folder (each step's output
-is a file there, reused when present, so an interrupted stage 1 never samples or judges twice)
-and returns the reward function that mascot.py hands to grpo.train_grpo.
-
-How to run (the whole of stage 1: candidates, judge, pairs, reward model, then GRPO):
-    python mascot.py train --stage 1                 # embedded SmolLM2-135M, offline judge
-    python mascot.py train --stage 1 --model tiny    # seconds on a CPU: a smoke test of the plumbing
-    python mascot.py train --help                    # every flag, with its default
+`build_reward_fn` runs steps 1-4 for a run folder (each step's output a file there, reused when
+present, so an interrupted stage 1 never samples or judges twice):
+    python mascot.py train --stage 1 [--model tiny]    # the whole of stage 1, then GRPO
 """
 
 from __future__ import annotations
@@ -62,20 +41,12 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
-import grpo
-import hacks
 import models
-import sampler
-from data import (HERE, Context, PersonaSet, UserError, append_jsonl, atomic_folder, derive_seed, option, read_json,
-                  read_jsonl, write_jsonl)
-from metrics import standard_error
-from simulate import (USER, Cast, JudgeState, RoundRobin, Turn, diagnose_reply, judge_state, run_conversations,
-                      speaker_messages)
-
-# The marker that tells a reward-model folder from any other folder (a speaker checkpoint, a typo).
-CONFIG_FILE = "reward_config.json"
-HEAD_FILE = "reward_head.safetensors"
-FORMAT_TAG = "mascot-reward-model"
+from data import (Context, PersonaSet, UserError, append_jsonl, atomic_folder, derive_seed, option, read_jsonl,
+                  write_jsonl)
+from metrics import cluster_means, content_words, standard_error, words
+from simulate import USER, Cast, JudgeState, RoundRobin, Turn, diagnose_reply, judge_state, run_conversations, \
+    speaker_messages
 
 
 @dataclass
@@ -86,482 +57,226 @@ class RLAIFConfig:
     candidates: int = option(4, "K candidate replies per state", "at-least-2")
     margin: float = option(0.05, "minimum judge-score gap (0-1 scale) for a preference pair", "non-negative")
     pairs_per_state: int = option(2, "at most this many pairs per state (widest gaps first)", "positive")
-    # One epoch, as InstructGPT: on 204 ESConv pairs a second epoch took the held-out loss from
-    # 0.33 to 1.01 and the held-out accuracy from 0.85 to 0.73 (docs/RESULTS.md).
     rm_epochs: int = option(1, "reward-model epochs", "positive")
     rm_lr: float = option(2e-5, "reward-model learning rate", "positive")
-    rm_held_out: float = option(0.2, "share of pairs held out to measure the reward model", "fraction")
-    format_weight: float = option(1.0, "weight of the format reward next to the reward-model score",
-                                  "non-negative")
-    hack_pairs: int = option(2, "synthetic reward hacks per judged state added to the reward model's "
-                                "pairs as rejected replies (hacks.py); 0: none", "non-negative")
+    rm_held_out: float = option(0.2, "share of states whose pairs are held out to measure the reward model", "fraction")
+    format_weight: float = option(1.0, "weight of the format reward next to the reward-model score", "non-negative")
+    hack_pairs: int = option(2, "synthetic reward hacks per judged state added as rejected replies; 0: none",
+                             "non-negative")
 
-
-# ---------------------------------------------------------------------------------------------
-# Core math: the Bradley-Terry loss
-# ---------------------------------------------------------------------------------------------
 
 def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood of the preferences under the Bradley-Terry model.
+    """-mean log sigmoid(r_c - r_r): the preferences' negative log-likelihood under Bradley & Terry
+    (1952), P(chosen beats rejected) = sigmoid(r_c - r_r), the reward-model loss of InstructGPT
+    (eq. 1). Only the difference matters. logsigmoid(-100) is -100 exactly, where log(sigmoid)
+    would underflow to log(0) = -inf. Equal scores give log 2 = 0.6931; r_c - r_r = 2 gives 0.1269.
 
-    Bradley & Terry (1952) model a comparison as P(chosen beats rejected) = sigmoid(r_c - r_r):
-    only the DIFFERENCE of the two scores matters. Maximising that likelihood over the pairs is
-    the reward-model loss of InstructGPT (Ouyang et al. 2022, eq. 1):
-        loss = -mean log sigmoid(r_c - r_r)
-    F.logsigmoid computes log sigmoid(x) = -log(1 + exp(-x)) without forming sigmoid(x) first:
-    for x = -100, sigmoid(x) underflows to 0 in float32 and log(0) = -inf, while logsigmoid
-    returns -100 exactly.
+    r_chosen, r_rejected: (N,) scores of the pairs' two replies -> scalar loss."""
+    return -F.logsigmoid(r_chosen - r_rejected).mean()                 # (N,) margins -> ()
 
-    Example: equal scores give sigmoid(0) = 1/2, so the loss is log 2 = 0.6931 whatever the scores
-    are (a reward model that cannot tell the replies apart). r_c - r_r = 2 gives
-    -log sigmoid(2) = log(1 + e^-2) = 0.1269.
-
-    Args:
-        r_chosen: (N,) scores of the preferred replies.
-        r_rejected: (N,) scores of the other reply of each pair.
-    Returns:
-        scalar tensor: the loss averaged over the N pairs.
-    """
-    margin = r_chosen - r_rejected                                 # (N,) > 0 = ranked correctly
-    return -F.logsigmoid(margin).mean()                            # scalar
-
-
-# ---------------------------------------------------------------------------------------------
-# What the reward model reads
-# ---------------------------------------------------------------------------------------------
 
 def rm_messages(state: JudgeState, reply: str) -> list[dict]:
-    """The chat the reward model scores: the persona, the conversation so far, and the reply.
-
-    system:    "You are Anchor. <role>: <what Anchor does and never does>"
-    user:      one "Speaker: text" line per earlier turn, then "User: <latest user message>"
-    assistant: the reply being judged
-    The whole conversation goes into ONE user message, because the other agents' turns are not
-    the reply-writer's own (they are not "assistant" turns) and the labels keep who-said-what.
-    Training pairs, GRPO samples and the rm: judge all come through here: one source of truth
-    for the layout, and the same JudgeState the AI judge saw (simulate.judge_state).
-    """
-    lines = [f"{turn['speaker']}: {turn['text']}" for turn in state.history]
-    lines.append(f"User: {state.context}")
+    """What the reward model scores: the persona (system), the conversation as one user message of
+    "Speaker: text" lines (the other agents' turns are not the reply-writer's own), the reply
+    (assistant). Training pairs, GRPO's samples and the rm: judge all come through here."""
+    lines = [f"{t['speaker']}: {t['text']}" for t in state.history] + [f"User: {state.context}"]
     return [{"role": "system", "content": f"You are {state.persona_name}. {state.persona_desc}".strip()},
-            {"role": "user", "content": "\n".join(lines)},
-            {"role": "assistant", "content": reply}]
+            {"role": "user", "content": "\n".join(lines)}, {"role": "assistant", "content": reply}]
 
-
-# ---------------------------------------------------------------------------------------------
-# The reward model
-# ---------------------------------------------------------------------------------------------
 
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Column of the last real (mask = 1) token of each row, for left OR right padding.
-
-    arange(T) * mask is 0 on padding and the column number on real tokens, so its argmax is the
-    last real column: T - 1 for every left-padded row, the row's length - 1 when right-padded.
-    We cannot find padding from the token ids instead: SmolLM2's pad token is <|im_end|>, the
-    same token that closes every chat turn.
-
-    Args:
-        attention_mask: (B, T) 1 for real tokens, 0 for padding.
-    Returns:
-        (B,) long column indices.
-    """
-    T = attention_mask.shape[1]
-    columns = torch.arange(T, device=attention_mask.device)        # (T,)
-    return (columns * attention_mask.long()).argmax(dim=1)         # (B,)
+    """(B,) column of each row's last real token, for left or right padding: arange(T) * mask is 0
+    on padding, so its argmax is the last real column. (Padding cannot be found from the ids:
+    SmolLM2's pad token is <|im_end|>, which also closes every chat turn.)"""
+    return (torch.arange(attention_mask.shape[1], device=attention_mask.device) * attention_mask.long()).argmax(1)
 
 
-def common_prefix(rows: list[list[int]]) -> int:
-    """Length of the longest prefix that every token list shares."""
-    n = min(len(r) for r in rows)
-    for i in range(n):
-        if any(r[i] != rows[0][i] for r in rows[1:]):
-            return i
-    return n
+CONFIG_FILE, HEAD_FILE, FORMAT_TAG = "reward_config.json", "reward_head.safetensors", "mascot-reward-model"
 
 
 class RewardModel(torch.nn.Module):
-    """A transformer body plus a linear head: r(chat) = w . h_last, one number per chat.
-
-    h_last is the final hidden state at the last real token. In a causal transformer that is the
-    only position that has attended to the whole input (persona, conversation AND reply), which is
-    why reward models read it there (InstructGPT; TRL's RewardTrainer does the same).
-    """
+    """A transformer body and a linear head: r(chat) = w . h_last. h_last, the final hidden state at
+    the last real token, is the only position that has attended to the whole input (persona,
+    conversation AND reply): where InstructGPT and TRL's RewardTrainer read it too."""
 
     def __init__(self, backbone: torch.nn.Module, base_model: str = "", max_length: int = 512):
-        """
-        Args:
-            backbone: a transformer body WITHOUT its LM head (e.g. `LlamaModel`): called with
-                (input_ids, attention_mask, position_ids) it returns last_hidden_state (B, T, H).
-            base_model: the name it came from ("smollm2-135m", "tiny", a folder), for the record.
-            max_length: longest input in tokens; longer chats lose their OLDEST tokens (`encode`).
-        """
         super().__init__()
-        self.backbone = backbone
-        self.base_model = base_model
-        self.max_length = max_length
+        self.backbone, self.base_model, self.max_length = backbone, base_model, max_length
         hidden = backbone.config.hidden_size
-        # No bias: the Bradley-Terry loss only sees r_c - r_r, in which a bias cancels, so a bias
-        # would never receive a gradient. Small init as in Ziegler et al. 2019 (lm-human-preferences:
-        # std 1 / sqrt(H + 1)), so the untrained scores start near zero but not all equal.
-        self.head = torch.nn.Linear(hidden, 1, bias=False)
+        # No bias: the loss only sees r_c - r_r, where a bias cancels. std 1/sqrt(H + 1) as Ziegler
+        # et al. 2019: untrained scores start near zero but not all equal.
+        self.head = torch.nn.Linear(hidden, 1, bias=False, device=next(backbone.parameters()).device)
         torch.nn.init.normal_(self.head.weight, std=1.0 / math.sqrt(hidden + 1))
-        self.head.to(device=next(backbone.parameters()).device)
 
     @classmethod
-    def from_base(cls, name: str = models.EMBEDDED, device: str = "cpu", max_length: int = 512):
-        """A fresh reward model on the body of a causal LM: (rm, tokenizer).
-
-        `get_decoder()` is the LM without its LM head (`.model` for Llama/SmolLM2/Qwen): the head
-        that predicts the next token is replaced by our scalar head.
-        """
-        lm, tokenizer = models.load_model(name, device=device)
-        return cls(lm.get_decoder(), base_model=name, max_length=max_length), tokenizer
+    def from_base(cls, name: str = models.EMBEDDED, device: str = "cpu"):
+        """A fresh reward model on the body of a causal LM (its LM head replaced by ours)."""
+        lm, tok = models.load_model(name, device=device)
+        return cls(lm.get_decoder(), base_model=name), tok
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Scores of a padded batch.
-
-        Args:
-            input_ids: (B, T) token ids, padded on either side.
-            attention_mask: (B, T) 1 for real tokens, 0 for padding.
-        Returns:
-            (B,) float32 scores, with gradient.
-        """
+        """(B, T) ids and mask, padded on either side -> (B,) float32 scores, with gradient."""
         device = self.head.weight.device
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        # Positions count real tokens only, so a left-padded row gets the same positions (and the
-        # same score) as the row alone; grpo.completion_logprobs explains why this matters.
-        position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)       # (B, T)
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids, use_cache=False).last_hidden_state  # (B, T, H)
-        rows = torch.arange(hidden.shape[0], device=device)                          # (B,)
-        h_last = hidden[rows, last_token_index(attention_mask)]                      # (B, H)
-        return self.head(h_last.to(self.head.weight.dtype)).squeeze(-1).float()      # (B,)
+        ids, mask = input_ids.to(device), attention_mask.to(device)
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0)                  # (B, T) a padded row = the row alone
+        hidden = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions,
+                               use_cache=False).last_hidden_state               # (B, T, H)
+        h_last = hidden[torch.arange(len(ids), device=device), last_token_index(mask)]   # (B, H)
+        return self.head(h_last.to(self.head.weight.dtype)).squeeze(-1).float()         # (B,)
 
-    def encode(self, tokenizer, messages_list: list[list[dict]], max_length: int | None = None):
-        """Render chats with the tokenizer's chat template and tokenise them into a padded batch.
-
-        Truncation is from the LEFT: a chat longer than max_length tokens loses its first tokens.
-        The reply and the message it answers sit at the end and are what the score is about;
-        the oldest history matters least. The price: a very long chat also loses the system
-        prompt with the persona, so keep max_length above your longest persona + recent turns
-        (persona ~80 tokens, a turn ~40: 512 leaves room for ~10 turns).
-
-        Args:
-            messages_list: chats from `rm_messages`.
-            max_length: token limit per chat (default: the model's own `max_length`).
-        Returns:
-            input_ids, attention_mask: (B, T) long tensors, left-padded (sampler.left_pad).
-        """
-        return sampler.left_pad(self.token_rows(tokenizer, messages_list, max_length), tokenizer.pad_token_id)
-
-    def token_rows(self, tokenizer, messages_list: list[list[dict]], max_length: int | None = None) -> list[list[int]]:
-        """The chats as token lists, unpadded, each truncated from the left as `encode` explains."""
-        limit = max_length or self.max_length
-        rows = []
-        for messages in messages_list:
-            text = tokenizer.apply_chat_template(messages, tokenize=False)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            rows.append(ids[-limit:])                              # keep the LAST `limit` tokens
-        return rows
-
-    def score_shared(self, rows: list[list[int]]) -> torch.Tensor:
-        """Scores (B,) of chats that begin alike, with gradient; their common first tokens run once.
-
-        A preference pair is two replies to one conversation: ~220 shared tokens of persona and
-        history, then ~50 of reply each. The body runs the shared part once and then only the
-        rows' own tokens against its keys and values (grpo.shared_prefix_forward, as for GRPO's
-        shared prompts): the same scores and gradients as `forward` up to float summation order
-        (tests/test_reward.py), for ~1.7x fewer tokens per pair.
-        rows: B >= 1 token lists (token_rows); the shared part is their longest common prefix,
-        short of every row's last token (a row needs one token of its own).
-        """
-        device = self.head.weight.device
-        P = min(common_prefix(rows), min(len(r) for r in rows) - 1)
-        if P < 1:                                                  # nothing shared: the plain path
-            ids, mask = sampler.left_pad(rows, 0)
-            return self(ids, mask)
-        B, width = len(rows), max(len(r) for r in rows) - P
-        own = torch.zeros((B, width), dtype=torch.long, device=device)               # (B, S), right-padded
-        own_mask = torch.zeros((B, width), dtype=torch.long, device=device)
-        for b, r in enumerate(rows):
-            own[b, :len(r) - P] = torch.tensor(r[P:], device=device)
-            own_mask[b, :len(r) - P] = 1
-        # Padding sits after each row's last real token, which (causal attention) never sees it.
-        _, hidden = grpo.shared_prefix_forward(
-            self.backbone, torch.tensor([rows[0][:P]], device=device), torch.ones((1, P), dtype=torch.long, device=device),
-            torch.arange(P, device=device)[None], torch.zeros(B, dtype=torch.long, device=device),
-            own, own_mask, (P + torch.arange(width, device=device)).expand(B, width))          # (B, S, H)
-        h_last = hidden[torch.arange(B, device=device), own_mask.sum(1) - 1]           # (B, H)
-        return self.head(h_last.to(self.head.weight.dtype)).squeeze(-1).float()      # (B,)
+    def encode(self, tok, chats: list[list[dict]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chats -> left-padded (ids, mask). A chat longer than max_length loses its FIRST tokens: the
+        reply and what it answers sit at the end (512 leaves a persona and ~10 turns)."""
+        rows = [tok(tok.apply_chat_template(m, tokenize=False), add_special_tokens=False)["input_ids"][-self.max_length:]
+                for m in chats]
+        return models.left_pad(rows, tok.pad_token_id)
 
     @torch.no_grad()
-    def score_texts(self, tokenizer, messages_list: list[list[dict]], batch_size: int = 16) -> list[float]:
-        """Scores of many chats, without gradient (for GRPO and evaluation).
-
-        Chats that differ only in the reply (GRPO's G samples of one state, best-of-N's
-        candidates) are scored together, up to batch_size at a time, with their conversation run
-        once (score_shared); the others batch_size at a time through `forward`.
-        """
+    def score_texts(self, tok, chats: list[list[dict]], batch_size: int = 16) -> list[float]:
         was_training = self.training
         self.eval()
-        scores = [0.0] * len(messages_list)
-        groups: dict[str, list[int]] = {}                          # the chat without its reply -> rows
-        for i, messages in enumerate(messages_list):
-            groups.setdefault(repr(messages[:-1]), []).append(i)
-        alone = [g[0] for g in groups.values() if len(g) == 1]
-        batches = [g[k:k + batch_size] for g in groups.values() if len(g) > 1 for k in range(0, len(g), batch_size)]
-        for batch in batches:
-            rows = self.token_rows(tokenizer, [messages_list[i] for i in batch])
-            for i, v in zip(batch, self.score_shared(rows).tolist()):
-                scores[i] = v
-        for start in range(0, len(alone), batch_size):
-            batch = alone[start:start + batch_size]
-            ids, mask = self.encode(tokenizer, [messages_list[i] for i in batch])
-            for i, v in zip(batch, self(ids, mask).tolist()):
-                scores[i] = v
+        scores = [s for i in range(0, len(chats), batch_size) for s in self(*self.encode(tok, chats[i:i + batch_size])).tolist()]
         self.train(was_training)
         return scores
 
-    def save(self, folder: str | Path, tokenizer, metrics: dict | None = None) -> Path:
-        """Write the reward model to `folder`: loadable by `RewardModel.load`, no pickle anywhere.
-
-        Contents: the body (config.json + model.safetensors, via save_pretrained), the head
-        (reward_head.safetensors), the tokenizer, and reward_config.json (base model, hidden
-        size, max_length, training metrics). Everything is written to "<folder>.tmp" first and
-        renamed at the end, so an interrupted save never leaves a half-written reward model.
-        """
+    def save(self, folder: str | Path, tok, metrics: dict | None = None) -> Path:
+        """The body (save_pretrained), the head and reward_config.json; no pickle, written atomically."""
         target = Path(folder)
         if target.exists() and any(target.iterdir()) and not (target / CONFIG_FILE).exists():
-            # Replacing a folder deletes it: only ever do that to an older reward model.
-            raise UserError(f"reward model: {target} exists and is not a reward model folder; "
-                            "choose a new or empty folder to save into")
+            raise UserError(f"reward model: {target} exists and is not a reward model folder; choose a new one")
         with atomic_folder(target) as tmp:
-            self.backbone.save_pretrained(tmp)                     # always safetensors in transformers 5
+            self.backbone.save_pretrained(tmp)
             save_file({"weight": self.head.weight.detach().float().cpu().contiguous()}, str(tmp / HEAD_FILE))
-            tokenizer.save_pretrained(tmp)
-            config = {"format": FORMAT_TAG, "base_model": self.base_model,
-                      "hidden_size": self.head.in_features, "max_length": self.max_length,
-                      "metrics": metrics or {}}
-            (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+            tok.save_pretrained(tmp)
+            (tmp / CONFIG_FILE).write_text(json.dumps({"format": FORMAT_TAG, "base_model": self.base_model,
+                                                       "max_length": self.max_length, "metrics": metrics or {}}, indent=2))
         return target
 
     @classmethod
-    def load(cls, folder: str | Path, device: str = "cpu"):
-        """Load a folder written by `save`: (rm in eval mode, tokenizer with left padding)."""
+    def load(cls, folder: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
         folder = Path(folder)
-        config_path = folder / CONFIG_FILE
-        if not config_path.is_file():
-            raise UserError(f"reward model: {folder} has no {CONFIG_FILE}, so it is not a reward "
-                            "model; pass a folder written by `mascot.py train --stage 1`")
         try:
-            config = json.loads(config_path.read_text())
-        except json.JSONDecodeError as err:
-            raise UserError(f"reward model: {config_path} is not valid JSON ({err}); "
-                            "train and save the reward model again") from None
+            config = json.loads((folder / CONFIG_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            config = {}
         if config.get("format") != FORMAT_TAG or not (folder / HEAD_FILE).is_file():
-            raise UserError(f"reward model: {folder} is not a complete reward model ({CONFIG_FILE} "
-                            f"without format '{FORMAT_TAG}' or no {HEAD_FILE}); save it again")
+            raise UserError(f"reward model: {folder} is not a complete reward model folder (no valid {CONFIG_FILE} "
+                            f"or {HEAD_FILE}); pass one written by `mascot.py train --stage 1`")
         models.quiet_transformers()
-        backbone = AutoModel.from_pretrained(folder).to(device)
-        rm = cls(backbone, base_model=config.get("base_model", ""),
-                 max_length=int(config.get("max_length", 512)))
+        rm = cls(AutoModel.from_pretrained(folder, dtype=dtype).to(device), config.get("base_model", ""),
+                 int(config.get("max_length", 512)))
         rm.head.load_state_dict(load_file(str(folder / HEAD_FILE), device=str(device)))
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return rm.eval(), tokenizer
+        rm.metrics = config.get("metrics", {})
+        tok = AutoTokenizer.from_pretrained(folder)
+        tok.padding_side, tok.pad_token = "left", tok.pad_token or tok.eos_token
+        return rm.to(dtype).eval().requires_grad_(False), tok
 
 
-# ---------------------------------------------------------------------------------------------
-# Training on preference pairs
-# ---------------------------------------------------------------------------------------------
+# --- Training on preference pairs ---------------------------------------------------------------
 
-def split_pairs(pairs: list[dict], held_out_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Seeded split into (train, held_out) BY STATE: round(fraction * states) states are held out
-    with all their pairs. Splitting pairs at random would put pairs of the same conversation on
-    both sides (one state gives up to --pairs-per-state pairs plus its hack pairs, sharing the
-    chosen reply), and the held-out accuracy would measure memory, not generalisation."""
-    if not 0.0 <= held_out_fraction < 1.0:
-        raise UserError(f"reward model: held-out fraction must be in [0, 1), got {held_out_fraction}")
+def split_pairs(pairs: list[dict], held_out: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held_out) BY STATE: a state's pairs share a conversation and a chosen reply, so a split
+    by pair would let the held-out accuracy measure memory, not generalisation."""
     states = sorted({p["state_id"] for p in pairs})
     order = torch.randperm(len(states), generator=torch.Generator().manual_seed(seed)).tolist()
-    held_states = {states[i] for i in order[:round(held_out_fraction * len(states))]}
-    return ([p for p in pairs if p["state_id"] not in held_states],
-            [p for p in pairs if p["state_id"] in held_states])
+    held = {states[i] for i in order[:round(held_out * len(states))]}
+    return [p for p in pairs if p["state_id"] not in held], [p for p in pairs if p["state_id"] in held]
 
 
-@torch.no_grad()
-def pair_scores(rm: RewardModel, tokenizer, pairs: list[dict]):
-    """(r_chosen, r_rejected), both (N,): the reward model's scores of each pair's two chats. The
-    two differ only in the reply, so score_texts runs their shared conversation once."""
-    chats = [m for p in pairs for m in (p["chosen_messages"], p["rejected_messages"])]
-    scores = torch.tensor(rm.score_texts(tokenizer, chats)).view(-1, 2)                          # (N, 2)
-    return scores[:, 0], scores[:, 1]
-
-
-def evaluate_pairs(rm: RewardModel, tokenizer, pairs: list[dict]):
-    """(loss, accuracy) of the reward model on pairs; accuracy = fraction with r_c > r_r.
-
-    A tie counts as wrong: a model that gives every reply the same score is at accuracy 0, not 0.5.
-    Returns (None, None) for no pairs: there is nothing to measure, and no number is invented.
-    """
+def evaluate_pairs(rm: RewardModel, tok, pairs: list[dict]):
+    """(loss, accuracy = share with r_c > r_r; a tie is wrong), or (None, None) for no pairs."""
     if not pairs:
         return None, None
-    r_c, r_r = pair_scores(rm, tokenizer, pairs)                            # (N,), (N,)
-    return bradley_terry_loss(r_c, r_r).item(), (r_c > r_r).float().mean().item()
+    scores = torch.tensor(rm.score_texts(tok, [m for p in pairs for m in (p["chosen_messages"],
+                                                                          p["rejected_messages"])])).view(-1, 2)
+    return bradley_terry_loss(scores[:, 0], scores[:, 1]).item(), (scores[:, 0] > scores[:, 1]).float().mean().item()
 
 
-def train_reward_model(rm: RewardModel, tokenizer, pairs: list[dict], held_out_fraction: float = 0.2,
-                       epochs: int = 1, lr: float = 2e-5, batch_size: int = 8, seed: int = 0,
-                       log=print) -> dict:
-    """Fit the reward model to preference pairs with the Bradley-Terry loss.
-
-    Args:
-        rm, tokenizer: e.g. from `RewardModel.from_base`; rm is trained in place.
-        pairs: dicts with at least "chosen_messages" and "rejected_messages" (chats built by
-            `rm_messages` for the same persona and conversation).
-        held_out_fraction: share of pairs kept out of training to measure generalisation.
-        epochs: passes over the training pairs (reward models over-fit quickly: InstructGPT
-            trains for a single epoch, and so do we by default; see RLAIFConfig.rm_epochs).
-        lr: AdamW learning rate (2e-5 is a usual full fine-tuning rate for a ~100M body).
-        batch_size: pairs per optimiser step (each pair runs its two chats in one forward pass).
-        seed: seeds the split and the order of the pairs in every epoch.
-        log: where the one line per epoch goes.
-    Returns:
-        {"train_loss", "train_accuracy": running means over the LAST epoch (the model changes
-         during the epoch, as usual for training metrics), "heldout_loss", "heldout_accuracy": on
-         the held-out judged pairs, "heldout_hack_accuracy": on the held-out synthetic-hack pairs
-         (pairs with "hack" set), both measured after the last epoch (None without such pairs),
-         "n_train", "n_heldout", "n_heldout_hack"}
-    """
-    train, held = split_pairs(pairs, held_out_fraction, seed)
+def train_reward_model(rm: RewardModel, tok, pairs: list[dict], held_out: float = 0.2, epochs: int = 1,
+                       lr: float = 2e-5, batch_size: int = 8, seed: int = 0, log=print) -> dict:
+    """Fit the reward model with the Bradley-Terry loss, AdamW, gradients clipped at 1.0 (as TRL).
+    Returns the last epoch's running train loss and accuracy and, measured after it, the held-out
+    loss and accuracy on judged pairs and on synthetic-hack pairs (pairs with "hack")."""
+    train, held = split_pairs(pairs, held_out, seed)
     if not train:
-        raise UserError(f"reward model: no training pairs ({len(pairs)} pairs, held-out fraction "
-                        f"{held_out_fraction}); build more preference pairs first")
+        raise UserError(f"reward model: no training pairs ({len(pairs)} pairs, held-out share {held_out})")
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW([p for p in rm.parameters() if p.requires_grad], lr=lr)
-    log(f"reward model: {len(train)} training pairs, {len(held)} held out, {epochs} epochs, "
-        f"lr {lr}, batch {batch_size}")
-    metrics = {"train_loss": None, "train_accuracy": None, "heldout_loss": None,
-               "heldout_accuracy": None, "heldout_hack_accuracy": None, "n_train": len(train),
-               "n_heldout": sum(not p.get("hack") for p in held), "n_heldout_hack": sum(bool(p.get("hack")) for p in held)}
+    optimizer = torch.optim.AdamW(rm.parameters(), lr=lr)
+    ordinary, hacked = [p for p in held if not p.get("hack")], [p for p in held if p.get("hack")]
+    metrics = {"n_train": len(train), "n_heldout": len(ordinary), "n_heldout_hack": len(hacked)}
+    log(f"reward model: {len(train)} training pairs, {len(held)} held out, {epochs} epoch(s), lr {lr}")
     for epoch in range(1, epochs + 1):
         rm.train()
-        order = torch.randperm(len(train), generator=generator).tolist()
-        loss_sum, correct = 0.0, 0
-        for start in range(0, len(order), batch_size):
+        order, loss_sum, correct = torch.randperm(len(train), generator=generator).tolist(), 0.0, 0
+        for start in tqdm(range(0, len(order), batch_size), desc=f"reward model epoch {epoch}", leave=False):
             batch = [train[i] for i in order[start:start + batch_size]]
-            n = len(batch)
             optimizer.zero_grad(set_to_none=True)
-            # One pair at a time through forward and backward, its chosen and rejected chats in
-            # one forward pass; the gradients add up to the batch's, since each pair's loss is
-            # divided by the batch's n (the batch mean). Why: 2 x batch_size chats of up to
-            # max_length tokens at once held every layer's activations for all of them (12 GB
-            # on the embedded model; docs/PERFORMANCE.md); one pair holds those of two chats.
+            # One pair at a time through forward and backward (its two chats together), each loss
+            # divided by the batch's size, so the gradients add up to the batch mean's. Why: a
+            # batch of long chats at once held every layer's activations for all of them.
             for pair in batch:
-                # The two chats share persona and history: run that part once (score_shared).
-                r_c, r_r = rm.score_shared(rm.token_rows(tokenizer, [pair["chosen_messages"],
-                                                                    pair["rejected_messages"]]))  # scalars
-                loss = bradley_terry_loss(r_c[None], r_r[None]) / n   # this pair's share of the mean
+                r = rm(*rm.encode(tok, [pair["chosen_messages"], pair["rejected_messages"]]))   # (2,)
+                loss = bradley_terry_loss(r[:1], r[1:]) / len(batch)
                 loss.backward()
-                loss_sum += loss.item() * n                        # undo the mean: sum over pairs
-                correct += int(r_c > r_r)
-            # Clip the global gradient norm at 1.0 (as TRL's trainers do by default): one pair
-            # with a huge margin error must not throw the body's weights far off.
+                loss_sum, correct = loss_sum + loss.item() * len(batch), correct + int(r[0] > r[1])
             torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
             optimizer.step()
-        metrics["train_loss"] = loss_sum / len(train)
-        metrics["train_accuracy"] = correct / len(train)
-        ordinary = [p for p in held if not p.get("hack")]
-        metrics["heldout_loss"], metrics["heldout_accuracy"] = evaluate_pairs(rm, tokenizer, ordinary)
-        metrics["heldout_hack_accuracy"] = evaluate_pairs(rm, tokenizer, [p for p in held if p.get("hack")])[1]
-        held_text = ("no held-out pairs" if not held else
-                     f"held-out loss {metrics['heldout_loss']:.4f} acc {metrics['heldout_accuracy']:.3f}"
-                     if ordinary else "no ordinary held-out pairs")
-        log(f"reward model epoch {epoch}/{epochs}: train loss {metrics['train_loss']:.4f} "
-            f"acc {metrics['train_accuracy']:.3f} | {held_text}")
-    # The last step's gradients would otherwise stay attached to the parameters: another full copy
-    # of the body's weights (540 MB for SmolLM2-135M) held through the whole GRPO run.
-    rm.zero_grad(set_to_none=True)
-    rm.eval()
+        metrics.update(train_loss=loss_sum / len(train), train_accuracy=correct / len(train))
+        metrics["heldout_loss"], metrics["heldout_accuracy"] = evaluate_pairs(rm, tok, ordinary)
+        metrics["heldout_hack_accuracy"] = evaluate_pairs(rm, tok, hacked)[1]
+        log(f"reward model epoch {epoch}/{epochs}: train loss {metrics['train_loss']:.4f} acc "
+            f"{metrics['train_accuracy']:.3f}; held-out acc {shown(metrics['heldout_accuracy'])} on {len(ordinary)} "
+            f"judged pairs, {shown(metrics['heldout_hack_accuracy'])} on {len(hacked)} synthetic-hack pairs")
+    rm.zero_grad(set_to_none=True)        # the last gradients would be another copy of the body, kept for nothing
     return metrics
 
 
-# ---------------------------------------------------------------------------------------------
-# The format reward
-# ---------------------------------------------------------------------------------------------
+def shown(value, digits: int = 3) -> str:
+    """A number for a log line, "-" when there is none."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
-# Characters a finished sentence may end with (after trailing spaces): sentence punctuation and
-# closing quotes. Emoji are recognised separately (unicode category "So", symbol-other).
+
+# --- The format reward --------------------------------------------------------------------------
+
 SENTENCE_END = ".!?…\"'”’»"
 
 
 def format_reward(text: str, own_name: str, other_names: list[str], finished: bool,
                   min_words: int = 4, max_words: int = 60) -> tuple[float, dict]:
-    """The format part of stage 1's composite reward: four yes/no checks, averaged.
-
-    The paper adds "a format reward" to the reward-model score without defining it; ours checks
-    the failures small speakers actually show:
-      length             min_words <= words <= max_words: no one-word grunts, no monologues.
-      no_label_prefix    the reply does not open with a speaker label ("Anchor:", "**User** -"):
-                         the turn's speaker is already known, a label is noise.
-      no_other_speakers  no "User:" or other-agent label anywhere: the speaker must not write
-                         the next person's lines (models.clean_reply would cut them off anyway,
-                         but the policy should learn not to produce them).
-      finished_sentence  generation stopped by itself (not at the token limit) AND the text ends
-                         like a sentence: . ! ? … a closing quote, or an emoji.
-    Each component is 1.0 or 0.0; the reward is their mean, in [0, 1]. An empty reply scores 0
-    on every component: there is no format to reward.
-
-    Example: format_reward("I hear you. That sounds exhausting.", "Anchor", ["Catalyst"], True)
-    -> (1.0, {"length": 1.0, "no_label_prefix": 1.0, "no_other_speakers": 1.0,
-              "finished_sentence": 1.0})
-
-    Args:
-        text: the reply as generated (before models.clean_reply, which would hide the problems).
-        own_name: this speaker's name; other_names: the other agents' names ("User" and
-            "Assistant" are always treated as other speakers).
-        finished: whether generation ended with a stop token (Generation.finished).
-    Returns:
-        (reward, components)
+    """The paper adds "a format reward" without defining it; ours is four 0/1 checks of what small
+    speakers get wrong, averaged (an empty reply scores 0 on all):
+      length             min_words <= words <= max_words: no grunts, no monologues;
+      no_label_prefix    no opening speaker label ("Anchor:", "**User** -");
+      no_other_speakers  no "User:" or other agent's label anywhere (writing their lines);
+      finished_sentence  generation stopped by itself and the text ends like a sentence (or an emoji).
+    `text` is the raw generation (clean_reply would hide the problems); `finished`: it ended with a
+    stop token. format_reward("I hear you. That sounds exhausting.", "Anchor", ["Catalyst"], True)[0] == 1.0
     """
-    names = ["User", "Assistant"] + [n for n in other_names if n]
+    keys = ("length", "no_label_prefix", "no_other_speakers", "finished_sentence")
     if not text.strip():
-        return 0.0, {"length": 0.0, "no_label_prefix": 0.0, "no_other_speakers": 0.0,
-                     "finished_sentence": 0.0}
-    # A label: optional markdown/quote marks, the name, optional marks, then ":" or a dash with a
-    # space after it ("Anchor - I hear you", but not "User-friendly").
-    label = r"[\*\"']*\s*(?:{names})\s*[\*\"']*\s*(?::|[\-–—]\s)"
-    any_name = "|".join(re.escape(n) for n in [own_name] + names if n)
+        return 0.0, dict.fromkeys(keys, 0.0)
+    names = ["User", "Assistant"] + [n for n in other_names if n]
+    label = r"[\*\"']*\s*(?:{})\s*[\*\"']*\s*(?::|[\-–—]\s)"          # ":" or a dash and a space after the name
+    everyone = "|".join(re.escape(n) for n in [own_name] + names if n)
     others = "|".join(re.escape(n) for n in names if n.lower() != own_name.lower())
-    n_words = len(text.split())
-    stripped = text.rstrip().rstrip("\ufe0f")                      # drop an emoji variation selector
-    last = stripped[-1] if stripped else ""                        # "" for a lone variation selector
-    components = {
-        "length": float(min_words <= n_words <= max_words),
-        "no_label_prefix": float(not re.match(r"\s*" + label.format(names=any_name), text, re.IGNORECASE)),
-        # Only ":" counts mid-text ("Catalyst - as in ..." is prose); at the start or after a
-        # line break or space, a name followed by ":" is someone else's line.
-        "no_other_speakers": float(not re.search(rf"(?:^|\s)[\*\"']*\s*(?:{others})\s*[\*\"']*\s*:",
-                                                 text, re.IGNORECASE)),
-        "finished_sentence": float(finished and bool(last) and (last in SENTENCE_END
-                                                                or unicodedata.category(last) == "So")),
-    }
-    return sum(components.values()) / len(components), components
+    last = text.rstrip().rstrip("\ufe0f")[-1:]                       # drop an emoji variation selector
+    checks = [min_words <= len(text.split()) <= max_words,
+              not re.match(r"\s*" + label.format(everyone), text, re.IGNORECASE),
+              not re.search(rf"(?:^|\s)[\*\"']*\s*(?:{others})\s*[\*\"']*\s*:", text, re.IGNORECASE),
+              finished and bool(last) and (last in SENTENCE_END or unicodedata.category(last) == "So")]
+    components = {k: float(c) for k, c in zip(keys, checks)}
+    return sum(components.values()) / len(keys), components
 
 
-# ---------------------------------------------------------------------------------------------
-# Stage 1 data: states -> candidates -> judged preference pairs
-# ---------------------------------------------------------------------------------------------
+# --- Stage 1 data: states -> candidates -> judged preference pairs ----------------------------
 
 @dataclass
 class State:
-    """One (context, persona, conversation-so-far) point at which a persona must reply."""
+    """One (context, persona, conversation so far) point at which a persona must reply."""
     id: str
     split: str                   # "train" | "heldout"
     context: Context
-    persona: str                 # persona name
+    persona: str
     history: list[Turn]          # the conversation so far; the last turn is the user's
 
     def judge_state(self, personas: PersonaSet) -> JudgeState:
@@ -574,319 +289,249 @@ class State:
         return rm_messages(self.judge_state(personas), reply)
 
     def diagnose(self, personas: PersonaSet, reply: str) -> dict:
-        return diagnose_reply(personas.find(self.persona), self.history, self.context.situation, reply,
-                              personas.names())
-
-    def hack_source(self, personas: PersonaSet) -> hacks.HackSource:
-        """What hacks.make_hacks needs to fake a hacked reply for this state."""
-        p = personas.find(self.persona)
-        last_user = next((t.text for t in reversed(self.history) if t.speaker == USER), "")
-        return hacks.HackSource(p.name, p.role, p.description, self.context.situation, last_user,
-                                [t.text for t in self.history if t.speaker != USER],
-                                [e for q in personas.personas if q.name != p.name for e in q.examples])
+        return diagnose_reply(personas.find(self.persona), self.history, self.context.situation, reply, personas.names())
 
 
-def build_states(contexts: list[Context], personas: PersonaSet, n_states: int, seed: int,
-                 generated: dict[str, list[Turn]], split: str) -> list[State]:
-    """Sample (context, persona, history) states, including later turns, not only openings.
-
-    Where the dataset recorded the conversation (ESConv, QMSum, the ED CSV) a state cuts it just
-    after a random user turn; its human supporters appear as 'Supporter'. Otherwise `generated`
-    holds a short conversation produced by the base model, cut the same way. Personas rotate so
-    every persona gets the same number of states.
-    """
-    rng = random.Random(seed)
-    states = []
-    for i in range(n_states):
+def build_states(contexts: list[Context], personas: PersonaSet, n: int, seed: int, generated: dict, split: str):
+    """n states cut just after a random user turn of each context's recorded conversation (its human
+    supporters speak as "Supporter"), or of a short one the base model generated (`generated`);
+    contexts and personas rotate, so every persona gets the same number of states."""
+    rng, states = random.Random(seed), []
+    for i in range(n):
         ctx = contexts[i % len(contexts)]
-        if ctx.turns:
-            turns = [Turn(USER if t["speaker"] == "user" else "Supporter", t["text"]) for t in ctx.turns]
-        else:
-            turns = generated.get(ctx.id) or [Turn(USER, ctx.first_message)]
-        user_ends = [k + 1 for k, t in enumerate(turns) if t.speaker == USER]
-        cut = rng.choice(user_ends) if user_ends else 1
-        persona = personas.personas[i % len(personas.personas)].name
-        states.append(State(f"{split}-{i:04d}", split, ctx, persona, turns[:cut]))
+        turns = ([Turn(USER if t["speaker"] == "user" else "Supporter", t["text"]) for t in ctx.turns] if ctx.turns
+                 else generated.get(ctx.id) or [Turn(USER, ctx.first_message)])
+        cut = rng.choice([k + 1 for k, t in enumerate(turns) if t.speaker == USER] or [1])
+        states.append(State(f"{split}-{i:04d}", split, ctx, personas.personas[i % len(personas.personas)].name,
+                            turns[:cut]))
     return states
 
 
 def save_states(path: Path, states: list[State]) -> None:
     write_jsonl(path, [{"id": s.id, "split": s.split, "context_id": s.context.id, "persona": s.persona,
-                        "history": [{"speaker": t.speaker, "text": t.text} for t in s.history]}
-                       for s in states])
+                        "history": [{"speaker": t.speaker, "text": t.text} for t in s.history]} for s in states])
 
 
 def load_states(path: Path, contexts: list[Context]) -> list[State]:
-    """Reload states written by `save_states` (a resumed run keeps exactly the same states)."""
-    by_id = {c.id: c for c in contexts}
-    states = []
+    by_id, states = {c.id: c for c in contexts}, []
     for row in read_jsonl(path):
         if row["context_id"] not in by_id:
-            raise UserError(f"{path}: state {row['id']} uses context {row['context_id']}, which the "
-                            "current --data does not have; use the same --data or a new --run folder")
+            raise UserError(f"{path}: state {row['id']} uses context {row['context_id']}, which --data does not "
+                            "have; use the same --data or a new --run folder")
         states.append(State(row["id"], row["split"], by_id[row["context_id"]], row["persona"],
                             [Turn(t["speaker"], t["text"]) for t in row["history"]]))
     return states
 
 
-def sample_candidates(model, tokenizer, states: list[State], personas: PersonaSet, k: int,
-                      max_new_tokens: int, seed: int, path: Path, batch_states: int = 8) -> list[list[str]]:
-    """K candidate replies per state from the speaker policy, appended to `path` batch by batch.
-
-    States already in `path` (from an interrupted run) are not sampled again.
-    """
+def sample_candidates(model, tok, states: list[State], personas: PersonaSet, k: int, max_new_tokens: int,
+                      seed: int, path: Path, batch_states: int = 8) -> list[list[str]]:
+    """K candidates per state from the base speaker, appended to `path` batch by batch: the states
+    already there (an interrupted run) are not sampled again."""
     done = {r["state_id"]: r["candidates"] for r in read_jsonl(path)} if path.exists() else {}
     todo = [s for s in states if s.id not in done]
-    names = personas.names()
-    for start in tqdm(range(0, len(todo), batch_states), desc="candidates", disable=not todo):
+    for start in tqdm(range(0, len(todo), batch_states), desc="candidates", disable=not todo, leave=False):
         chunk = todo[start:start + batch_states]
-        prompts = [s.prompt(personas) for s in chunk for _ in range(k)]
-        seeds = [derive_seed(seed, s.id, j) for s in chunk for j in range(k)]
-        gen = sampler.generate(model, tokenizer, prompts, max_new_tokens, temperature=1.0, seeds=seeds)
+        gen = models.generate(model, tok, [s.prompt(personas) for s in chunk for _ in range(k)], max_new_tokens,
+                              temperature=1.0, seeds=[derive_seed(seed, s.id, j) for s in chunk for j in range(k)])
         for i, s in enumerate(chunk):
-            texts = [models.clean_reply(t, s.persona, names) for t in gen.texts[i * k:(i + 1) * k]]
-            done[s.id] = texts
-            append_jsonl(path, {"state_id": s.id, "persona": s.persona, "candidates": texts})
+            done[s.id] = [models.clean_reply(t, s.persona, personas.names()) for t in gen.texts[i * k:(i + 1) * k]]
+            append_jsonl(path, {"state_id": s.id, "persona": s.persona, "candidates": done[s.id]})
     return [done[s.id] for s in states]
 
 
-def judge_pairs(states: list[State], candidates: list[list[str]], personas: PersonaSet, judge,
-                margin: float, max_pairs_per_state: int = 2, counts: dict | None = None) -> list[dict]:
-    """Turn K judged candidates per state into preference pairs with a clear quality gap.
-
-    1. score every candidate once (pointwise judge score in [0, 1]);
-    2. consider pairs whose score gap exceeds `margin`, widest gap first;
-    3. confirm each with a pairwise comparison in BOTH orders (Judge.compare_many) and drop pairs
-       whose verdict flips with order (position bias) or disagrees with the scores; stop at
-       `max_pairs_per_state` confirmed pairs per state.
-    Every judgement goes through the judge's on-disk cache, so re-running never pays twice.
-    `counts`, when given, receives what the judge could not decide: {"scored", "unreadable_scores"
-    (an LLM judge's answers without a readable 1-5; such a score is a neutral 0.5), "compared",
-    "no_verdict" (the two orders disagreed or an answer was unreadable), "unreadable_verdicts"}.
-    """
+def judge_pairs(states: list[State], candidates: list[list[str]], personas: PersonaSet, judge, margin: float,
+                max_pairs: int = 2, counts: dict | None = None) -> list[dict]:
+    """Preference pairs with a clear quality gap: score every candidate once; take the pairs whose
+    gap exceeds `margin`, widest first; confirm each with a pairwise comparison in both orders and
+    keep those the verdict agrees with, up to `max_pairs` a state. `counts` receives what the judge
+    could not decide (unreadable scores and verdicts, comparisons without a verdict)."""
     counts = {} if counts is None else counts
-    flat_states = [s.judge_state(personas) for s, cands in zip(states, candidates) for _ in cands]
-    unreadable_before = getattr(judge, "unparseable", 0)      # only LLM judges can be unreadable
-    flat_scores = judge.score_many(flat_states, [c for cands in candidates for c in cands])
-    counts.update(scored=len(flat_scores), unreadable_scores=getattr(judge, "unparseable", 0) - unreadable_before,
-                  compared=0, no_verdict=0, unreadable_verdicts=0)
-    # The gaps to confirm, per state, widest first.
+    before = judge.unreadable
+    flat = judge.score_many([s.judge_state(personas) for s, cs in zip(states, candidates) for _ in cs],
+                            [c for cs in candidates for c in cs])
+    counts.update(scored=len(flat), unreadable_scores=judge.unreadable - before, compared=0, no_verdict=0,
+                  unreadable_verdicts=0)
     todo, pos = [], 0
-    for cands in candidates:
-        scores = flat_scores[pos:pos + len(cands)]
-        pos += len(cands)
-        todo.append(sorted(((scores[i] - scores[j], i, j, scores[i], scores[j])
-                            for i in range(len(cands)) for j in range(len(cands))
-                            if scores[i] - scores[j] > margin and cands[i] and cands[i] != cands[j]), reverse=True))
-    # Confirm them in rounds: each round asks every state that still wants a pair for its next
-    # widest gap, all in one compare_many (an openai: judge sends those requests concurrently).
-    # The questions asked, and so the pairs, are those of going through the states one by one.
+    for cs in candidates:
+        sc, pos = flat[pos:pos + len(cs)], pos + len(cs)
+        todo.append(sorted(((sc[i] - sc[j], i, j, sc[i], sc[j]) for i in range(len(cs)) for j in range(len(cs))
+                            if sc[i] - sc[j] > margin and cs[i] and cs[i] != cs[j]), reverse=True))
+    # In rounds: each round asks every state that still wants a pair for its next widest gap, all in
+    # one compare_many (a served judge sends them concurrently); the same questions as state by state.
     found: list[list[dict]] = [[] for _ in states]
-    while True:
-        asks = [(k, todo[k].pop(0)) for k in range(len(states)) if todo[k] and len(found[k]) < max_pairs_per_state]
-        if not asks:
-            break
+    while asks := [(k, todo[k].pop(0)) for k in range(len(states)) if todo[k] and len(found[k]) < max_pairs]:
         verdicts = judge.compare_many([states[k].judge_state(personas) for k, _ in asks],
-                                      [candidates[k][i] for k, (_, i, _, _, _) in asks],
-                                      [candidates[k][j] for k, (_, _, j, _, _) in asks])
-        for (k, (gap, i, j, score_i, score_j)), verdict in zip(asks, verdicts):
+                                      [candidates[k][a[1]] for k, a in asks], [candidates[k][a[2]] for k, a in asks])
+        for (k, (gap, i, j, si, sj)), v in zip(asks, verdicts):
             counts["compared"] += 1
-            counts["no_verdict"] += verdict.preferred is None
-            counts["unreadable_verdicts"] += bool(verdict.detail.get("unparseable"))
-            if verdict.preferred != 0:          # None (order flip) or the scores' loser won
-                continue
-            state, chosen, rejected = states[k], candidates[k][i], candidates[k][j]
-            found[k].append({"state_id": state.id, "persona": state.persona,
-                             "chosen": chosen, "rejected": rejected,
-                             "chosen_score": score_i, "rejected_score": score_j, "gap": gap,
-                             "p_first": verdict.p_first, "judge": judge.name,
-                             "chosen_messages": state.rm_messages(personas, chosen),
-                             "rejected_messages": state.rm_messages(personas, rejected)})
-    return [pair for pairs in found for pair in pairs]
-
-def all_unreadable(counts: dict) -> bool:
-    """Did the judge fail to answer readably every time (judge_pairs' counts)? Then no pair can
-    come out, and the reason is the judge, not the margin or the candidates."""
-    scores_lost = counts["scored"] > 0 and counts["unreadable_scores"] == counts["scored"]
-    verdicts_lost = counts["compared"] > 0 and counts["unreadable_verdicts"] == counts["compared"]
-    return scores_lost or verdicts_lost
+            counts["no_verdict"] += v.preferred is None
+            counts["unreadable_verdicts"] += bool(v.detail.get("unparseable"))
+            if v.preferred == 0:                   # None (orders disagreed) or the scores' loser won: dropped
+                s, chosen, rejected = states[k], candidates[k][i], candidates[k][j]
+                found[k].append({"state_id": s.id, "persona": s.persona, "chosen": chosen, "rejected": rejected,
+                                 "chosen_score": si, "rejected_score": sj, "gap": gap, "p_first": v.p_first,
+                                 "judge": judge.name, "chosen_messages": s.rm_messages(personas, chosen),
+                                 "rejected_messages": s.rm_messages(personas, rejected)})
+    return [p for pairs in found for p in pairs]
 
 
-def hack_pairs(states: list[State], pairs: list[dict], personas: PersonaSet, per_state: int,
-               seed: int) -> list[dict]:
-    """Preference pairs that teach the reward model to reject reward hacks.
+# --- Synthetic reward hacks: rejected replies the judge's candidates never tried ----------------
+# Without them the reward model learns only what the judge's candidates differ in, and the policy is
+# free to find what none of them tried. Seven kinds, those of data/judge_pairs_hacks*.jsonl.
 
-    For every state with a judged pair, the judge's preferred reply is paired with `per_state`
-    synthetic hacks of different kinds (hacks.make_hacks: copying the user, reciting the persona,
-    leaking the prompt, ...) as the rejected reply. Without them the reward model only learns what
-    the judge's candidates differ in, and the policy is free to find what none of them tried.
-    """
-    by_id = {s.id: s for s in states}
-    out = []
+HACK_KINDS = ("copies-context", "keyword-stuffing", "recites-persona", "meta-leakage", "empty-trivial",
+              "echoes-agent", "off-role")
+_WRAPPERS = ["{x}", "So {x}", "You said {x}", "I hear that {x}", "It sounds like {x}", "{x} That is a lot."]
+_LEAKS = ["Situation: {situation}", "Conversation so far: User: {context}",
+          "Here's a continuation of your previous response: {context}", "Write {name}'s next message. {name}: {context}",
+          "As an AI language model, I cannot feel what you feel, but {context}",
+          "Your response should be one to three sentences. Reply: {context}",
+          "The director asks me to respond. (Tone: warm) {context}",
+          "You are one of several companions in a group chat with one person. {context}",
+          "({name}, another companion): {context}", "You are an AI assistant. The user says: {context}",
+          "Background: {situation} It is {name}'s turn."]
+_TRIVIAL = ["...", "Okay.", "Yes.", "I see.", "Hmm.", "Sure.", "Ok", "Thanks.", "Right.", "Mm-hm."]
+
+
+def make_hacks(state: State, personas: PersonaSet, seed: int) -> dict[str, str]:
+    """{kind: one synthetic hack} for every kind this state can have (echoes-agent needs an earlier
+    companion turn), reproducible from `seed`."""
+    rng, p = random.Random(seed), personas.find(state.persona)
+    context = next((t.text for t in reversed(state.history) if t.speaker == USER), "")
+    situation, agents = state.context.situation, [t.text for t in state.history if t.speaker != USER]
+    low = lambda x: x[:1].lower() + x[1:]                                            # noqa: E731
+    copied = context if len(words(context)) >= 6 or not situation else situation
+    pool = [w for w in dict.fromkeys(words(f"{context} {situation} {p.role} {p.description}"))
+            if w in content_words(f"{context} {situation} {p.role} {p.description}")]
+    rng.shuffle(pool)
+    out = {"copies-context": rng.choice(_WRAPPERS).format(x=low(copied) if rng.random() < 0.5 else copied),
+           "keyword-stuffing": ", ".join(pool[:rng.randint(6, 12)]) + rng.choice([".", "!", "", "..."]),
+           "recites-persona": rng.choice([f"As the {p.role}, I {low(p.description)}",
+                                          f"I am {p.name}, the {p.role}. {p.description}", p.description]),
+           "meta-leakage": rng.choice(_LEAKS).format(situation=situation, context=context, name=p.name),
+           "empty-trivial": rng.choice(_TRIVIAL),
+           "echoes-agent": rng.choice(agents) if agents else None,
+           "off-role": rng.choice([e for q in personas.personas if q.name != p.name for e in q.examples] or [None])}
+    return {k: v for k, v in out.items() if v}
+
+
+def hack_pairs(states: list[State], pairs: list[dict], personas: PersonaSet, per_state: int, seed: int) -> list[dict]:
+    """For every state with a judged pair, its chosen reply against `per_state` hacks of different kinds."""
+    by_id, out = {s.id: s for s in states}, []
     for state_id, chosen in dict((p["state_id"], p["chosen"]) for p in pairs).items():
-        state = by_id[state_id]
-        made = hacks.make_hacks(state.hack_source(personas), derive_seed(seed, state_id))
-        kinds = random.Random(derive_seed(seed, state_id, "kinds")).sample(sorted(made), min(per_state, len(made)))
-        for kind in kinds:
-            out.append({"state_id": state_id, "persona": state.persona, "chosen": chosen,
-                        "rejected": made[kind], "hack": kind,
-                        "chosen_messages": state.rm_messages(personas, chosen),
-                        "rejected_messages": state.rm_messages(personas, made[kind])})
+        s = by_id[state_id]
+        made = make_hacks(s, personas, derive_seed(seed, state_id))
+        for kind in random.Random(derive_seed(seed, state_id, "kinds")).sample(sorted(made), min(per_state, len(made))):
+            out.append({"state_id": state_id, "persona": s.persona, "chosen": chosen, "rejected": made[kind],
+                        "hack": kind, "chosen_messages": s.rm_messages(personas, chosen),
+                        "rejected_messages": s.rm_messages(personas, made[kind])})
     return out
 
 
-def labelled_hack_accuracy(rm: RewardModel, tokenizer, path: Path) -> dict:
-    """The reward model on hand-written hack pairs (data/judge_pairs_hacks.jsonl): accuracy
-    overall and per kind, so its resistance to hacks is reported next to its held-out accuracy."""
-    rows = read_jsonl(path)
-    pairs = [{"kind": r["failure"],
-              "chosen_messages": rm_messages(JudgeState.from_pair(r), r["better"]),
-              "rejected_messages": rm_messages(JudgeState.from_pair(r), r["worse"])} for r in rows]
-    r_c, r_r = pair_scores(rm, tokenizer, pairs)                          # (N,), (N,)
-    right = (r_c > r_r).float()                                            # (N,) a tie is wrong
-    result = {"accuracy": right.mean().item(), "n": len(pairs), "per_kind": {}}
-    for kind in sorted({p["kind"] for p in pairs}):
-        of_kind = torch.tensor([p["kind"] == kind for p in pairs])           # (N,) bool
-        result["per_kind"][kind] = right[of_kind].mean().item()
-    return result
+# --- The composite reward of stage 1's GRPO, and the held-out check -----------------------------
 
-
-# ---------------------------------------------------------------------------------------------
-# The composite reward of stage 1's GRPO: reward-model score + format reward
-# ---------------------------------------------------------------------------------------------
-
-def speaker_reward_fn(rm: RewardModel, rm_tokenizer, personas: PersonaSet, format_weight: float):
-    """Build reward(states, raw_texts, finished) -> (rewards, components).
-
-    The reward model scores the CLEANED reply (what the user would see); the format reward reads
-    the RAW text, since label prefixes and other speakers' lines are exactly what it penalises.
-    The components also carry the hack diagnostics of every cleaned reply (hacks.py): they are not
-    part of the reward, but grpo.py logs every component's mean per step (`r_diag_context_copy`
-    ...), so a rising reward that comes from copying shows up in the same metrics.jsonl line.
-    """
+def speaker_reward_fn(rm: RewardModel, rm_tok, personas: PersonaSet, format_weight: float):
+    """reward(states, raw_texts, finished) -> (rewards, components): the reward-model score of the
+    CLEANED reply (what the user sees) + format_weight x the format reward of the RAW text (label
+    prefixes and other speakers' lines are exactly what it penalises)."""
     names = personas.names()
 
     def reward(states: list[State], texts: list[str], finished: list[bool]):
         cleaned = [models.clean_reply(t, s.persona, names) for s, t in zip(states, texts)]
-        rm_scores = rm.score_texts(rm_tokenizer, [s.rm_messages(personas, c) for s, c in zip(states, cleaned)])
+        rm_scores = rm.score_texts(rm_tok, [s.rm_messages(personas, c) for s, c in zip(states, cleaned)])
         fmt = [format_reward(t, s.persona, [n for n in names if n != s.persona], f)[0]
                for s, t, f in zip(states, texts, finished)]
-        total = [r + format_weight * f for r, f in zip(rm_scores, fmt)]
-        diagnosed = [s.diagnose(personas, c) for s, c in zip(states, cleaned)]
-        diags = {f"diag_{k}": [d[k] for d in diagnosed] for k in hacks.DIAGNOSTICS}
-        return total, {"rm": rm_scores, "format": fmt, **diags}
-
+        return [r + format_weight * f for r, f in zip(rm_scores, fmt)], {"rm": rm_scores, "format": fmt}
     return reward
 
 
-def heldout_reward(policy, tokenizer, states: list[State], personas: PersonaSet, reward_fn,
-                   max_new_tokens: int, temperature: float, seed: int, samples: int = 2) -> dict:
-    """Mean composite reward of `samples` sampled replies per held-out state (fixed seeds, so the
-    before/after numbers of one run see the same randomness)."""
+def heldout_reward(policy, tok, states: list[State], personas: PersonaSet, reward_fn, max_new_tokens: int,
+                   temperature: float, seed: int, samples: int = 2) -> dict:
+    """The composite reward of `samples` replies per held-out state, with fixed seeds (the same
+    randomness before and after GRPO). The se is over states: two replies of one state are not
+    independent evidence."""
     rows = [s for s in states for _ in range(samples)]
-    gen = sampler.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens,
-                          temperature, seeds=[derive_seed(seed, "held-out", i) for i in range(len(rows))])
+    gen = models.generate(policy, tok, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
+                          seeds=[derive_seed(seed, "held-out", i) for i in range(len(rows))])
     total, comp = reward_fn(rows, gen.texts, gen.finished)
     n = len(total)
-    return {"reward": sum(total) / n, "se": standard_error(total), "rm": sum(comp["rm"]) / n,
-            "format": sum(comp["format"]) / n, "n": n, "rewards": [round(r, 4) for r in total],
-            **{k: sum(v) / n for k, v in comp.items() if k.startswith("diag_")},
-            "example": {"state": rows[0].id, "persona": rows[0].persona, "reply": gen.texts[0]}}
+    return {"reward": sum(total) / n, "se": standard_error(cluster_means(total, [s.id for s in rows])),
+            "rm": sum(comp["rm"]) / n, "format": sum(comp["format"]) / n, "n": n, "states": [s.id for s in rows],
+            "rewards": [round(r, 4) for r in total], "replies": gen.texts}
 
-
-# ---------------------------------------------------------------------------------------------
-# Steps 1-4 for one run folder: states -> candidates -> judged pairs -> reward model -> reward fn
-# ---------------------------------------------------------------------------------------------
 
 @dataclass
 class RLAIF:
-    """What `build_reward_fn` hands to the GRPO stage."""
-    reward_fn: object            # reward(states, raw_texts, finished) -> (rewards, components)
+    """What build_reward_fn hands to the GRPO stage."""
+    reward_fn: object
     train_states: list[State]
     held_states: list[State]
     pairs: list[dict]
     rm_metrics: dict
 
 
-def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model_name: str,
-                    max_new_tokens: int, seed: int, device: str = "cpu", log=print) -> RLAIF:
-    """The RLAIF chapter for one run folder, every step's output a file in `out`, reused when present.
-
-    1. states: (context, persona, conversation so far) at later turns as well as openings;
-       contexts without a recorded dialogue get a short one from the base model (round-robin
-       speakers, the average simulated user);
-    2. candidates: K replies per training state from the base speaker;
-    3. the judge scores them and confirms the clear gaps pairwise -> preference pairs;
-    4. a Bradley-Terry reward model on the pairs (its held-out accuracy is the number to watch);
-    then the composite reward function: reward-model score + format_weight * format reward.
-    `inputs` is mascot.Inputs (personas, train / held-out contexts, profiles).
-    """
-    personas = inputs.personas
-    states_path = out / "states.jsonl"
-    if states_path.exists():
-        states = load_states(states_path, inputs.train + inputs.held_out)
+def stage1_states(cfg: RLAIFConfig, inputs, base, tok, out: Path, max_new_tokens: int, seed: int, log=print):
+    """Step 0: the training and held-out states (out/states.jsonl, reused when present). Contexts
+    without a recorded dialogue get a short one from the base model (round-robin, average user)."""
+    path = out / "states.jsonl"
+    if path.exists():
+        states = load_states(path, inputs.train + inputs.held_out)
     else:
-        used = inputs.train[:cfg.states] + inputs.held_out[:cfg.heldout_states]   # states cycle through these
-        need = [c for c in used if not c.turns]
+        need = [c for c in inputs.train[:cfg.states] + inputs.held_out[:cfg.heldout_states] if not c.turns]
         generated = {}
         if need:
             log(f"stage 1: generating short conversations for {len(need)} contexts (base model)")
-            cast = Cast(personas, base, tok, base, tok, max_new_tokens)
-            convs = run_conversations(need, RoundRobin(personas), cast, inputs.profiles, ["average"] * len(need),
-                                      n_agent_turns=2, user_every=1, seed=seed)
+            convs = run_conversations(need, RoundRobin(inputs.personas), Cast(inputs.personas, base, tok, base, tok,
+                                                                                max_new_tokens),
+                                      inputs.profiles, ["average"] * len(need), n_agent_turns=2, user_every=1, seed=seed)
             generated = {c.context.id: c.turns for c in convs}
-        states = (build_states(inputs.train, personas, cfg.states, seed, generated, "train")
-                  + build_states(inputs.held_out, personas, cfg.heldout_states, seed + 1, generated, "heldout"))
-        save_states(states_path, states)
-    train_states = [s for s in states if s.split == "train"]
-    held_states = [s for s in states if s.split == "heldout"]
-    log(f"stage 1: {len(train_states)} training states, {len(held_states)} held-out states")
+        states = (build_states(inputs.train, inputs.personas, cfg.states, seed, generated, "train")
+                  + build_states(inputs.held_out, inputs.personas, cfg.heldout_states, seed + 1, generated, "heldout"))
+        save_states(path, states)
+    return [s for s in states if s.split == "train"], [s for s in states if s.split == "heldout"]
 
-    candidates = sample_candidates(base, tok, train_states, personas, cfg.candidates, max_new_tokens, seed,
-                                   out / "candidates.jsonl")
+
+def build_pairs(cfg: RLAIFConfig, train_states, candidates, personas, judge, seed: int, log=print) -> list[dict]:
+    """Step 2: judged pairs + synthetic-hack pairs; a clear error when the judge decided nothing."""
     counts = {}
     pairs = judge_pairs(train_states, candidates, personas, judge, cfg.margin, cfg.pairs_per_state, counts)
     log(f"stage 1: judge {judge.name}: {counts['unreadable_scores']} of {counts['scored']} scores unreadable; "
         f"{counts['no_verdict']} of {counts['compared']} comparisons without a verdict "
         f"({counts['unreadable_verdicts']} unreadable)")
-    if not pairs and all_unreadable(counts):
-        raise UserError(f"stage 1: no preference pairs, because every answer of the judge {judge.name} was "
-                        "unreadable (no 1-5 score, no A or B; see data/prompts/judge_*.txt); try a stronger "
-                        "--judge-model or check the server's chat template")
     if not pairs:
-        # Readable but undecided: equal scores everywhere (no gap above --margin), or verdicts that
-        # flip with the order of the replies (position bias). A judge like that cannot teach anything.
-        raise UserError(f"stage 1: the judge {judge.name} confirmed no preference pair: "
-                        f"{counts['compared']} score gaps above --margin {cfg.margin} were asked pairwise, "
-                        f"{counts['no_verdict']} without a verdict (the two orders disagreed or were unreadable); "
-                        "a stronger --judge-model, more --candidates or --states may give it pairs to confirm")
+        lost = (counts["scored"] and counts["unreadable_scores"] == counts["scored"]) or \
+               (counts["compared"] and counts["unreadable_verdicts"] == counts["compared"])
+        raise UserError(f"stage 1: the judge {judge.name} confirmed no preference pair: " + (
+            "every answer was unreadable (no 1-5 score, no A or B; see data/prompts/judge_*.txt); try a stronger "
+            "--judge-model or check the server's chat template" if lost else
+            f"{counts['compared']} score gaps above --margin {cfg.margin} asked pairwise, {counts['no_verdict']} "
+            "without a verdict; more --candidates or --states, or a stronger judge, may give it pairs"))
     pairs += hack_pairs(train_states, pairs, personas, cfg.hack_pairs, seed)
-    write_jsonl(out / "pairs.jsonl", pairs)
-    n_hack = sum(bool(p.get("hack")) for p in pairs)
-    log(f"stage 1: {len(pairs) - n_hack} judged preference pairs from {len(train_states)} states "
-        f"(judge {judge.name}, margin {cfg.margin}) + {n_hack} synthetic-hack pairs")
+    log(f"stage 1: {sum(not p.get('hack') for p in pairs)} judged preference pairs from {len(train_states)} states "
+        f"+ {sum(bool(p.get('hack')) for p in pairs)} synthetic-hack pairs")
+    return pairs
 
+
+def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model_name: str, max_new_tokens: int,
+                    seed: int, device: str = "cpu", rm_dtype: torch.dtype = torch.float32, log=print) -> RLAIF:
+    """Steps 1-4 for one run folder (states.jsonl, candidates.jsonl, the judge's cache, pairs.jsonl,
+    reward_model/, each reused when present), then the composite reward function for GRPO."""
+    train_states, held_states = stage1_states(cfg, inputs, base, tok, out, max_new_tokens, seed, log)
+    log(f"stage 1: {len(train_states)} training states, {len(held_states)} held-out states")
+    candidates = sample_candidates(base, tok, train_states, inputs.personas, cfg.candidates, max_new_tokens, seed,
+                                   out / "candidates.jsonl")
+    pairs = build_pairs(cfg, train_states, candidates, inputs.personas, judge, seed, log)
+    write_jsonl(out / "pairs.jsonl", pairs)
     rm_dir = out / "reward_model"
     if (rm_dir / CONFIG_FILE).exists():
-        rm, rm_tok = RewardModel.load(rm_dir, device=device)
-        rm_metrics = read_json(rm_dir / CONFIG_FILE)["metrics"]
+        rm, rm_tok = RewardModel.load(rm_dir, device=device, dtype=rm_dtype)
+        metrics = rm.metrics
         log(f"stage 1: reusing the reward model in {rm_dir}")
     else:
-        torch.manual_seed(seed)                     # the scalar head's initialisation
+        torch.manual_seed(seed)                                     # the scalar head's initialisation
         rm, rm_tok = RewardModel.from_base(model_name, device=device)
-        rm_metrics = train_reward_model(rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr,
-                                        seed=seed, log=log)
-        rm_metrics["labelled_hacks"] = labelled_hack_accuracy(rm, rm_tok, HERE / "data" / "judge_pairs_hacks.jsonl")
-        rm.save(rm_dir, rm_tok, rm_metrics)
-    if "labelled_hacks" not in rm_metrics:            # a reward model saved before this report existed
-        rm_metrics["labelled_hacks"] = labelled_hack_accuracy(rm, rm_tok, HERE / "data" / "judge_pairs_hacks.jsonl")
-
-    def shown(value):
-        return "n/a" if value is None else f"{value:.3f}"
-    log(f"reward model held-out accuracy: {shown(rm_metrics.get('heldout_accuracy'))} on "
-        f"{rm_metrics.get('n_heldout')} judged pairs, {shown(rm_metrics.get('heldout_hack_accuracy'))} on "
-        f"{rm_metrics.get('n_heldout_hack')} synthetic-hack pairs of held-out states, "
-        f"{shown(rm_metrics['labelled_hacks']['accuracy'])} on {rm_metrics['labelled_hacks']['n']} "
-        "hand-written hack pairs")
-    return RLAIF(speaker_reward_fn(rm, rm_tok, personas, cfg.format_weight), train_states, held_states,
-                 pairs, rm_metrics)
+        metrics = train_reward_model(rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr, seed=seed, log=log)
+        rm.save(rm_dir, rm_tok, metrics)
+        rm = rm.to(rm_dtype).eval().requires_grad_(False)          # from here on it only scores
+    return RLAIF(speaker_reward_fn(rm, rm_tok, inputs.personas, cfg.format_weight), train_states, held_states,
+                 pairs, metrics)

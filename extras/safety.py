@@ -8,8 +8,10 @@ What it does
     the flag. When a message is flagged, the caller shows `CRISIS_MESSAGE` instead of any reply.
 
 Where it sits
-    chat, simulate and evaluate call it on every user message BEFORE any agent replies: 135M
-    companions cannot be trusted to notice a crisis. The paper (arXiv 2601.14230) has no such layer.
+    Where a person talks or reads (chat, simulate, evaluate), mascot.py hands it to the
+    conversation loop (simulate.Cast.guard), which calls it on every user message BEFORE any agent
+    replies: 135M companions cannot be trusted to notice a crisis. Training rollouts run without it.
+    The paper (arXiv 2601.14230) has no such layer.
 
 How it works
     1. `normalise`: lower case, contractions expanded ("dont" -> "do not"), stretched letters
@@ -42,7 +44,7 @@ Limits, stated plainly
     - English only. Not a clinical screening tool, never validated on real users: a deployment
       needs human escalation and a validated risk model on top.
 
-Run: python safety.py "i dont see the point anymore"     (prints the CrisisFlag and the rule)
+Run: python extras/safety.py "i dont see the point anymore"     (prints the CrisisFlag and the rule)
 """
 
 from __future__ import annotations
@@ -56,12 +58,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from data import UserError
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+from data import UserError                                        # noqa: E402
 
 if TYPE_CHECKING:                 # torch is imported inside the functions that need it, so that
     import torch                  # importing safety.py stays instant and loads no model
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 PATTERNS_FILE = HERE / "data" / "safety_patterns.json"
 PROBE_FILE = HERE / "data" / "safety_probe.safetensors"
 
@@ -285,7 +289,8 @@ class CrisisFlag:
 
 
 class CrisisGuard:
-    """The four steps plus the lazily loaded sentence encoder and probe weights.
+    """The four steps plus the lazily loaded sentence encoder and probe weights. simulate.py's
+    conversation loop calls `check` on every user message and shows `message` when it flags.
 
     Args:
         encoder: "default" loads `models.SentenceEncoder()` on the first check (a few seconds);
@@ -294,6 +299,8 @@ class CrisisGuard:
         probe: "default" loads PROBE_FILE on the first check; another path; or a dict like
             `load_probe`'s. Example: CrisisGuard().check("kms").flagged -> True
     """
+
+    message = CRISIS_MESSAGE
 
     def __init__(self, encoder="default", probe="default"):
         self._encoder, self._probe, self._loaded = encoder, probe, False
@@ -313,7 +320,7 @@ class CrisisGuard:
                 import models                       # imports torch + transformers: slow, so here
                 self._encoder = models.SentenceEncoder()
         except (ImportError, UserError) as err:
-            warnings.warn(f"safety.py: the probe is unavailable ({err}); the crisis guard is "
+            warnings.warn(f"extras/safety.py: the probe is unavailable ({err}); the crisis guard is "
                           "running on patterns only, which misses more indirect messages",
                           RuntimeWarning, stacklevel=2)
             self._encoder = self._probe = None
@@ -396,5 +403,5 @@ def detect_crisis(text: str) -> bool:
 
 if __name__ == "__main__":
     import sys
-    message = " ".join(sys.argv[1:]) or sys.exit('usage: python safety.py "a message to check"')
+    message = " ".join(sys.argv[1:]) or sys.exit('usage: python extras/safety.py "a message to check"')
     print(default_guard().check(message), "|", default_guard().describe())

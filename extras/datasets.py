@@ -1,0 +1,313 @@
+"""extras/datasets.py: the public datasets the paper uses, read in their official release formats.
+
+MASCOT (arXiv 2601.14230) trains and evaluates on Empathetic Dialogues (split by valence), QMSum
+meetings (Academic / Committee / Product) and ESConv (held-out transfer). `load_splits(spec, set)`
+reads any of them and returns the same data.Context the bundled file gives, so nothing downstream
+knows the source; mascot.py calls it whenever --data is not in our own contexts format:
+
+    ED train/valid/test.csv          one Context per conv_id, with its turns
+    ED JSON lines                    {conv_id, emotion, polarity, situation, first_utterance}
+    ESConv.json / its JSON lines     one Context per dialogue, from the seeker's first turn
+    a QMSum folder or meeting file   one Context per meeting, its first speaker as the user
+    QMSum openings JSON lines        {id, domain, topic_list, first_turns}
+
+A folder whose files or sub-folders are named by split (train.csv / valid.csv / test.csv,
+train_*.jsonl, QMSum's data/ALL/{train,val,test}/) gives {"train": ..., "test": ...}, used as the
+paper uses it: training reads train, evaluation test (else valid). Anything else gives {"all": ...}
+and mascot.py splits it at random. Malformed rows are skipped with a warning and a count; the
+datasets are not part of the project (ED and ESConv CC BY-NC 4.0, QMSum MIT).
+
+    python extras/datasets.py path/to/esconv/train.jsonl       # how a dataset reads
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+from data import Context, UserError, json_type, jsonl_lines, read_json, read_text, warn   # noqa: E402
+
+POSITIVE = set("sentimental anticipating caring faithful grateful impressed trusting prepared confident content "
+               "excited hopeful proud joyful".split())        # ED's emotions by valence (HypEmo's label tree)
+NEGATIVE = set("afraid angry annoyed anxious apprehensive ashamed devastated disappointed disgusted embarrassed "
+               "furious guilty jealous lonely nostalgic sad terrified".split())
+DOMAINS = ("Academic", "Committee", "Product")
+MAX_MEETING_TURNS = 40       # a meeting has hundreds of turns; the states need few
+EXPECTED = ("an Empathetic Dialogues CSV (train/valid/test.csv) or JSON-lines export, ESConv.json or an ESConv "
+            ".jsonl, a QMSum meeting folder or openings .jsonl, or a contexts .jsonl in our format")
+
+
+class BadRow(Exception):
+    """A dataset row we skip; the message says what is wrong with it."""
+
+
+def emotion_valence(emotion: str, fallback: str = "") -> str:
+    e, f = emotion.strip().lower(), fallback.strip().lower()
+    if e in POSITIVE or e in NEGATIVE or e == "surprised":
+        return "positive" if e in POSITIVE else "negative" if e in NEGATIVE else "ambiguous"
+    return "ambiguous" if f in ("neutral", "neutral-ambiguous") else f if f in ("positive", "negative", "ambiguous") else ""
+
+
+def domain_of(name: object) -> str:
+    return next((d for d in DOMAINS if isinstance(name, str) and name.strip().lower() == d.lower()), "")
+
+
+def field(row: dict, key: str) -> str:
+    value = row.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise BadRow(f"field '{key}' is missing or empty")
+    return value.strip()
+
+
+def ed_text(text: str) -> str:
+    return text.replace("_comma_", ",").strip()            # ED's CSV spells commas inside text this way
+
+
+def ed_row(row: dict) -> Context:
+    """Without an utterance (train_situations.jsonl) the situation, written in the first person,
+    doubles as the opening."""
+    emotion, situation = field(row, "emotion"), ed_text(field(row, "situation"))
+    first = row.get("first_utterance")
+    return Context(str(row.get("conv_id") or ""), "support", situation,
+                   ed_text(first) if isinstance(first, str) and first.strip() else situation, emotion,
+                   emotion_valence(emotion, str(row.get("polarity") or "")), source="empathetic_dialogues")
+
+
+def esconv_row(row: dict) -> Context:
+    """ESConv.json turns {speaker: seeker|supporter, content, annotation: {strategy}}; its JSON-lines
+    split {speaker: usr|sys, text, strategy}. Over half the dialogues open with a supporter greeting;
+    we start at the seeker's first turn so that turns[0] is the opening, as for every source."""
+    situation, emotion, dialog = field(row, "situation"), field(row, "emotion_type"), row.get("dialog")
+    if not isinstance(dialog, list) or not dialog:
+        raise BadRow("'dialog' is missing or empty")
+    turns = []
+    for t in dialog:
+        t = t if isinstance(t, dict) else {}
+        speaker = {"usr": "user", "seeker": "user", "sys": "supporter", "supporter": "supporter"}.get(
+            str(t.get("speaker", "")).lower())
+        text = t.get("text", t.get("content"))
+        if speaker is None or not isinstance(text, str):
+            raise BadRow("a dialog turn lacks a usr/sys speaker or its text")
+        annotation = t.get("annotation") if isinstance(t.get("annotation"), dict) else {}
+        strategy = t.get("strategy") or annotation.get("strategy")
+        if text.strip():
+            turns.append({"speaker": speaker, "text": text.strip(), **({"strategy": strategy} if strategy else {})})
+    start = next((i for i, t in enumerate(turns) if t["speaker"] == "user"), None)
+    if start is None:
+        raise BadRow("the dialog has no seeker turn")
+    # ESConv is distress support: every seeker is struggling, so every context is negative.
+    return Context("", "support", situation, turns[start]["text"], emotion, "negative", source="esconv",
+                   turns=turns[start:])
+
+
+def clean_transcript(text: str) -> str:
+    """QMSum's markup: `{disfmarker}` where a speaker breaks off becomes "...", other tags go, and
+    tokenised spacing ("I 'll get it .") is re-joined; a turn of pure markup becomes ""."""
+    text = " ".join(re.sub(r"\{\w+\}", " ", text.replace("{disfmarker}", " ... ")).split())
+    text = re.sub(r" '(s|re|m|ll|ve|d)\b", r"'\1", re.sub(r" ([.,?!;:]+)", r"\1", text))
+    return text if re.search(r"\w", text) else ""
+
+
+def meeting_row(meeting_id: str, topics: object, transcript: object, domain: str) -> Context:
+    """A meeting's topics ({topic, relevant_text_span} or text) and turns ({speaker, content});
+    whoever speaks first plays the user (the chair)."""
+    names = [t.get("topic") if isinstance(t, dict) else t for t in (topics if isinstance(topics, list) else [])]
+    names = [n.strip() for n in names if isinstance(n, str) and n.strip()]
+    if not names or not isinstance(transcript, list):
+        raise BadRow("no topics in 'topic_list', or the transcript is not a list")
+    turns, chair = [], None
+    for t in transcript:
+        text = clean_transcript(t["content"]) if isinstance(t, dict) and isinstance(t.get("content"), str) else ""
+        if text and len(turns) < MAX_MEETING_TURNS:
+            chair = chair or t.get("speaker")
+            turns.append({"speaker": "user" if t.get("speaker") == chair else "participant", "text": text})
+    if not turns:
+        raise BadRow("the transcript has no spoken turns")
+    return Context(meeting_id, "meeting", f"A meeting covering: {'; '.join(names)}.", turns[0]["text"], domain=domain,
+                   source="qmsum", turns=turns)
+
+
+def our_row(row: dict) -> Context:
+    import data
+    try:
+        return data.context_row(row)
+    except UserError as e:
+        raise BadRow(str(e)) from None
+
+
+def row_kind(row: object):
+    """Which parser reads a JSON-lines row, from its keys (None: none)."""
+    keys = set(row) if isinstance(row, dict) else set()
+    if "dialog" in keys:
+        return esconv_row
+    if {"first_turns", "topic_list"} <= keys:
+        return lambda r: meeting_row(field(r, "id"), r.get("topic_list"), r.get("first_turns"), domain_of(r.get("domain")))
+    if {"set", "first_message"} <= keys:
+        return our_row
+    return ed_row if {"emotion", "situation"} <= keys else None
+
+
+def parse_rows(path: Path, rows: list[tuple[int, object]], parse=None) -> list[Context]:
+    """Parse numbered rows, skipping (and counting) the malformed ones. Without `parse` the format is
+    the one most rows have, so a damaged first row cannot decide how the whole file is read."""
+    if parse is None:
+        kinds = Counter(row_kind(r) for _, r in rows)
+        kinds.pop(None, None)
+        if not kinds:
+            raise UserError(f"{path}: unrecognised rows; expected {EXPECTED}")
+        parse = kinds.most_common(1)[0][0]
+    contexts, skipped = [], 0
+    for number, row in rows:
+        try:
+            if not isinstance(row, dict):
+                raise BadRow(f"not a JSON object ({json_type(row)})")
+            c = parse(row)
+            c.id = c.id or (f"esconv-{number}" if c.source == "esconv" else f"{path.stem}-{number}")
+            contexts.append(c)
+        except BadRow as e:
+            skipped += 1
+            if skipped <= 5:
+                warn(f"{path}: skipping row {number}: {e}")
+    if skipped:
+        warn(f"skipped {skipped} malformed row(s) in {path}")
+    if not contexts:
+        raise UserError(f"{path}: no usable rows ({skipped} malformed); expected {EXPECTED}")
+    return contexts
+
+
+def load_ed_csv(path: Path) -> list[Context]:
+    """ED's official CSV: one Context per conv_id; `context` is the emotion, `prompt` the situation."""
+    reader = csv.reader(io.StringIO(read_text(path), newline=""))
+    if [h.strip() for h in next(reader, [])][:6] != ["conv_id", "utterance_idx", "context", "prompt", "speaker_idx",
+                                                     "utterance"]:
+        raise UserError(f"{path}: not an Empathetic Dialogues CSV (conv_id,utterance_idx,context,prompt,...)")
+    convs, skipped = {}, 0
+    for row in reader:
+        # A few release lines have stray commas that shift every column: drop the line, not the file.
+        if 6 <= len(row) <= 8 and all(c.strip() for c in row[:3] + row[4:6]) and row[1].strip().isdigit():
+            conv = convs.setdefault(row[0].strip(), {"emotion": row[2].strip(), "prompt": row[3], "utts": []})
+            conv["utts"].append((int(row[1]), row[4].strip(), ed_text(row[5])))
+        elif any(c.strip() for c in row):
+            skipped += 1
+    if skipped:
+        warn(f"skipped {skipped} malformed row(s) in {path}")
+    contexts = []
+    for conv_id, conv in convs.items():
+        utts = sorted(conv["utts"])
+        turns = [{"speaker": "user" if who == utts[0][1] else "supporter", "text": t} for _, who, t in utts]
+        contexts.append(Context(conv_id, "support", ed_text(conv["prompt"]) or turns[0]["text"], turns[0]["text"],
+                                conv["emotion"], emotion_valence(conv["emotion"]), source="empathetic_dialogues",
+                                turns=turns))
+    if not contexts:
+        raise UserError(f"{path}: no usable Empathetic Dialogues rows")
+    return contexts
+
+
+def load_meetings(files: list[Path]) -> list[Context]:
+    """QMSum meeting files; the official data/ALL/ and per-domain folders hold the same meetings, so
+    one copy per id, its domain from a folder name or a `*domains.json` near it."""
+    by_id, mappings = {}, {}
+    for file in files:
+        if file.parent not in mappings:
+            mapping = {}
+            for m in sorted(file.parent.parent.glob("*domains.json")) + sorted(file.parent.glob("*domains.json")):
+                value = read_json(m)
+                mapping.update({k: domain_of(v) for k, v in value.items()} if isinstance(value, dict) else {})
+            mappings[file.parent] = mapping
+        meeting = read_json(file)
+        domain = next((domain_of(p) for p in reversed(file.parent.parts) if domain_of(p)), "") \
+            or mappings[file.parent].get(file.stem, "")
+        try:
+            c = meeting_row(file.stem, meeting.get("topic_list"), meeting.get("meeting_transcripts"), domain)
+        except BadRow as e:
+            warn(f"{file}: skipping this meeting: {e}")
+            continue
+        kept = by_id.setdefault(c.id, c)
+        kept.domain = kept.domain or c.domain
+    return list(by_id.values())
+
+
+def load_file(path: Path) -> list[Context]:
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return load_ed_csv(path)
+    if suffix == ".jsonl":
+        return parse_rows(path, [(n, v) for n, v, _ in jsonl_lines(path)])
+    if suffix == ".json":
+        value = read_json(path)
+        if isinstance(value, list):                       # the official ESConv.json: one array of dialogs
+            return parse_rows(path, list(enumerate(value, 1)), esconv_row)
+        if isinstance(value, dict) and "meeting_transcripts" in value:
+            return load_meetings([path])
+    raise UserError(f"{path}: unrecognised data file; expected {EXPECTED}")
+
+
+SPLITS = {"train": "train", "valid": "valid", "val": "valid", "dev": "valid", "validation": "valid", "test": "test"}
+
+
+def split_of(path: Path, root: Path) -> str | None:
+    """The official split a file belongs to, by its name (train_*.jsonl, valid.csv) or a folder name
+    on the way from `root` (QMSum's data/ALL/test/)."""
+    m = re.match(r"(train|validation|valid|val|dev|test)(?:[_.\-]|$)", path.name.lower())
+    if m:
+        return SPLITS[m.group(1)]
+    return next((SPLITS[p.lower()] for p in reversed(path.relative_to(root).parent.parts) if p.lower() in SPLITS), None)
+
+
+def is_meeting(file: Path) -> bool:
+    return file.suffix == ".json" and "meeting_transcripts" in read_text(file)
+
+
+def load_splits(spec: str, persona_set: str) -> dict[str, list[Context]]:
+    """{split: contexts} of `spec`, the persona set's only (module docstring)."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise UserError(f"{path}: no such file or folder; expected 'bundled', {EXPECTED}")
+    found: dict[str, list[Context]] = {}
+    if path.is_file():
+        found["all"] = load_file(path)
+    else:
+        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".csv", ".json", ".jsonl")
+                       and not p.name.endswith("domains.json"))
+        meetings = [f for f in files if is_meeting(f)]
+        others = [f for f in files if f not in meetings and f.parent == path]
+        named = {f: split_of(f, path) for f in meetings + others if split_of(f, path)}
+        if named:
+            for split in dict.fromkeys(named.values()):
+                mine = [f for f, s in named.items() if s == split]
+                found[split] = load_meetings([f for f in mine if f in meetings]) + [
+                    c for f in mine if f not in meetings for c in load_file(f)]
+        elif meetings:
+            found["all"] = load_meetings(meetings)
+        elif len(others) == 1:
+            found["all"] = load_file(others[0])
+        else:
+            raise UserError(f"{path}: the folder holds {', '.join(f.name for f in others) or 'no data files'}; "
+                            "pass one file, a folder of QMSum meetings, or a folder of official splits")
+    for split, contexts in found.items():
+        kept = {}
+        for c in contexts:
+            if c.persona_set == persona_set:
+                kept.setdefault(c.id, c)                   # one copy per id
+        if not kept:
+            raise UserError(f"{path}: no '{persona_set}' contexts in its {split} data; pick the matching --set")
+        found[split] = list(kept.values())
+    return found
+
+
+if __name__ == "__main__":
+    spec = sys.argv[1] if len(sys.argv) > 1 else "data/contexts.jsonl"
+    for set_name in ("support", "meeting"):
+        try:
+            for split, cs in load_splits(spec, set_name).items():
+                counts = Counter(c.valence or c.domain or "-" for c in cs)
+                print(f"{set_name}/{split}: {len(cs)} contexts ({cs[0].source}); "
+                      + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) + f"\n  first: {cs[0].id}: "
+                      + cs[0].first_message[:100])
+        except UserError as e:
+            print(f"{set_name}: {e}")
