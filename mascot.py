@@ -109,15 +109,14 @@ def common_flags(p, trained: bool = True) -> None:
                                                         "RUN/stage2/director if it exists, else --model; train "
                                                         "--stage 2: the director training starts from)")
         p.add_argument("--user", default=None, help="the simulated user: a folder or openai:<base url> (default: --model)")
-        for role in ("speakers", "director", "user", "judge"):
-            if role != "judge":
-                p.add_argument(f"--{role}-model", default=None, help=f"the served model's name for --{role} openai:...")
-        p.add_argument("--served-timeout", type=flag_type("--served-timeout", float, "positive"), default=120.0,
-                       help="openai: roles and judge: seconds per request in all, retried after")
-        p.add_argument("--served-retries", type=flag_type("--served-retries", int, "non-negative"), default=5,
-                       help="openai: roles and judge: retries after HTTP 429/5xx, refused connections, timeouts")
-        p.add_argument("--served-concurrency", type=flag_type("--served-concurrency", int, "positive"), default=8,
-                       help="openai: roles and judge: requests in flight at once; each answer is cached as it arrives")
+        for role in ("speakers", "director", "user"):
+            p.add_argument(f"--{role}-model", default=None, help=f"the served model's name for --{role} openai:...")
+    p.add_argument("--served-timeout", type=flag_type("--served-timeout", float, "positive"), default=120.0,
+                   help="openai: roles and judge: seconds per request in all, retried after")
+    p.add_argument("--served-retries", type=flag_type("--served-retries", int, "non-negative"), default=5,
+                   help="openai: roles and judge: retries after HTTP 429/5xx, refused connections, timeouts")
+    p.add_argument("--served-concurrency", type=flag_type("--served-concurrency", int, "positive"), default=8,
+                   help="openai: roles and judge: requests in flight at once; each answer is cached as it arrives")
     p.add_argument("--user-every", type=flag_type("--user-every", int, "non-negative"), default=2,
                    help="the simulated user answers after every N agent turns (0: never)")
 
