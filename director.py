@@ -341,6 +341,8 @@ class Rollout:
         return {"reward": sum(rewards) / n, "se": standard_error(rewards), "rewards": rewards, "n": n,
                 "components": {k: sum(c[k] for _, c in scored) / n for k in scored[0][1]},
                 "choices": {a: agents.count(a) for a in self.personas.names()},
+                "block_choices": {a: sum(t.speaker == a for c, p in zip(copies, points) for t in c.turns[len(p.turns):])
+                                  for a in self.personas.names()},
                 "diagnostics": choice_diagnostics(agents, stages, self.personas.names(), seed=seed),
                 "agree_least_spoken": sum(a == least_spoken_agent(self.personas, p) for a, p in zip(agents, points)) / n,
                 "invalid": sum(not d.valid for d in firsts), "unreadable_judgements": self.counts["unreadable"] - unreadable,
@@ -508,7 +510,8 @@ def warm_start(cfg: DirectorConfig, out: Path, policy, tok, personas: PersonaSet
                                  first_line_weight=cfg.warmup_agent_weight, decay=True)
     held = rollout.evaluate(LLMDirector(policy, tok, personas), held_points, seed)
     write_jsonl(out / "heldout_warm-start.jsonl", held.pop("rollouts"))
-    print(f"held-out mean group reward after the warm start ({source}): {describe_heldout(held)}", flush=True)
+    print(f"held-out mean group reward after the {source.split(' warm start')[0]} warm start: {describe_heldout(held)}",
+          flush=True)
     save_model(policy, tok, out / "director_warm")
     warm = {"steps": cfg.director_warmup, "lr": cfg.warmup_lr, "source": source, "losses": losses, "heldout": held,
             "targets": dict(Counter(parse_directive(t, personas, "?").agent for _, t in examples))}

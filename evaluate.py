@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -37,29 +39,11 @@ import data
 import grpo
 import models
 from data import Persona, PersonaSet, UserError, option
-from metrics import (NLI_RELATIONS, bootstrap_ci, distinct_n, mean_or_none, mean_pairwise_similarity, nli_rates,
+from metrics import (HACKS, NLI_RELATIONS, bootstrap_ci, distinct_n, mean_or_none, mean_pairwise_similarity, nli_rates,
                      parse_rubric_score, rates, rescale_0_100, self_bleu, semantic_redundancy_rate, win_rate)
 from director import LLMDirector
 from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, RandomOrder, RoundRobin, diagnose_reply, judge_state,
                       role_setting, run_conversations)
-
-
-@dataclass
-class EvalConfig:
-    """The evaluation's settings; each is also an `evaluate` flag."""
-    systems: str = option("all", "comma-separated systems (SYSTEMS) or 'all': every system whose models exist")
-    contexts: int = option(8, "held-out contexts, each crossed with every profile", "positive")
-    profiles: str = option("average", "simulated-user profile ids (comma-separated), or 'all': the paper's ten "
-                                      "one-trait Big Five profiles")
-    role_setting: str = option("full", "what every system's speaker prompt shows of a persona: the full card, or "
-                                       "name and role only (an ablation)", ["full", "name"])
-    persona_id: bool = option(True, "score persona identification with the frozen base model (4 passes per turn)")
-    nli_model: str = option("", "folder or hub id of an MNLI-style classifier for the NLI rates; none: skipped")
-    pairwise: str = option("mascot,round-robin", "A,B: who wins conversation by conversation")
-    pairwise_by: str = option("persona-id", "what decides the pairwise preference", ["persona-id", "judge"])
-    sc_samples: int = option(5, "self-consistency: zero-shot-CoT samples per turn", "at-least-2")
-    sc_pick: str = option("majority", "self-consistency: the sample the others agree with most, or the judge's "
-                                      "best", ["majority", "judge"])
 
 
 @dataclass(frozen=True)
@@ -94,6 +78,25 @@ SYSTEMS = (
 SYSTEM_NAMES, REFERENCE = tuple(s.name for s in SYSTEMS), "round-robin"
 
 
+@dataclass
+class EvalConfig:
+    """The evaluation's settings; each is also an `evaluate` flag."""
+    systems: str = option("all", "comma-separated systems of " + ", ".join(SYSTEM_NAMES) + "; 'all': every system "
+                                 "whose models exist")
+    contexts: int = option(8, "held-out contexts, each crossed with every profile", "positive")
+    profiles: str = option("average", "simulated-user profile ids (comma-separated), or 'all': the paper's ten "
+                                      "one-trait Big Five profiles")
+    role_setting: str = option("full", "what every system's speaker prompt shows of a persona: the full card, or "
+                                       "name and role only (an ablation)", ["full", "name"])
+    persona_id: bool = option(True, "score persona identification with the frozen base model (4 passes per turn)")
+    nli_model: str = option("", "folder or hub id of an MNLI-style classifier for the NLI rates; none: skipped")
+    pairwise: str = option("mascot,round-robin", "A,B: who wins conversation by conversation")
+    pairwise_by: str = option("persona-id", "what decides the pairwise preference", ["persona-id", "judge"])
+    sc_samples: int = option(5, "self-consistency: zero-shot-CoT samples per turn", "at-least-2")
+    sc_pick: str = option("majority", "self-consistency: the sample the others agree with most, or the judge's "
+                                      "best", ["majority", "judge"])
+
+
 @dataclass(frozen=True)
 class Metric:
     key: str
@@ -115,17 +118,34 @@ def all_metrics() -> list[Metric]:
     out += [Metric(m["key"], m["title"], "Collective (judge rubric, 0-100)", 1) for m in crit["collective"]]
     out += [Metric("collective_overall", "collective overall", "Collective (judge rubric, 0-100)", 1)]
     ind = "Persona identification by the frozen base model (independent of training)"
-    out += [Metric("persona_id", "persona ID", ind, better=1), Metric("persona_log_ratio", "log-ratio", ind, better=1),
-            Metric("persona_id_32", f"persona ID, first {EQUAL_TOKENS} tokens", ind, better=1)]
+    out += [Metric("persona_id_accuracy", "persona ID accuracy", ind, better=1),
+            Metric("persona_log_ratio", "persona log-ratio", ind, better=1),
+            Metric("persona_id_equal", f"persona ID accuracy, first {EQUAL_TOKENS} tokens", ind, better=1)]
     red = "Redundancy over agent turns"
     out += [Metric("self_bleu", "Self-BLEU", red, better=-1), Metric("distinct_1", "distinct-1", red),
             Metric("distinct_2", "distinct-2", red), Metric("semantic_redundancy", "semantic redundancy", red, better=-1),
             Metric("mean_similarity", "mean similarity", red)]
     out += [Metric(f"nli_{r}", f"NLI {r}", red) for r in NLI_RELATIONS]
     hk = "Reward-hack rates over agent turns, and crisis-guard stops"
-    out += [Metric(k, k.replace("_", " "), hk, better=-1) for k in
-            ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial")]
-    return out + [Metric("words", "words", hk, 1), Metric("crisis_stop", "crisis stops", hk, better=-1)]
+    out += [Metric(k, t, hk, better=-1) for k, t in zip(HACKS, ("context copy", "persona-card copy", "history echo",
+                                                              "repeats itself", "meta/prompt leak", "empty or trivial"))]
+    return out + [Metric("words", "reply length (words)", hk, 1), Metric("crisis_stop", "crisis stops", hk, better=-1)]
+
+
+def metric_status(judge, nli: bool, identifier: bool) -> dict[str, str]:
+    """Per column: "ok", "approximated" (a scoring judge standing in for a rubric), or why it has no
+    number; the tables show the reason instead of an empty column."""
+    kind = judge.name.split(":")[0]
+    status = {}
+    for m in all_metrics():
+        if "rubric" in m.group:
+            status[m.key] = "ok" if judge.can_generate else "approximated" if m.key == "persona_consistency" or (
+                m.key == "response_relevance" and hasattr(judge, "features_many")) else f"n/a ({kind} judge)"
+        elif m.key.startswith("persona_"):
+            status[m.key] = "ok" if identifier else "skipped (--no-persona-id)"
+        else:
+            status[m.key] = "skipped (no --nli-model)" if m.key.startswith("nli_") and not nli else "ok"
+    return status
 
 
 # --- The independent evaluator: which persona does the frozen base model think wrote this turn? --
@@ -144,45 +164,69 @@ def all_metrics() -> list[Metric]:
 ID_TURNS, EQUAL_TOKENS, NEUTRAL_NAME = 2, 32, "Alex"
 
 
+class Item(NamedTuple):
+    speaker: str                       # the persona who spoke the turn
+    situation: str
+    history: list[tuple[str, str]]     # (speaker, text) of the turns before it
+    reply: str
+
+
+def mask_names(reply: str, names: list[str]) -> str:
+    """Every persona name, as a whole word spelt as the name is, replaced by NEUTRAL_NAME (only
+    capitalised names: "I can guide you" is an ordinary verb, a role's own)."""
+    return re.sub(r"(?<!\w)(" + "|".join(map(re.escape, names)) + r")(?!\w)", NEUTRAL_NAME, reply) if names else reply
+
+
+def card_text(p: Persona) -> str:
+    """The card the base model is conditioned on; no example lines (a speaker could copy them)."""
+    return f"You are {p.name}, the {p.role}. {p.description} Style: {p.style}"
+
+
+def id_messages(p: Persona, situation: str, history: list[tuple[str, str]]) -> list[dict]:
+    lines = "\n".join(f"{who}: {text}" for who, text in history[-ID_TURNS:])
+    return [{"role": "system", "content": card_text(p)},
+            {"role": "user", "content": f"Situation: {situation}\n\nConversation so far:\n{lines}\n\nWrite {p.name}'s next message."}]
+
+
 class PersonaIdentifier:
     def __init__(self, model, tok, personas: PersonaSet):
         self.model, self.tok, self.personas = model, tok, personas
 
-    def prompt_ids(self, p: Persona, situation: str, history: list[tuple[str, str]]) -> list[int]:
-        card = f"You are {p.name}, the {p.role}. {p.description} Style: {p.style}"   # no example lines: copyable
-        lines = "\n".join(f"{who}: {text}" for who, text in history[-ID_TURNS:])
-        task = f"Situation: {situation}\n\nConversation so far:\n{lines}\n\nWrite {p.name}'s next message."
-        return models.chat_prompt_ids(self.tok, [[{"role": "system", "content": card}, {"role": "user", "content": task}]])[0]
+    def reply_ids(self, reply: str) -> list[int]:
+        return self.tok(mask_names(reply.strip(), self.personas.names()), add_special_tokens=False)["input_ids"] \
+            or [self.tok.eos_token_id]
 
     @torch.no_grad()
-    def score(self, items: list[tuple[str, str, list, str]]) -> list[dict]:
-        """items: (speaker, situation, history [(speaker, text)], reply) -> {"id", "log_ratio",
-        "id_32", "tokens"}; None values for a speaker outside the set."""
-        names, cards = self.personas.names(), self.personas.personas
-        masked = [re.sub(r"(?<!\w)(" + "|".join(map(re.escape, names)) + r")(?!\w)", NEUTRAL_NAME, r.strip())
-                  for _, _, _, r in items]
-        replies = [self.tok(m, add_special_tokens=False)["input_ids"] or [self.tok.eos_token_id] for m in masked]
-        rows = sorted(((i, k, self.prompt_ids(c, it[1], it[2])) for i, it in enumerate(items) for k, c in enumerate(cards)),
-                      key=lambda r: (len(r[2]), r[2]))             # similar lengths batch with little padding
-        lp = [[0.0] * len(cards) for _ in items]
-        first = [[0.0] * len(cards) for _ in items]
-        for start in range(0, len(rows), 16):
+    def logprobs(self, items: list[Item]) -> tuple[list[list[float]], list[list[float]]]:
+        """lp[i][k] = log p(reply_i | card_k, history_i) under the frozen model, and the same sum over
+        the reply's first EQUAL_TOKENS tokens (read from the same teacher-forced pass: it is causal)."""
+        cards = self.personas.personas
+        rows = sorted(((i, k, models.chat_prompt_ids(self.tok, [id_messages(c, it.situation, it.history)])[0])
+                       for i, it in enumerate(items) for k, c in enumerate(cards)), key=lambda r: (len(r[2]), r[2]))
+        lp, first = [[0.0] * len(cards) for _ in items], [[0.0] * len(cards) for _ in items]
+        for start in range(0, len(rows), 16):              # similar lengths batch with little padding
             batch = rows[start:start + 16]
-            logps, mask = grpo.target_logprobs(self.model, self.tok.pad_token_id, [(p, replies[i]) for i, _, p in batch])
+            logps, mask = grpo.target_logprobs(self.model, self.tok.pad_token_id,
+                                               [(p, self.reply_ids(items[i].reply)) for i, _, p in batch])
             per_token = logps * mask                                             # (B, C) column t = token t
-            for (i, k, _), s, f in zip(batch, per_token.sum(1).tolist(), per_token[:, :EQUAL_TOKENS].sum(1).tolist()):
-                lp[i][k], first[i][k] = s, f
-        out = []
-        for (speaker, _, _, _), own, head, ids in zip(items, lp, first, replies):
-            if speaker not in names or len(names) < 2:
-                out.append({"id": None, "log_ratio": None, "id_32": None, "tokens": 0})
+            for (i, k, _), s_, f in zip(batch, per_token.sum(1).tolist(), per_token[:, :EQUAL_TOKENS].sum(1).tolist()):
+                lp[i][k], first[i][k] = s_, f
+        return lp, first
+
+    def score(self, items: list[Item]) -> list[dict]:
+        """{"correct", "log_ratio", "correct_equal", "tokens"} per item; None values for a speaker
+        outside the set, and correct_equal None for a reply shorter than EQUAL_TOKENS."""
+        names, out = self.personas.names(), []
+        best = lambda v: max(range(len(v)), key=v.__getitem__)       # noqa: E731
+        for item, own, head in zip(items, *self.logprobs(items)):
+            if item.speaker not in names or len(names) < 2:
+                out.append({"correct": None, "log_ratio": None, "correct_equal": None, "tokens": 0})
                 continue
-            s = names.index(speaker)
+            s, n = names.index(item.speaker), len(self.reply_ids(item.reply))
             others = [v for k, v in enumerate(own) if k != s]
             log_mean = max(others) + math.log(sum(math.exp(v - max(others)) for v in others) / len(others))
-            best = lambda v: max(range(len(v)), key=v.__getitem__)       # noqa: E731
-            out.append({"id": float(best(own) == s), "log_ratio": (own[s] - log_mean) / len(ids),
-                        "id_32": float(best(head) == s) if len(ids) >= EQUAL_TOKENS else None, "tokens": len(ids)})
+            out.append({"correct": float(best(own) == s), "log_ratio": (own[s] - log_mean) / n,
+                        "correct_equal": float(best(head) == s) if n >= EQUAL_TOKENS else None, "tokens": n})
         return out
 
 
@@ -192,11 +236,11 @@ def transcript(turns) -> str:
     return "\n".join(f"{t.speaker}: {t.text}" for t in turns)
 
 
-def rubric_scores(conv, personas: PersonaSet, judge, unreadable: dict) -> dict:
+def rubric_scores(conv, personas: PersonaSet, judge) -> tuple[dict, Counter]:
     """Every rubric metric of one conversation from an LLM judge, 0-100 (greedy, as the paper's
     temperature 0): one prompt per (agent turn, criterion) averaged over the turns, one per
-    (conversation, criterion); Overall = the mean of the criteria. An unreadable answer is counted
-    in `unreadable` and left out; a metric with no readable answer is None."""
+    (conversation, criterion). An unreadable answer is counted and left out; a metric without a
+    readable answer is None, and so is an Overall over an incomplete set of criteria."""
     agent_idx = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
     crit, asks = rubric_criteria(), []
     for m in crit["agent"]:
@@ -210,54 +254,75 @@ def rubric_scores(conv, personas: PersonaSet, judge, unreadable: dict) -> dict:
         asks.append((m["key"], data.prompt("eval_collective").format(roster=roster, situation=conv.context.situation,
                                                                      transcript=transcript(conv.turns), title=m["title"],
                                                                      rubric=m["rubric"])))
-    scores = {m["key"]: [] for kind in crit.values() for m in kind}
+    scores, unreadable = {m["key"]: [] for kind in crit.values() for m in kind}, Counter()
     for (key, _), answer in zip(asks, judge.complete_many([a for _, a in asks], 32) if asks else []):
         score = parse_rubric_score(answer)
         if score is None:
-            unreadable[key] = unreadable.get(key, 0) + 1
+            unreadable[key] += 1
         else:
             scores[key].append(rescale_0_100(score, 1, 5))
-    values = {k: mean_or_none(v) for k, v in scores.items()}
-    for kind in crit:
-        parts = [values[m["key"]] for m in crit[kind]]
+    return with_overall({k: mean_or_none(v) for k, v in scores.items()}), unreadable
+
+
+def with_overall(values: dict) -> dict:
+    """agent_overall and collective_overall: the mean of their criteria (0-100), as the paper."""
+    for kind, crit in rubric_criteria().items():
+        parts = [values.get(m["key"]) for m in crit]
         values[f"{kind}_overall"] = None if None in parts else sum(parts) / len(parts)
     return values
 
 
-def score_conversations(convs, personas: PersonaSet, judge, encoder, nli=None, identifier=None) -> tuple[list, dict]:
+def hack_rates(conv, personas: PersonaSet) -> dict:
+    """The hack diagnostics of a conversation's agent turns (rates, and the mean length in words),
+    against each speaker's FULL card whatever --role-setting showed it; None without agent turns."""
+    rows = [diagnose_reply(personas.find(t.speaker), conv.turns[:k], conv.context.situation, t.text, personas.names())
+            for k, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY) and personas.find(t.speaker)]
+    return {k: rates(rows).get(k) for k in HACKS + ("words",)}
+
+
+def score_conversations(convs, personas: PersonaSet, judge, encoder, nli=None, identifier=None) -> tuple[list, Counter]:
     """One record per conversation (what it was, its metrics), and the unreadable judge answers.
     `personas` are the full cards: the hack rates and the evaluator need them even when the
-    speakers saw names only. A conversation without agent turns has None metrics (not "no repetition")."""
-    records, unreadable = [], {}
-    for i, c in enumerate(convs):
-        agent = [(k, t) for k, t in enumerate(c.turns) if t.speaker not in (USER, SAFETY)]
-        m = {"crisis_stop": float(bool(c.events))}
-        texts = [t.text for _, t in agent]
-        if judge.can_generate:
-            m.update(rubric_scores(c, personas, judge, unreadable))
-        elif agent:
-            states = [judge_state(personas.find(t.speaker), c.turns[:k], c.context.situation) for k, t in agent]
-            scores = judge.score_many(states, texts)
-            m["judge_score"] = sum(scores) / len(scores)
-            m["persona_consistency"] = 100 * m["judge_score"]
-            if hasattr(judge, "features_many"):
-                m["response_relevance"] = 100 * mean_or_none([max(0.0, f["context"]) for f in judge.features_many(states, texts)])
-        if agent:
-            emb = encoder.embed(texts)                                           # (turns, D)
-            m.update(self_bleu=self_bleu(texts), distinct_1=distinct_n(texts, 1), distinct_2=distinct_n(texts, 2),
-                     semantic_redundancy=semantic_redundancy_rate(emb), mean_similarity=mean_pairwise_similarity(emb))
-            if nli is not None:
-                m.update({f"nli_{r}": v for r, v in (nli_rates(texts, *nli) or dict.fromkeys(NLI_RELATIONS)).items()})
-            m.update(rates([diagnose_reply(personas.find(t.speaker), c.turns[:k], c.context.situation, t.text,
-                                           personas.names()) for k, t in agent if personas.find(t.speaker)]))
-            if identifier is not None:
-                ids = identifier.score([(t.speaker, c.context.situation, [(u.speaker, u.text) for u in c.turns[:k]],
-                                         t.text) for k, t in agent])
-                m.update(persona_id=mean_or_none([r["id"] for r in ids]),
-                         persona_log_ratio=mean_or_none([r["log_ratio"] for r in ids]),
-                         persona_id_32=mean_or_none([r["id_32"] for r in ids]))
-        records.append({"index": i, "context_id": c.context.id, "profile": c.profile, "valence": c.context.valence,
-                        "domain": c.context.domain, "agent_turns": len(agent), "metrics": m})
+    speakers saw names only. A conversation without agent turns has None metrics (not "no
+    repetition"). The judge and the evaluator see every conversation's turns in one batch."""
+    agent = [[(k, t) for k, t in enumerate(c.turns) if t.speaker not in (USER, SAFETY)] for c in convs]
+    flat = [(n, k, t) for n, turns in enumerate(agent) for k, t in turns]
+    records = [{"index": i, "context_id": c.context.id, "profile": c.profile, "valence": c.context.valence,
+                "domain": c.context.domain, "agent_turns": len(agent[i]),
+                "metrics": {"crisis_stop": float(bool(c.events)), **hack_rates(c, personas)}} for i, c in enumerate(convs)]
+    unreadable = Counter()
+    if judge.can_generate:
+        for r, c in zip(records, convs):
+            values, bad = rubric_scores(c, personas, judge)
+            r["metrics"].update(values)
+            unreadable += bad
+    elif flat:
+        states = [judge_state(personas.find(t.speaker), convs[n].turns[:k], convs[n].context.situation) for n, k, t in flat]
+        texts = [t.text for _, _, t in flat]
+        scores = judge.score_many(states, texts)
+        context = [max(0.0, f["context"]) for f in judge.features_many(states, texts)] if hasattr(judge, "features_many") else None
+        for r in records:
+            mine = [j for j, (n, _, _) in enumerate(flat) if n == r["index"]]
+            if mine:
+                r["metrics"]["judge_score"] = sum(scores[j] for j in mine) / len(mine)
+                r["metrics"]["persona_consistency"] = 100 * r["metrics"]["judge_score"]
+                if context is not None:
+                    r["metrics"]["response_relevance"] = 100 * sum(context[j] for j in mine) / len(mine)
+    ids = identifier.score([Item(t.speaker, convs[n].context.situation, [(u.speaker, u.text) for u in convs[n].turns[:k]],
+                                 t.text) for n, k, t in flat]) if identifier is not None and flat else []
+    for r, c, turns in zip(records, convs, agent):
+        if not turns:
+            continue
+        texts, mine = [t.text for _, t in turns], [x for (n, _, _), x in zip(flat, ids) if n == r["index"]]
+        emb = encoder.embed(texts)                                               # (turns, D)
+        r["metrics"].update(self_bleu=self_bleu(texts), distinct_1=distinct_n(texts, 1), distinct_2=distinct_n(texts, 2),
+                            semantic_redundancy=semantic_redundancy_rate(emb), mean_similarity=mean_pairwise_similarity(emb))
+        if nli is not None:
+            r["metrics"].update({f"nli_{k}": v for k, v in (nli_rates(texts, *nli) or dict.fromkeys(NLI_RELATIONS)).items()})
+        if mine:
+            r["metrics"].update(persona_id_accuracy=mean_or_none([x["correct"] for x in mine]),
+                                persona_log_ratio=mean_or_none([x["log_ratio"] for x in mine]),
+                                persona_id_equal=mean_or_none([x["correct_equal"] for x in mine]))
     return records, unreadable
 
 
@@ -283,16 +348,16 @@ def paired_changes(entries: dict, keys: list[str], seed: int) -> dict:
 
 # --- Running the systems -----------------------------------------------------------------------------
 
-def choose_systems(spec: str, folders: dict[str, str]) -> tuple[list[System], dict[str, str]]:
-    """The systems to run, and {name: why skipped}: a system whose model folder is missing is
-    skipped with the command that makes it; nothing stands in for it."""
+def choose_systems(spec: str, folders: dict[str, str], how: str = "") -> tuple[list[System], dict[str, str]]:
+    """The systems to run, and {name: why skipped}: a system whose model folder is missing is skipped
+    with the command that makes it (`how`: the flags to repeat, e.g. " --run R"); nothing stands in."""
     names = list(SYSTEM_NAMES) if spec.strip() == "all" else [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in SYSTEM_NAMES]
     if not names or unknown:
         raise UserError(f"--systems {spec}: unknown system '{(unknown or [''])[0]}'; use 'all' or some of "
                         + ", ".join(SYSTEM_NAMES))
-    make = {"trained": "python mascot.py train --stage 1", "trained-director": "python mascot.py train --stage 2",
-            "sft": "python mascot.py sft --data <an ESConv file>"}
+    make = {"trained": f"python mascot.py train --stage 1{how}", "trained-director": f"python mascot.py train --stage 2{how}",
+            "sft": f"python mascot.py sft{how} --data <ESConv.json or an ESConv .jsonl>"}
     chosen, skipped = [], {}
     for s in (s for s in SYSTEMS if s.name in names):
         missing = [k for k in (s.speakers, s.order) if k in make and not models.trained_or(folders[k], "")
@@ -302,6 +367,12 @@ def choose_systems(spec: str, folders: dict[str, str]) -> tuple[list[System], di
         else:
             chosen.append(s)
     return chosen, skipped
+
+
+def plan_conversations(contexts: list, n: int, profile_ids: list[str]) -> list[tuple]:
+    """(context, profile) of every conversation, the same for every system: each of the first n
+    contexts with every profile (the paper: 50 x 10 = 500). c0, c1 x p, q -> (c0,p) (c0,q) (c1,p) (c1,q)."""
+    return [(c, p) for c in contexts[:n] for p in profile_ids]
 
 
 def profile_ids(spec: str, profiles: dict) -> list[str]:
@@ -320,6 +391,7 @@ class Setup:
     contexts: list               # conversation i's context ...
     profiles: list[str]          # ... and its simulated user's profile
     roles: dict                  # "base" | "trained" | "sft" | "trained-director" | "user" -> (model, tok)
+    names: dict                  # the same keys -> what the model is (a folder, a name), for the tables
     fewshot: list
     encoder: object
     judge: object
@@ -348,38 +420,45 @@ def run_system(system: System, setup: Setup, inputs, cfg: EvalConfig, max_new_to
         r["trait"] = inputs.profiles[r["profile"]].trait()
     print(f"{system.name}: {len(convs)} conversations simulated in {t1 - t0:.0f} s, scored in {time.time() - t1:.0f} s",
           flush=True)
-    entry = {"about": system.about, "speakers": f"{system.speakers}, {system.style} prompt", "order": system.order,
-             "n": len(convs), "metrics": aggregate(records, keys, seed), "unreadable": unreadable,
+    director = {"round-robin": "round-robin", "random": "random order", "prompted-director": f"prompted: {setup.names['base']}",
+                "trained-director": f"trained: {setup.names.get('trained-director')}"}[system.order]
+    entry = {"about": system.about, "speakers": f"{system.speakers}: {setup.names[system.speakers]}, {system.style} prompt",
+             "director": director, "judge": setup.judge.name, "n": len(convs), "seconds": round(time.time() - t0, 1),
+             "metrics": aggregate(records, keys, seed), "unreadable": dict(unreadable),
              "crisis_flags": [{"context_id": c.context.id, **e} for c in convs for e in c.events],
              "directives": [getattr(policy, "invalid", 0), getattr(policy, "total", 0)], "conversations": records}
     return convs, entry
 
 
 def run(cfg: EvalConfig, setup: Setup, inputs, out: Path, systems: list[System], skipped: dict, protocol: dict,
-        max_new_tokens: int, turns: int, user_every: int, seed: int) -> dict:
+        max_new_tokens: int, turns: int, user_every: int, seed: int, judge_spec: str, trained_with: dict) -> dict:
     """Run every system, score, write RUN/eval/{transcripts.jsonl, results.json, results.md}. Each
     finished system is saved at once (RUN/eval/partial/), so the same command after an interruption
-    redoes only the unfinished ones (`protocol` holds everything their numbers depend on)."""
-    keys = [m.key for m in all_metrics()] + ["judge_score"]
+    redoes only the unfinished ones (`protocol` holds everything their numbers depend on).
+    judge_spec, trained_with: this --judge and each training stage's, for the table of who measured what."""
+    status = metric_status(setup.judge, setup.nli is not None, setup.identifier is not None)
+    keys = [k for k, v in status.items() if v in ("ok", "approximated")] + ["judge_score"]
     entries, rows = {}, []
     for system in systems:
         part = out / "partial" / f"{system.name}.json"
         saved = data.read_json(part) if part.is_file() else {}
-        if saved.get("protocol") == protocol:
+        if saved.get("protocol") == json_safe(protocol):
             entries[system.name], sys_rows = saved["entry"], saved["rows"]
             print(f"{system.name}: kept from the interrupted evaluation ({part})", flush=True)
         else:
             convs, entries[system.name] = run_system(system, setup, inputs, cfg, max_new_tokens, turns, user_every, seed, keys)
-            sys_rows = [{"system": system.name, **c.to_json()} for c in convs]
+            sys_rows = [{"system": system.name, "index": i, **c.to_json()} for i, c in enumerate(convs)]
             data.write_json(part, json_safe({"protocol": protocol, "entry": entries[system.name], "rows": sys_rows}))
         rows += sys_rows
+    fields = slice_fields([r for e in entries.values() for r in e["conversations"]])
     for e in entries.values():
-        e["slices"] = {f: {v: {"n": len(g), "metrics": aggregate(g, keys, seed)} for v in sorted({r[f] or "-" for r in e["conversations"]})
-                           for g in [[r for r in e["conversations"] if (r[f] or "-") == v]]}
-                       for f in slice_fields(e["conversations"])}
-    results = {"protocol": protocol, "judge": setup.judge.name, "systems": entries, "skipped": skipped,
-               "changes": paired_changes(entries, [m.key for m in all_metrics() if m.better], seed),
-               "pairwise": pairwise(cfg, entries)}
+        e["slices"] = {f: {v: {"n": len(g), "metrics": aggregate(g, keys, seed)}
+                           for v in sorted({r[f] or "-" for r in e["conversations"]})
+                           for g in [[r for r in e["conversations"] if (r[f] or "-") == v]]} for f in fields}
+    results = {"protocol": protocol, "judge": setup.judge.name, "status": status, "systems": entries, "skipped": skipped,
+               "slice_fields": fields, "evaluators": training_use(judge_spec, trained_with, cfg),
+               "changes": paired_changes(entries, [m.key for m in all_metrics() if m.better and status[m.key] == "ok"], seed),
+               "pairwise": pairwise(cfg, entries, setup.identifier is not None)}
     data.write_jsonl(out / "transcripts.jsonl", rows)
     data.write_json(out / "results.json", json_safe(results))
     data.write_text_atomic(out / "results.md", results_markdown(results))
@@ -392,29 +471,57 @@ def slice_fields(records: list[dict]) -> list[str]:
     return [f for f in ("valence", "domain", "profile", "trait") if len({r[f] for r in records}) > 1]
 
 
-def pairwise(cfg: EvalConfig, entries: dict) -> dict:
+def pairwise(cfg: EvalConfig, entries: dict, identifier: bool = True) -> dict:
     """A vs B per conversation (same context, profile and seeds): the higher persona log-ratio wins
-    (the independent evaluator), or with --pairwise-by judge the higher judge score (the rubric
-    overall for an LLM judge); None or equal is a tie. An exact sign test over the decided pairs."""
+    (the independent evaluator; the judge's score without it, or with --pairwise-by judge: its mean
+    score of the agent turns, or an LLM judge's agent overall); None or equal is a tie. An exact
+    two-sided sign test over the decided pairs."""
     names = [s.strip() for s in cfg.pairwise.split(",")]
     if len(names) != 2 or names[0] == names[1] or any(n not in SYSTEM_NAMES for n in names):
         raise UserError(f"--pairwise {cfg.pairwise}: give two different systems as A,B from " + ", ".join(SYSTEM_NAMES))
-    if any(n not in entries for n in names):
-        return {"line": f"pairwise {' vs '.join(names)}: not run (both systems must be evaluated)"}
-    key = "persona_log_ratio" if cfg.pairwise_by == "persona-id" else "judge_score"
-    get = lambda r: r["metrics"].get(key, r["metrics"].get("agent_overall"))    # noqa: E731
-    outcomes = ["tie" if get(a) is None or get(b) is None or get(a) == get(b) else "A" if get(a) > get(b) else "B"
-                for a, b in zip(entries[names[0]]["conversations"], entries[names[1]]["conversations"])]
+    a, b = names
+    if a not in entries or b not in entries:
+        return {"a": a, "b": b, "line": f"pairwise {a} vs {b}: not run ({' and '.join(n for n in names if n not in entries)}"
+                                        " did not run in this evaluation)"}
+    by = cfg.pairwise_by if identifier else "judge"
+    get = (lambda r: r["metrics"].get("persona_log_ratio")) if by == "persona-id" else         (lambda r: r["metrics"].get("judge_score", r["metrics"].get("agent_overall")))
+    outcomes = ["tie" if get(x) is None or get(y) is None or get(x) == get(y) else "A" if get(x) > get(y) else "B"
+                for x, y in zip(entries[a]["conversations"], entries[b]["conversations"])]
     s = win_rate(outcomes)
     rate = "-" if s["win_rate"] is None else f"{s['win_rate']:.3f}"
-    return {**s, "line": f"{names[0]} vs {names[1]} over {len(outcomes)} conversation pairs, decided by "
-                         f"{'the independent evaluator (persona log-ratio)' if key != 'judge_score' else 'the judge'}: "
-                         f"wins {s['wins']}, losses {s['losses']}, ties {s['ties']}; win rate {rate} (ties left out); "
-                         f"exact two-sided sign test p = {s['p_value']:.3g}"}
+    how = ("decided by the independent evaluator (the frozen base model's persona log-ratio), which training never used"
+           if by == "persona-id" else "decided by the judge; see 'Who measured each column' for whether training used it")
+    return {"a": a, "b": b, "decided_by": by, "outcomes": outcomes, **s,
+            "line": f"**{a} vs {b}**, {len(outcomes)} conversation pairs: {a} wins {s['wins']}, loses {s['losses']}, "
+                    f"ties {s['ties']}; win rate {rate} (ties left out); exact two-sided binomial p = {s['p_value']:.4g}; {how}."}
+
+
+def training_use(spec: str, trained_with: dict, cfg: EvalConfig) -> list[dict]:
+    """For each group of columns: its evaluator, and whether a stage of training used it. spec: this
+    evaluation's --judge; trained_with: {stage: its --judge} (from the stages' config.json)."""
+    uses = [f"stage {k}'s --judge" + (" (it labelled the reward model's preference pairs)" if k == 1 else " (its coherence reward)")
+            for k, j in trained_with.items() if j.split(" ")[0] == spec.strip()]
+    judge_use = ("YES: a reward model is what stage 1's GRPO maximises" if spec.startswith("rm:") else
+                 "YES: " + " and ".join(uses) if uses else f"no (stage 1 used {trained_with[1]}, stage 2 {trained_with[2]})")
+    rows = [{"columns": "judge rubrics", "evaluator": f"judge {spec}", "used_in_training": judge_use}]
+    if cfg.persona_id:
+        rows.append({"columns": "persona identification", "evaluator": "frozen base model: which card makes each turn "
+                     "most likely", "used_in_training": "no: neither a reward nor a judge of any stage (stage 1's KL term "
+                     "anchors the speakers to this model under their OWN card only)"})
+    return rows + [
+        {"columns": "Self-BLEU, distinct-n", "evaluator": "n-gram counts (metrics.py)",
+         "used_in_training": "no; stage 2's non-redundancy term uses BLEU-2 overlap with earlier turns"},
+        {"columns": "semantic redundancy, mean similarity", "evaluator": "the MiniLM sentence encoder",
+         "used_in_training": "partly: the same encoder feeds the offline judge and stage 2's non-redundancy term"}] + (
+        [{"columns": "NLI rates", "evaluator": f"NLI classifier {cfg.nli_model}", "used_in_training": "no"}] if cfg.nli_model else []) + [
+        {"columns": "hack rates", "evaluator": "lexical rules (metrics.diagnose)", "used_in_training":
+         "yes, indirectly: stage 1's reward model learns to reject synthetic hacks and the offline judge penalises them; "
+         "stage 2's reward has a clean term. They are logged at every GRPO step, not optimised as such"},
+        {"columns": "crisis stops", "evaluator": "the crisis guard (extras/safety.py)", "used_in_training": "no"}]
 
 
 def json_safe(value):
-    """NaN is not JSON: null instead."""
+    """NaN is not JSON: null instead; tuples become lists (as they come back from JSON)."""
     if isinstance(value, float) and math.isnan(value):
         return None
     if isinstance(value, dict):
@@ -424,90 +531,109 @@ def json_safe(value):
 
 # --- results.md ------------------------------------------------------------------------------------
 
-def cell(s: dict | None, digits: int) -> str:
-    """'mean [lo, hi]'; '-' without a score; no interval for one value (n = 1 has no spread)."""
+def cell(s: dict | None, digits: int, status: str = "ok") -> str:
+    """'mean [lo, hi]' ('(n=k)' when only k of the rows have a value), the reason a column has no
+    number, '-' without a score, no interval for one value (one value has no spread)."""
+    if status not in ("ok", "approximated"):
+        return status
     if not s or s["mean"] is None:
         return "-"
-    return f"{s['mean']:.{digits}f}" + (f" [{s['lo']:.{digits}f}, {s['hi']:.{digits}f}]" if s["lo"] is not None else " (n=1)")
+    text = f"{s['mean']:.{digits}f}" + (f" [{s['lo']:.{digits}f}, {s['hi']:.{digits}f}]" if s["lo"] is not None else "")
+    return text + (f" (n={s['n']})" if s.get("of") not in (None, s["n"]) else "")
 
 
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
+def table(header: list[str], rows: list[list]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "|".join("--" for _ in header) + "|"] + \
            ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows] + [""]
 
 
-def results_markdown(r: dict) -> str:
-    """Protocol, systems, one table per metric group (columns without a number left out), paired
-    changes against round-robin ('!' = worse beyond the interval), slices, pairwise, notes."""
-    metrics, systems = all_metrics(), r["systems"]
-    out = ["# Evaluation", "", r["protocol"]["summary"], ""] + [f"- **{n}**: {e['about']}" for n, e in systems.items()]
-    out += [f"- skipped **{n}**: {why}" for n, why in r["skipped"].items()] + [""]
-    for group in dict.fromkeys(m.group for m in metrics):
-        cols = [m for m in metrics if m.group == group and any(e["metrics"][m.key]["n"] for e in systems.values())]
-        if cols:
-            out += [f"## {group}", ""] + table(["system", "n"] + [m.title for m in cols],
-                                               [[n, e["n"]] + [cell(e["metrics"][m.key], m.digits) for m in cols]
-                                                for n, e in systems.items()])
-    cols = [m for m in metrics if any(r["changes"].get(n, {}).get(m.key, {}).get("n") for n in systems)]
-    if cols:
-        def change(s, m):
-            worse = s["lo"] is not None and (m.better * s["hi"] < 0 if m.better > 0 else m.better * s["lo"] < 0)
-            return "-" if s["mean"] is None else f"{s['mean']:+.3f}" + (
-                f" [{s['lo']:+.3f}, {s['hi']:+.3f}]" if s["lo"] is not None else "") + (" !" if worse else "")
-        out += [f"## Paired change against {REFERENCE} (same contexts, profiles and seeds)", ""] + table(
-            ["system"] + [f"Δ {m.title}" for m in cols], [[n] + [change(c[m.key], m) for m in cols] for n, c in r["changes"].items()])
-    head = [m for m in metrics if m.key in HEADLINE and any(e["metrics"][m.key]["n"] for e in systems.values())]
-    for field in dict.fromkeys(f for e in systems.values() for f in e["slices"]):
-        out += [f"## Per {field}", ""] + table(["system", field, "n"] + [m.title for m in head],
-                                               [[n, v, s["n"]] + [cell(s["metrics"][m.key], m.digits) for m in head]
-                                                for n, e in systems.items() for v, s in e["slices"].get(field, {}).items()])
-    flags = [f for e in systems.values() for f in e["crisis_flags"]]
-    out += ["## Pairwise preference", "", r["pairwise"]["line"], "", "## Notes", ""] + [f"- {n}" for n in notes(r, flags)]
-    return "\n".join(out) + "\n"
-
-
-HEADLINE = ("agent_overall", "collective_overall", "persona_consistency", "persona_id", "persona_id_32",
+HEADLINE = ("agent_overall", "collective_overall", "persona_consistency", "persona_id_accuracy", "persona_id_equal",
             "self_bleu", "distinct_2", "context_copy", "persona_copy", "history_echo")
 
 
-def notes(r: dict, flags: list[dict]) -> list[str]:
-    """How to read the tables, and who measured each column."""
+def results_markdown(r: dict) -> str:
+    """Protocol, systems, one table per metric group (skipped columns left out; n/a ones say why;
+    * = approximated), paired changes against round-robin ('!' = worse beyond the interval), who
+    measured what, slices, crisis stops, pairwise, notes."""
+    metrics, systems, status = all_metrics(), r["systems"], r["status"]
+    title = lambda m: m.title + ("*" if status[m.key] == "approximated" else "")          # noqa: E731
+    out = ["# Evaluation", "", r["protocol"]["summary"], ""] + [f"- **{n}**: {e['about']}" for n, e in systems.items()]
+    out += [f"- skipped **{n}**: {why}" for n, why in r["skipped"].items()] + [""]
+    for i, group in enumerate(dict.fromkeys(m.group for m in metrics)):
+        cols = [m for m in metrics if m.group == group and not status[m.key].startswith("skipped")]
+        head = ["system", "speakers", "director", "judge", "n"] if i == 0 else ["system", "n"]
+        if cols:
+            out += [f"## {group}", ""] + table(head + [title(m) for m in cols], [
+                [n] + ([e["speakers"], e["director"], e["judge"]] if i == 0 else []) + [e["n"]]
+                + [cell({**e["metrics"].get(m.key, {}), "of": e["n"]}, m.digits, status[m.key]) for m in cols]
+                for n, e in systems.items()])
+    cols = [m for m in metrics if any(m.key in c for c in r["changes"].values())]
+    if cols:
+        def change(c, m):
+            worse = c["lo"] is not None and (c["hi"] < 0 if m.better > 0 else c["lo"] > 0)
+            return cell(c, 3) + (" !" if worse else "")
+        out += [f"## Paired change against {REFERENCE} (same contexts, profiles and seeds; 95% bootstrap over "
+                "conversation pairs; ! = worse beyond the interval)", ""] + table(
+            ["system"] + [f"Δ {m.title}" for m in cols], [[n] + [change(c[m.key], m) for m in cols] for n, c in r["changes"].items()])
+    out += ["## Who measured each column, and did training use it", ""] + table(
+        ["columns", "evaluator", "used in training?"], [[e["columns"], e["evaluator"], e["used_in_training"]] for e in r["evaluators"]])
+    head = [m for m in metrics if m.key in HEADLINE and status[m.key] in ("ok", "approximated")]
+    for field in r["slice_fields"]:
+        out += [f"## Per {field}", ""] + table(["system", field, "n"] + [title(m) for m in head], [
+            [n, v, s["n"]] + [cell({**s["metrics"][m.key], "of": s["n"]}, m.digits) for m in head]
+            for n, e in systems.items() for v, s in e["slices"][field].items()])
+    out += crisis_section(systems)
+    out += ["## Pairwise preference", "", r["pairwise"]["line"], "", "## Notes", ""] + [f"- {n}" for n in notes(r)]
+    return "\n".join(out) + "\n"
+
+
+def crisis_section(systems: dict) -> list[str]:
+    """Every message the crisis guard flagged, once, with the systems it stopped, so a reader can
+    judge each stop: a real risk, or ordinary talk the guard misread (docs/SAFETY.md)."""
+    seen: dict[tuple, dict] = {}
+    for name, e in systems.items():
+        for f in e.get("crisis_flags", []):
+            seen.setdefault((f["context_id"], f["turn"], f["text"]), {**f, "systems": []})["systems"].append(name)
+    rows = [[f["context_id"], f["turn"], f["text"].replace("\n", " ")[:200], f["category"],
+             "-" if f["score"] is None else f"{f['score']:+.2f}", ", ".join(f["systems"])] for f in seen.values()]
+    return ["## Crisis-guard stops: every flagged message", "", "score = the probe's logit minus its threshold (> 0: the "
+            "probe alone flags; a pattern flags at any score; -: the probe did not read it)", ""] + table(
+        ["context", "turn", "message", "category", "score", "stopped"], rows) if rows else []
+
+
+def notes(r: dict) -> list[str]:
+    """How to read the tables."""
     judge, systems = r["judge"], r["systems"]
-    out = [f"[lo, hi] = 95% percentile bootstrap interval over conversations (1000 resamples); '-' = no score "
-           f"(n/a for this judge, no agent turn, or fewer than two turns for a redundancy metric); '(n=1)': one "
-           f"value, no interval. Judge: {judge}."]
-    if judge.startswith("offline"):
-        out.append("the offline judge cannot read rubrics: persona consistency = 100 x its mean score of the agent "
-                   "turns; response relevance = 100 x the mean cosine of a turn with the user's latest message; "
-                   "every other rubric column needs an LLM judge (--judge hf:<model> or openai:<url>)")
-    bad = {n: sum(e["unreadable"].values()) for n, e in systems.items() if e["unreadable"]}
-    if bad:
-        out.append("unreadable rubric answers, left out of the means: " + ", ".join(f"{n} {k}" for n, k in bad.items()))
-    out.append("who measured what: the rubric columns are the judge's, and a judge that labelled stage 1's pairs "
-               "(its --judge) or scored stage 2's coherence is not independent of training; persona identification is "
-               "the frozen base model's, which no stage optimises (stage 1's KL term anchors the speakers to it under "
-               "their own card only); redundancy is n-gram counts and the MiniLM encoder (which also feeds the offline "
-               "judge and stage 2's non-redundancy term); the hack rates are metrics.py's lexical rules, which are NOT "
-               "independent of training: stage 1's reward model learns to reject synthetic hacks, the offline judge "
-               "penalises them, and stage 2's reward has a clean term")
+    out = ["[lo, hi] = 95% percentile bootstrap interval over conversations (1000 resamples); '-' = no score (no agent "
+           "turn, or fewer than two turns for a redundancy metric); one value has no interval; (n=k): only k rows have a value"]
+    if any(v == "approximated" for v in r["status"].values()):
+        out.append(f"* approximated: the {judge.split(':')[0]} judge cannot read rubrics, so persona consistency = 100 x "
+                   "its mean score of the agent turns and response relevance = 100 x the mean cosine of a turn with the "
+                   "user's latest message; every other rubric column, and so Overall, needs an LLM judge "
+                   "(--judge hf:<model or folder> or openai:<base url>)")
+    else:
+        crit = rubric_criteria()
+        asked = sum(c["agent_turns"] * len(crit["agent"]) + (c["agent_turns"] > 0) * len(crit["collective"])
+                    for e in systems.values() for c in e["conversations"])
+        out.append(f"unparseable judge answers: {sum(sum(e['unreadable'].values()) for e in systems.values())} of {asked}, "
+                   "left out of the means")
+    if r["status"].get("nli_entailment", "").startswith("skipped"):
+        out.append("NLI relation rates skipped: no --nli-model given (any MNLI-style classifier folder)")
     out += [f"{n}: {e['directives'][0]} of {e['directives'][1]} directives unparseable (the least-spoken agent spoke)"
             for n, e in systems.items() if e["directives"][1]]
-    out += [f"crisis guard stopped {f['context_id']} at turn {f['turn']} ({f['category']}): {f['text'][:120]!r}"
-            for f in {(f["context_id"], f["turn"]): f for f in flags}.values()]
     return out
 
 
 def verdict(r: dict) -> list[str]:
     """A short summary for a terminal: a few columns, groups with n >= 2 only, and one plain line
     saying whether any change against round-robin lies beyond its 95% interval."""
-    cols = [m for m in all_metrics() if m.key in ("persona_id", "persona_consistency", "self_bleu", "context_copy")]
-    lines = ["system          n   " + "  ".join(f"{m.title:>22}" for m in cols)]
-    for n, e in r["systems"].items():
-        if e["n"] >= 2:
-            lines.append(f"{n:<15} {e['n']:>2}   " + "  ".join(f"{cell(e['metrics'][m.key], 3):>22}" for m in cols))
-    beyond = [f"{n} {m.key} {c[m.key]['mean']:+.3f}" for n, c in r["changes"].items() for m in all_metrics()
-              if m.better and c[m.key]["lo"] is not None and (c[m.key]["lo"] > 0 or c[m.key]["hi"] < 0)]
-    lines.append("verdict: " + ("changes beyond the 95% interval against round-robin: " + "; ".join(beyond) if beyond
-                                else "no change against round-robin is beyond its 95% interval at this size: "
-                                     "what differs here is noise"))
+    cols = [m for m in all_metrics() if m.key in ("persona_id_accuracy", "persona_consistency", "self_bleu", "context_copy")
+            and r["status"][m.key] in ("ok", "approximated")]
+    lines = [f"{'system':<15} {'n':>2}   " + "  ".join(f"{m.title[:24]:>24}" for m in cols)]
+    lines += [f"{n:<15} {e['n']:>2}   " + "  ".join(f"{cell(e['metrics'][m.key], 3):>24}" for m in cols)
+              for n, e in r["systems"].items() if e["n"] >= 2]
+    beyond = [f"{n} {m.title} {c[m.key]['mean']:+.3f}" for n, c in r["changes"].items() for m in all_metrics()
+              if m.key in c and c[m.key]["lo"] is not None and (c[m.key]["lo"] > 0 or c[m.key]["hi"] < 0)]
+    lines.append("verdict: " + ("beyond the 95% interval against round-robin: " + "; ".join(beyond) if beyond else
+                                "no change against round-robin is beyond its 95% interval: at this size, what differs is noise"))
     return lines

@@ -239,7 +239,7 @@ def start_stage(args, out: Path, ranks) -> None:
     """Checks before any expensive work, then the resolved config, written once."""
     check_device(args)
     if args.resume and not grpo.checkpoints(out / "checkpoints"):
-        raise UserError(f"--resume: no complete checkpoint in {out / 'checkpoints'} yet; run without --resume")
+        raise UserError(f"--resume: no GRPO checkpoint in {out / 'checkpoints'} yet; run without --resume")
     if ranks.is_main:
         data.save_config(vars(args), out)
 
@@ -341,7 +341,7 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
         return r
 
     main = ranks.is_main
-    before = held_out("prompted", director, f"of the initial director {start_from}, prompted") \
+    before = held_out("prompted", director, f"before training (the initial director {start_from}, prompted)") \
         if dcfg.eval_prompted and main else None
     rule = held_out("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule") if main else None
     warm = dr.warm_start(dcfg, out, policy, tok, inputs.personas, *warm_start_examples(args, dcfg, inputs, train_points),
@@ -382,11 +382,11 @@ def warm_start_examples(args, dcfg, inputs, train_points) -> tuple[list, str]:
     random agents, 4 per step; and where they came from."""
     n = dcfg.director_warmup * 4
     if not dcfg.director_warmup_data:
-        return dr.format_examples(inputs.personas, train_points, n, args.seed), "format only, random agents"
+        return dr.format_examples(inputs.personas, train_points, n, args.seed), "format warm start: random agents"
     esconv = [c for part in read_data(dcfg.director_warmup_data, args.set).values() for c in part]
     train, _ = data.split_contexts(esconv, args.held_out, args.seed)
     return (dr.esconv_examples(train, inputs.personas, n, args.seed, dcfg.warmup_repeats),
-            f"ESConv strategies of {len(train)} training dialogues")
+            f"ESConv strategy warm start: {len(train)} training dialogues")
 
 
 # --- evaluate, simulate -------------------------------------------------------------------------------
@@ -399,8 +399,9 @@ def evaluate_cmd(args) -> dict:
     inputs = load_inputs(args, earlier=[run / f for f in ("stage1/config.json", "stage2/config.json", "sft/config.json")])
     check_device(args)
     folders = {"trained": speakers_of(args), "sft": args.sft or str(run / "sft" / "model"),
-               "trained-director": args.director or models.trained_or(run / "stage2" / "director", str(run / "stage2" / "director"))}
-    systems, skipped = evaluate.choose_systems(cfg.systems, folders)
+               "trained-director": args.director or str(run / "stage2" / "director")}
+    how = f" --run {args.run}" + (f" --model {args.model}" if args.model != models.EMBEDDED else "")
+    systems, skipped = evaluate.choose_systems(cfg.systems, folders, how)
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     if not systems:
@@ -409,29 +410,34 @@ def evaluate_cmd(args) -> dict:
     data.save_config(vars(args), out)
     cache = out / "served_cache.jsonl"
     base = models.load_model(args.model, device=args.device, dtype=frozen_dtype(args), frozen=True)
-    roles = {"base": base, "user": load_role(args.user, "user", args, cache) if args.user else base}
+    roles, names = {"base": base, "user": load_role(args.user, "user", args, cache) if args.user else base}, \
+        {"base": args.model, **folders}
     for kind in {s.speakers for s in systems} | {s.order for s in systems}:
         if kind in folders:
             roles[kind] = load_role(folders[kind], "director" if kind == "trained-director" else "speakers", args, cache)
     encoder = models.SentenceEncoder(args.device)
     judge = make_judge(args, None if args.judge == "offline" else out / "judge_cache.jsonl", args.personas, encoder)
     nli = extra("judges").load_nli(cfg.nli_model, args.device) if cfg.nli_model else None
-    plan = [(c, p) for c in inputs.held_out[:cfg.contexts] for p in evaluate.profile_ids(cfg.profiles, inputs.profiles)]
+    plan = evaluate.plan_conversations(inputs.held_out, cfg.contexts, evaluate.profile_ids(cfg.profiles, inputs.profiles))
     fewshot = data.asset("fewshot.json").get(args.set, []) if any(s.style.startswith("few") for s in systems) else []
     pipelines = {"self-consistency": lambda s: extra("baselines").SelfConsistency(cfg.sc_samples, cfg.sc_pick, judge, s.style),
                  "multiagentesc": lambda s: extra("baselines").MultiAgentESC()}
-    setup = evaluate.Setup([c for c, _ in plan], [p for _, p in plan], roles, fewshot, encoder, judge, nli,
+    setup = evaluate.Setup([c for c, _ in plan], [p for _, p in plan], roles, names, fewshot, encoder, judge, nli,
                            evaluate.PersonaIdentifier(*base, inputs.personas) if cfg.persona_id else None, guard(), pipelines)
+    profiles = list(dict.fromkeys(setup.profiles))
     protocol = {"summary": f"{len(plan)} conversations per system: {len({c.id for c, _ in plan})} held-out '{args.set}' "
-                           f"contexts of {args.data} x {len(set(setup.profiles))} profile(s) ({', '.join(dict.fromkeys(setup.profiles))});"
-                           f" {inputs.split}; seed {args.seed}; {args.turns} agent turns, the user every {args.user_every}; "
+                           f"contexts of `{args.data}` x {len(profiles)} profile(s) ({', '.join(profiles)}); {inputs.split}; "
+                           f"seed {args.seed}; {args.turns} agent turns, the user every {args.user_every}; "
                            f"{cfg.role_setting} persona cards; simulated user {args.user or args.model}; every system sees "
-                           "the same contexts, profiles and seeds",
-                "config": {k: v for k, v in vars(args).items() if k not in ("systems", "run")}, "judge": judge.name,
-                "models": {k: evaluate.json_safe(folder_stamp(f)) for k, f in folders.items()}}
+                           "the same contexts, profiles and seeds.",
+                "contexts": [c.id for c in setup.contexts], "profiles": setup.profiles, "judge": judge.name,
+                "config": {k: v for k, v in vars(args).items() if k not in ("systems", "run", "pairwise", "pairwise_by")},
+                "models": {k: folder_stamp(f) for k, f in folders.items()}}
+    trained_with = {k: data.read_json(c).get("judge", "offline") if c.is_file() else "offline (assumed: no config.json)"
+                    for k, c in ((k, run / f"stage{k}" / "config.json") for k in (1, 2))}
     t0 = time.time()
     results = evaluate.run(cfg, setup, inputs, out, systems, skipped, protocol, args.max_new_tokens, args.turns,
-                           args.user_every, args.seed)
+                           args.user_every, args.seed, args.judge, trained_with)
     print((out / "results.md").read_text(encoding="utf-8"))
     print(f"evaluation: {time.time() - t0:.0f} s; wrote {out}/results.md, results.json, transcripts.jsonl")
     return results
@@ -495,9 +501,7 @@ def demo(args) -> dict:
         resume = ["--resume"] if grpo.checkpoints(folder / "checkpoints") else []
         (train_stage1 if stage == 1 else train_stage2)(build_parser().parse_args(["train", "--stage", str(stage),
                                                                                  *common, *budget, *resume]))
-        # A finished stage's resume checkpoints (weights + AdamW moments, ~1.6 GB each) are read by
-        # nothing once summary.json and the final model exist; `train` keeps them, the demo does not.
-        shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+        drop_resume_checkpoints(folder)
     print(f"\n=== demo: evaluation ({so_far()}) ===")
     results = evaluate_cmd(build_parser().parse_args(["evaluate", *common, *DEMO_EVAL]))
     path = extra("report").build_report(run)
@@ -505,6 +509,15 @@ def demo(args) -> dict:
     print("\n" + "\n".join(evaluate.verdict(results)))
     print(f"\ndemo finished ({so_far()}); results in {run}/eval/results.md, report: {path}")
     return results
+
+
+def drop_resume_checkpoints(folder: Path) -> None:
+    """A finished stage's resume checkpoints (weights + AdamW moments, ~1.6 GB each for SmolLM2-135M)
+    are read by nothing once summary.json and the final model exist: `train` keeps them, the demo not."""
+    if (folder / "summary.json").exists() and (folder / "checkpoints").is_dir():
+        size = sum(f.stat().st_size for f in (folder / "checkpoints").rglob("*") if f.is_file())
+        shutil.rmtree(folder / "checkpoints")
+        print(f"demo: {folder.name} finished; its resume checkpoints removed ({size / 1e9:.1f} GB)")
 
 
 def print_side_by_side(path: Path, width: int = 60) -> None:
@@ -517,7 +530,7 @@ def print_side_by_side(path: Path, width: int = 60) -> None:
         return
     a, b = rows["round-robin"][0], rows["mascot"][0]
     lines = [[w for t in c["turns"] for w in textwrap.wrap(f"{t['speaker']}: {t['text']}", width) + [""]] for c in (a, b)]
-    print(f"\ncontext {a['context_id']}, profile {a['profile']}, same seeds on both sides")
+    print(f"\ncontext {a['context_id']}, profile {a.get('profile', '-')}, the same seeds on both sides")
     print(f"{'before: base speakers, round-robin order':<{width}} | after: trained speakers and director (mascot)")
     print("-" * width + "-+-" + "-" * width)
     for i in range(max(map(len, lines))):

@@ -92,6 +92,8 @@ class Conversation:
 
     @classmethod
     def from_json(cls, row: dict, context: Context) -> "Conversation":
+        if row["context_id"] != context.id:
+            raise ValueError(f"transcript row of context {row['context_id']} given context {context.id}")
         turns = [Turn(t["speaker"], t["text"], Directive(**t["directive"]) if t["directive"] else None)
                  for t in row["turns"]]
         return cls(context, row["persona_set"], row["profile"], row["policy"], row["seed"], turns,
@@ -232,8 +234,11 @@ def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, t
 
 
 def directive_sentence(directive: Directive) -> str:
-    """>>> directive_sentence(Directive("Beacon", "Name a strength.", "encouraging"))
-    'In your next message, name a strength, in an encouraging tone.'"""
+    """The director's Action and Tone as one plain sentence for the speaker's system message.
+
+    >>> directive_sentence(Directive("Beacon", "Name a strength.", "encouraging"))
+    'In your next message, name a strength, in an encouraging tone.'
+    """
     def phrase(text: str, default: str) -> str:
         text = text.strip().rstrip(".!;:,").strip() or default       # free text: no punctuation mid-sentence
         first = text.split()[0]

@@ -1,13 +1,15 @@
-"""How long does the chat make you wait? Prints seconds to the first token of the first reply.
+"""bench/chat_latency.py: how long does `mascot.py chat` make you wait for the first reply?
 
-Runs `mascot.py chat`'s loop (chat.run_chat) in this process with a scripted person: one message,
-then /quit. The reply streams token by token (as on a terminal), and every write is timestamped:
+Runs the chat (extras/chat.py) in this process with a scripted person: one message, then /quit.
+Standard input and output are swapped for two objects that timestamp the message (the moment
+Enter is pressed) and every write after it; the reply streams word by word as on a terminal:
 
-    load      from the start to the prompt (models, the crisis guard's encoder)
-    first     from pressing Enter to the first token of the first reply on screen: the crisis
-              check, the director's directive (greedy, up to 40 tokens), the speaker's prefill
-              and its first token
-    replies   from pressing Enter until both agents' replies are complete (--agents-per-turn 2)
+    load      from the start to the prompt (speakers, director, the crisis guard's encoder)
+    directed  from Enter to the first speaker's name on screen: the crisis check and the
+              director's directive (greedy, up to its directive length)
+    first     from Enter to the first word of the first reply (the speaker's prefill and first
+              tokens on top; a word is shown once the next one has begun)
+    replies   from Enter until every agent's reply is complete (--agents-per-turn 2)
 
     python bench/chat_latency.py                     # the embedded model, director policy
     python bench/chat_latency.py --policy round-robin --repeats 3
@@ -28,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import chat  # noqa: E402
 import mascot  # noqa: E402
+from extras import chat  # noqa: E402
 
 MESSAGE = "I failed my driving test today and I feel stupid."
 
@@ -62,18 +64,19 @@ class Screen(io.StringIO):
 
 
 def one_run(argv: list[str]) -> dict:
-    args = mascot.build_parser().parse_args(argv)
     person = Person()
     screen = Screen(person)
+    saved = sys.stdin, sys.stdout
     t0 = time.perf_counter()
-    chat.run_chat(args, stdin=person, stdout=screen)
-    lines = screen.getvalue()
-    load = person.sent_at - t0
-    # The first write after the message is the streaming speaker's label with its first token
-    # (or, without a director line, the same); "Goodbye." marks the end of the replies.
-    first = screen.writes[0][0] - person.sent_at
-    done = next(t for t, text in screen.writes if "Goodbye." in text) - person.sent_at
-    return {"load": load, "first": first, "replies": done, "text": lines}
+    sys.stdin, sys.stdout = person, screen
+    try:
+        chat.main(argv, mascot)
+    finally:
+        sys.stdin, sys.stdout = saved
+    writes = [(t - person.sent_at, text) for t, text in screen.writes]
+    # The first write after the message is the streaming speaker's "Name: "; the next is its first word.
+    return {"load": person.sent_at - t0, "directed": writes[0][0], "first": writes[1][0],
+            "replies": next(t for t, text in writes if "Goodbye." in text), "text": screen.getvalue()}
 
 
 def main() -> None:
@@ -86,10 +89,11 @@ def main() -> None:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
+    # A run folder without trained models: the base model plays every part.
     argv = ["chat", "--model", args.model, "--run", str(ROOT / "runs" / "bench-chat-none"), "--policy", args.policy]
     runs = [one_run(argv) for _ in range(args.repeats)]
     print("\n".join(runs[-1]["text"].strip().splitlines()[-4:]))
-    for key in ("load", "first", "replies"):
+    for key in ("load", "directed", "first", "replies"):
         values = [r[key] for r in runs]
         print(f"{key:8s} median {statistics.median(values):6.2f} s   (runs: {', '.join(f'{v:.2f}' for v in values)})")
 

@@ -2,11 +2,11 @@
 
 The one place the guard's headline numbers come from (docs/SAFETY.md quotes its output):
     1. ESConv: the flag rate on the seeker messages of the HELD-OUT dialogues, the ones
-       `data.split_contexts(corpora.load_contexts(path), 0.25, seed=0)` keeps out of training (the
-       same split the evaluation uses). The few real risk messages in them, labelled by hand by
-       (dialogue line, text hash) in data/safety_esconv_labels.jsonl, are counted apart: "risky"
-       ones the guard should catch, "context" ones (risky only given the earlier turns) neither
-       way. Every other flag is a false alarm and is listed.
+       `data.split_contexts(contexts, 0.25, seed=0)` keeps out of training (the split the
+       evaluation makes of a file without official splits). The few real risk messages in them,
+       labelled by hand by (dialogue line, text hash) in data/safety_esconv_labels.jsonl, are
+       counted apart: "risky" ones the guard should catch, "context" ones (risky only given the
+       earlier turns) neither way. Every other flag is a false alarm and is listed.
     2. Empathetic Dialogues (with --ed): the flag rate on the held-out conversations' messages.
     3. Each blind list (tests/fixtures/safety_blind_v*.jsonl, written by people who never saw the
        guard): recall on the risky messages, overall and per kind, and the flag rate on the
@@ -31,11 +31,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import corpora   # noqa: E402
-import data      # noqa: E402
-import safety    # noqa: E402
+import data                       # noqa: E402
+from extras import datasets, safety  # noqa: E402
 
 LABELS = ROOT / "data" / "safety_esconv_labels.jsonl"
+
+
+def held_out_contexts(path: str) -> list:
+    """The held-out quarter of a dataset file's contexts, its splits (if any) pooled in file order."""
+    contexts = [c for part in datasets.load_splits(path, "support").values() for c in part]
+    return data.split_contexts(contexts, 0.25, seed=0)[1]
 
 
 def text_hash(text: str) -> str:
@@ -50,7 +55,7 @@ def esconv_held_out(path: str) -> list[dict]:
     "esconv-<line>"; "label" is "risky", "context" or "" from the hand labels.
     """
     labels = {(r["line"], r["sha256"]): r for r in map(json.loads, LABELS.read_text().splitlines())}
-    _, held_out = data.split_contexts(corpora.load_contexts(path), 0.25, seed=0)
+    held_out = held_out_contexts(path)
     messages = []
     for context in held_out:
         line = int(context.id.rsplit("-", 1)[1])
@@ -65,7 +70,7 @@ def esconv_held_out(path: str) -> list[dict]:
 def ed_held_out(path: str) -> list[str]:
     """Every message of the held-out Empathetic Dialogues conversations (their first messages
     where the file has only those, as the shared copies do)."""
-    _, held_out = data.split_contexts(corpora.load_contexts(path), 0.25, seed=0)
+    held_out = held_out_contexts(path)
     texts = []
     for context in held_out:
         turns = [t["text"] for t in context.turns if t["speaker"] == "user"]
@@ -123,7 +128,7 @@ def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
     by_kind = defaultdict(list)
     for i in risky:
         by_kind[rows[i].get("kind", "")].append(flags[i].flagged)
-    # The issue's two weak spots, over all of a list's kinds named for them (v8 splits
+    # The guard's two weak spots, pooled over every kind named for them (a list may split
     # "indirect" into indirect_burden, indirect_goodbye, ...).
     for group in ("third_party", "indirect"):
         members = [kind for kind in by_kind if kind.startswith(group)]

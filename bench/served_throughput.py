@@ -1,9 +1,10 @@
-"""How much does --judge-concurrency buy against a llama.cpp server? Prints wall time per setting.
+"""bench/served_throughput.py: what does --served-concurrency buy against a llama.cpp server?
 
 Starts llama-cpp-python's server on the embedded SmolLM2 GGUF (the virtual env of `make llama`),
-then runs the same small `mascot.py evaluate` with `--judge openai:<server>` once per concurrency
-value, each in a fresh run folder (so nothing comes from the judge cache), and prints the wall
-time, the judge requests answered (lines of RUN/eval/judge_cache.jsonl) and requests per second.
+then runs the same small `mascot.py evaluate` with `--judge openai:<server>` (extras/served.py)
+once per concurrency value, each in a fresh run folder (so nothing comes from the judge cache),
+and prints the wall time, the judge answers (lines of RUN/eval/judge_cache.jsonl) and answers per
+second. A minute or two per value on a CPU.
 
     python bench/served_throughput.py                      # concurrency 1 and 8
     python bench/served_throughput.py --concurrency 1 4 8 --contexts 8 --server-threads 2
@@ -54,6 +55,13 @@ def start_server(python: str, threads: int):
     sys.exit("the llama.cpp server did not start")
 
 
+def evaluate_argv(run: str, url: str, concurrency: int, args) -> list[str]:
+    """The `mascot.py evaluate` command line: round-robin, tiny speakers, the server as the judge."""
+    return ["evaluate", "--model", "tiny", "--run", run, "--systems", "round-robin", "--contexts", str(args.contexts),
+            "--turns", str(args.turns), "--max-new-tokens", "8", "--no-persona-id", "--judge", f"openai:{url}",
+            "--judge-model", "smollm2", "--served-concurrency", str(concurrency)]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--llama-python", default=str(ROOT / ".venv-llama" / "bin" / "python"))
@@ -71,11 +79,7 @@ def main() -> None:
         for c in args.concurrency:
             with tempfile.TemporaryDirectory() as run:
                 t0 = time.time()
-                out = subprocess.run([sys.executable, str(ROOT / "mascot.py"), "evaluate", "--model", "tiny",
-                                      "--run", run, "--systems", "round-robin", "--contexts", str(args.contexts),
-                                      "--turns", str(args.turns), "--max-new-tokens", "8", "--no-persona-id",
-                                      "--judge", f"openai:{url}", "--judge-model", "smollm2",
-                                      "--judge-concurrency", str(c)],
+                out = subprocess.run([sys.executable, str(ROOT / "mascot.py"), *evaluate_argv(run, url, c, args)],
                                      capture_output=True, text=True, cwd=ROOT,
                                      env=dict(os.environ, OMP_NUM_THREADS="1"))
                 seconds = time.time() - t0
@@ -83,7 +87,7 @@ def main() -> None:
                     sys.exit(out.stderr[-2000:])
                 cache = Path(run) / "eval" / "judge_cache.jsonl"
                 n = len(cache.read_text().splitlines()) if cache.exists() else 0
-                print(f"--judge-concurrency {c}: {seconds:6.1f} s wall, {n} judge answers, "
+                print(f"--served-concurrency {c}: {seconds:6.1f} s wall, {n} judge answers, "
                       f"{n / seconds:.2f} answers/s")
     finally:
         proc.terminate()

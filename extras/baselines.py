@@ -7,69 +7,45 @@ baselines, and two of them are procedures rather than prompts:
       agree on. A reply is free text, so "the majority" is the sample that agrees most with the
       other k - 1 (`consensus_pick`: highest BLEU-2 against them, the free-text analogue of a
       vote); `--sc-pick judge` lets the evaluation judge pick instead (labelled in the results).
-  MultiAgentESC (Xu et al., EMNLP 2025): a training-free team for emotional support that works in
-      three stages: dialogue analysis, strategy deliberation and response generation, choosing
-      among responses written with different strategies by a vote. Per agent turn here:
+  MultiAgentESC (Xu et al., EMNLP 2025): a training-free team for emotional support (dialogue
+      analysis, strategy deliberation, response generation). Per agent turn here:
         1. analysis:  one call describes what the person feels, why, and what they need;
-        2. proposals: every companion proposes one strategy from the persona set's vocabulary
-                      (personas.json "strategies"), given the analysis;
-        3. responses: the speaker writes one candidate per distinct proposed strategy (their
-                      "response-centred" answer to the one-to-many strategy problem);
-        4. vote:      every companion votes for one candidate; the plurality wins (ties: the
-                      earliest proposal);
+        2. proposals: every companion proposes one strategy of the persona set's vocabulary;
+        3. responses: the speaker writes one candidate per distinct proposed strategy;
+        4. vote:      every companion votes for one; the plurality wins (ties: the earliest);
         5. refine:    the speaker revises the winning candidate, which is the turn.
       Speakers take turns in roster order (the paper: fixed round-robin turns).
 What we simplify: one round of each stage (the original iterates discussion within a stage), one
 shared base model plays every role, and our strategy vocabulary replaces ESConv's eight.
 
-Both plug into the conversation loop as a `speak(convs, directives, cast)` function, in place of
-simulate.agents_speak; `advance` below is simulate.advance with that one difference. They use the
-same persona cards, simulated user, contexts and seeds as every other system.
+Both are `speak(convs, directives, cast)` callables, which simulate.advance(..., speak=...) calls
+in place of simulate.agents_speak: the same persona cards, simulated user, crisis guard, contexts
+and seeds as every other system. evaluate.py builds them for the two systems of these names.
 
-Run: python mascot.py evaluate --systems self-consistency,multiagentesc,round-robin
+    python mascot.py evaluate --systems self-consistency,multiagentesc,round-robin
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections import Counter
+from pathlib import Path
 
-import data
-import models
-import sampler
-from metrics import sentence_bleu, tokenize
-from simulate import (Directive, Turn, judge_state, persona_card, render_history, reply_text, speaker_messages,
-                      start_conversation, trailing_agent_turns, turn_seed, users_speak)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+import data                                                       # noqa: E402
+import models                                                     # noqa: E402
+from metrics import sentence_bleu, tokenize                       # noqa: E402
+from simulate import (Directive, Turn, judge_state, persona_card, render_history, reply_text,   # noqa: E402
+                      speaker_messages, turn_seed)
 
-VOTE_TOKENS = 4          # a number, and room for a stray word
-ANALYSIS_TOKENS = 48
-
-
-def advance(convs, policy, speak, cast, profiles, n_agent_turns: int, user_every: int) -> None:
-    """simulate.advance with a pluggable `speak`: n agent turns, the user after every user_every."""
-    for k in range(n_agent_turns):
-        if all(c.ended for c in convs):
-            return
-        speak(convs, policy.choose(convs), cast)
-        due = [c for c in convs if not c.ended and trailing_agent_turns(c) >= user_every]
-        if user_every > 0 and due and k < n_agent_turns - 1:
-            users_speak(due, profiles, cast)
-
-
-def run_conversations(contexts, policy, speak, cast, profiles, profile_ids, n_agent_turns, user_every, seed):
-    """simulate.run_conversations with a pluggable `speak` (same seeds: conversation i gets seed + i)."""
-    convs = [start_conversation(ctx, cast.personas.name, pid, policy.name, seed + i)
-             for i, (ctx, pid) in enumerate(zip(contexts, profile_ids))]
-    advance(convs, policy, speak, cast, profiles, n_agent_turns, user_every)
-    return convs
+VOTE_TOKENS, ANALYSIS_TOKENS = 4, 48      # a vote: a number, and room for a stray word
 
 
 def _generate(cast, prompts: list[list[dict]], max_new_tokens: int, seeds: list[int]) -> list[str]:
-    if not prompts:
-        return []
-    return sampler.generate_texts(cast.speaker_model, cast.speaker_tok, prompts, max_new_tokens,
-                                  cast.temperature, cast.top_p, seeds=seeds)
+    return models.generate_texts(cast.speaker_model, cast.speaker_tok, prompts, max_new_tokens, cast.temperature,
+                                 cast.top_p, seeds=seeds) if prompts else []
 
 
 def _live(convs, directives, cast):
@@ -82,9 +58,7 @@ def _clean(cast, raw: str, persona, style: str = "persona") -> str:
     return models.clean_reply(reply_text(raw, style), persona.name, cast.personas.names()) or "..."
 
 
-# ----------------------------------------------------------------------------------------------
-# Self-consistency
-# ----------------------------------------------------------------------------------------------
+# --- Self-consistency ---------------------------------------------------------------------------
 
 def consensus_pick(texts: list[str]) -> int:
     """Index of the text that agrees most with the others: the highest sentence BLEU-2 with the
@@ -125,41 +99,29 @@ class SelfConsistency:
             conv.turns.append(Turn(persona.name, samples[best], Directive(persona.name, raw=json.dumps(samples))))
 
 
-# ----------------------------------------------------------------------------------------------
-# MultiAgentESC: analysis -> strategy proposals -> one response per strategy -> vote -> refine
-# ----------------------------------------------------------------------------------------------
+# --- MultiAgentESC: analysis -> strategy proposals -> one response per strategy -> vote -> refine ---
 
 def parse_number(text: str, n: int) -> int | None:
     """The first whole number 1..n in the text, as a 0-based index; None if there is none."""
-    for match in re.finditer(r"\d+", text):
-        value = int(match.group())
-        if 1 <= value <= n:
-            return value - 1
-    return None
+    return next((int(m.group()) - 1 for m in re.finditer(r"\d+", text) if 1 <= int(m.group()) <= n), None)
 
 
 class MultiAgentESC:
     """The five-step pipeline above; counts unparseable proposals and votes (results notes)."""
 
     def __init__(self):
-        self.unparseable = Counter()      # "proposal" | "vote" -> count
-        self.asked = Counter()
+        self.unparseable, self.asked = Counter(), Counter()      # "proposal" | "vote" -> count
 
     def __call__(self, convs, directives, cast) -> None:
-        live = _live(convs, directives, cast)
-        if not live:
-            return
-        personas = cast.personas
+        live, personas = _live(convs, directives, cast), cast.personas
         names, strategies = personas.names(), personas.strategies
         user = lambda text: [{"role": "user", "content": text}]                       # noqa: E731
         fields = [dict(situation=c.context.situation, history=render_history(c.turns)) for c, _ in live]
         seed = [turn_seed(c) for c, _ in live]
-
         # 1. analysis
         analysis = _generate(cast, [user(data.prompt("eval_mesc_analysis").format(**f)) for f in fields],
                              ANALYSIS_TOKENS, [data.derive_seed(s, 1) for s in seed])
         analysis = [models.clean_reply(a, "", names) for a in analysis]
-
         # 2. every companion proposes a strategy for the speaker
         options = "\n".join(f"{i + 1}. {s}" for i, s in enumerate(strategies))
         prompts = [user(data.prompt("eval_mesc_propose").format(card=persona_card(p), analysis=a, options=options,
@@ -172,7 +134,6 @@ class MultiAgentESC:
             self.asked["proposal"] += len(picks)
             self.unparseable["proposal"] += sum(p is None for p in picks)
             proposals.append(list(dict.fromkeys(strategies[p] for p in picks if p is not None)) or [""])
-
         # 3. the speaker writes one candidate per distinct proposed strategy
         rows = [(n, s) for n, props in enumerate(proposals) for s in props]
         prompts = [speaker_messages(live[n][1], personas, live[n][0].context, live[n][0].turns,
@@ -181,7 +142,6 @@ class MultiAgentESC:
         candidates = [[] for _ in live]
         for (n, _), r in zip(rows, raw):
             candidates[n].append(_clean(cast, r, live[n][1]))
-
         # 4. every companion votes for one candidate (a single candidate needs no vote)
         ballots = [(n, p) for n in range(len(live)) if len(candidates[n]) > 1 for p in personas.personas]
         prompts = [user(data.prompt("eval_mesc_vote").format(
@@ -197,7 +157,6 @@ class MultiAgentESC:
             if choice is not None:
                 votes[n][choice] += 1
         winner = [max(range(len(candidates[n])), key=lambda i: (votes[n][i], -i)) for n in range(len(live))]
-
         # 5. the speaker refines the winning candidate
         prompts = [user(data.prompt("eval_mesc_refine").format(card=persona_card(p), strategy=proposals[n][winner[n]],
                                                                draft=candidates[n][winner[n]], **fields[n]))

@@ -1,166 +1,140 @@
-"""How much could ANY director gain over the least-spoken rule under stage 2's group reward?
+"""director_headroom.py: how much could ANY director gain over the least-spoken rule under stage 2's reward?
 
-What it does
-    Stage 2 trains the director to pick, at each decision point, the agent (and action, tone)
-    whose block of turns gets the highest group reward (director.block_reward). Before blaming the
-    training when the trained director does not beat the least-spoken rule, ask whether the
-    reward leaves anything to learn. For every held-out decision point of a stage-2 run this
-    script rolls the block out once per agent (that agent first, with the action and tone its
-    warm start pairs it with, sft.ESCONV_STRATEGIES; the least-spoken rule directs the other
-    turns), and once with the least-spoken rule alone, on two independent sampling seeds
-    ("replicates": the same points, every turn re-sampled). Then:
-
-      - each fixed agent and the rule: mean group reward per replicate;
-      - the in-sample oracle: per point the best agent of a replicate, scored on the SAME
-        replicate. Optimistic: the max of four noisy numbers is high even when the agents are
-        equally good;
-      - the cross-validated oracle: the agent that was best on replicate A, scored on replicate B
-        (and B -> A), paired against the rule on the replicate it is scored on. This is what a
-        director that had learnt each point's best agent perfectly from the reward could gain;
-      - how often a point's best agent is the same on both replicates (chance: about 1/4), and the
-        correlation across replicates of each (point, agent) reward minus its point's mean
-        (0 = whom to pick is noise, 1 = it is fully reproducible).
-
-    If the cross-validated oracle is not above the rule, a director that learnt each point's best
-    first agent from this reward would not beat the rule either (the check covers the first agent
-    with its usual action and tone, the rule directing the rest).
-
-Run (after a stage-2 run, with that run's flags; ~2 x 5 x the time of one held-out evaluation):
-    python extras/director_headroom.py --run runs/esc20 --data path/to/esconv/train.jsonl \\
-        --heldout-points 24 --max-new-tokens 32
-The held-out points are read from RUN/stage2/decision_points.jsonl (built again when missing).
+Stage 2 trains the director to pick, at each decision point, the agent whose block of turns gets the
+highest group reward (director.block_reward). Before blaming the training when a trained director
+does not beat the least-spoken rule, ask whether the reward leaves anything to learn. For every
+held-out decision point this rolls the block out once per agent (that agent first, with the action
+and tone of its first ESConv strategy, director.ESCONV_STRATEGIES; the rule directs the rest) and
+once with the rule alone, on --seeds sampling seeds ("replicates": the same points, every turn
+re-sampled). Then, beside each agent's and the rule's mean reward per replicate:
+  - the in-sample oracle: per point the best agent of a replicate, scored on the SAME replicate
+    (optimistic: the max of noisy numbers is high even when the agents are equally good);
+  - the cross-validated oracle: per point the agent best on the other replicates, scored on the one
+    left out, paired against the rule there: what a director that had learnt each point's best
+    first agent perfectly from this reward could gain (not above the rule: nothing to learn);
+  - how often two replicates agree on a point's best agent (chance ~1/#agents), and the correlation
+    across replicates of each (point, agent) reward minus its point's mean (0: whom to pick is noise),
+    for the reward and for each of its components.
+Every flag defaults to the stage-2 run's own (RUN/stage2/config.json), its held-out points come from
+RUN/stage2/decision_points.jsonl (built alike when missing). Cost: (#agents + 1) x --seeds evaluations.
+    python mascot.py director-headroom --run runs/esc20 --seeds 4      (writes RUN/stage2/headroom.json)
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import itertools
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))               # run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+import data                                                       # noqa: E402
+import director as dr                                             # noqa: E402
+import models                                                     # noqa: E402
+from metrics import paired_change                                 # noqa: E402
+from reward import shown                                          # noqa: E402
+from simulate import Cast, Conversation, Directive, LeastSpoken   # noqa: E402
 
-import data                                                                 # noqa: E402
-import director as dr                                                       # noqa: E402
-import mascot                                                               # noqa: E402
-import models                                                               # noqa: E402
-from judge_eval import within_state_correlation                             # noqa: E402
-from metrics import paired_change                                           # noqa: E402
-from sft import ESCONV_STRATEGIES                                           # noqa: E402
-from simulate import Cast, Conversation, Directive, LeastSpoken             # noqa: E402
-
-REPLICATE_SALT = 100_003     # added to every point's seed for the second replicate
+REPLICATE_SALT = 100_003     # replicate r adds r x this to every point's seed
 
 
-def agent_directives(names: list[str]) -> dict[str, Directive]:
-    """Each agent's directive as the ESConv warm start writes it: the first strategy mapped to it."""
-    out = {}
-    for agent, action, tone in ESCONV_STRATEGIES.values():
-        if agent in names and agent not in out:
-            out[agent] = Directive(agent, action, tone)
-    return out
-
-
-def held_out_points(args, inputs, cast) -> list[Conversation]:
-    """The run's held-out decision points (as saved by train --stage 2), else built the same way."""
-    path = Path(args.run) / "stage2" / "decision_points.jsonl"
-    by_id = {c.id: c for c in inputs.held_out}
-    if path.exists():
-        rows = [row for row in data.read_jsonl(path) if row["split"] == "heldout"]
-        unknown = sorted({row["context_id"] for row in rows} - set(by_id))
-        if unknown:
-            raise data.UserError(f"{path}: held-out context {unknown[0]} is not among the held-out contexts "
-                                 f"of --data {args.data} (pass the run's own --data, --held-out and --seed)")
-        return [Conversation.from_json(row, by_id[row["context_id"]]) for row in rows]
-    return dr.build_decision_points(inputs.held_out, args.heldout_points, cast, inputs.profiles,
-                                    sorted(inputs.profiles), args.user_every, args.seed + 1)
-
-
-def with_seed_offset(points: list[Conversation], offset: int) -> list[Conversation]:
-    """Copies of the points whose sampling seeds differ (an independent replicate)."""
-    out = []
-    for p in points:
-        q = Conversation.from_json(p.to_json(), p.context)
-        q.seed = p.seed + offset
-        out.append(q)
-    return out
+def within_state_correlation(xs: list[float], ys: list[float | None], n: int) -> float | None:
+    """Pearson correlation of xs and ys, each minus its state's mean (S states x n candidates, state-major; y None
+    left out): how well x ranks the candidates OF ONE STATE by y. None when x or y never varies within a state."""
+    dx, dy = [], []
+    for start in range(0, len(xs), n):
+        kept = [i for i in range(start, start + n) if ys[i] is not None]
+        if len(kept) >= 2:
+            mx, my = sum(xs[i] for i in kept) / len(kept), sum(ys[i] for i in kept) / len(kept)
+            dx, dy = dx + [xs[i] - mx for i in kept], dy + [ys[i] - my for i in kept]
+    sxx, syy = sum(a * a for a in dx), sum(b * b for b in dy)
+    return sum(a * b for a, b in zip(dx, dy)) / (sxx * syy) ** 0.5 if sxx and syy else None
 
 
 def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:
-    """From per-replicate rewards {policy: [reward per point]} (policies: each agent and "rule"),
-    the in-sample and cross-validated oracles, best-agent agreement and the deviation correlation."""
-    a, b = rewards
-    n = len(a["rule"])
-    best = [[max(names, key=lambda g: r[g][i]) for i in range(n)] for r in (a, b)]
-    out = {"n": n, "per_policy": [{k: sum(v) / n for k, v in r.items()} for r in (a, b)]}
-    out["oracle_in_sample"] = [sum(r[best[k][i]][i] for i in range(n)) / n for k, r in enumerate((a, b))]
-    cross = []
-    for src, dst in ((0, 1), (1, 0)):
-        picked = [rewards[dst][best[src][i]][i] for i in range(n)]
-        mean, se = paired_change(rewards[dst]["rule"], picked)
-        cross.append({"mean": sum(picked) / n, "vs_rule": mean, "se": se})
-    out["oracle_cross"] = cross
-    out["best_agree"] = sum(x == y for x, y in zip(*best)) / n
-    # Each point's agents are one "state" of within_state_correlation: their rewards minus the
-    # point's mean, correlated across the replicates (0 when nothing varies within a point).
-    flat = [[r[g][i] for i in range(n) for g in names] for r in (a, b)]
-    out["deviation_corr"] = within_state_correlation(*flat, len(names)) or 0.0
+    """From per-replicate rewards {policy: [reward per point]} (policies: each agent and "rule"), the
+    in-sample and cross-validated oracles, best-agent agreement and the deviation correlation."""
+    n, pairs = len(rewards[0]["rule"]), list(itertools.combinations(range(len(rewards)), 2))
+    best = [[max(names, key=lambda g: r[g][i]) for i in range(n)] for r in rewards]
+    out = {"n": n, "per_policy": [{k: sum(v) / n for k, v in r.items()} for r in rewards],
+           "oracle_in_sample": [sum(r[b[i]][i] for i in range(n)) / n for r, b in zip(rewards, best)], "oracle_cross": []}
+    for j, r in enumerate(rewards):                 # leave replicate j out: pick on the others, score on j
+        others = [q for m, q in enumerate(rewards) if m != j]
+        picked = [r[max(names, key=lambda g: sum(q[g][i] for q in others))][i] for i in range(n)]
+        change, se = paired_change(r["rule"], picked)
+        out["oracle_cross"].append({"mean": sum(picked) / n, "vs_rule": change, "se": se})
+    out["best_agree"] = sum(best[a][i] == best[b][i] for a, b in pairs for i in range(n)) / (n * len(pairs))
+    # Each point's agents are one "state": their rewards minus the point's mean, correlated across replicates.
+    flat = [[r[g][i] for i in range(n) for g in names] for r in rewards]
+    out["deviation_corr"] = sum(within_state_correlation(flat[a], flat[b], len(names)) or 0.0 for a, b in pairs) / len(pairs)
     return out
 
 
-def main(argv: list[str]) -> int:
-    args = mascot.build_parser().parse_args(["train", "--stage", "2", *argv])
-    inputs = mascot.load_inputs(args)
-    out = Path(args.run) / "stage2"
-    (sm, st), (um, ut) = mascot.load_speakers_and_user(args, args.speakers or args.model,
-                                                       out / "served_cache.jsonl")
-    cast = Cast(inputs.personas, sm, st, um, ut, args.max_new_tokens)
-    judge = mascot.judge_from_flags(args, out / "judge_cache.jsonl")
-    rollout = dr.Rollout(cast, inputs.profiles, inputs.personas, models.SentenceEncoder(device=args.device),
-                         judge, mascot.options(dr.RewardWeights, args, prefix="w-"), args.rollout_turns,
-                         args.user_every)
-    names = inputs.personas.names()
-    directives = agent_directives(names)
-    points = held_out_points(args, inputs, cast)
-    rule = LeastSpoken(inputs.personas)
-    rewards, parts = [], []          # per replicate: {policy: [total per point]}, {policy: [components]}
-    for rep, offset in enumerate((0, REPLICATE_SALT)):
-        pts = with_seed_offset(points, offset)
-        scored = {"rule": rollout.run(pts, rule)[0]}
-        for g in names:
-            if g in directives:
-                scored[g] = rollout.run(pts, rule, first=[directives[g]] * len(pts))[0]
-            print(f"replicate {rep + 1}: {g} done", flush=True)
+def parse_args(argv: list[str], cli):
+    """train --stage 2's flags (the run's own command line works as it is), defaulting to its config, and --seeds."""
+    p = argparse.ArgumentParser(prog="mascot.py director-headroom", description=__doc__.split("\n")[0],
+                                formatter_class=cli.Formatter)
+    cli.common_flags(p)
+    cli.add_options(p, dr.DirectorConfig)
+    cli.add_options(p, dr.RewardWeights, prefix="w-")
+    p.add_argument("--seeds", type=data.flag_type("--seeds", int, "at-least-2"), default=4,
+                   help="replicates: independent sampling seeds of every rollout")
+    config = Path(p.parse_known_args(argv)[0].run) / "stage2" / "config.json"
+    saved = data.read_json(config) if config.is_file() else {}
+    p.set_defaults(**{k: v for k, v in saved.items() if k in vars(p.parse_args([]))})
+    return p.parse_args(argv), config
+
+
+def main(argv: list[str], cli) -> int:
+    """`mascot.py director-headroom ...` (argv[0] is the command; cli is mascot.py)."""
+    args, config = parse_args(argv[1:], cli)
+    out, inputs = config.parent, cli.load_inputs(args, earlier=[config])
+    cli.check_device(args)
+    speakers, cache = cli.speakers_of(args), out / "served_cache.jsonl"
+    speaker = cli.load_role(speakers, "speakers", args, cache)
+    user = speaker if (args.user or args.model) == speakers else cli.load_role(args.user or args.model, "user", args, cache)
+    cast = Cast(inputs.personas, *speaker, *user, args.max_new_tokens)
+    encoder = models.SentenceEncoder(args.device)
+    rollout = dr.Rollout(cast, inputs.profiles, inputs.personas, encoder,
+                         cli.make_judge(args, out / "judge_cache.jsonl", args.personas, encoder),
+                         cli.options(dr.RewardWeights, args, prefix="w-"), args.rollout_turns, args.user_every)
+    by_id, path = {c.id: c for c in inputs.held_out}, out / "decision_points.jsonl"
+    directives = {a: Directive(a, action, tone) for a, action, tone in reversed(dr.ESCONV_STRATEGIES.values())}
+    names = [g for g in inputs.personas.names() if g in directives]     # (reversed: each agent's FIRST strategy)
+    if not names:
+        raise data.UserError(f"--set {args.set}: no persona of the set has an ESConv strategy; use --set support")
+    rows = [r for r in data.read_jsonl(path) if r["split"] == "heldout"] if path.exists() else None
+    if rows and any(r["context_id"] not in by_id for r in rows):
+        raise data.UserError(f"{path}: a held-out point's context is not among the held-out contexts of --data "
+                             f"{args.data} (pass the run's own --data, --held-out and --seed)")
+    points = [Conversation.from_json(r, by_id[r["context_id"]]) for r in rows] if rows else dr.build_decision_points(
+        inputs.held_out, args.heldout_points, cast, inputs.profiles, args.user_every, args.seed + 1)
+    rule, rewards, parts = LeastSpoken(inputs.personas), [], []    # per replicate: {policy: [reward]}, {policy: [components]}
+    for rep in range(args.seeds):
+        pts = [dataclasses.replace(p, seed=p.seed + rep * REPLICATE_SALT) for p in points]   # Rollout.run copies them
+        scored = {"rule": rollout.run(pts, rule)[0], **{g: rollout.run(pts, rule, first=[directives[g]] * len(pts))[0]
+                                                        for g in names}}
+        print(f"replicate {rep + 1}/{args.seeds} done", flush=True)
         rewards.append({k: [s for s, _ in v] for k, v in scored.items()})
         parts.append({k: [c for _, c in v] for k, v in scored.items()})
-    names = [g for g in names if g in directives]
     result = headroom(rewards, names)
-    # The same reproducibility per component: which part of the reward knows whom to pick?
-    by_component = {}
-    for comp in parts[0]["rule"][0]:
-        per_rep = [{k: [c[comp] for c in v] for k, v in p.items()} for p in parts]
-        by_component[comp] = headroom(per_rep, names)["deviation_corr"]
+    by_component = {comp: headroom([{k: [c[comp] for c in v] for k, v in p.items()} for p in parts], names)["deviation_corr"]
+                    for comp in parts[0]["rule"][0]}
     data.write_json(out / "headroom.json", {"rewards": rewards, "components": parts, **result,
                                             "deviation_corr_by_component": by_component})
-    print(f"\n{result['n']} held-out points, two replicates (sampling seeds +0 and +{REPLICATE_SALT}); "
-          f"group reward with the run's weights")
+    print(f"\n{result['n']} held-out points, {args.seeds} replicates (seeds +r x {REPLICATE_SALT}); the run's weights")
     for g in [*names, "rule"]:
-        label = "least-spoken rule" if g == "rule" else f"always {g} first"
-        print(f"  {label:28s} {result['per_policy'][0][g]:.3f}  {result['per_policy'][1][g]:.3f}")
-    print(f"  {'oracle, in sample':28s} {result['oracle_in_sample'][0]:.3f}  {result['oracle_in_sample'][1]:.3f}"
-          "   (optimistic: the max of noisy numbers)")
-    for (src, dst), c in zip(((1, 2), (2, 1)), result["oracle_cross"]):
-        print(f"  oracle picked on replicate {src}, scored on {dst}: {c['mean']:.3f}; minus the rule "
-              f"{c['vs_rule']:+.3f} ± {c['se']:.3f} (paired se)")
-    print(f"  best agent the same on both replicates: {result['best_agree']:.2f} of points (chance ~0.25)")
-    print(f"  correlation of (point, agent) reward deviations across replicates: {result['deviation_corr']:+.2f}")
-    print("  the same correlation per component (unweighted): " +
-          ", ".join(f"{k} {v:+.2f}" for k, v in by_component.items()))
+        print(f"  {'least-spoken rule' if g == 'rule' else f'always {g} first':28s} "
+              + "  ".join(f"{r[g]:.3f}" for r in result["per_policy"]))
+    print(f"  {'oracle, in sample':28s} " + "  ".join(f"{x:.3f}" for x in result["oracle_in_sample"])
+          + "   (optimistic: the max of noisy numbers)")
+    for j, c in enumerate(result["oracle_cross"]):
+        print(f"  oracle picked on replicate{'s' if args.seeds > 2 else ''} "
+              f"{','.join(str(m + 1) for m in range(args.seeds) if m != j)}, scored on {j + 1}: "
+              f"{c['mean']:.3f}; minus the rule {c['vs_rule']:+.3f} ± {shown(c['se'])} (paired se)")
+    print(f"  best agent the same on two replicates: {result['best_agree']:.2f} of points (chance ~{1 / len(names):.2f})")
+    print(f"  correlation of (point, agent) reward deviations across replicates: {result['deviation_corr']:+.2f}; per "
+          "component (unweighted): " + ", ".join(f"{k} {v:+.2f}" for k, v in by_component.items()))
     print(f"written: {out / 'headroom.json'}")
     return 0
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except data.UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)

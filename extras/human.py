@@ -1,36 +1,51 @@
-"""human.py: the paper's two human studies: what people are shown, what is recorded, and the tests.
+"""extras/human.py: the paper's two human studies: the annotation page, the record, the statistics.
 
-Where it sits in MASCOT (arXiv 2601.14230): evaluation, after `evaluate` has written transcripts.
-The paper asks people twice:
-  1. pairwise preference: a situation and two conversations (MASCOT and a baseline, names hidden,
-     sides random); "which provides better socio-collaborative support?"; two raters per pair,
-     at most 10 pairs per rater; two-sided sign test over the rater-level choices;
-  2. the same choice plus three 5-point Likert items per conversation: helpfulness, emotional
-     appropriateness, perceived safety; Mann-Whitney U per item and per rating stream (the first
-     and the second rating of every conversation are reported separately).
-This file builds the items from RUN/eval/transcripts.jsonl, defines the record one judgement
-leaves in a JSON-lines file, and computes the statistics; `extras/annotate.py` is the page people
-use (a local web server), and `python mascot.py evaluate --human FILE` prints the analysis.
-Agreement between raters, which the paper does not report, is added: Fleiss' kappa over items
-with the same number of ratings, and Cohen's kappa between the first and the second rating.
+Where it sits in MASCOT (arXiv 2601.14230): after `evaluate` has written RUN/eval/transcripts.jsonl.
+People see a situation and two conversations (MASCOT and a baseline, names hidden, sides random),
+two raters per pair, at most 10 pairs per rater, and are asked (1) "which provides better
+socio-collaborative support?" (a forced choice; a two-sided sign test over the rater-level choices)
+and (2) the same plus three 5-point Likert items per conversation: helpfulness, emotional
+appropriateness, perceived safety (Mann-Whitney U per item and per rating stream: the first and the
+second rating of every conversation apart). Added, as the paper reports none: Fleiss' and Cohen's kappa.
 
-One record per judgement (one line):
+    python extras/human.py serve --transcripts runs/default/eval/transcripts.jsonl --a mascot \
+        --b few-shot-cot --out runs/default/human/annotations.jsonl   # then open http://127.0.0.1:8765/
+    python mascot.py evaluate --run runs/default --human runs/default/human/annotations.jsonl
+
+`serve` (also --ratings 2, --per-annotator 10, --no-likert, --seed, --port) pairs the conversations
+of the two systems with the same seed, context and profile (evaluate gives conversation i the same
+ones in every system), showing speakers and texts only (directives and crisis events would give a
+system away). Each answer is appended at once (flush + fsync): a study survives a crash and resumes.
+Annotators work at the same time under their own names, an item going to whoever asks next, fewest
+ratings first; the side is a function of (seed, annotator, item), so a reload shows the same page.
+Bound to 127.0.0.1; plain HTML forms, no JavaScript: the browser's `required` check stops half-filled
+forms, and the server checks again. A page, not a terminal UI: raters read two conversations side by side.
+
+One record per judgement (one line); "systems" is [A, B], A the system under test; "item" is the
+seed; "likert" is absent in a choice-only study:
     {"annotator": "a1", "item": "3", "context_id": "esconv-12", "systems": ["mascot", "few-shot-cot"],
-     "left": "few-shot-cot", "choice": "mascot",
-     "likert": {"mascot": {"helpfulness": 4, "emotional": 5, "safety": 5}, "few-shot-cot": {...}},
-     "time": "2026-11-30T14:00:00"}
-"systems" is [A, B]: A is the system under test; "likert" is absent in a choice-only study.
+     "left": "few-shot-cot", "choice": "mascot", "time": "2026-11-30T14:00:00",
+     "likert": {"mascot": {"helpfulness": 4, "emotional": 5, "safety": 5}, "few-shot-cot": {...}}}
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import html
+import math
+import random
+import sys
+import threading
 from collections import Counter, defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlparse
 
-import data
-from data import UserError
-from metrics import cohen_kappa, fleiss_kappa, mann_whitney_u, win_rate
-from results import json_safe
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+import data                                                        # noqa: E402
+from data import UserError                                         # noqa: E402
+from metrics import win_rate                                       # noqa: E402
 
 LIKERT = {"helpfulness": "This conversation would be helpful to someone in the situation described.",
           "emotional": "The agents respond in an emotionally appropriate way for the situation.",
@@ -40,32 +55,124 @@ QUESTION = ("Which conversation provides better support for this person? Conside
             "repeating the others, and is helpful and safe. Do not decide on length or position alone.")
 
 
+# --- rank and agreement statistics ---------------------------------------------------------------
+
+def average_ranks(values: list[float]) -> list[float]:
+    """Ranks 1..n of the values, tied values sharing the mean of the ranks they occupy:
+    [10, 20, 20, 30] -> [1.0, 2.5, 2.5, 4.0]."""
+    counts, rank, below = Counter(values), {}, 0
+    for v in sorted(counts):                    # v occupies ranks below+1 .. below+counts[v]
+        rank[v], below = below + (counts[v] + 1) / 2, below + counts[v]
+    return [rank[v] for v in values]
+
+
+def mann_whitney_counts(m: int, n: int) -> list[int]:
+    """How many of the C(m+n, m) orderings of two samples without ties give U = 0, 1, ..., m*n.
+
+    Recursion on the largest observation: it belongs to the first sample (then it beats all n of
+    the second: U drops by n) or to the second (U unchanged): c(m, n, u) = c(m-1, n, u-n) + c(m, n-1, u)."""
+    prev = [[1]] * (n + 1)                     # sizes (0, j): U = 0, one way; prev[j] = the counts of (i - 1, j)
+    for i in range(1, m + 1):
+        row = [[1]]                            # sizes (i, 0)
+        for j in range(1, n + 1):              # c(i-1, j) shifted up by j, plus c(i, j-1), both of length ij + 1
+            row.append([s + t for s, t in zip([0] * j + prev[j], row[j - 1] + [0] * i)])
+        prev = row
+    return prev[n]
+
+
+def mann_whitney_u(x: list[float], y: list[float], method: str = "auto") -> dict:
+    """Two-sided Mann-Whitney U test (Wilcoxon rank-sum) of two independent samples.
+
+        U_x = R_x - n_x (n_x + 1) / 2      R_x = sum of x's ranks in the pooled sample (ties averaged)
+        U_y = n_x n_y - U_x                U_x counts the (x, y) pairs with x > y, ties as 1/2
+
+    "exact": p = 2 P(U >= max(U_x, U_y)) under the null, from mann_whitney_counts (no ties only).
+    "asymptotic": the normal approximation with the tie and the 1/2 continuity corrections:
+        z = (max(U_x, U_y) - n_x n_y / 2 - 1/2) / sigma,
+        sigma^2 = n_x n_y / 12 * ((N + 1) - sum_t (t^3 - t) / (N (N - 1))),  t = size of each tie group
+    "auto" (scipy's rule) is exact when both samples have at most 8 values and there is no tie.
+    Returns {"u": U_x, "p_value" (1.0 when every value is the same), "method", "mean_x", "mean_y"}."""
+    nx, ny, pooled = len(x), len(y), list(x) + list(y)
+    if nx == 0 or ny == 0:
+        raise ValueError(f"mann_whitney_u needs two non-empty samples, got sizes {nx} and {ny}")
+    u_x = sum(average_ranks(pooled)[:nx]) - nx * (nx + 1) / 2
+    u_big, ties = max(u_x, nx * ny - u_x), Counter(pooled)          # ties: value -> how many share it
+    if method == "auto":
+        method = "exact" if nx <= 8 and ny <= 8 and len(ties) == len(pooled) else "asymptotic"
+    if method == "exact" and len(ties) < len(pooled):
+        raise ValueError("the exact Mann-Whitney distribution assumes no ties; use method='asymptotic'")
+    if method == "exact":                                           # U >= u_big in C(nx + ny, nx) equally likely orders
+        p = 2 * sum(mann_whitney_counts(nx, ny)[round(u_big):]) / math.comb(nx + ny, nx)
+    elif method == "asymptotic":
+        n = nx + ny
+        var = nx * ny / 12 * ((n + 1) - sum(t ** 3 - t for t in ties.values()) / (n * (n - 1)))
+        z = (u_big - nx * ny / 2 - 0.5) / math.sqrt(var) if var > 0 else -math.inf            # var 0: all equal
+        p = math.erfc(z / math.sqrt(2))                             # 2 P(Z > z) for a standard normal Z
+    else:
+        raise ValueError(f"mann_whitney_u method must be auto, exact or asymptotic, got {method!r}")
+    return {"u": u_x, "p_value": min(1.0, p), "method": method, "mean_x": sum(x) / nx, "mean_y": sum(y) / ny}
+
+
+def cohen_kappa(a: list, b: list) -> float:
+    """Cohen's kappa of two raters' labels on the same items: (p_o - p_e) / (1 - p_e).
+
+    p_o = share of items where they agree; p_e = sum over labels of the product of the two raters'
+    shares of that label (agreement expected by chance). 1 = perfect, 0 = chance level. nan when
+    there are no items or p_e = 1 (both gave one and the same label to everything: undefined)."""
+    if len(a) != len(b):
+        raise ValueError(f"cohen_kappa needs one label per item from each rater, got {len(a)} and {len(b)}")
+    n, ca, cb = len(a), Counter(a), Counter(b)
+    p_e = sum(ca[k] * cb[k] for k in ca) / (n * n) if n else 1
+    return float("nan") if p_e == 1 else (sum(u == v for u, v in zip(a, b)) / n - p_e) / (1 - p_e)
+
+
+def fleiss_kappa(counts: list[list[int]]) -> float:
+    """Fleiss' kappa for N items, each rated by the same number n >= 2 of raters into k categories.
+
+    counts[i][j] = how many raters put item i in category j (each row sums to n).
+        P_i   = (sum_j counts[i][j]^2 - n) / (n (n - 1))     agreement on item i
+        p_j   = sum_i counts[i][j] / (N n)                     share of category j
+        kappa = (mean P_i - sum_j p_j^2) / (1 - sum_j p_j^2)
+    nan when there are no items or every rating falls in one category."""
+    if not counts:
+        return float("nan")
+    n, N = sum(counts[0]), len(counts)
+    if n < 2 or any(sum(row) != n for row in counts):
+        raise ValueError("fleiss_kappa needs the same number (>= 2) of ratings for every item")
+    p_bar = sum((sum(c * c for c in row) - n) / (n * (n - 1)) for row in counts) / N
+    p_e = sum((sum(row[j] for row in counts) / (N * n)) ** 2 for j in range(len(counts[0])))
+    return float("nan") if p_e == 1 else (p_bar - p_e) / (1 - p_e)
+
+
+# --- items, records, analysis -----------------------------------------------------------------------
+
 def load_items(transcripts: str, a: str, b: str) -> list[dict]:
-    """One item per conversation index that both systems have in RUN/eval/transcripts.jsonl:
-    {"item", "context_id", "situation", "systems": [a, b], "turns": {system: [{speaker, text}]}}."""
+    """One item per conversation that both systems have in RUN/eval/transcripts.jsonl:
+    {"item", "context_id", "situation", "systems": [a, b], "turns": {system: [{speaker, text, ...}]}}."""
     by_system = defaultdict(dict)
-    for row in data.read_jsonl(transcripts):
-        by_system[row.get("system")][row.get("index")] = row
+    for number, row in data.read_jsonl(transcripts, numbered=True):
+        if not (isinstance(row.get("seed"), int) and isinstance(row.get("turns"), list) and "situation" in row):
+            raise UserError(f"{transcripts}: line {number} lacks 'seed', 'situation' or 'turns' (evaluate writes them)")
+        by_system[row.get("system")][row["seed"], row.get("context_id"), row.get("profile")] = row
     for name in (a, b):
         if name not in by_system:
             raise UserError(f"{transcripts}: no conversations of system '{name}'; it holds "
                             f"{', '.join(sorted(map(str, by_system))) or 'none'}")
-    items = []
-    for index in sorted(set(by_system[a]) & set(by_system[b])):
-        ra, rb = by_system[a][index], by_system[b][index]
-        items.append({"item": str(index), "context_id": ra["context_id"], "situation": ra["situation"],
-                      "systems": [a, b], "turns": {a: ra["turns"], b: rb["turns"]}})
+    items = [{"item": str(key[0]), "context_id": key[1], "situation": by_system[a][key]["situation"],
+              "systems": [a, b], "turns": {s: by_system[s][key]["turns"] for s in (a, b)}}
+             for key in sorted(set(by_system[a]) & set(by_system[b]), key=lambda k: k[0])]   # (seed, context, profile)
+    if not items:
+        raise UserError(f"{transcripts}: {a} and {b} share no conversation (seed, context and profile); "
+                        "compare two systems of one evaluation")
     return items
 
 
-def check_record(rec: object, where: str) -> dict:
-    """One judgement, validated; a UserError names the line and the field."""
-    if not isinstance(rec, dict):
-        raise UserError(f"{where}: not a judgement object")
+def check_record(rec: dict, where: str) -> dict:
+    """One judgement (a JSON object: data.read_jsonl checks that), validated; a UserError names the field."""
     systems = rec.get("systems")
     if not (isinstance(rec.get("annotator"), str) and rec["annotator"] and isinstance(rec.get("item"), str)
             and isinstance(systems, list) and len(systems) == 2 and systems[0] != systems[1]):
-        raise UserError(f"{where}: needs 'annotator', 'item' and 'systems': [A, B] (extras/annotate.py writes them)")
+        raise UserError(f"{where}: needs 'annotator', 'item' and 'systems': [A, B] (extras/human.py serve writes them)")
     if rec.get("choice") not in systems:
         raise UserError(f"{where}: 'choice' must be one of {systems}, got {rec.get('choice')!r}")
     for system, ratings in (rec.get("likert") or {}).items():
@@ -82,31 +189,23 @@ def load_records(path) -> list[dict]:
 def analyse(records: list[dict]) -> dict:
     """Every statistic of the human studies, per compared pair of systems (A = the system under test).
 
-    choice: rater-level wins of A, sign test (exact two-sided binomial, ties impossible: forced
-    choice); per conversation, how many items every rater gave to A (or to B).
-    likert: per item and rating stream (stream k = the k-th judgement of each conversation, in
-    file order), the means of A and B and a two-sided Mann-Whitney U test.
-    agreement: Fleiss' kappa of the choices over the items with the most common number (>= 2) of
-    ratings; Cohen's kappa between the first and the second rating of each item.
-    """
-    out = {}
-    for pair in dict.fromkeys(tuple(r["systems"]) for r in records):
-        a, b = pair
-        recs = [r for r in records if tuple(r["systems"]) == pair]
-        by_item = defaultdict(list)
-        for r in recs:
-            by_item[r["item"]].append(r)
-        choice = win_rate(["A" if r["choice"] == a else "B" for r in recs])
+    choice: rater-level wins of A, exact two-sided sign test (metrics.win_rate; the choice is forced:
+    no ties); how many conversations every rater gave to A (or to B). likert: per item and rating
+    stream (stream k = the k-th judgement of each conversation, in file order), the means of A and B
+    and a two-sided Mann-Whitney U test. agreement: Fleiss' kappa of the choices over the items with
+    the most common number (>= 2) of ratings; Cohen's kappa between the first and second ratings."""
+    out, by_pair = {}, defaultdict(lambda: defaultdict(list))        # (A, B) -> item -> its judgements
+    for r in records:
+        by_pair[tuple(r["systems"])][r["item"]].append(r)
+    for pair, by_item in by_pair.items():
+        (a, b), recs = pair, [j for js in by_item.values() for j in js]
         unanimous = Counter(js[0]["choice"] for js in by_item.values()
                             if len(js) >= 2 and len({j["choice"] for j in js}) == 1)
         likert = {}
-        n_streams = max(len(js) for js in by_item.values())
         for key in LIKERT:
-            for stream in range(n_streams):
-                xs = [js[stream]["likert"][a][key] for js in by_item.values()
-                      if len(js) > stream and key in (js[stream].get("likert") or {}).get(a, {})]
-                ys = [js[stream]["likert"][b][key] for js in by_item.values()
-                      if len(js) > stream and key in (js[stream].get("likert") or {}).get(b, {})]
+            for stream in range(max(len(js) for js in by_item.values())):
+                xs, ys = ([js[stream]["likert"][s][key] for js in by_item.values()
+                           if len(js) > stream and key in (js[stream].get("likert") or {}).get(s, {})] for s in pair)
                 if xs and ys:
                     likert[f"{key}/{stream + 1}"] = {"n_a": len(xs), "n_b": len(ys), **mann_whitney_u(xs, ys)}
         counts = Counter(len(js) for js in by_item.values() if len(js) >= 2)
@@ -115,16 +214,16 @@ def analyse(records: list[dict]) -> dict:
         firsts = [(js[0]["choice"], js[1]["choice"]) for js in by_item.values() if len(js) >= 2]
         out[f"{a} vs {b}"] = {
             "a": a, "b": b, "judgements": len(recs), "items": len(by_item),
-            "annotators": len({r["annotator"] for r in recs}), "choice": choice,
+            "annotators": len({r["annotator"] for r in recs}),
+            "choice": win_rate(["A" if r["choice"] == a else "B" for r in recs]),
             "unanimous_a": unanimous[a], "unanimous_b": unanimous[b], "likert": likert,
-            "fleiss_kappa": fleiss_kappa(table) if table else float("nan"), "fleiss_items": len(table),
-            "fleiss_raters": m, "cohen_kappa": cohen_kappa([x for x, _ in firsts], [y for _, y in firsts]),
-            "cohen_items": len(firsts)}
+            "fleiss_kappa": fleiss_kappa(table), "fleiss_items": len(table), "fleiss_raters": m,
+            "cohen_kappa": cohen_kappa([x for x, _ in firsts], [y for _, y in firsts]), "cohen_items": len(firsts)}
     return out
 
 
 def report(result: dict, path: str) -> str:
-    """The analysis as markdown (printed by `evaluate --human` and saved beside the file)."""
+    """The analysis as markdown (printed by `evaluate --human` and saved beside the results)."""
     out = [f"# Human evaluation: {path}", ""]
     for name, r in result.items():
         c = r["choice"]
@@ -138,18 +237,17 @@ def report(result: dict, path: str) -> str:
                 f"{r['fleiss_raters']} ratings each; Cohen's kappa {r['cohen_kappa']:.3f} between the first and the "
                 f"second rating of {r['cohen_items']} items (1 = full agreement, 0 = chance; nan = undefined).", ""]
         if r["likert"]:
-            out += ["| Likert item / rating stream | n (A, B) | mean " + r["a"] + " | mean " + r["b"]
-                    + " | difference | Mann-Whitney U | p (two-sided) | method |", "|---|---|---|---|---|---|---|---|"]
-            for key, s in r["likert"].items():
-                out.append(f"| {key} | {s['n_a']}, {s['n_b']} | {s['mean_x']:.2f} | {s['mean_y']:.2f} | "
-                           f"{s['mean_x'] - s['mean_y']:+.2f} | {s['u']:.1f} | {s['p_value']:.4g} | {s['method']} |")
-            out.append("")
+            out += [f"| Likert item / rating stream | n (A, B) | mean {r['a']} | mean {r['b']} | difference | "
+                    "Mann-Whitney U | p (two-sided) | method |", "|---|---|---|---|---|---|---|---|"]
+            out += [f"| {key} | {s['n_a']}, {s['n_b']} | {s['mean_x']:.2f} | {s['mean_y']:.2f} | "
+                    f"{s['mean_x'] - s['mean_y']:+.2f} | {s['u']:.1f} | {s['p_value']:.4g} | {s['method']} |"
+                    for key, s in r["likert"].items()] + [""]
     return "\n".join(out) + "\n"
 
 
 def run(args) -> dict:
-    """`python mascot.py evaluate --human FILE`: the statistics of the judgements extras/annotate.py
-    saved, printed and written to RUN/eval/human.{md,json}. No model runs."""
+    """`mascot.py evaluate --run RUN --human FILE`: the statistics, printed and written to RUN/eval/human.{md,json}."""
+    from evaluate import json_safe          # NaN -> null; evaluate is loaded already when mascot.py calls
     result = analyse(load_records(args.human))
     if not result:
         raise UserError(f"--human {args.human}: the file holds no judgements yet")
@@ -158,3 +256,165 @@ def run(args) -> dict:
     data.write_json(Path(args.run) / "eval" / "human.json", json_safe(result))
     print(text, end="", flush=True)
     return result
+
+
+# --- the annotation page -------------------------------------------------------------------------------
+
+STYLE = """body{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em;color:#222}.err{color:#a00}
+.pair{display:flex;gap:1.5em}.conv{flex:1;border:1px solid #bbb;border-radius:6px;padding:.5em 1em}.turn{margin:.4em 0}
+.who{font-weight:bold}.user .who{color:#555}.likert{margin:.3em 0}fieldset{border:1px solid #ddd;margin:.8em 0}
+button{font-size:1.1em;padding:.4em 1.5em}"""
+
+
+class Study:
+    """The items, the judgements so far (read back from the file: resumable) and who gets what."""
+    def __init__(self, items: list[dict], out: Path, ratings: int, per_annotator: int, likert: bool, seed: int):
+        self.items, self.lock = {it["item"]: it for it in items}, threading.Lock()
+        self.out, self.ratings, self.per_annotator, self.likert, self.seed = out, ratings, per_annotator, likert, seed
+        self.records = [r for r in (load_records(out) if out.exists() else []) if r["systems"] == items[0]["systems"]]
+
+    def shown(self, annotator: str, item: dict) -> list[str]:
+        """The systems shown as Conversation 1 (left) and 2: random, but fixed per annotator and item."""
+        a, b = item["systems"]
+        return [a, b] if random.Random(data.derive_seed(self.seed, annotator, item["item"])).random() < 0.5 else [b, a]
+
+    def next_item(self, annotator: str) -> tuple[dict | None, int]:
+        """(the item this annotator should judge next or None, how many they have done)."""
+        done = {r["item"] for r in self.records if r["annotator"] == annotator}
+        if len(done) >= self.per_annotator:
+            return None, len(done)
+        counts, order = Counter(r["item"] for r in self.records), sorted(self.items)
+        random.Random(data.derive_seed(self.seed, annotator)).shuffle(order)
+        open_items = [i for i in order if i not in done and counts[i] < self.ratings]
+        return (self.items[min(open_items, key=lambda i: counts[i])] if open_items else None), len(done)
+
+    def answer(self, form: dict[str, str]) -> str:
+        """Check one submitted form and append its judgement; returns the annotator, or raises ValueError."""
+        annotator, item = form.get("annotator", "").strip(), self.items.get(form.get("item", ""))
+        if not annotator or item is None:
+            raise ValueError("the form lost its annotator or item; go back to the start page")
+        shown = self.shown(annotator, item)
+        if form.get("choice") not in ("1", "2"):
+            raise ValueError("choose the conversation that provides better support")
+        record = {"annotator": annotator, "item": item["item"], "context_id": item["context_id"],
+                  "systems": item["systems"], "left": shown[0], "choice": shown[int(form["choice"]) - 1]}
+        for pos in (1, 2) if self.likert else ():
+            ratings = {k: form.get(f"c{pos}_{k}", "") for k in LIKERT}
+            if any(v not in ("1", "2", "3", "4", "5") for v in ratings.values()):
+                raise ValueError(f"rate conversation {pos} on every statement (1-5)")
+            record.setdefault("likert", {})[shown[pos - 1]] = {k: int(v) for k, v in ratings.items()}
+        record["time"] = datetime.datetime.now().isoformat(timespec="seconds")
+        with self.lock:
+            if not any(r["annotator"] == annotator and r["item"] == item["item"] for r in self.records):
+                data.append_jsonl(self.out, record)                # (a double submit keeps the first)
+                self.records.append(record)
+        return annotator
+
+
+def page(title: str, body: str) -> bytes:
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{body}</body></html>").encode("utf-8")
+
+
+START = page("Companion conversations: annotation", """<h1>Rating group conversations</h1><p>You will read a
+person's situation and two conversations in which a group of AI companions talks with that person. Choose the
+conversation that supports the person better, then rate each conversation on three statements. The order of the
+two conversations is random.</p>
+<form method="get" action="/item"><label>Your annotator name:
+<input name="annotator" required pattern="[A-Za-z0-9_.-]{1,40}"></label> <button type="submit">Start</button></form>""")
+
+
+def item_page(study: Study, annotator: str, item: dict, done: int, error: str = "") -> bytes:
+    convs = "".join(f"<div class='conv'><h2>Conversation {pos}</h2>" + "".join(
+        f"<div class='turn{' user' if t['speaker'] == 'User' else ''}'><span class='who'>{html.escape(t['speaker'])}:"
+        f"</span> {html.escape(t['text'])}</div>" for t in item["turns"][system]) + "</div>"
+        for pos, system in enumerate(study.shown(annotator, item), start=1))
+    likert = "".join(
+        f"<fieldset><legend>Conversation {pos}</legend>" + "".join(
+            f"<div class='likert'>{html.escape(text)}<br>strongly disagree "
+            + " ".join(f"<label><input type='radio' name='c{pos}_{key}' value='{v}' required>{v}</label>"
+                       for v in range(1, 6)) + " strongly agree</div>" for key, text in LIKERT.items())
+        + "</fieldset>" for pos in (1, 2)) if study.likert else ""
+    return page("Which conversation supports better?", f"""<p>{html.escape(annotator)}: item {done + 1} of at most
+{min(study.per_annotator, len(study.items))}</p><p class='err'>{html.escape(error)}</p>
+<h1>The situation</h1><p>{html.escape(item['situation'])}</p><div class='pair'>{convs}</div>
+<form method="post" action="/answer"><input type="hidden" name="annotator" value="{html.escape(annotator)}">
+<input type="hidden" name="item" value="{html.escape(item['item'])}">
+<fieldset><legend>{html.escape(QUESTION)}</legend>
+<label><input type="radio" name="choice" value="1" required> Conversation 1</label>
+<label><input type="radio" name="choice" value="2" required> Conversation 2</label></fieldset>
+{likert}<button type="submit">Save and continue</button></form>""")
+
+
+def serve(study: Study, port: int = 8765) -> ThreadingHTTPServer:
+    """A server bound to 127.0.0.1 only (never reachable from another machine); port 0 = any free port."""
+    class Handler(BaseHTTPRequestHandler):
+        def send(self, status: int, body: bytes = b"", location: str = "") -> None:
+            self.send_response(status)
+            if location:
+                self.send_header("Location", location)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            url = urlparse(self.path)
+            annotator = parse_qs(url.query).get("annotator", [""])[0].strip()
+            if url.path != "/item" or not annotator:
+                return self.send(200 if url.path in ("/", "/item") else 404, START)
+            item, done = study.next_item(annotator)
+            self.send(200, item_page(study, annotator, item, done) if item else page("Thank you", f"<h1>Thank you, "
+                      f"{html.escape(annotator)}</h1><p>You rated {done} item(s); nothing is left for you.</p>"))
+
+        def do_POST(self):
+            if urlparse(self.path).path != "/answer":
+                return self.send(404, START)
+            length = int(self.headers.get("Content-Length") or 0)
+            form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode("utf-8")).items()}
+            try:
+                annotator = study.answer(form)
+            except ValueError as err:                 # the same page again, saying what is missing
+                item, who = study.items.get(form.get("item", "")), form.get("annotator", "").strip()
+                done = sum(r["annotator"] == who for r in study.records)
+                return self.send(400, item_page(study, who, item, done, str(err)) if item and who else START)
+            self.send(303, location="/item?" + urlencode({"annotator": annotator}))
+
+        def log_message(self, *args):      # quiet: the JSONL file is the log
+            pass
+    return ThreadingHTTPServer(("127.0.0.1", port), Handler)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    s = p.add_subparsers(dest="command", required=True).add_parser(
+        "serve", help="the annotation page on 127.0.0.1", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("--transcripts", required=True, help="RUN/eval/transcripts.jsonl written by evaluate")
+    s.add_argument("--a", required=True, help="the system under test (e.g. mascot)")
+    s.add_argument("--b", required=True, help="the system it is compared with (e.g. few-shot-cot)")
+    s.add_argument("--out", required=True, help="JSON-lines file of judgements (appended; resumable)")
+    s.add_argument("--ratings", type=data.flag_type("--ratings", int, "positive"), default=2, help="judgements per item")
+    s.add_argument("--per-annotator", type=data.flag_type("--per-annotator", int, "positive"), default=10,
+                   help="most items one annotator rates")
+    s.add_argument("--likert", action=argparse.BooleanOptionalAction, default=True, help="ask the Likert items too")
+    s.add_argument("--seed", type=int, default=0, help="seed of the sides and of each annotator's order")
+    s.add_argument("--port", type=int, default=8765)
+    args = p.parse_args(argv)
+    try:
+        items = load_items(args.transcripts, args.a, args.b)
+        study = Study(items, Path(args.out), args.ratings, args.per_annotator, args.likert, args.seed)
+        server = serve(study, args.port)
+    except (UserError, OSError) as err:          # OSError: the port is taken or not allowed
+        print(f"error: {err}" if isinstance(err, UserError) else f"error: --port {args.port}: {err}", file=sys.stderr)
+        return 2
+    print(f"{len(items)} items, {len(study.records)} judgements so far in {args.out}; "
+          f"open http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:       # Ctrl-C: every answer is already on disk
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

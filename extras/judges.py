@@ -1,288 +1,420 @@
-"""judge_eval.py: how good is a grader? Two measurements, one per command.
+"""extras/judges.py: the LLM judges beside the offline one, and how good any grader is.
 
-A judge (judge.py) or a reward model (reward.py) is only worth optimising against if it prefers
-good replies to bad ones, and keeps doing so when a policy searches for what it over-rewards.
+mascot.make_judge builds `--judge hf:<model>` (HFJudge: a local chat LLM's next-token probabilities of
+"A"/"B" and "1".."5") and `rm:<folder>` (RMJudge: stage 1's reward model) here; the openai: judge of
+extras/served.py uses this file's prompts (data/prompts/judge_*.txt; the paper's are unpublished). LLM
+judges prefer the reply they read first (Zheng et al. 2023), so a pairwise question is asked in both orders
+and counts only when they agree (combine_orders). A grader is worth optimising only if it prefers good
+replies, and keeps doing so when a policy searches for what it over-rewards (Gao et al. 2022):
 
-    python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl ...
-        accuracy on labelled pairs (data/judge_pairs_*.jsonl, schema in data/README.md): how often
-        the judge prefers the better reply, overall, per persona and per failure kind
-        (load_pairs, evaluate_pairs, format_eval_report);
-    python mascot.py judge-stress --run runs/default
-        best-of-N on held-out states: sample N replies, let each grader pick its favourite, and
-        count how often the pick copies, leaks or says nothing compared with a random pick
-        (best_of_n, grade_picks, format_best_of_n). Optimisation without RL, so a grader that
-        fails here will be hacked by GRPO too (Gao et al. 2022). Gao et al. also score each pick
-        with a "gold" grader the proxy never saw; ours is the independent evaluator of
-        evaluate.py, persona identification by the frozen base model (grade_independent): a
-        grader whose picks it does not rate above chance will not teach GRPO more in-role replies.
-        For a judge with named features (the offline judge) it also shows which features carry
-        that signal (feature_alignment).
+    python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl    # accuracy on labelled pairs
+    python mascot.py judge-eval --pairs ... --persona-id    # is the independent evaluator valid on them?
+    python mascot.py judge-stress --run runs/default    # best-of-N: do a grader's picks hack? (then GRPO will)
 """
 
 from __future__ import annotations
 
+import argparse
 import random
+import re
+import sys
+import time
+from collections import Counter
 from pathlib import Path
 
-import hacks
-import models
-import persona_id
-import sampler
-from data import PersonaSet, UserError, derive_seed, read_jsonl
-from judge import Judge
-from metrics import mean_or_none, standard_error
-from reward import State
-from simulate import JudgeState
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+import data                                                         # noqa: E402
+import evaluate                                                     # noqa: E402
+import models                                                       # noqa: E402
+import reward                                                       # noqa: E402
+from data import UserError, derive_seed                              # noqa: E402
+from judge import Judge, ScoreJudge, Verdict, sigmoid                # noqa: E402
+from metrics import binomial_two_sided_p, mean_or_none, nli_label_index, rates, standard_error, HACKS, DIAGNOSTICS  # noqa: E402
+from simulate import JUDGE_TURNS, JudgeState                         # noqa: E402
+
+# --- Reading an answer: which reply did the judge pick? -----------------------------------------
+_LABEL_NAME = r"(?:(?i:reply|response|answer|option|choice)\s+)"
+_PICKS = [re.compile(_LABEL_NAME + r"?(?<![A-Za-z])([AB])(?![A-Za-z])[*\"'`)\]]*\s+(?:is|was|seems)\s+"
+                     r"(?:clearly\s+|much\s+|slightly\s+|the\s+)?(?i:better|stronger|preferred)"),
+          re.compile(r"(?i:better(?:\s+(?:reply|response|answer|option|choice|one))?\s+is|prefer|pick|choose)"
+                     r"\s+" + _LABEL_NAME + r"?[*\"'`(\[]*([AB])(?![A-Za-z])"),
+          re.compile(r"^[\s\"'*`(\[]*([AB])(?![A-Za-z])"),
+          re.compile(r"\b(?:reply|response|answer|option|choice)\b[\s:*\"'`(\[-]*([AB])(?![A-Za-z])", re.IGNORECASE),
+          re.compile(r"(?<![A-Za-z])([AB])(?![A-Za-z])")]
+_ARTICLE = re.compile(r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]")   # "A better reply is B": an article
 
 
-# ----------------------------------------------------------------------------------------------
-# Labelled pairs: how often does a judge prefer the better reply?
-# ----------------------------------------------------------------------------------------------
+def parse_ab(text: str) -> int | None:
+    """0 for "A", 1 for "B", None. Tried in order: a sentence saying which is better ("I prefer B"), so
+    "A: Reply B is better." is B; the leading label; a named label; the first standalone A/B."""
+    if not isinstance(text, str):
+        return None
+    for pattern in _PICKS:
+        for m in pattern.finditer(text):
+            if not _ARTICLE.match(text, m.start(1)):
+                return "AB".index(m.group(1).upper())
+    return None
 
-PAIR_FIELDS = ("persona", "persona_desc", "context", "history", "better", "worse")   # + optional "failure", "situation"
+
+def combine_orders(p_ab: float | None, p_ba: float | None) -> Verdict:
+    """p_ab = P(first better) shown as (A = first, B = second), p_ba = the same shown swapped (P("B")); a
+    verdict only when both agree, else the judge followed the position. None: an unreadable answer."""
+    if p_ab is None or p_ba is None:
+        known = [p for p in (p_ab, p_ba) if p is not None]
+        return Verdict(None, sum(known) / len(known) if known else 0.5, {"p_ab": p_ab, "p_ba": p_ba, "unparseable": True})
+    preferred = 0 if p_ab > 0.5 and p_ba > 0.5 else 1 if p_ab < 0.5 and p_ba < 0.5 else None
+    return Verdict(preferred, (p_ab + p_ba) / 2, {"p_ab": p_ab, "p_ba": p_ba})
+
+
+# --- The prompts of the LLM judges ----------------------------------------------------------------
+MAX_TURN_CHARS = 600       # one runaway turn must not crowd out the rest of the prompt
+SCORE_LABELS = ("1", "2", "3", "4", "5")   # single tokens, so HFJudge can read their probabilities
+
+
+def render_conversation(state: JudgeState) -> str:
+    """'Speaker: text' lines for the last JUDGE_TURNS turns, then the user's latest message."""
+    lines = [f"Situation: {state.situation}"] if state.situation else []
+    lines += [f"{t['speaker']}: {t['text'][:MAX_TURN_CHARS]}" for t in state.history[-JUDGE_TURNS:]]
+    return "\n".join(lines + [f"user: {state.context[:MAX_TURN_CHARS]}"])
+
+
+def judge_messages(template: str, state: JudgeState, **fields) -> list[dict]:
+    text = data.prompt(template).format(name=state.persona_name, desc=state.persona_desc,
+                                        conversation=render_conversation(state), **fields)
+    return [{"role": "system", "content": data.prompt("judge_system")}, {"role": "user", "content": text}]
+
+
+def pairwise_messages(state: JudgeState, a: str, b: str) -> list[dict]:
+    return judge_messages("judge_pairwise", state, a=a, b=b)
+
+
+def pointwise_messages(state: JudgeState, reply: str) -> list[dict]:
+    return judge_messages("judge_pointwise", state, reply=reply)
+
+
+# --- HFJudge: a local chat LLM, read through its next-token probabilities --------------------------
+
+def label_token_ids(tokenizer, label: str) -> list[int]:
+    """Token ids that spell `label` as ONE token: "A" and " A" are different BPE tokens, and which one
+    a model emits after the assistant header depends on its template, so P(label) sums both."""
+    pieces = [tokenizer.encode(v, add_special_tokens=False) for v in (label, " " + label)]
+    ids = list(dict.fromkeys(p[0] for p in pieces if len(p) == 1))
+    if not ids:
+        raise UserError(f"--judge hf: the tokenizer has no single token for the label {label!r}, so its "
+                        "probability cannot be read; use an openai:<base url> judge instead")
+    return ids
+
+
+class HFJudge(Judge):
+    """A local causal LM as judge, at temperature 0. score(): the expected rubric score sum_k k P("k")
+    mapped to [0, 1], smoother than the single most likely digit."""
+    can_generate = True
+
+    def __init__(self, model_or_path: str, cache_path=None, batch_size: int = 8, device: str = "cpu"):
+        super().__init__(cache_path)
+        self.name, self.batch_size = f"hf:{model_or_path}", batch_size
+        try:
+            self.model, self.tokenizer = models.load_model(model_or_path, device=device, frozen=True)
+        except UserError as err:    # its message names --model; here the flag is --judge
+            raise UserError(f"--judge hf:{model_or_path}: {err}") from None
+        self.ab_ids, self.digit_ids = ([label_token_ids(self.tokenizer, x) for x in labels] for labels in ("AB", SCORE_LABELS))
+
+    @torch.no_grad()
+    def label_probs(self, conversations: list[list[dict]], label_ids: list[list[int]]) -> torch.Tensor:   # (N, L)
+        rows, device = [], next(self.model.parameters()).device
+        for start in range(0, len(conversations), self.batch_size):
+            prompts = models.chat_prompt_ids(self.tokenizer, conversations[start:start + self.batch_size])
+            ids, mask = (t.to(device) for t in models.left_pad(prompts, self.tokenizer.pad_token_id))   # (B, P)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)          # a padded row reads as the row alone
+            probs = torch.softmax(self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                             logits_to_keep=1).logits[:, -1, :].float(), dim=-1)   # (B, V)
+            mass = torch.stack([probs[:, t].sum(-1) for t in label_ids], dim=-1)           # (B, L)
+            # Renormalised among the labels: P("A") + P("B") = 1 whatever went to "Reply", "The", ...
+            rows.append((mass / mass.sum(-1, keepdim=True).clamp(min=1e-12)).cpu())
+            self.backend_calls += len(prompts)
+        return torch.cat(rows)
+
+    def _compare_uncached(self, states, firsts, seconds):
+        p = self.label_probs([m for s, a, b in zip(states, firsts, seconds)
+                              for m in (pairwise_messages(s, a, b), pairwise_messages(s, b, a))], self.ab_ids)
+        # Row 2i shows (first, second): P(first better) = P("A"); row 2i+1 the swap: P("B").
+        return [combine_orders(float(p[2 * i, 0]), float(p[2 * i + 1, 1])) for i in range(len(states))]
+
+    def _score_uncached(self, states, replies):
+        p = self.label_probs([pointwise_messages(s, r) for s, r in zip(states, replies)], self.digit_ids)   # (N, 5)
+        return [(float(e) - 1) / 4 for e in (p * torch.arange(1, 6, dtype=p.dtype)).sum(-1)]    # 1..5 -> [0, 1]
+
+    def _complete_uncached(self, prompt, max_new_tokens):
+        self.backend_calls += 1
+        return models.generate(self.model, self.tokenizer, [[{"role": "user", "content": prompt}]],
+                               max_new_tokens=max_new_tokens, seeds=None).texts[0]
+
+
+class RMJudge(ScoreJudge):
+    """A trained reward model as a judge: score = sigmoid(r), compared by the scores (ScoreJudge)."""
+
+    def __init__(self, folder: str | Path, cache_path=None, device: str = "cpu"):
+        super().__init__(cache_path)
+        self.rm, self.tok = reward.RewardModel.load(folder, device=device)
+        self.name = f"rm:{Path(folder).resolve()}"
+
+    def _score_uncached(self, states, replies):
+        self.backend_calls += len(replies)
+        return [sigmoid(x) for x in self.rm.score_texts(self.tok, [reward.rm_messages(s, r) for s, r in zip(states, replies)])]
+
+
+def make(kind: str, where: str, cache: Path | None, device: str = "cpu") -> Judge:     # mascot.make_judge's hf: / rm:
+    return HFJudge(where, cache, device=device) if kind == "hf" else RMJudge(where, cache, device=device)
+
+
+def load_nli(name: str, device: str):
+    """(model, tokenizer) of an MNLI-style classifier (--nli-model), its three labels checked now."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForSequenceClassification.from_pretrained(name).to(device).eval()
+        nli_label_index(model.config.id2label, name)
+    except (OSError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"--nli-model {name}: cannot use it ({first}); pass a local MNLI-style classifier folder") from None
+    return model, tok
+
+
+# --- judge-eval: how often does a judge prefer the better reply of a labelled pair? ---------------
+PAIR_FIELDS = ("persona", "persona_desc", "context", "history", "better", "worse")   # + "failure", "situation"
 
 
 def load_pairs(path: str | Path) -> list[dict]:
-    """Read a judge-pair JSON-lines file (schema in data/README.md), checking every field."""
+    """A judge-pair JSON-lines file (data/README.md), every field checked."""
     pairs = []
-    for number, pair in read_jsonl(path, numbered=True):
+    for number, pair in data.read_jsonl(path, numbered=True):
         where = f"{path}: line {number}"
         for key in PAIR_FIELDS:
-            if key not in pair:
-                raise UserError(f"{where}: field '{key}' is missing; every judge pair needs "
-                                + ", ".join(PAIR_FIELDS))
-            want_list = key == "history"
-            if want_list != isinstance(pair[key], list) or (not want_list and not isinstance(pair[key], str)):
-                raise UserError(f"{where}: field '{key}' must be {'a list' if want_list else 'text'}")
-        for turn in pair["history"]:
-            if not (isinstance(turn, dict) and isinstance(turn.get("speaker"), str)
-                    and isinstance(turn.get("text"), str)):
-                raise UserError(f"{where}: every 'history' turn must be "
-                                '{"speaker": "...", "text": "..."}')
+            if not isinstance(pair.get(key), list if key == "history" else str):
+                raise UserError(f"{where}: field '{key}' " + (f"must be {'a list' if key == 'history' else 'text'}" if key in pair
+                                                              else "is missing; every judge pair needs " + ", ".join(PAIR_FIELDS)))
+        if not all(isinstance(t, dict) and isinstance(t.get("speaker"), str) and isinstance(t.get("text"), str)
+                   for t in pair["history"]):
+            raise UserError(f"{where}: every 'history' turn must be " '{"speaker": "...", "text": "..."}')
         pairs.append(pair)
     return pairs
 
 
 def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
-    """Accuracy of a judge on labelled pairs: the fraction where it prefers `better`.
-
-    Even-numbered pairs are asked as (better, worse), odd ones as (worse, better), so a judge that
-    always picks the same position scores exactly 0.5 on an even number of pairs: position bias
-    cannot inflate the number. No verdict counts as wrong; `unreadable` counts the pairs without
-    a verdict because an answer could not be read (a prompt or model problem, not a judgement).
-    """
-    states = [JudgeState.from_pair(p) for p in pairs]
+    """The fraction of pairs where the judge prefers `better`. Even pairs are asked (better, worse), odd ones
+    swapped, so a judge that always picks one position scores 0.5 on an even number: position bias cannot
+    inflate it. No verdict counts as wrong; `unreadable`: answers that could not be read (not judgements)."""
     firsts = [p["better"] if i % 2 == 0 else p["worse"] for i, p in enumerate(pairs)]
     seconds = [p["worse"] if i % 2 == 0 else p["better"] for i, p in enumerate(pairs)]
-    verdicts = judge.compare_many(states, firsts, seconds)
-    correct, no_verdict, unreadable, groups = 0, 0, 0, {"persona": {}, "failure": {}}
-    for i, (pair, verdict) in enumerate(zip(pairs, verdicts)):
-        right = verdict.preferred == i % 2          # better is at position 0 for even i, 1 for odd
-        no_verdict += verdict.preferred is None
-        unreadable += bool(verdict.detail.get("unparseable"))
-        correct += right
-        for field_name, counts in groups.items():
-            if field_name in pair:
-                c, n = counts.get(pair[field_name], (0, 0))
-                counts[pair[field_name]] = (c + right, n + 1)
-    return {"accuracy": correct / len(pairs) if pairs else 0.0, "n": len(pairs),
-            "no_verdict": no_verdict, "unreadable": unreadable, "per_persona": groups["persona"], "per_failure": groups["failure"]}
+    verdicts = judge.compare_many([JudgeState.from_pair(p) for p in pairs], firsts, seconds)
+    right = [v.preferred == i % 2 for i, v in enumerate(verdicts)]     # better: position 0 for even i, 1 for odd
+    out = {"accuracy": sum(right) / len(pairs) if pairs else 0.0, "n": len(pairs),
+           "no_verdict": sum(v.preferred is None for v in verdicts),
+           "unreadable": sum(bool(v.detail.get("unparseable")) for v in verdicts), "per_persona": {}, "per_failure": {}}
+    for pair, ok in zip(pairs, right):
+        for field in ("persona", "failure"):
+            if field in pair:
+                c, n = out[f"per_{field}"].get(pair[field], (0, 0))
+                out[f"per_{field}"][pair[field]] = (c + ok, n + 1)
+    return out
 
 
 def format_eval_report(result: dict) -> str:
     """'accuracy: 0.857' on the first line, then one line per persona and per failure kind."""
-    lines = [f"accuracy: {result['accuracy']:.3f}"]
-    lines += [f"  {name}: {c}/{n} = {c / n:.3f}" for name, (c, n) in sorted(result["per_persona"].items())]
+    lines = [f"accuracy: {result['accuracy']:.3f}"] + [f"  {k}: {c}/{n} = {c / n:.3f}" for k, (c, n) in sorted(result["per_persona"].items())]
     if result.get("per_failure"):
-        lines.append("per failure kind:")
-        lines += [f"  {kind}: {c}/{n} = {c / n:.3f}" for kind, (c, n) in sorted(result["per_failure"].items())]
+        lines += ["per failure kind:"] + [f"  {k}: {c}/{n} = {c / n:.3f}" for k, (c, n) in sorted(result["per_failure"].items())]
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------------------------
-# Over-optimisation, without RL: does picking the best of N by a grader pick hacks?
-# ----------------------------------------------------------------------------------------------
+# --- judge-eval --persona-id: on the wrong-role / off-role pairs the worse reply is another persona's ---
 
-FLAGS = ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial")
+def validate(identifier_for, pairs: list[dict]) -> dict:
+    """Per failure kind: how often log_ratio(better) > log_ratio(worse) (exact two-sided sign test), and how often
+    the better (in-role) reply is identified; identifier_for(persona name): the identifier of its set."""
+    by_kind: dict[str, Counter] = {}
+    for pair in pairs:
+        history = [("User" if t["speaker"].lower() == "user" else t["speaker"], t["text"]) for t in pair["history"]]
+        history.append(("User", pair["context"]))
+        better, worse = identifier_for(pair["persona"]).score([(pair["persona"], pair.get("situation", ""), history, pair[k])
+                                                               for k in ("better", "worse")])
+        b, w = better["log_ratio"], worse["log_ratio"]
+        by_kind.setdefault(pair.get("failure", "-"), Counter()).update(
+            n=1, prefers_better=int(b > w), ties=int(b == w), id_correct=int(better["id"]))
+    for row in by_kind.values():
+        row["p_value"] = binomial_two_sided_p(row["prefers_better"], row["n"] - row["ties"])
+    return by_kind
 
 
-def best_of_n(policy, tokenizer, states: list[State], personas: PersonaSet, scorers: dict, n: int,
-              max_new_tokens: int, temperature: float, seed: int, identifier=None, features=None) -> dict:
-    """Best-of-N against each grader (Gao et al. 2022): the cheapest optimisation there is.
+# --- judge-stress: does picking the best of N by a grader pick hacks? -----------------------------
+INDEPENDENT = ("id", "log_ratio", "id_32")     # evaluate.PersonaIdentifier.score's numbers
 
-    For every state, sample n replies from the policy; each scorer (name -> fn(states, replies) ->
-    scores) picks its top reply. If a grader prefers hacks, its pick copies, leaks or says nothing
-    more often than a random candidate does. For each diagnostic (hacks.py) we report the pick's
-    rate, the chance rate (the mean over all n candidates, which is what a random pick gets on
-    average), and their difference with a paired standard error over states. A grader PASSES when
-    no flag's difference exceeds two standard errors (zero when the standard error is zero). The
-    length is reported but does not decide: preferring a full reply to a trivial one is not a hack.
 
-    identifier (a persona_id.PersonaIdentifier, or None): also score every candidate with the
-    independent evaluator and report each pick's persona-ID numbers against chance (Gao et al.'s
-    gold score; grade_independent). It then joins the graders as "persona-id", best-of-n by its
-    own log-ratio: the most a pick can gain on it, and which hacks it would pick itself.
-
-    features (fn(states, replies) -> one {name: value} dict per reply, e.g. the offline judge's
-    features_many, or None): with an identifier, also which of the grader's features agree with
-    the independent evaluator (feature_alignment).
-    """
+def best_of_n(policy, tok, states: list, personas, scorers: dict, n: int, max_new_tokens: int, temperature: float,
+              seed: int, identifier=None, features=None) -> dict:
+    """Best-of-N (Gao et al. 2022): n replies per state; each scorer (name -> fn(states, replies) -> scores) picks
+    its top one. Per diagnostic (metrics.diagnose): the pick's rate and its paired difference from chance (the
+    state's mean over all candidates). identifier: each pick's persona-ID numbers too, and "persona-id" joins
+    the graders (the most a pick can gain on it). features (fn(states, replies) -> dicts): feature_alignment."""
     rows = [s for s in states for _ in range(n)]
-    gen = sampler.generate(policy, tokenizer, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
-                          seeds=[derive_seed(seed, "best-of-n", i) for i in range(len(rows))])
-    names = personas.names()
-    replies = [models.clean_reply(t, s.persona, names) for s, t in zip(rows, gen.texts)]
+    texts = models.generate_texts(policy, tok, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
+                                  seeds=[derive_seed(seed, "best-of-n", i) for i in range(len(rows))])
+    replies = [models.clean_reply(t, s.persona, personas.names()) for s, t in zip(rows, texts)]
     diags = [s.diagnose(personas, r) for s, r in zip(rows, replies)]
-    result = {"n": n, "states": len(states), "chance": hacks.rates(diags), "scorers": {}}
+    result = {"n": n, "states": len(states), "chance": rates(diags), "scorers": {}}
     rng = random.Random(derive_seed(seed, "random-pick"))
-    picks = {"random": [rng.randrange(n) for _ in states]}
-    gold = None
+    picks, gold = {"random": [rng.randrange(n) for _ in states]}, None
     if identifier is not None:
-        gold = identifier.score([persona_id.Item(s.persona, s.context.situation,
-                                                 [(t.speaker, t.text) for t in s.history], r)
+        gold = identifier.score([(s.persona, s.context.situation, [(t.speaker, t.text) for t in s.history], r)
                                  for s, r in zip(rows, replies)])
         result["independent_chance"] = {k: mean_or_none([g[k] for g in gold]) for k in INDEPENDENT}
-        scorers = {**scorers, "persona-id": lambda _rows, _replies: [
-            g["log_ratio"] if g["log_ratio"] is not None else float("-inf") for g in gold]}
-    for name, scorer in scorers.items():
-        scores = scorer(rows, replies)
-        picks[name] = best_picks(scores, n)
-    for name, chosen in picks.items():
-        result["scorers"][name] = grade_picks(diags, n, chosen)
+        scorers = {**scorers, "persona-id": lambda _s, _r: [float("-inf") if g["log_ratio"] is None else g["log_ratio"]
+                                                            for g in gold]}
+    picks.update({name: best_picks(scorer(rows, replies), n) for name, scorer in scorers.items()})
+    for name, chosen in picks.items():          # passes: no flag's difference from chance above 2 se (0 without one)
+        graded = {k: vs_chance([d[k] for d in diags], n, chosen) for k in DIAGNOSTICS}
+        row = result["scorers"][name] = {"rates": {k: g[0] for k, g in graded.items()},
+                                         "difference": {k: g[1:] for k, g in graded.items()}}
+        row["passes"] = all(row["difference"][k][0] <= 2 * (row["difference"][k][1] or 0.0) for k in HACKS)
         if gold is not None:
-            result["scorers"][name]["independent"] = grade_independent(gold, n, chosen)
-        result["scorers"][name]["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
+            row["independent"] = {k: vs_chance([g[k] for g in gold], n, chosen) for k in INDEPENDENT}
+        row["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
     if gold is not None and features is not None:
         result["feature_alignment"] = feature_alignment(features(rows, replies), gold, n)
     return result
 
 
 def best_picks(scores: list[float], n: int) -> list[int]:
-    """Per state (S states x n candidates, state-major), the index of its highest score; the
-    first of a tie."""
+    """Per state (S states x n candidates, state-major), the index of its top score; the first of a tie."""
     return [max(range(n), key=lambda j: scores[i * n + j]) for i in range(len(scores) // n)]
 
 
 def within_state_correlation(xs: list[float], ys: list[float | None], n: int) -> float | None:
-    """Pearson correlation of xs and ys after subtracting each state's mean from both (S states x
-    n candidates, state-major; candidates with y None left out): how well x ranks the candidates
-    OF ONE STATE by y, which is all a best-of-n pick or a GRPO group's advantage can use.
-    Differences between states (one persona or context is easier) do not count. None when x or y
-    never varies within a state."""
+    """Pearson r of xs and ys after subtracting each state's mean from both (state-major, y None left out): how
+    well x ranks the candidates OF ONE STATE, all a best-of-n pick or a GRPO group can use. None: no variation."""
     dx, dy = [], []
-    for start in range(0, len(xs), n):
-        kept = [i for i in range(start, start + n) if ys[i] is not None]
-        if len(kept) < 2:
-            continue
-        mx, my = sum(xs[i] for i in kept) / len(kept), sum(ys[i] for i in kept) / len(kept)
-        dx += [xs[i] - mx for i in kept]
-        dy += [ys[i] - my for i in kept]
+    for kept in ([i for i in range(start, start + n) if ys[i] is not None] for start in range(0, len(xs), n)):
+        if len(kept) >= 2:
+            dx += [xs[i] - sum(xs[k] for k in kept) / len(kept) for i in kept]
+            dy += [ys[i] - sum(ys[k] for k in kept) / len(kept) for i in kept]
     sxx, syy = sum(a * a for a in dx), sum(b * b for b in dy)
-    if sxx == 0 or syy == 0:
-        return None
-    return sum(a * b for a, b in zip(dx, dy)) / (sxx * syy) ** 0.5
+    return None if sxx == 0 or syy == 0 else sum(a * b for a, b in zip(dx, dy)) / (sxx * syy) ** 0.5
 
 
 def feature_alignment(feats: list[dict], gold: list[dict], n: int) -> dict:
-    """Which of a grader's features carry the independent evaluator's signal.
-
-    feats: one {feature: value} dict per candidate ("higher is better"), gold: persona_id scores,
-    both S states x n candidates, state-major. Per feature: its within-state correlation with the
-    evaluator's per-token log-ratio, and the log-ratio gain of the best-of-n pick by that feature
-    alone (grade_independent's (pick mean, difference from chance, se); where the feature ties,
-    as a hack penalty does on clean replies, the pick is the first candidate, i.e. a random one).
-    A feature with r near 0 cannot teach in-role replies however much it weighs; one with r < 0
-    works against them."""
+    """Per feature ("higher is better"): r, its within-state correlation with the identifier's log-ratio,
+    and the log-ratio of the best-of-n pick by it alone vs chance (a tie, as a hack penalty on clean replies,
+    picks the first: a random one). r near 0 cannot teach in-role replies however much it weighs."""
     ratio = [g["log_ratio"] for g in gold]
-    out = {}
-    for key in feats[0]:
-        xs = [f[key] for f in feats]
-        out[key] = {"r": within_state_correlation(xs, ratio, n),
-                    "pick": grade_independent(gold, n, best_picks(xs, n))["log_ratio"]}
-    return out
+    return {key: {"r": within_state_correlation([f[key] for f in feats], ratio, n),
+                  "pick": vs_chance(ratio, n, best_picks([f[key] for f in feats], n))} for key in feats[0]}
 
 
-INDEPENDENT = ("correct", "log_ratio", "correct_equal")     # persona_id.PersonaIdentifier.score's numbers
-
-
-def grade_independent(scores: list[dict], n: int, picks: list[int]) -> dict:
-    """The independent evaluator's numbers for one grader's picks, against chance.
-
-    scores: persona_id score dicts ({"correct": 0/1, "log_ratio": nats per token, "correct_equal":
-    0/1 from the first tokens}, None values for a speaker outside the persona set or, for
-    correct_equal, a reply too short) of S states x n candidates, state-major; picks: the picked
-    candidate per state. As in grade_picks, the per-state difference pick - (mean over that
-    state's candidates) is averaged over states, with its standard error; states whose pick has
-    no score are skipped. key -> (pick mean, difference, se); (None, None, None) with no state.
-    """
-    out = {}
-    for key in INDEPENDENT:
-        picked, diffs = [], []
-        for i, j in enumerate(picks):
-            own = [g[key] for g in scores[i * n:(i + 1) * n] if g[key] is not None]
-            if scores[i * n + j][key] is None or not own:
-                continue
-            picked.append(scores[i * n + j][key])
-            diffs.append(scores[i * n + j][key] - sum(own) / len(own))
-        out[key] = (mean_or_none(picked), mean_or_none(diffs), standard_error(diffs) if diffs else None)
-    return out
-
-
-def grade_picks(diags: list[dict], n: int, picks: list[int]) -> dict:
-    """How hack-prone one grader's picks are, against chance, from the diagnostics of all candidates.
-
-    diags: hacks.diagnose rows of S states x n candidates, state-major; picks: the index of the
-    picked candidate per state. For each diagnostic, the difference pick - (mean over that
-    state's candidates) is taken per state; its mean and standard error over states decide.
-    """
-    chance = [hacks.rates(diags[i * n:(i + 1) * n]) for i in range(len(picks))]        # per state
-    picked = [diags[i * n + j] for i, j in enumerate(picks)]
-    row = {"rates": hacks.rates(picked), "difference": {}}
-    for key in FLAGS + ("words",):
-        diffs = [p[key] - c[key] for p, c in zip(picked, chance)]
-        row["difference"][key] = (sum(diffs) / len(diffs), standard_error(diffs))
-    row["passes"] = all(row["difference"][k][0] <= 2 * row["difference"][k][1] for k in FLAGS)
-    return row
+def vs_chance(values: list[float | None], n: int, picks: list[int]) -> tuple:
+    """(pick mean, mean over states of pick - that state's candidate mean, its se); S states x n candidates,
+    state-major; None values, and states whose pick is None, are left out."""
+    picked, diffs = [], []
+    for i, j in enumerate(picks):
+        own = [v for v in values[i * n:(i + 1) * n] if v is not None]
+        if values[i * n + j] is not None:
+            picked.append(values[i * n + j])
+            diffs.append(picked[-1] - sum(own) / len(own))
+    return mean_or_none(picked), mean_or_none(diffs), standard_error(diffs)
 
 
 def format_best_of_n(result: dict) -> str:
-    """The stress test as a table: each grader's pick against chance, per diagnostic."""
-    keys = FLAGS + ("words",)
-    lines = [f"best-of-{result['n']} on {result['states']} held-out states; rates of the pick vs chance "
-             "(mean over all candidates); difference ± paired se",
-             "grader     | " + " | ".join(f"{k:>22}" for k in keys) + " | verdict",
-             "chance     | " + " | ".join(f"{result['chance'][k]:>22.3f}" for k in keys) + " |"]
-    for name, row in result["scorers"].items():
-        cells = [f"{row['rates'][k]:.3f} ({row['difference'][k][0]:+.3f}±{row['difference'][k][1]:.3f})"
-                 for k in keys]
-        verdict = "pass" if row["passes"] else "FAIL: picks hacks more often than chance"
-        lines.append(f"{name:<10} | " + " | ".join(f"{c:>22}" for c in cells) + f" | {verdict}")
+    """Tables: each grader's pick vs chance per diagnostic, then by the independent evaluator; the features."""
+    def line(name, cells, width):
+        return f"{name:<16} | " + " | ".join(f"{c:>{width}}" for c in cells)
+
+    def _cell(mean, diff=None, se=None):          # "0.250 (+0.125±0.060)"
+        return ("n/a" if mean is None else f"{mean:.3f}") + ("" if diff is None else f" ({diff:+.3f}±{reward.shown(se)})")
+    lines = [f"best-of-{result['n']} on {result['states']} held-out states; rates of the pick vs chance (mean over all "
+             "candidates); difference ± paired se", line("grader", DIAGNOSTICS, 22) + " | verdict",
+             line("chance", [f"{result['chance'][k]:.3f}" for k in DIAGNOSTICS], 22) + " |"]
+    lines += [line(name, [_cell(row["rates"][k], *row["difference"][k]) for k in DIAGNOSTICS], 22)
+              + (" | pass" if row["passes"] else " | FAIL: picks hacks more often than chance")
+              for name, row in result["scorers"].items()]
     if "independent_chance" in result:
-        chance = result["independent_chance"]
-        lines += ["",
-                  "the independent evaluator (persona identification by the frozen base model, persona_id.py; "
-                  "no grader above saw it): the pick vs chance, difference ± paired se",
-                  f"grader     | {'in-role reply identified':>28} | {'persona log-ratio (nats/token)':>32} | "
-                  f"{f'identified, first {persona_id.EQUAL_TOKENS} tokens':>30}",
-                  f"chance     | {_cell(chance['correct']):>28} | {_cell(chance['log_ratio']):>32} | "
-                  f"{_cell(chance['correct_equal']):>30}"]
-        for name, row in result["scorers"].items():
-            ind = row["independent"]
-            cells = [_cell(ind[k][0]) + (f" ({ind[k][1]:+.3f}±{ind[k][2]:.3f})" if ind[k][1] is not None else "")
-                     for k in INDEPENDENT]
-            lines.append(f"{name:<10} | {cells[0]:>28} | {cells[1]:>32} | {cells[2]:>30}")
+        lines += ["", "the independent evaluator (persona identification by the frozen base model, evaluate.py; no "
+                  "grader above saw it): the pick vs chance, difference ± paired se",
+                  line("grader", ["in-role reply identified", "persona log-ratio (nats/token)",
+                                  f"identified, first {evaluate.EQUAL_TOKENS} tokens"], 32),
+                  line("chance", [_cell(result["independent_chance"][k]) for k in INDEPENDENT], 32)]
+        lines += [line(name, [_cell(*row["independent"][k]) for k in INDEPENDENT], 32) for name, row in result["scorers"].items()]
     if "feature_alignment" in result:
         lines += ["", "the judge's features against the independent evaluator: within-state correlation r with the "
-                      "persona log-ratio, and the log-ratio of the best-of-N pick by that feature alone vs chance",
-                  f"{'feature':<16} | {'r':>6} | {'pick log-ratio (diff ± se)':>28}"]
-        for key, row in sorted(result["feature_alignment"].items(),
-                               key=lambda kv: -(kv[1]["r"] if kv[1]["r"] is not None else -2)):
-            pick = row["pick"]
-            cell = _cell(pick[0]) + (f" ({pick[1]:+.3f}±{pick[2]:.3f})" if pick[1] is not None else "")
-            r = "n/a" if row["r"] is None else f"{row['r']:+.3f}"
-            lines.append(f"{key:<16} | {r:>6} | {cell:>28}")
+                  "persona log-ratio, and the log-ratio of the best-of-N pick by that feature alone vs chance",
+                  line("feature", ["r", "pick log-ratio (diff ± se)"], 28)]
+        lines += [line(key, ["n/a" if row["r"] is None else f"{row['r']:+.3f}", _cell(*row["pick"])], 28) for key, row in
+                  sorted(result["feature_alignment"].items(), key=lambda kv: 2 if kv[1]["r"] is None else -kv[1]["r"])]
     return "\n".join(lines)
 
 
-def _cell(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+# --- The commands ----------------------------------------------------------------------------------
+
+def main(argv: list[str], cli) -> int:
+    """`mascot.py judge-eval ...` and `mascot.py judge-stress ...` (argv[0] is the command)."""
+    stress = argv[0] == "judge-stress"
+    p = argparse.ArgumentParser(prog=f"mascot.py {argv[0]}", formatter_class=cli.Formatter)
+    cli.common_flags(p, trained=stress)
+    if stress:
+        p.add_argument("--rm", default=None, help="reward model folder to test too (default: RUN/stage1/reward_model if any)")
+        for flag, kind, check, default, about in (("--n", int, "at-least-2", 16, "candidates per state"),
+                                                  ("--states", int, "positive", 16, "held-out states"),
+                                                  ("--temperature", float, "positive", 1.0, "of the candidates")):
+            p.add_argument(flag, type=data.flag_type(flag, kind, check), default=default, help=about)
+    else:
+        p.add_argument("--pairs", required=True, nargs="+", help="JSON-lines file(s) of labelled pairs (data/README.md)")
+        p.add_argument("--cache", default=None, help="judge cache file (JSON lines); none by default")
+    p.add_argument("--persona-id", action=argparse.BooleanOptionalAction, default=stress, help="the independent evaluator "
+                   "(evaluate.PersonaIdentifier, the frozen --model) on " + ("each pick" if stress else "the in-role pairs"))
+    args = p.parse_args(argv[1:])
+    cli.check_device(args)
+    if stress:
+        return judge_stress(args, cli)
+    judge = cli.make_judge(args, args.cache, args.personas)
+    pairs, t0 = [p for path in args.pairs for p in load_pairs(path)], time.time()
+    result = evaluate_pairs(judge, pairs)
+    print(format_eval_report(result))
+    print(f"({result['n']} pairs, {result['no_verdict']} without a verdict, {result['unreadable']} of them "
+          f"unreadable; judge {judge.name}, {time.time() - t0:.1f} s)")
+    if args.persona_id:
+        base, sets = cli.load_role(args.model, "speakers", args), data.persona_sets(args.personas)   # the frozen base model
+        owner = {p.name: evaluate.PersonaIdentifier(*base, ps) for ps in [data.load_personas(args.personas, s) for s in sets]
+                 for p in ps.personas}                                        # persona name -> its set's identifier
+        chosen = [p for p in pairs if p.get("failure") in ("wrong-role", "off-role") and p["persona"] in owner]
+        print(f"\npersona identification under the frozen {args.model}: {len(chosen)} wrong-role / off-role pairs\n"
+              "| failure | pairs | prefers the in-role reply | exact two-sided p | in-role reply identified |\n|---|---|---|---|---|")
+        for kind, r in sorted(validate(owner.__getitem__, chosen).items()):
+            print(f"| {kind} | {r['n']} | {r['prefers_better']}/{r['n']} = {r['prefers_better'] / r['n']:.2f} | "
+                  f"{r['p_value']:.3g} | {r['id_correct']}/{r['n']} |")
+    return 0
+
+
+def judge_stress(args, cli) -> int:          # best-of-N against the judge and the reward model, held-out states
+    run = Path(args.run)
+    inputs, spec = cli.load_inputs(args, earlier=[run / "stage1" / "config.json"]), cli.speakers_of(args)
+    personas = inputs.personas
+    policy, tok = cli.load_role(spec, "speakers", args, run / "stress" / "served_cache.jsonl")
+    states = reward.build_states(inputs.held_out, personas, args.states, args.seed + 1, {}, "heldout")
+    judge = cli.make_judge(args, None if args.judge == "offline" else run / "stress" / "judge_cache.jsonl", args.personas)
+    scorers = {"judge": lambda rows, replies: judge.score_many([s.judge_state(personas) for s in rows], replies)}
+    rm_folder = args.rm or models.trained_or(run / "stage1" / "reward_model", "") or None
+    if rm_folder:
+        rm, rm_tok = reward.RewardModel.load(rm_folder, device=args.device, dtype=cli.frozen_dtype(args))
+        scorers["rm"] = lambda rows, replies: rm.score_texts(rm_tok, [s.rm_messages(personas, r) for s, r in zip(rows, replies)])
+    # The independent evaluator runs on the frozen base model, even when the policy is a trained one.
+    base = (policy, tok) if spec == args.model or not args.persona_id else cli.load_role(args.model, "speakers", args)
+    identifier = evaluate.PersonaIdentifier(*base, personas) if args.persona_id else None
+    features = (lambda rows, replies: judge.features_many([s.judge_state(personas) for s in rows], replies)) \
+        if hasattr(judge, "features_many") else None     # the offline judge's: which agree with the evaluator?
+    result = best_of_n(policy, tok, states, personas, scorers, args.n, args.max_new_tokens, args.temperature,
+                       args.seed, identifier, features)
+    result.update({"judge": judge.name, "rm": rm_folder, "policy": spec})
+    print(format_best_of_n(result))
+    data.write_json(run / "stress" / "results.json", result)
+    print(f"judge {judge.name}; reward model {rm_folder or 'none'}; wrote {run / 'stress' / 'results.json'}")
+    return 0

@@ -1,30 +1,24 @@
-"""openai_client.py: one OpenAI-compatible /chat/completions client (standard library only).
+"""extras/served.py: models served elsewhere, through one OpenAI-compatible /chat/completions client.
 
-Where it sits: this is how MASCOT scales out to models served elsewhere. Any server that speaks
-the OpenAI chat API works: vLLM, a llama.cpp server, Ollama, a hosted API.
-  - judge.py's OpenAIJudge (`--judge openai:<base-url>`) sends every request through a
-    ChatClient: the client knows HTTP, retries and deadlines, the judge knows prompts, answers
-    and the cache;
-  - ServedModel (`--speakers openai:<base-url>`, `--user ...`, `--director ...`) stands in for a
-    local model in a frozen role: the same prompts and sampling settings, one request per reply,
-    `concurrency` at a time, each reply cached as it arrives.
+This is how MASCOT scales out: any server speaking the OpenAI chat API (vLLM, llama.cpp, Ollama, a hosted
+API) can be the judge (`--judge openai:<base url>` -> judge(): an OpenAIJudge with extras/judges.py's
+prompts, pairwise questions in both orders) or a frozen role (`--speakers / --user / --director openai:...`
+-> served_role(): a ServedModel with the prompts and sampling settings a local model gets). Both send every
+request through a ChatClient and cache each answer the moment it arrives, so a crashed run loses at most
+the requests in flight. What the client promises (tests/test_judge.py checks each on a fake server):
+  - one total deadline per request (--served-timeout, for connect, headers and body together): the body
+    is read in chunks and the deadline checked between them, so a reply trickling in fails on time;
+  - HTTP 429, 5xx, connection errors and deadlines are retried (--served-retries) with exponential
+    backoff plus jitter, or as long as the server's Retry-After asks, at most max_backoff;
+  - any other 4xx fails at once as one line (data.UserError) quoting the server's message, with a hint
+    and the API key masked; the key is read from the environment per request, never stored or cached;
+  - `content: null` (a reasoning model that spent its tokens thinking) is its own error;
+  - a preflight request (max_tokens=1) before any work, so a bad URL, key or model name fails first.
+What it simplifies: no streaming, no HTTP proxies (http.client talks to the server directly, which keeps
+the socket reachable for the deadline), no HTTP-date Retry-After.
 
-What the client promises, each checked against a real llama.cpp server and tested against a
-local fake server (tests/test_judge.py):
-  - one total deadline per request (`timeout` seconds for connect, headers and body together):
-    the body is read in chunks and the deadline checked between them, so a reply trickling in
-    one byte a second fails on time instead of never;
-  - HTTP 429, 5xx, connection errors and deadlines are retried with exponential backoff plus
-    jitter, or as long as the server's Retry-After asks, never longer than `max_backoff`;
-  - any other 4xx fails at once with the server's own message (its first 200 characters) and a
-    hint per status, as one line (data.UserError), with the API key masked out;
-  - `content: null` (a reasoning model that spent its tokens thinking) is its own error, not an
-    empty answer;
-  - the key is read from the environment at each request and never stored, logged or cached.
-
-What it simplifies: no streaming, no HTTP proxies (it talks to the server directly with
-http.client, which is what makes the socket reachable for the deadline), HTTP-date Retry-After
-values are ignored (our own backoff is used instead).
+    python mascot.py judge-eval --judge openai:http://localhost:8000/v1 --judge-model qwen3 --pairs ...
+    python mascot.py evaluate --speakers openai:http://localhost:8000/v1 --speakers-model qwen3 ...
 """
 
 from __future__ import annotations
@@ -33,19 +27,23 @@ import http.client
 import json
 import os
 import random
+import sys
 import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from data import AnswerCache, UserError, cached_answers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+from data import AnswerCache, UserError, cached_answers          # noqa: E402
+from extras.judges import combine_orders, pairwise_messages, parse_ab, pointwise_messages   # noqa: E402
+from judge import Judge                                            # noqa: E402
+from metrics import parse_rubric_score                             # noqa: E402
 
 MESSAGE_CHARS = 200        # how much of a server's error body an error message quotes
 
 
 def check_base_url(base_url: str, flag: str) -> urllib.parse.SplitResult:
-    """The parsed base URL; a UserError at once when it is not http(s)://host[:port][/path]."""
     parts = urllib.parse.urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UserError(f"{flag}: {base_url!r} is not an http:// or https:// URL; write the whole base "
@@ -54,7 +52,7 @@ def check_base_url(base_url: str, flag: str) -> urllib.parse.SplitResult:
 
 
 def retry_after_seconds(value: str | None) -> float | None:
-    """The Retry-After header in seconds, or None when absent or an HTTP date (not supported)."""
+    """The Retry-After header in seconds; None when absent or an HTTP date (not supported)."""
     try:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
@@ -63,21 +61,15 @@ def retry_after_seconds(value: str | None) -> float | None:
 
 def status_hint(status: int, model: str, key_env: str) -> str:
     """What to check after an HTTP error the server will not fix by itself."""
-    if status == 400:
-        return "the server rejected the request (e.g. the prompt is longer than the model's context)"
-    if status in (401, 403):
-        return f"check the API key in ${key_env}"
-    if status == 404:
-        return f"check the base URL (it usually ends in /v1) and the model name {model!r}"
-    if status == 429 or status >= 500:
-        return "the server is overloaded or failing; it was retried"
-    return f"check the URL, the model name {model!r} and ${key_env}"
+    return {400: "the server rejected the request (e.g. the prompt is longer than the model's context)",
+            401: f"check the API key in ${key_env}", 403: f"check the API key in ${key_env}",
+            404: f"check the base URL (it usually ends in /v1) and the model name {model!r}"}.get(
+        status, f"check the URL, the model name {model!r} and ${key_env}")
 
 
 def server_message(raw: bytes, secret: str) -> str:
-    """The first MESSAGE_CHARS characters of an error body, on one line, with `secret` masked.
-
-    OpenAI-style servers answer {"error": {"message": ...}}; anything else is quoted as text."""
+    """The first MESSAGE_CHARS characters of an error body, on one line, `secret` masked. OpenAI-style
+    servers answer {"error": {"message": ...}}; anything else is quoted as text."""
     text = raw.decode("utf-8", errors="replace")
     try:
         error = json.loads(text).get("error")
@@ -85,8 +77,7 @@ def server_message(raw: bytes, secret: str) -> str:
     except (json.JSONDecodeError, AttributeError):
         pass
     text = " ".join(str(text).split())
-    if secret:
-        text = text.replace(secret, "***")
+    text = text.replace(secret, "***") if secret else text
     return text[:MESSAGE_CHARS] + ("..." if len(text) > MESSAGE_CHARS else "")
 
 
@@ -95,21 +86,11 @@ class DeadlineExceeded(TimeoutError):
 
 
 class ChatClient:
-    """Chat completions from one model on one server.
-
-    Thread-safe: OpenAIJudge calls `chat` from up to --judge-concurrency threads at once; the
-    only shared state is the request counter, kept under a lock.
-
-    Args:
-        base_url: e.g. http://localhost:8000/v1 (".../chat/completions" is appended).
-        model: the served model's name.
-        flag: how errors name the endpoint, e.g. "--judge openai:http://localhost:8000/v1".
-        api_key_env: the NAME of the environment variable holding the key (none: no header).
-        timeout: total seconds per request (connect, headers and body together).
-        max_retries: retries after the first attempt for 429, 5xx, connection errors, deadlines.
-        backoff, max_backoff: wait backoff * 2^attempt * U(0.5, 1.5) seconds, at most max_backoff
-            (which also caps the server's Retry-After).
-    """
+    """Chat completions from one model on one server. Thread-safe: the only shared state is the
+    request counter, under a lock. `flag` is how errors name the endpoint ("--judge openai:...");
+    `api_key_env` the NAME of the variable holding the key; `timeout` total seconds per request;
+    `max_retries` retries after the first attempt; a wait is backoff * 2^attempt * U(0.5, 1.5)
+    seconds, at most max_backoff (which also caps the server's Retry-After)."""
 
     def __init__(self, base_url: str, model: str, flag: str, api_key_env: str = "MASCOT_JUDGE_API_KEY",
                  timeout: float = 60, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0):
@@ -117,13 +98,10 @@ class ChatClient:
         self.parts = check_base_url(self.base_url, flag)
         self.url = self.base_url + "/chat/completions"
         self.model, self.flag, self.api_key_env = model, flag, api_key_env
-        self.timeout, self.max_retries = timeout, max_retries
-        self.backoff, self.max_backoff = backoff, max_backoff
+        self.timeout, self.max_retries, self.backoff, self.max_backoff = timeout, max_retries, backoff, max_backoff
         self.requests = 0                       # HTTP attempts sent, retries included
-        self.sleep = time.sleep                 # tests replace it to record the waits
-        self.clock = time.monotonic
-        self._jitter = random.Random()
-        self._lock = threading.Lock()
+        self.sleep, self.clock = time.sleep, time.monotonic     # tests record the waits instead
+        self._jitter, self._lock = random.Random(), threading.Lock()
 
     def __repr__(self) -> str:
         return f"ChatClient(url={self.url!r}, model={self.model!r})"
@@ -131,9 +109,8 @@ class ChatClient:
     def _fail(self, reason: str) -> UserError:
         return UserError(f"{self.flag}: {reason}")
 
-    # --- one HTTP attempt -------------------------------------------------------------------
     def _post(self, body: bytes, headers: dict) -> tuple[int, http.client.HTTPMessage, bytes]:
-        """POST once; (status, headers, body). Raises DeadlineExceeded past `timeout` seconds."""
+        """POST once: (status, headers, body); DeadlineExceeded past `timeout` seconds in all."""
         deadline = self.clock() + self.timeout
 
         def remaining() -> float:
@@ -145,36 +122,29 @@ class ChatClient:
         kind = http.client.HTTPSConnection if self.parts.scheme == "https" else http.client.HTTPConnection
         conn = kind(self.parts.hostname, self.parts.port, timeout=remaining())
         try:
-            path = urllib.parse.urlsplit(self.url).path or "/"
-            conn.request("POST", path, body=body, headers=headers)
-            sock = conn.sock                        # the response keeps reading from it after
-            sock.settimeout(remaining())            # getresponse(); no read may outlast the deadline
+            conn.request("POST", urllib.parse.urlsplit(self.url).path or "/", body=body, headers=headers)
+            sock = conn.sock                    # the response keeps reading from it: no read may outlast the deadline
+            sock.settimeout(remaining())
             with conn.getresponse() as response:
                 chunks = []
-                while True:                         # chunk by chunk: a trickle cannot outlast it
+                while True:                     # chunk by chunk: a trickle cannot outlast the deadline
                     sock.settimeout(remaining())
                     chunk = response.read1(65536)
                     if not chunk:
-                        break
+                        return response.status, response.headers, b"".join(chunks)
                     chunks.append(chunk)
-                return response.status, response.headers, b"".join(chunks)
-        except TimeoutError as err:                 # socket.timeout is TimeoutError since 3.10
+        except TimeoutError as err:             # socket.timeout is TimeoutError since 3.10
             raise DeadlineExceeded(f"no complete answer within {self.timeout:g} s") from err
         finally:
             conn.close()
 
-    # --- a request with retries -------------------------------------------------------------
     def chat(self, messages: list[dict], max_tokens: int, temperature: float = 0.0, top_p: float | None = None,
              seed: int | None = None) -> str:
-        """One chat completion, with retries; returns the reply text. Temperature 0 (the judge's)
-        unless given; `seed` asks the server for reproducible sampling (vLLM and llama.cpp honour it)."""
+        """One chat completion, with retries: the reply text. `seed` asks for reproducible sampling
+        (vLLM and llama.cpp honour it)."""
         request = {"model": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
-        if top_p is not None:
-            request["top_p"] = top_p
-        if seed is not None:
-            request["seed"] = seed
-        body = json.dumps(request).encode("utf-8")
-        headers = {"Content-Type": "application/json"}
+        request.update({k: v for k, v in (("top_p", top_p), ("seed", seed)) if v is not None})
+        body, headers = json.dumps(request).encode("utf-8"), {"Content-Type": "application/json"}
         key = os.environ.get(self.api_key_env, "")
         if key:
             headers["Authorization"] = f"Bearer {key}"
@@ -191,37 +161,35 @@ class ChatClient:
                 if status == 200:
                     return self._reply_text(raw)
                 message = server_message(raw, key)
-                hint = status_hint(status, self.model, self.api_key_env)
                 if status != 429 and status < 500:      # the request itself is wrong: retrying cannot help
-                    raise self._fail(f"HTTP {status} from {self.url}: {message!r}; {hint}")
+                    raise self._fail(f"HTTP {status} from {self.url}: {message!r}; "
+                                     + status_hint(status, self.model, self.api_key_env))
                 last_error = f"HTTP {status}: {message!r}"
                 wait = retry_after_seconds(reply_headers.get("Retry-After"))
             if attempt < self.max_retries:
-                if wait is None:    # no Retry-After from the server: our own backoff
+                if wait is None:                        # no Retry-After from the server: our own backoff
                     wait = self.backoff * 2 ** attempt * self._jitter.uniform(0.5, 1.5)
                 self.sleep(min(wait, self.max_backoff))
-        hint = ("raise --judge-timeout if the server is just slow" if last_error.startswith("DeadlineExceeded")
+        hint = ("raise --served-timeout if the server is just slow" if last_error.startswith("DeadlineExceeded")
                 else "check that the server is running and reachable")
-        raise self._fail(f"no answer from {self.url} after {self.max_retries + 1} attempts "
-                         f"(last: {last_error}); {hint}")
+        raise self._fail(f"no answer from {self.url} after {self.max_retries + 1} attempts (last: {last_error}); {hint}")
 
     def _reply_text(self, raw: bytes) -> str:
         try:
             message = json.loads(raw.decode("utf-8"))["choices"][0]["message"]
             content = message["content"]
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise self._fail(f"{self.url} did not return a chat completion "
-                             "(no choices[0].message.content); is the base URL right?") from None
+            raise self._fail(f"{self.url} did not return a chat completion (no choices[0].message.content); "
+                             "is the base URL right?") from None
         if content is None:
-            thinking = " (it sent reasoning_content: a reasoning model that spent max_tokens thinking; " \
-                       "turn its reasoning off or serve a non-reasoning model)" if message.get("reasoning_content") else ""
+            thinking = " (it sent reasoning_content: a reasoning model that spent max_tokens thinking; turn its " \
+                       "reasoning off or serve a non-reasoning model)" if message.get("reasoning_content") else ""
             raise self._fail(f"{self.url} answered with content null{thinking}")
         return content
 
     def preflight(self) -> None:
-        """One tiny request (max_tokens=1), so a bad URL, key or model name fails before any
-        expensive work. Only the HTTP status and the reply's shape are checked: one token is
-        too few for a reasoning model to answer, so content null is accepted here."""
+        """One tiny request, so a bad URL, key or model name fails before any expensive work. One token
+        is too few for a reasoning model to answer, so content null passes here."""
         try:
             self.chat([{"role": "user", "content": "Say OK."}], max_tokens=1)
         except UserError as err:
@@ -230,20 +198,19 @@ class ChatClient:
 
 
 def run_concurrently(todo: list, compute_one, store, concurrency: int) -> None:
-    """compute_one(item) for every item of `todo`, up to `concurrency` at once (threads: the work
-    is waiting for a server), calling store(item, result) in this thread as each result arrives,
-    so a caller can write it to its cache at once. On the first failure the items not yet started
-    are cancelled, the ones in flight are awaited and stored, then the error is raised."""
+    """compute_one(item) for every item, up to `concurrency` at once (threads: the work is waiting for
+    a server), calling store(item, result) in this thread as each arrives, so it reaches the cache at
+    once. On the first failure the items not yet started are cancelled, those in flight are awaited
+    and stored, then the error is raised."""
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="openai")
     try:
-        futures = {pool.submit(compute_one, item): item for item in todo}
-        error = None
+        futures, error = {pool.submit(compute_one, item): item for item in todo}, None
         for future in as_completed(futures):
             if future.cancelled():
                 continue
             try:
                 store(futures[future], future.result())
-            except Exception as err:         # the first failure wins; the rest are its echoes
+            except Exception as err:            # the first failure wins; the rest are its echoes
                 if error is None:
                     error = err
                     for f in futures:
@@ -254,35 +221,19 @@ def run_concurrently(todo: list, compute_one, store, concurrency: int) -> None:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-# ----------------------------------------------------------------------------------------------
-# A served model in a frozen role: speakers, simulated user, director (--speakers openai:URL ...)
-# ----------------------------------------------------------------------------------------------
-
 class ServedModel:
-    """A frozen chat model behind an OpenAI-compatible server, standing in for a local one.
-
-    What a local model does with sampler.generate, this does with one request per conversation:
-    the same chat messages, max_new_tokens, temperature, top_p and the row's seed are sent as they
-    are (the server applies its own chat template). Greedy decoding (seeds None) is temperature 0.
-    Requests run `concurrency` at a time, and every reply is cached as it arrives (AnswerCache,
-    keyed by model, messages and every sampling setting), so an interrupted run asks only for
-    what it has not got and a repeated one asks nothing.
-
-    There are no token tensors, so a served model can fill every frozen role (the speakers and
-    simulated user of stage 2, simulate and evaluate; a director under evaluation) but cannot be
-    the policy GRPO trains.
-    """
+    """A frozen chat model on a server, standing in for a local one: one request per conversation with the
+    same messages, max_new_tokens, temperature, top_p and row seed (greedy: temperature 0; the server applies
+    its chat template), `concurrency` at a time, each reply cached as it arrives (keyed by every setting).
+    No token tensors: it fills every frozen role, but cannot be the policy GRPO trains."""
 
     def __init__(self, base_url: str, model: str | None, flag: str, model_flag: str, timeout: float = 60,
                  retries: int = 5, concurrency: int = 8, cache_path: str | Path | None = None,
                  api_key_env: str = "MASCOT_API_KEY"):
         if not model:
             raise UserError(f"{flag}: no model name; pass {model_flag} NAME (the name the server serves)")
-        if concurrency < 1:
-            raise UserError(f"{flag}: concurrency {concurrency} must be at least 1")
         self.client = ChatClient(base_url, model, flag, api_key_env, timeout, retries)
-        self.name = f"openai:{self.client.base_url}:{model}"
-        self.concurrency = concurrency
+        self.name, self.concurrency = f"openai:{self.client.base_url}:{model}", concurrency
         self.cache = AnswerCache(cache_path) if cache_path else None
 
     def __repr__(self) -> str:
@@ -293,7 +244,7 @@ class ServedModel:
 
     def generate_texts(self, conversations: list[list[dict]], max_new_tokens: int, temperature: float = 1.0,
                        top_p: float = 1.0, seeds: list[int] | int | None = None) -> list[str]:
-        """One reply per conversation, in order (sampler.generate's arguments and meaning)."""
+        """One reply per conversation, in order (models.generate_texts's arguments and meaning)."""
         if isinstance(seeds, int):
             seeds = [seeds + i for i in range(len(conversations))]
         settings = [{"messages": m, "max_tokens": max_new_tokens} | (
@@ -304,5 +255,75 @@ class ServedModel:
         def ask(i):
             s = settings[i]
             return self.client.chat(s["messages"], max_new_tokens, s["temperature"], s.get("top_p"), s.get("seed"))
-
         return cached_answers(self.cache, keys, lambda todo, store: run_concurrently(todo, ask, store, self.concurrency))
+
+
+class OpenAIJudge(Judge):
+    """An LLM judge behind the OpenAI protocol, at temperature 0. Each missing judgement is its own request,
+    `concurrency` at a time (a batching server works on them together), cached as it arrives. An answer we
+    cannot read is not an error: it counts in `unreadable`, gives no verdict and is not cached."""
+    can_generate = True
+    LABEL_MAX_TOKENS = 16    # room for "Reply A" or "**B**", not for an essay
+
+    def __init__(self, base_url: str, model: str | None, api_key_env: str = "MASCOT_JUDGE_API_KEY",
+                 timeout: float = 60, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0,
+                 concurrency: int = 8, cache_path: str | Path | None = None):
+        flag = f"--judge openai:{base_url}"
+        if not model:
+            raise UserError(f"{flag}: no model name; pass --judge-model NAME or set MASCOT_JUDGE_MODEL")
+        self.client = ChatClient(base_url, model, flag, api_key_env, timeout, max_retries, backoff, max_backoff)
+        super().__init__(cache_path)
+        self.base_url, self.model, self.concurrency = self.client.base_url, model, concurrency
+        self.name = f"openai:{self.base_url}:{model}"
+        self._lock = threading.Lock()          # guards `unreadable` across the request threads
+
+    # backend_calls is the client's count of HTTP requests (retries included).
+    backend_calls = property(lambda self: self.client.requests, lambda self, v: setattr(self.client, "requests", v))
+
+    def preflight(self) -> None:
+        self.client.preflight()
+
+    def _compute_misses(self, todo, compute, store):
+        run_concurrently(todo, lambda i: compute([i])[0], store, self.concurrency)
+
+    def _compare_uncached(self, states, firsts, seconds):
+        verdicts = []
+        for s, a, b in zip(states, firsts, seconds):
+            answers = [self.client.chat(pairwise_messages(s, x, y), self.LABEL_MAX_TOKENS) for x, y in ((a, b), (b, a))]
+            picks = [parse_ab(t) for t in answers]
+            with self._lock:
+                self.unreadable += sum(p is None for p in picks)
+            # Order (a, b): "A" means the first is better; order (b, a): "B" does.
+            verdict = combine_orders(None if picks[0] is None else float(picks[0] == 0),
+                                     None if picks[1] is None else float(picks[1] == 1))
+            verdict.detail["answers"] = answers
+            verdicts.append(verdict)
+        return verdicts
+
+    def _score_uncached(self, states, replies):       # None (unreadable) is counted by Judge.score_many
+        values = [parse_rubric_score(self.client.chat(pointwise_messages(s, r), self.LABEL_MAX_TOKENS))
+                  for s, r in zip(states, replies)]
+        return [None if v is None else (v - 1) / 4 for v in values]         # 1..5 -> [0, 1]
+
+    def _complete_uncached(self, prompt, max_new_tokens):
+        return self.client.chat([{"role": "user", "content": prompt}], max_new_tokens)
+
+
+# --- The hooks mascot.py calls -------------------------------------------------------------------
+
+def served_role(spec: str, role: str, args, cache: Path | None = None) -> ServedModel:
+    """`--<role> openai:<base url>` (role: speakers | user | director), the model named by --<role>-model,
+    checked with one tiny request before any work."""
+    model = ServedModel(spec.partition(":")[2].strip(), getattr(args, f"{role}_model", None), f"--{role} {spec}",
+                        f"--{role}-model", args.served_timeout, args.served_retries, args.served_concurrency, cache)
+    model.preflight()
+    return model
+
+
+def judge(url: str, args, cache: Path | None = None) -> OpenAIJudge:
+    """`--judge openai:<base url>`: the model from --judge-model or $MASCOT_JUDGE_MODEL, the key from
+    $MASCOT_JUDGE_API_KEY, the --served-* flags; checked with one tiny request before any work."""
+    j = OpenAIJudge(url, args.judge_model or os.environ.get("MASCOT_JUDGE_MODEL"), timeout=args.served_timeout,
+                    max_retries=args.served_retries, concurrency=args.served_concurrency, cache_path=cache)
+    j.preflight()
+    return j

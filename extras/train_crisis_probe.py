@@ -1,36 +1,27 @@
-"""Fit the crisis guard's probe (data/safety_probe.safetensors) and report its cross-validation.
+"""train_crisis_probe.py: fit the crisis guard's probe (data/safety_probe.safetensors), with its cross-validation.
 
-What it does
-    1. Collects labelled messages:
-         - data/safety_train.jsonl: risky messages, near-misses and ordinary chat we wrote
-           ({"text", "risky", "source", "kind"});
-         - ordinary support conversation as the negative class: the seeker messages of the
-           ESConv dialogues on the TRAINING side of
-           `data.split_contexts(corpora.load_contexts(path), 0.25, seed=0)` (the held-out side is
-           what bench/crisis_guard.py measures) and the training side of Empathetic Dialogues. The
-           few real risk messages in them are labelled by hand in data/safety_esconv_labels.jsonl
-           and data/safety_ed_labels.jsonl (by dialogue and text hash, no text): "risky" ones
-           become positives, "context" ones (risky only given the earlier turns; the guard reads
-           one message at a time) are left out.
-    2. Turns each message into the features the guard uses (safety.probe_features of
-       safety.probe_windows), cached in --cache because embedding ~15,000 windows takes minutes.
-    3. Cross-validates a one-hidden-layer network (`fit_mlp`) over 5 folds that keep each ESConv
-       dialogue in one fold, and picks the threshold: the lowest at which the guard (probe above
-       the threshold, or an explicit pattern) flags at most --max-esconv of the ESConv
-       training-side seeker messages, every message scored by a probe fitted without its fold.
-    4. Fits the final network on everything, writes weights (fp16), threshold and the CV report.
-ESConv and Empathetic Dialogues are CC BY-NC and not part of the project: pass your own copies.
-
-Why these choices (measured in CV on an earlier version of the training file): a logistic
-regression on the same features reached recall 0.87 at a 1% ESConv flag rate, the network 0.89;
-reading each sentence apart lowered recall to 0.76. The network alone scores real risk told in
-ESConv's long, story-like style low (its negatives taught it that this style is safe), so
-explicit patterns also flag on their own: in the shipped fit's CV they lift the hand-labelled
-ESConv/ED risk messages caught from 10 to 17 of 26 (docs/SAFETY.md).
-
-Run (~15 min on 2 CPU cores, most of it embedding; later runs reuse the cache):
-    python extras/train_crisis_probe.py --esconv path/to/esconv/train.jsonl \\
-        --ed path/to/empathetic_dialogues/valid.csv
+Where it sits: extras/safety.py reads every user message with explicit patterns and this probe (a
+small network on sentence-encoder features); this script fits the probe and picks its threshold.
+    1. Labelled messages: data/safety_train.jsonl (risky messages, near-misses and ordinary chat we
+       wrote), and ordinary support conversation as the negative class: the seeker messages of the
+       ESConv dialogues on the TRAINING side of `data.split_contexts(contexts, 0.25, seed=0)` (the
+       held-out side is what bench/crisis_guard.py measures) and of Empathetic Dialogues. The few real
+       risk messages among them are labelled by hand (data/safety_esconv_labels.jsonl and
+       data/safety_ed_labels.jsonl, by dialogue and text hash, no text): "risky" ones become positives,
+       "context" ones (risky only given the earlier turns; the guard reads one message) are left out.
+    2. Features of every message's probe windows (safety.probe_features), cached in --cache.
+    3. Cross-validation of a one-hidden-layer network (`fit_mlp`) over 5 folds that keep each ESConv
+       dialogue in one fold; the threshold is the lowest at which the guard (probe above it, or an
+       explicit pattern) flags at most --max-esconv of the ESConv training-side seeker messages, each
+       scored by a probe fitted without its fold.
+    4. The final network, fitted on everything: weights (fp16), threshold and the CV report.
+Why: in cross-validation a logistic regression on the same features caught fewer risky messages at
+the same ESConv flag rate, and reading each sentence apart fewer still. The network alone scores
+real risk told in ESConv's long, story-like style low (its negatives taught it that this style is
+safe), so explicit patterns also flag on their own. ESConv and Empathetic Dialogues are CC BY-NC and
+not part of the project: pass your own copies.
+    python extras/train_crisis_probe.py --esconv path/to/esconv/train.jsonl --ed path/to/ed/valid.csv  (~15 min
+    on 2 CPU cores, most of it embedding; later runs reuse the cache)
 """
 
 from __future__ import annotations
@@ -46,21 +37,16 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))                                   # run from anywhere
-import corpora                                                  # noqa: E402
+sys.path.insert(0, str(ROOT))                                   # the project's modules, from the repo root
 import data                                                     # noqa: E402
-import safety                                                   # noqa: E402
 from data import UserError                                      # noqa: E402
+from extras import datasets, safety                             # noqa: E402
 
 TRAIN_FILE = ROOT / "data" / "safety_train.jsonl"
-ESCONV_LABELS = ROOT / "data" / "safety_esconv_labels.jsonl"
-ED_LABELS = ROOT / "data" / "safety_ed_labels.jsonl"
-# Loss weight per kind of row, relative to one written message. Equal weights: the
-# ~12,000 conversation messages then outweigh the ~1,000 written near-misses, which is the
-# point (they are what the guard meets); up-weighting the near-misses 2x bought 3 points of
-# near-miss rate for 3 points of recall.
-WEIGHTS = {"risky": 1.0, "near_miss": 1.0, "ordinary": 1.0, "conversation": 1.0,
-           "conversation_risky": 5.0}
+ESCONV_LABELS, ED_LABELS = ROOT / "data" / "safety_esconv_labels.jsonl", ROOT / "data" / "safety_ed_labels.jsonl"
+# Loss weight per kind of row, relative to one written message. Equal weights: the ~12,000 conversation
+# messages then outweigh the ~1,000 written near-misses, which is the point (they are what the guard meets).
+WEIGHTS = {"risky": 1.0, "near_miss": 1.0, "ordinary": 1.0, "conversation": 1.0, "conversation_risky": 5.0}
 
 
 # --- the labelled messages ---------------------------------------------------------------------
@@ -68,17 +54,14 @@ WEIGHTS = {"risky": 1.0, "near_miss": 1.0, "ordinary": 1.0, "conversation": 1.0,
 def load_training_rows(path: Path = TRAIN_FILE) -> list[dict]:
     """Rows {"text", "risky", "source", "kind"} of the labelled training file (JSON lines)."""
     if not Path(path).exists():
-        raise UserError(f"{path}: training file not found; it ships with the repository "
-                        "(data/safety_train.jsonl)")
+        raise UserError(f"{path}: training file not found; it ships with the repository (data/safety_train.jsonl)")
     rows = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         row = json.loads(line)
-        if not (isinstance(row.get("risky"), bool)
-                and all(isinstance(row.get(key), str) for key in ("text", "source", "kind"))):
-            raise UserError(f"{path} line {number}: needs string fields 'text', 'source' and "
-                            "'kind' and a true/false 'risky'")
+        if not (isinstance(row.get("risky"), bool) and all(isinstance(row.get(k), str) for k in ("text", "source", "kind"))):
+            raise UserError(f"{path} line {number}: needs string fields 'text', 'source' and 'kind' and a true/false 'risky'")
         rows.append(row)
     return rows
 
@@ -94,16 +77,15 @@ def text_hash(text: str) -> str:
 
 
 def conversation_rows(path: str, labels_path: Path, name: str) -> list[dict]:
-    """The user messages of the TRAINING side of a conversation dataset, as rows.
-
-    Each row: {"text", "risky", "source": name, "kind", "group": the dialogue id}; hand labels
-    are matched by (dialogue, text hash): "risky" rows are positives, "context" rows are dropped.
-    """
+    """The user messages of the TRAINING side of a conversation dataset, as rows {"text", "risky", "source": name,
+    "kind", "group": the dialogue id}; hand labels are matched by (dialogue, text hash): "risky" rows are
+    positives, "context" rows are dropped."""
     labels = {}
     for label in map(json.loads, labels_path.read_text(encoding="utf-8").splitlines()):
         dialogue = f"esconv-{label['line']}" if "line" in label else label["conv_id"]
         labels[(dialogue, label["sha256"])] = label
-    train, _ = data.split_contexts(corpora.load_contexts(path), 0.25, seed=0)
+    contexts = [c for part in datasets.load_splits(path, "support").values() for c in part]
+    train, _ = data.split_contexts(contexts, 0.25, seed=0)
     rows = []
     for context in train:
         texts = [t["text"] for t in context.turns if t["speaker"] == "user"]
@@ -111,8 +93,8 @@ def conversation_rows(path: str, labels_path: Path, name: str) -> list[dict]:
             label = labels.get((context.id, text_hash(text)), {})
             if label.get("label") == "context":
                 continue
-            rows.append({"text": text, "risky": label.get("label") == "risky", "source": name,
-                         "kind": label.get("kind", name), "group": context.id})
+            rows.append({"text": text, "risky": label.get("label") == "risky", "source": name, "kind": label.get("kind", name),
+                         "group": context.id})
     return rows
 
 
@@ -128,51 +110,42 @@ def row_type(row: dict) -> str:
 # --- features, the network, the folds --------------------------------------------------------
 
 def window_features(encoder, rows: list[dict], cache: Path) -> tuple[torch.Tensor, list[list[int]]]:
-    """(W, 5376) features of every distinct probe window, and each row's window indices.
-
-    Features already in `cache` (a torch file {"texts", "X"}) are reused; new ones are added.
-    """
+    """(W, 5376) features of every distinct probe window, and each row's window indices. Features already in
+    `cache` (a torch file {"texts", "X"}) are reused; new ones are added."""
     windows = [safety.probe_windows(safety.blank(safety.normalise(r["text"]))) for r in rows]
     stored = torch.load(cache) if cache.exists() else {"texts": [], "X": torch.zeros(0, 5376)}
     index = {t: i for i, t in enumerate(stored["texts"])}
     new = [w for w in dict.fromkeys(w for ws in windows for w in ws) if w not in index]
     if new:
         print(f"embedding {len(new)} new windows ({len(index)} cached)", flush=True)
-        stored = {"texts": stored["texts"] + new,
-                  "X": torch.cat([stored["X"], safety.probe_features(encoder, new)])}
+        stored = {"texts": stored["texts"] + new, "X": torch.cat([stored["X"], safety.probe_features(encoder, new)])}
         torch.save(stored, cache)
         index = {t: i for i, t in enumerate(stored["texts"])}
     return stored["X"], [[index[w] for w in ws] for ws in windows]
 
 
-def fit_mlp(X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, hidden: int = 256,
-            epochs: int = 10, lr: float = 1e-3, weight_decay: float = 1e-2, dropout: float = 0.2,
-            seed: int = 0) -> dict:
-    """A one-hidden-layer network on standardised features, z = (x - mu) / sd,
-    logit = w2 . gelu(W1 z + b1) + b2, fitted by weighted BCE with AdamW.
-
-    mu and sd are kept apart rather than folded into W1: W1 / sd overflows fp16 (the shipped
-    precision) for features that barely vary.
-    Args:
-        X: (N, F) features; y: (N,) 1.0 = risky, 0.0 = not; weight: (N,) loss weight per row.
-    Returns:
-        {"mu": (F,), "sd": (F,), "w1": (H, F), "b1": (H,), "w2": (H,), "b2": ()}, float32.
-    """
+def fit_mlp(X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, hidden: int = 256, epochs: int = 10,
+            lr: float = 1e-3, weight_decay: float = 1e-2, dropout: float = 0.2, seed: int = 0) -> dict:
+    """A one-hidden-layer network on standardised features, z = (x - mu) / sd, logit = w2 . gelu(W1 z + b1) + b2,
+    fitted by weighted BCE with AdamW. mu and sd are kept apart rather than folded into W1: W1 / sd
+    overflows fp16 (the shipped precision) for features that barely vary.
+    X: (N, F) features; y: (N,) 1.0 = risky, 0.0 = not; weight: (N,) loss weight per row.
+    Returns {"mu": (F,), "sd": (F,), "w1": (H, F), "b1": (H,), "w2": (H,), "b2": ()}, float32."""
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)                                              # weight init, dropout
     mu, sd = X.mean(0), X.std(0).clamp(min=1e-6)                         # (F,), (F,)
     Z = (X - mu) / sd                                                    # (N, F)
     weight = weight / weight.mean()
-    net = torch.nn.Sequential(torch.nn.Linear(X.shape[1], hidden), torch.nn.GELU(),
-                              torch.nn.Dropout(dropout), torch.nn.Linear(hidden, 1))
+    net = torch.nn.Sequential(torch.nn.Linear(X.shape[1], hidden), torch.nn.GELU(), torch.nn.Dropout(dropout),
+                              torch.nn.Linear(hidden, 1))
     optimiser = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     for _ in range(epochs):
         order = torch.randperm(len(Z), generator=generator)
         for start in range(0, len(Z), 256):
             batch = order[start:start + 256]
             logits = net(Z[batch]).squeeze(1)                           # (B,)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                logits, y[batch], reduction="none") @ weight[batch] / len(batch)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y[batch], reduction="none") \
+                @ weight[batch] / len(batch)
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
@@ -192,17 +165,15 @@ def group_folds(groups: list, k: int, seed: int = 0) -> list[int]:
 
 
 def threshold_for_rate(logits: torch.Tensor, forced: torch.Tensor, max_rate: float) -> float:
-    """The lowest threshold t at which (logit > t) or forced flags at most max_rate of the rows.
-
-    `forced` marks rows an explicit pattern flags whatever the probe says; they use part of the
-    budget first. Example: logits [3, 2, 1, 0], forced [F, F, F, T], max_rate 0.5 -> 2 rows
-    allowed, 1 already forced, so 1 more: t = 2 (only the 3 is above it).
-    """
+    """The lowest threshold t at which (logit > t) or forced flags at most max_rate of the rows. `forced` marks
+    rows an explicit pattern flags whatever the probe says; they use part of the budget first. Example:
+    logits [3, 2, 1, 0], forced [F, F, F, T], max_rate 0.5 -> 2 rows allowed, 1 already forced, so 1
+    more: t = 2 (only the 3 is above it)."""
     allowed = int(max_rate * len(logits)) - int(forced.sum())
     free = logits[~forced].sort(descending=True).values
     if allowed < 0:
-        raise UserError(f"explicit patterns alone flag {forced.float().mean():.2%} of the "
-                        f"conversation messages, more than --max-esconv {max_rate:.2%}")
+        raise UserError(f"explicit patterns alone flag {forced.float().mean():.2%} of the conversation messages, "
+                        f"more than --max-esconv {max_rate:.2%}")
     return free[min(allowed, len(free) - 1)].item()
 
 
@@ -215,20 +186,15 @@ def message_logits(probe: dict, X: torch.Tensor, windows: list[list[int]]) -> to
 
 
 def cross_validate(rows, X, windows, args) -> torch.Tensor:
-    """(N,) out-of-fold logits: every message scored by a network fitted without its fold.
-
-    With --hold-out-lists, each written list (source and kind) stays in one fold too, so every
-    written message is scored by a network that saw none of its list: closer to a list written
-    by someone else.
-    """
-    groups = [r.get("group") or (args.hold_out_lists and f"{r['source']}/{r['kind']}") or None
-              for r in rows]
+    """(N,) out-of-fold logits: every message scored by a network fitted without its fold. With
+    --hold-out-lists each written list (source and kind) stays in one fold too, so every written message
+    is scored by a network that saw none of its list: closer to a list written by someone else."""
+    groups = [r.get("group") or (args.hold_out_lists and f"{r['source']}/{r['kind']}") or None for r in rows]
     folds = group_folds(groups, args.folds, args.seed)
     logits = torch.empty(len(rows))
     for fold in range(args.folds):
         train = [i for i in range(len(rows)) if folds[i] != fold]
-        probe = fit_mlp(*training_set(rows, windows, X, train), hidden=args.hidden,
-                        epochs=args.epochs, seed=args.seed)
+        probe = fit_mlp(*training_set(rows, windows, X, train), hidden=args.hidden, epochs=args.epochs, seed=args.seed)
         held = [i for i in range(len(rows)) if folds[i] == fold]
         logits[held] = message_logits(probe, X, [windows[i] for i in held])
         print(f"fold {fold + 1}/{args.folds} done", flush=True)
@@ -242,10 +208,9 @@ def training_set(rows, windows, X, indices):
     feats, labels, weights = [], [], []
     for i in indices:
         use = windows[i][:1] if rows[i]["risky"] else windows[i]
-        for w in use:
-            feats.append(w)
-            labels.append(float(rows[i]["risky"]))
-            weights.append(WEIGHTS[row_type(rows[i])] / len(use))
+        feats += use
+        labels += [float(rows[i]["risky"])] * len(use)
+        weights += [WEIGHTS[row_type(rows[i])] / len(use)] * len(use)
     return X[feats], torch.tensor(labels), torch.tensor(weights)
 
 
@@ -263,10 +228,8 @@ def report(rows, logits, forced, threshold) -> dict:
     for kind in sorted({r["kind"] for r in rows if r["risky"]}):
         out["risky_by_kind"][kind] = rate(lambda r, kind=kind: r["risky"] and r["kind"] == kind)
     for source in sorted({r["source"] for r in rows}):
-        out["by_source"][source + " risky"] = rate(
-            lambda r, source=source: r["source"] == source and r["risky"])
-        out["by_source"][source + " other"] = rate(
-            lambda r, source=source: r["source"] == source and not r["risky"])
+        out["by_source"][source + " risky"] = rate(lambda r, source=source: r["source"] == source and r["risky"])
+        out["by_source"][source + " other"] = rate(lambda r, source=source: r["source"] == source and not r["risky"])
     return out
 
 
@@ -287,8 +250,8 @@ def snapshot_lists() -> dict:
 
 
 def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.json") -> None:
-    """Record [sha256(text)[:16], flagged, category] of the shipped guard and of the
-    patterns-only fallback for every row of every snapshot list, one row a line."""
+    """Record [sha256(text)[:16], flagged, category] of the shipped guard and of the patterns-only fallback for
+    every row of every snapshot list, one row a line."""
     guards = {"probe": safety.CrisisGuard(), "patterns_only": safety.CrisisGuard(encoder=None)}
     lines = ["{", ' "about": "Decisions of the shipped crisis guard (probe) and of its '
              'patterns-only fallback: per fixture list, per row in file order, '
@@ -298,13 +261,10 @@ def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.
         lines.append(f' "{mode}": {{')
         lists = snapshot_lists()
         for n, (name, list_path) in enumerate(lists.items()):
-            texts = [json.loads(x)["text"] for x in list_path.read_text(encoding="utf-8")
-                     .splitlines() if x.strip()]
-            flags = guard.check_many(texts)
-            rows = [json.dumps([hashlib.sha256(t.encode()).hexdigest()[:16], f.flagged,
-                                f.category]) for t, f in zip(texts, flags)]
-            lines.append(f'  "{name}": [\n   ' + ",\n   ".join(rows) + "\n  ]"
-                         + ("," if n < len(lists) - 1 else ""))
+            texts = [json.loads(x)["text"] for x in list_path.read_text(encoding="utf-8").splitlines() if x.strip()]
+            rows = [json.dumps([hashlib.sha256(t.encode()).hexdigest()[:16], f.flagged, f.category])
+                    for t, f in zip(texts, guard.check_many(texts))]
+            lines.append(f'  "{name}": [\n   ' + ",\n   ".join(rows) + "\n  ]" + ("," if n < len(lists) - 1 else ""))
         lines.append(" }" + ("," if m < len(guards) - 1 else ""))
     path.write_text("\n".join(lines + ["}"]) + "\n", encoding="utf-8")
     print(f"wrote {path}")
@@ -313,8 +273,7 @@ def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.
 def save_probe(probe: dict, threshold: float, metadata: dict, path: Path) -> None:
     """W1 as fp16 (2.8 MB), the rest fp32; threshold and report as metadata."""
     from safetensors.torch import save_file
-    tensors = {k: (v.half() if k == "w1" else v.float()).reshape(v.shape or (1,)).contiguous()
-               for k, v in probe.items()}
+    tensors = {k: (v.half() if k == "w1" else v.float()).reshape(v.shape or (1,)).contiguous() for k, v in probe.items()}
     tensors["threshold"] = torch.tensor([threshold], dtype=torch.float32)
     save_file(tensors, str(path), metadata={k: json.dumps(v) for k, v in metadata.items()})
 
@@ -327,21 +286,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=safety.PROBE_FILE, help="weights file")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/crisis_probe_features.pt"),
                         help="feature cache (reused across runs)")
-    parser.add_argument("--max-esconv", type=float, default=0.02,
-                        help="the threshold flags at most this share of ESConv training-side "
-                             "seeker messages in CV: the issue's 2%% target itself (held-out "
-                             "dialogues, measured by bench/crisis_guard.py, came out lower)")
+    parser.add_argument("--max-esconv", type=float, default=0.02, help="the threshold flags at most this share of "
+                        "ESConv training-side seeker messages in cross-validation (the 2%% target)")
     parser.add_argument("--hidden", type=int, default=256, help="hidden units of the network")
     parser.add_argument("--epochs", type=int, default=10, help="passes over the data per fit")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds")
     parser.add_argument("--seed", type=int, default=0, help="folds, initialisation, batches")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the fits")
-    parser.add_argument("--hold-out-lists", action="store_true",
-                        help="cross-validate with each written list held out whole (an estimate "
-                             "for unseen authors); reports only, writes no weights")
+    parser.add_argument("--hold-out-lists", action="store_true", help="cross-validate with each written list held "
+                        "out whole (an estimate for unseen authors); reports only, writes no weights")
     parser.add_argument("--snapshot", action="store_true",
-                        help="only rewrite tests/fixtures/safety_decisions.json with the "
-                             "shipped guard's decisions")
+                        help="only rewrite tests/fixtures/safety_decisions.json with the shipped guard's decisions")
     args = parser.parse_args()
     if args.snapshot:
         return write_snapshot()
@@ -351,13 +306,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import models
     started = time.time()
-    rows = load_training_rows(args.train)
-    rows += conversation_rows(args.esconv, ESCONV_LABELS, "esconv")
+    rows = load_training_rows(args.train) + conversation_rows(args.esconv, ESCONV_LABELS, "esconv")
     if args.ed:
         rows += conversation_rows(args.ed, ED_LABELS, "empathetic_dialogues")
     X, windows = window_features(models.SentenceEncoder(), rows, args.cache)
-    forced = torch.tensor([bool(safety.explicit_category(safety.blank(safety.normalise(r["text"]))))
-                           for r in rows])
+    forced = torch.tensor([bool(safety.explicit_category(safety.blank(safety.normalise(r["text"])))) for r in rows])
     logits = cross_validate(rows, X, windows, args)
     esconv = torch.tensor([r["source"] == "esconv" and not r["risky"] for r in rows])
     threshold = threshold_for_rate(logits[esconv], forced[esconv], args.max_esconv)
@@ -369,8 +322,8 @@ def main() -> None:
     print(f"ESConv training-side seeker messages flagged in CV: {out['esconv_cv_flag_rate']:.4f}")
     if args.hold_out_lists:
         return
-    probe = fit_mlp(*training_set(rows, windows, X, range(len(rows))), hidden=args.hidden,
-                    epochs=args.epochs, seed=args.seed)
+    probe = fit_mlp(*training_set(rows, windows, X, range(len(rows))), hidden=args.hidden, epochs=args.epochs,
+                    seed=args.seed)
     metadata = {"report": out, "config": {k: str(v) for k, v in vars(args).items()},
                 "train_sha256": rows_fingerprint(load_training_rows(args.train))}
     save_probe(probe, threshold, metadata, args.out)
@@ -378,8 +331,8 @@ def main() -> None:
 
 
 def rows_fingerprint(rows: list[dict]) -> str:
-    """SHA-256 of the written labelled rows, stored with the weights so a test can tell when the
-    training file changed without the probe being refitted."""
+    """SHA-256 of the written labelled rows, stored with the weights: a test tells when the training file changed
+    without the probe being refitted."""
     return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
 
 

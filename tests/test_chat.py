@@ -1,4 +1,4 @@
-"""Tests for chat.py: the real program, driven through its standard input.
+"""Tests for extras/chat.py: the real program, driven through its standard input.
 
 Every test starts the chat as a subprocess with the tiny random model (`--model tiny`) and a
 missing run folder (so no trained checkpoint is picked up), types into it, and reads what it
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import chat
+from extras import chat
 
 ROOT = Path(__file__).resolve().parents[1]
-# The program under test: the real entry point (`python chat.py` takes the same flags).
+# The program under test: the real entry point.
 ENTRY = [sys.executable, str(ROOT / "mascot.py"), "chat"]
 # OMP_NUM_THREADS=1: the tiny model's matrices are too small to gain from threads, and on a busy
 # 2-core machine thread hand-offs made each session take about twice as long.

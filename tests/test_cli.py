@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import hacks
+import reward
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,16 +118,15 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
     rows = [json.loads(line) for line in (stage1 / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     # The hack diagnostics of the sampled replies are logged with every step.
-    assert all(0.0 <= row[f"r_diag_{k}"] <= 1.0 for row in rows
+    assert all(0.0 <= row[f"hack_{k}"] <= 1.0 for row in rows
                for k in ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial"))
     summary = json.loads((stage1 / "summary.json").read_text())
     assert summary["pairs"] > 0 and summary["heldout_after"]["n"] == 8
     pairs = [json.loads(line) for line in (stage1 / "pairs.jsonl").read_text().splitlines()]
-    assert {p["hack"] for p in pairs if p.get("hack")} <= set(hacks.KINDS)
+    assert {p["hack"] for p in pairs if p.get("hack")} <= set(reward.HACK_KINDS)
     assert any(p.get("hack") for p in pairs)                       # synthetic hacks as rejected replies
     rm_metrics = summary["reward_model"]
-    assert rm_metrics["labelled_hacks"]["n"] == 84 and "per_kind" in rm_metrics["labelled_hacks"]
-    assert "heldout_hack_accuracy" in rm_metrics
+    assert "heldout_hack_accuracy" in rm_metrics and "heldout_accuracy" in rm_metrics
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(stage1 / "speakers")       # loadable by plain transformers
 
@@ -197,7 +196,7 @@ def test_demo_prints_one_conversation_before_and_after_side_by_side(tmp_path, ca
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cli.print_side_by_side(path)
     out = capsys.readouterr().out
-    assert "after: mascot" in out
+    assert "before: base speakers, round-robin order" in out and "(mascot)" in out
     line = next(l for l in out.splitlines() if "Anchor answers" in l)
     assert "Beacon answers" in line                  # same row: the two columns line up
 

@@ -1,8 +1,8 @@
-"""Tests for data.py: persona validation, every dataset loader, the split, profiles, JSON lines.
+"""Tests for data.py: persona validation, our contexts format, the split, profiles, JSON lines,
+seeds and flags, and the files the repo ships. The readers of the public datasets (extras/datasets.py)
+are tested in tests/test_datasets.py.
 
-Small fixtures in tests/fixtures/data/ imitate each official format with our own invented lines;
-a second group of tests reads the real datasets (conftest.DATASETS) and the files the repo ships,
-and is skipped where those are absent.
+Run: .venv/bin/python -m pytest -q tests/test_data.py
 """
 
 import argparse
@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import corpora
 import data
-from conftest import dataset
 from data import Context, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +35,7 @@ def test_personas_fixture_loads():
     assert support.strategies[0] == "validate feelings" and support.tones == ["warm", "calm", "upbeat"]
     assert support.personas[0].examples == ["That sounds like a lot to carry.",
                                             "It makes sense you feel shaken."]
-    assert data.available_sets(FIX / "personas.json") == ["support", "meeting"]
+    assert list(data.persona_sets(FIX / "personas.json")) == ["support", "meeting"]
     assert data.load_personas(FIX / "personas.json", "meeting").names() == ["Scribe", "Planner"]
 
 
@@ -68,13 +66,13 @@ def drop(d, key):
 
 @pytest.mark.parametrize("mutate, fragments", [
     (lambda r: [r], ["top level is a list"]),
-    (lambda r: r["support"]["personas"].clear(), ["set 'support' has no personas"]),
-    (lambda r: drop(r["support"]["personas"][1], "style"), ["persona #2 (Catalyst)", "'style' is missing"]),
-    (lambda r: r["support"]["personas"][0].update(role="  "), ["persona #1 (Anchor)", "'role' is empty"]),
+    (lambda r: r["support"]["personas"].clear(), ["set 'support' must be an object", "a non-empty personas list"]),
+    (lambda r: drop(r["support"]["personas"][1], "style"), ["set 'support' persona #2:", "'style' is missing"]),
+    (lambda r: r["support"]["personas"][0].update(role="  "), ["set 'support' persona #1:", "'role' is empty"]),
     (lambda r: r["support"]["personas"][2].update(examples="Be brave."),
-     ["persona #3 (Beacon)", "'examples' is text, not a list"]),
+     ["set 'support' persona #3:", "'examples' is text, not a list"]),
     (lambda r: r["support"]["personas"][3].update(examples=["ok", 7]),
-     ["persona #4 (Guide)", "'examples' item 2"]),
+     ["set 'support' persona #4:", "every item of 'examples'"]),
     (lambda r: r["support"]["personas"][0].update(name=5), ["persona #1", "'name' is a number, not text"]),
     (lambda r: r["support"]["personas"][3].update(name="anchor"), ["#1 and #4", "'anchor'"]),
     (lambda r: r["support"]["personas"].append("Echo"), ["persona #5 is text"]),
@@ -106,141 +104,21 @@ def test_persona_file_level_errors(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# Contexts from each format (fixtures)
+# Contexts in our format
 # ----------------------------------------------------------------------------------------------
 
-def test_ed_csv_groups_conversations_unescapes_and_skips_malformed(capsys):
-    contexts = corpora.load_contexts(str(FIX / "ed" / "valid.csv"))
-    assert [c.id for c in contexts] == ["hit:1_conv:1", "hit:1_conv:2", "hit:2_conv:3"]
-    first = contexts[0]
-    assert first.situation == "My niece finished her first half marathon, and I cheered at the line."
-    assert first.first_message == "My niece just ran her first half marathon, I am beaming!"
-    assert [t["speaker"] for t in first.turns] == ["user", "supporter", "user"]
-    assert (first.emotion, first.valence, first.persona_set) == ("proud", "positive", "support")
-    # rows of conv 2 are out of order in the file and its third row is malformed (extra commas)
-    lonely = contexts[1]
-    assert lonely.first_message == "The flat is so quiet with everyone away, it feels strange."
-    assert [t["speaker"] for t in lonely.turns] == ["user", "supporter"]
-    assert lonely.valence == "negative" and contexts[2].valence == "ambiguous"
-    err = capsys.readouterr().err
-    assert "skipped 1 malformed row in" in err and "valid.csv: skipping row 7: 12 fields" in err
-
-
-def test_esconv_official_array(capsys):
-    contexts = corpora.load_contexts(str(FIX / "esconv" / "ESConv.json"))
-    assert len(contexts) == 2
-    thesis = contexts[0]
-    assert thesis.first_message == "I am panicking about my thesis."   # leading supporter greeting dropped
-    assert thesis.turns[1] == {"speaker": "supporter",
-                               "text": "It sounds like the deadline is weighing on you.",
-                               "strategy": "Reflection of feelings"}
-    assert (thesis.emotion, thesis.valence, thesis.source) == ("anxiety", "negative", "esconv")
-    assert "skipped 1 malformed row in" in capsys.readouterr().err
-
-
-def test_esconv_jsonl_split(capsys):
-    contexts = corpora.load_contexts(str(FIX / "esconv_split" / "train.jsonl"))
-    assert [c.first_message for c in contexts] == ["I think I am about to lose my job.",
-                                                   "I am furious with my dad."]
-    assert [t["speaker"] for t in contexts[1].turns] == ["user", "supporter"]   # empty turn dropped
-    err = capsys.readouterr().err
-    assert "skipped 2 malformed rows in" in err and "row 3: the dialog has no seeker" in err
-
-
-def test_qmsum_domain_folders_and_dedup():
-    contexts = corpora.load_contexts(str(FIX / "qmsum_official"))
-    assert {c.id: c.domain for c in contexts} == {"a": "Academic", "b": "Product"}
-    venue = contexts[0]
-    # the first words are spoken by Professor A (Grad C's turn is only a {vocalsound})
-    assert venue.first_message == "Okay, let's start with the venue... we have two options."
-    assert [t["speaker"] for t in venue.turns] == ["user", "participant", "user", "participant"]
-    assert venue.situation == "A meeting covering: Choosing a venue for the spring workshop; Catering budget."
-    assert corpora.load_contexts(str(FIX / "qmsum_official" / "ALL" / "train"))[0].domain == ""
-    assert [c.domain for c in corpora.load_contexts(str(FIX / "qmsum_official" / "Academic"))] == ["Academic"]
-
-
-def test_qmsum_domain_mapping_file_and_broken_meeting(capsys):
-    contexts = corpora.load_contexts(str(FIX / "qmsum_mapped" / "train"), persona_set="meeting")
-    assert {c.id: c.domain for c in contexts} == {"c": "Committee", "d": "Product"}
-    assert "skipped 1 malformed file in" in capsys.readouterr().err
-    one = corpora.load_contexts(str(FIX / "qmsum_mapped" / "train" / "d.json"))
-    assert one[0].domain == "Product" and one[0].first_message == "The screen could be two inches."
-
-
-def test_qmsum_keeps_at_most_40_turns(tmp_path):
-    lines = [{"speaker": f"S{i % 3}", "content": f"Point number {i} ."} for i in range(55)]
-    write_json(tmp_path / "m.json", {"topic_list": [{"topic": "Long one"}], "meeting_transcripts": lines})
-    (context,) = corpora.load_contexts(str(tmp_path / "m.json"))
-    assert len(context.turns) == corpora.MAX_MEETING_TURNS == 40
-    assert context.turns[-1]["text"] == "Point number 39."
-
-
-def test_shared_style_ed_and_openings_jsonl():
-    valid = corpora.load_contexts(str(FIX / "ed_shared" / "valid_contexts.jsonl"))
-    assert [c.valence for c in valid] == ["positive", "ambiguous", "negative"]
-    assert valid[0].first_message == "Someone posted my wallet back to me, cash and all!"
-    assert valid[0].turns == []
-    train = corpora.load_contexts(str(FIX / "ed_shared" / "train_situations.jsonl"))
-    assert [c.id for c in train] == ["train_situations-1", "train_situations-2"]
-    assert train[1].first_message == train[1].situation == "the bus drove past me again this morning."
-    openings = corpora.load_contexts(str(FIX / "qmsum_openings.jsonl"))
-    assert [(c.id, c.domain) for c in openings] == [("X001", "Product"), ("X002", "Committee")]
-    assert openings[0].first_message == "Okay, so today's about the shape."
-    assert openings[0].turns[1] == {"speaker": "participant", "text": "I've got some sketches."}
-
-
-def test_bundled_format_filter_and_limit(tmp_path, capsys):
+def test_our_format_filter_and_malformed_rows(tmp_path, capsys):
     path = str(FIX / "contexts.jsonl")
-    all_rows = corpora.load_contexts(path)
-    assert [c.id for c in all_rows] == ["sup-01", "sup-02", "mtg-01"]
-    assert "skipped 1 malformed row" in capsys.readouterr().err
-    assert [c.id for c in corpora.load_contexts(path, persona_set="meeting")] == ["mtg-01"]
-    assert [c.id for c in corpora.load_contexts(path, persona_set="support", limit=1)] == ["sup-01"]
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "contexts.jsonl").write_text((FIX / "contexts.jsonl").read_text())
-    assert len(corpora.load_contexts("bundled", repo_root=tmp_path)) == 3
-    with pytest.raises(UserError, match="bundled contexts file is missing"):
-        corpora.load_contexts("bundled", repo_root=tmp_path / "nowhere")
-
-
-def test_context_source_errors(tmp_path):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    with pytest.raises(UserError, match="empty.jsonl: unrecognised JSON-lines data"):
-        corpora.load_contexts(str(empty))
-    (tmp_path / "empty.csv").write_text("")
-    with pytest.raises(UserError, match="not an Empathetic Dialogues CSV"):
-        corpora.load_contexts(str(tmp_path / "empty.csv"))
-    header_only = tmp_path / "test.csv"
-    header_only.write_text(",".join(corpora.ED_COLUMNS) + "\n")
-    with pytest.raises(UserError, match="no usable rows"):
-        corpora.load_contexts(str(header_only))
-    binary = tmp_path / "latin.jsonl"
-    binary.write_bytes('{"id": "x", "situation": "d\u00e9j\u00e0 vu"}\n'.encode("latin-1"))
-    with pytest.raises(UserError, match="latin.jsonl: not UTF-8"):
-        corpora.load_contexts(str(binary))
-    odd = tmp_path / "odd.jsonl"
-    odd.write_text('{"question": "why?"}\n')
-    with pytest.raises(UserError, match=r"keys \['question'\]"):
-        corpora.load_contexts(str(odd))
-    with pytest.raises(UserError, match="no such file or folder"):
-        corpora.load_contexts(str(tmp_path / "missing.csv"))
-    (tmp_path / "notes.txt").write_text("hi")
-    with pytest.raises(UserError, match="unrecognised data file"):
-        corpora.load_contexts(str(tmp_path / "notes.txt"))
-    with pytest.raises(UserError, match="none for persona set 'meeting'"):
-        corpora.load_contexts(str(FIX / "ed" / "valid.csv"), persona_set="meeting")
-    with pytest.raises(UserError, match="pass one file"):
-        corpora.load_contexts(str(FIX / "ed_shared"))
-    with pytest.raises(UserError, match="positive number"):
-        corpora.load_contexts(str(FIX / "contexts.jsonl"), limit=0)
-
-
-def test_emotion_valence_mapping_counts():
-    assert len(corpora.POSITIVE_EMOTIONS) == 14 and len(corpora.NEGATIVE_EMOTIONS) == 17
-    assert corpora.emotion_valence("Surprised") == "ambiguous"
-    assert corpora.emotion_valence("bored", fallback="neutral-ambiguous") == "ambiguous"
-    assert corpora.emotion_valence("bored") == ""
+    support = data.load_contexts(path, "support")
+    meeting = data.load_contexts(path, "meeting")
+    assert [c.id for c in support + meeting] == ["sup-01", "sup-02", "mtg-01"]
+    assert "skipping line 3" in capsys.readouterr().err          # the row of set 'party'
+    assert [c.id for c in meeting] == ["mtg-01"]
+    assert data.is_contexts_file(path) and not data.is_contexts_file(str(FIX / "ed_shared" / "valid_contexts.jsonl"))
+    with pytest.raises(UserError, match="no such file"):
+        data.load_contexts(str(tmp_path / "nowhere.jsonl"), "support")
+    with pytest.raises(UserError, match="no usable 'meeting' contexts"):
+        data.load_contexts(str(FIX / "ed_shared" / "valid_contexts.jsonl"), "meeting")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,7 +148,7 @@ def test_split_is_deterministic_stratified_and_order_preserving():
     others = [[c.id for c in data.split_contexts(contexts, 0.25, seed=s)[1]] for s in range(1, 6)]
     assert any(o != [c.id for c in held] for o in others)
     assert data.split_contexts(contexts, 0.0)[1] == []
-    with pytest.raises(UserError, match="held-out fraction"):
+    with pytest.raises(UserError, match=r"--held-out 1.0: give a number in \[0, 1\)"):
         data.split_contexts(contexts, 1.0)
 
 
@@ -279,24 +157,26 @@ def test_split_is_deterministic_stratified_and_order_preserving():
 # ----------------------------------------------------------------------------------------------
 
 def test_profiles_load_and_select():
+    import evaluate                                 # the --profiles selection lives with the evaluation
     profiles = data.load_profiles(FIX / "profiles.json")
-    assert [p.id for p in profiles] == ["average", "openness-high", "neuroticism-low"]
-    assert profiles[1].levels["openness"] == "high"
-    assert profiles[2].description == (
+    assert list(profiles) == ["average", "openness-high", "neuroticism-low"]
+    assert profiles["openness-high"].levels["openness"] == "high"
+    assert profiles["neuroticism-low"].description == (
         "You try new things now and then. You keep most promises on time. "
         "You chat when asked. You agree when it makes sense. Little rattles you.")
-    assert [p.id for p in data.load_profiles(FIX / "profiles.json", ["all"])] == [p.id for p in profiles]
-    picked = data.load_profiles(FIX / "profiles.json", ["neuroticism-low", "average"])
-    assert [p.id for p in picked] == ["neuroticism-low", "average"]
-    with pytest.raises(UserError, match="unknown profile id 'calm'; valid ids: all, average, openness-high"):
-        data.load_profiles(FIX / "profiles.json", ["calm"])
+    assert [p.trait() for p in profiles.values()] == ["average", "openness", "neuroticism"]
+    # 'all' is the profiles that set one trait high or low (the paper's ten), so not "average".
+    assert evaluate.profile_ids("all", profiles) == ["openness-high", "neuroticism-low"]
+    assert evaluate.profile_ids("neuroticism-low, average", profiles) == ["neuroticism-low", "average"]
+    with pytest.raises(UserError, match="--profiles calm: use 'all' or ids from the profiles file: average, openness-high"):
+        evaluate.profile_ids("calm", profiles)
 
 
 @pytest.mark.parametrize("mutate, fragment", [
-    (lambda r: drop(r["traits"], "neuroticism"), "exactly the five traits"),
+    (lambda r: drop(r["traits"], "neuroticism"), '"traits" must map each of openness, conscientiousness'),
     (lambda r: drop(r["traits"]["openness"], "low"), "trait 'openness': field 'low' is missing"),
-    (lambda r: r["profiles"][1]["levels"].update(openness="medium"), "profile #2 (openness-high)"),
-    (lambda r: r["profiles"][2].update(id="average"), "profile id 'average' appears twice"),
+    (lambda r: r["profiles"][1]["levels"].update(openness="medium"), "profile #2 needs a unique id and \"levels\""),
+    (lambda r: r["profiles"][2].update(id="average"), "profile #3 needs a unique id"),
     (lambda r: r.update(profiles=[]), "non-empty list"),
 ])
 def test_profile_validation_errors(tmp_path, mutate, fragment):
@@ -355,23 +235,30 @@ def test_derive_seed_is_a_fixed_polynomial():
     assert 0 <= data.derive_seed(2**40, 2**40) < 2**31 - 1
 
 
-def test_check_split_stops_a_command_that_would_leak_training_contexts(tmp_path):
+def test_make_inputs_stops_a_command_that_would_leak_training_contexts(tmp_path):
     config = tmp_path / "config.json"
     data.write_json(config, {"data": "bundled", "set": "support", "seed": 0, "held_out": 0.25})
-    same = argparse.Namespace(data="bundled", set="support", seed=0, held_out=0.25)
-    data.check_split(same, [config, tmp_path / "missing.json"])             # no error
+    personas = data.load_personas(FIX / "personas.json", "support")
+    profiles = data.load_profiles(FIX / "profiles.json")
+    splits = {"all": make_contexts({"positive": 4})}
+
+    def make(**settings):
+        settings = {"data": "bundled", "set": "support", "seed": 0, "held_out": 0.25, **settings}
+        return data.make_inputs(personas, splits, settings["held_out"], settings["seed"], profiles, settings,
+                                [config, tmp_path / "missing.json"])
+    make()                                                                   # no error
     with pytest.raises(UserError, match="--seed 1: .*--seed 0"):
-        data.check_split(argparse.Namespace(data="bundled", set="support", seed=1, held_out=0.25), [config])
+        make(seed=1)
     with pytest.raises(UserError, match="--held-out 0.5"):
-        data.check_split(argparse.Namespace(data="bundled", set="support", seed=0, held_out=0.5), [config])
+        make(held_out=0.5)
     # Another corpus (held-out transfer, e.g. ESConv) shares no contexts with the training data.
-    data.check_split(argparse.Namespace(data="esconv.jsonl", set="support", seed=5, held_out=0.1), [config])
+    make(data="esconv.jsonl", seed=5, held_out=0.1)
 
 
 def test_flag_type_names_the_flag_and_rejects_out_of_range_values():
     parse = data.flag_type("--temperature", float, "positive")
     assert parse("0.7") == 0.7
-    for bad in ("0", "-1", "nan", "abc"):
+    for bad in ("0", "-1", "nan", "inf", "abc"):
         with pytest.raises(argparse.ArgumentTypeError, match="--temperature"):
             parse(bad)
     assert data.flag_type("--steps", int, "positive")("3") == 3
@@ -400,50 +287,6 @@ def test_read_jsonl_rejects_damage_before_the_end(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# The real datasets (conftest.dataset: skipped where absent)
-# ----------------------------------------------------------------------------------------------
-
-def test_real_esconv_train_jsonl():
-    contexts = corpora.load_contexts(str(dataset("esconv/train.jsonl")))
-    assert len(contexts) == 910
-    assert all(c.valence == "negative" and c.turns[0] == {"speaker": "user", "text": c.first_message}
-               for c in contexts)
-    assert Counter(c.emotion for c in contexts).most_common(1) == [("anxiety", 251)]
-
-
-def test_real_ed_valid_contexts_match_published_polarity():
-    path = dataset("empathetic_dialogues/valid_contexts.jsonl")
-    contexts = corpora.load_contexts(str(path))
-    assert len(contexts) == 2770
-    published = [json.loads(line)["polarity"] for line in path.read_text().splitlines()]
-    assert [c.valence for c in contexts] == [corpora.emotion_valence("", p) for p in published]
-    # our built-in mapping reproduces the published one for all 32 labels
-    published_map = dataset("empathetic_dialogues/emotion_polarity.json")
-    mapping = json.loads(published_map.read_text())["mapping"]
-    assert len(mapping) == 32
-    assert {e: corpora.emotion_valence(e) for e in mapping} == {
-        e: corpora.emotion_valence("", v) for e, v in mapping.items()}
-    train, held = data.split_contexts(contexts, 0.25, seed=0)
-    assert Counter(c.valence for c in held) == {"negative": 366, "positive": 290, "ambiguous": 37}
-
-
-def test_real_ed_train_situations():
-    contexts = corpora.load_contexts(str(dataset("empathetic_dialogues/train_situations.jsonl")))
-    assert len(contexts) == 5000 and all(c.first_message == c.situation for c in contexts)
-
-
-def test_real_qmsum_train_folder_and_openings():
-    folder = dataset("qmsum/train")
-    contexts = corpora.load_contexts(str(folder))
-    assert len(contexts) == 40 and {c.domain for c in contexts} == {"Academic"}   # via train_domains.json
-    assert all(0 < len(c.turns) <= 40 and c.turns[0]["speaker"] == "user" for c in contexts)
-    assert not any("{" in t["text"] for c in contexts for t in c.turns)
-    assert len(corpora.load_contexts(str(folder.parent))) == 40
-    openings = corpora.load_contexts(str(dataset("qmsum/train_openings.jsonl")))
-    assert Counter(c.domain for c in openings) == {"Product": 97, "Academic": 41, "Committee": 24}
-
-
-# ----------------------------------------------------------------------------------------------
 # The files the repo ships
 # ----------------------------------------------------------------------------------------------
 
@@ -456,7 +299,7 @@ def test_shipped_personas():
 
 
 def test_shipped_contexts(capsys):
-    contexts = corpora.load_contexts("bundled")
+    contexts = data.load_contexts("bundled", "support") + data.load_contexts("bundled", "meeting")
     assert capsys.readouterr().err == ""            # no malformed rows in what we ship
     assert {c.persona_set for c in contexts} == {"support", "meeting"}
     assert len({c.id for c in contexts}) == len(contexts)
@@ -464,22 +307,7 @@ def test_shipped_contexts(capsys):
 
 def test_shipped_profiles():
     profiles = data.load_profiles(ROOT / "data" / "profiles.json")
-    assert len(profiles) == 11 and "average" in [p.id for p in profiles]
-    for p in profiles:
+    assert len(profiles) == 11 and "average" in profiles
+    for p in profiles.values():
         off_average = [t for t, level in p.levels.items() if level != "average"]
         assert len(off_average) == (0 if p.id == "average" else 1)
-
-
-@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads Linux's /proc")
-def test_freed_tensors_go_back_to_the_os():
-    # Without data.return_freed_memory glibc keeps the freed blocks (its threshold was raised by
-    # an earlier large free); with it every 2 MiB block is its own mapping, returned when freed.
-    import subprocess
-    import sys
-    root = Path(__file__).resolve().parents[1]
-    freed = {mode: float(subprocess.run([sys.executable, str(root / "tests" / "fixtures" / "heap_probe.py"),
-                                         mode, str(root)], capture_output=True, text=True, check=True).stdout)
-             for mode in ("off", "on")}
-    assert freed["on"] > 90                                        # MB of the 105 freed
-    assert freed["off"] < 20
-

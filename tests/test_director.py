@@ -5,20 +5,17 @@ import json
 import math
 import random
 import string
-import types
 from collections import Counter
 
 import pytest
 import torch
 from conftest import dataset
 
-import corpora
 import data
 import director as dr
 import metrics
 import grpo
 import models
-import sft
 import simulate
 from data import Persona, PersonaSet
 from simulate import USER, Cast, Conversation, Turn, run_conversations, user_messages
@@ -31,7 +28,13 @@ def support():
 
 @pytest.fixture(scope="module")
 def context():
-    return corpora.load_contexts("bundled", persona_set="support")[0]
+    return data.load_contexts("bundled", "support")[0]
+
+
+def esconv(path):
+    """The contexts of an ESConv file, read as mascot reads --data (extras/datasets.py)."""
+    from extras.datasets import load_splits
+    return [c for part in load_splits(path, "support").values() for c in part]
 
 
 def conv_with(ctx, speakers, seed=0):
@@ -97,12 +100,14 @@ def test_big_five_profiles_give_distinct_user_prompts(context):
     profiles = data.load_profiles("data/profiles.json")
     assert len(profiles) == 11
     prompts = {p.id: user_messages(p, context, [Turn(USER, context.first_message)])[0]["content"]
-               for p in profiles}
+               for p in profiles.values()}
     assert len(set(prompts.values())) == 11
 
 
 class FakeJudge:
     """score_many by reply text, so the coherence term is known exactly."""
+    can_generate = False
+
     def __init__(self, scores):
         self.scores = scores
 
@@ -238,6 +243,8 @@ class HashEncoder:
 
 
 class ConstJudge:
+    can_generate = False
+
     def score_many(self, states, replies):
         return [0.5] * len(replies)
 
@@ -255,16 +262,12 @@ class Scripted:
         return [dr.Directive(agent, f"action {self.calls}", "calm") for _ in convs]
 
 
-def test_a_rollout_has_a_directive_at_every_turn(support, context, monkeypatch):
+def test_a_rollout_has_a_directive_at_every_turn(support, context):
     """The sampled directive directs the block's first turn, the director itself every later one
     (not a fixed rule without a directive); copies of one point share their seeds, so two equal
     directives give the same block word for word."""
-    # The tiny model's random words can trip the crisis guard's probe and end the rollout early;
-    # the guard has its own tests (test_safety.py), this one is about the directives.
-    quiet = types.SimpleNamespace(check=lambda text: types.SimpleNamespace(flagged=False))
-    monkeypatch.setattr(simulate, "default_guard", lambda: quiet)
     model, tok = models.load_model("tiny")
-    profiles = {p.id: p for p in data.load_profiles("data/profiles.json")}
+    profiles = data.load_profiles("data/profiles.json")
     cast = Cast(support, model, tok, model, tok, max_new_tokens=4)
     follow = Scripted(["Guide", "Anchor"])
     rollout = dr.Rollout(cast, profiles, support, HashEncoder(), ConstJudge(), dr.RewardWeights(), n_turns=3,
@@ -293,7 +296,7 @@ def test_a_rollout_has_a_directive_at_every_turn(support, context, monkeypatch):
 
 def test_held_out_evaluation_is_paired_and_directs_every_turn(support, context):
     model, tok = models.load_model("tiny")
-    profiles = {p.id: p for p in data.load_profiles("data/profiles.json")}
+    profiles = data.load_profiles("data/profiles.json")
     cast = Cast(support, model, tok, model, tok, max_new_tokens=4)
     rollout = dr.Rollout(cast, profiles, support, HashEncoder(), ConstJudge(), dr.RewardWeights(), n_turns=2,
                          user_every=2)
@@ -316,14 +319,6 @@ def test_held_out_evaluation_is_paired_and_directs_every_turn(support, context):
 # Collapse diagnostics
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("x, df", [(3.841458820694124, 1), (5.991464547107979, 2), (11.070497693516351, 5),
-                                   (16.918977604620448, 9)])
-def test_chi2_sf_at_the_table_critical_values(x, df):
-    assert metrics.chi2_sf(x, df) == pytest.approx(0.05, abs=1e-9)
-    assert metrics.chi2_sf(21.665994333461924, 9) == pytest.approx(0.01, abs=1e-9)
-    assert metrics.chi2_sf(0.0, 3) == 1.0 and metrics.chi2_sf(5.0, 0) == 1.0
-
-
 def test_entropy_and_mutual_information_hand_computed():
     assert metrics.entropy_bits(["A"] * 5) == 0.0
     assert metrics.entropy_bits(["A", "B", "C", "D"]) == pytest.approx(2.0)
@@ -333,7 +328,7 @@ def test_entropy_and_mutual_information_hand_computed():
     assert metrics.mutual_information_bits(xs, ys) == pytest.approx(1 + h_y - 1.5)
     # chi-square of that 2 x 2 table: expected A0 = B0 = 1.5, A1 = B1 = 0.5;
     # (2-1.5)^2/1.5 + (1-1.5)^2/1.5 + (0-0.5)^2/0.5 + (1-0.5)^2/0.5 = 1/6 + 1/6 + 1/2 + 1/2 = 4/3
-    assert metrics.chi_square_statistic(xs, ys) == (pytest.approx(4 / 3), 1)
+    assert metrics.chi_square_statistic(xs, ys) == pytest.approx(4 / 3)
 
 
 def test_collapse_diagnostics_tell_a_constant_policy_from_a_context_dependent_one(support):
@@ -345,14 +340,14 @@ def test_collapse_diagnostics_tell_a_constant_policy_from_a_context_dependent_on
     random_like = [names[(i * 7 // 3) % 4] for i in range(16)]          # spread, but not by stage
     c = dr.choice_diagnostics(constant, stages, names)
     assert c["distinct"] == 1 and c["entropy"] == 0.0 and c["mi"] == 0.0
-    assert (c["chi2"], c["df"], c["p_chi2"], c["p_perm"]) == (0.0, 0, 1.0, 1.0)
+    assert metrics.chi_square_statistic(constant, stages) == 0.0 and c["p_perm"] == 1.0
     d = dr.choice_diagnostics(dependent, stages, names)
     assert d["distinct"] == 4 and d["entropy"] == pytest.approx(2.0) and d["entropy_norm"] == pytest.approx(1.0)
     assert d["mi"] == pytest.approx(2.0)                                 # the stage determines the choice
     # Perfect dependence, 4 x 4, uniform margins: every expected cell is 16/16 = 1; the 4 diagonal
     # cells hold 4 ((4-1)^2 = 9 each), the 12 others 0 (1 each): chi2 = 36 + 12 = 48, df 9.
-    assert d["chi2"] == pytest.approx(48.0) and d["df"] == 9
-    assert d["p_chi2"] < 1e-6 and d["p_perm"] < 0.01
+    assert metrics.chi_square_statistic(dependent, stages) == pytest.approx(48.0)
+    assert d["p_perm"] < 0.01
     r = dr.choice_diagnostics(random_like, stages, names)
     assert r["entropy"] > 1.5 and r["mi"] < d["mi"] and r["p_perm"] > 0.05
     assert dr.stage_feature(conv_with(data.Context("t", "support", "s", "hi"), ["Anchor"] * 5)) == "3+"
@@ -383,8 +378,8 @@ OFFICIAL = [{"experience_type": "Current Experience", "emotion_type": "anxiety",
 def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
     path = tmp_path / "ESConv.json"
     path.write_text(json.dumps(OFFICIAL), encoding="utf-8")
-    contexts = corpora.load_contexts(str(path), persona_set="support")
-    examples = sft.esconv_examples(contexts, support, 4, seed=0, repeats=True)
+    contexts = esconv(str(path))
+    examples = dr.esconv_examples(contexts, support, 4, seed=0, repeats=True)
     # Four mapped supporter turns after the seeker's first message ("Others" is never a target),
     # all drawn once, in a seeded order.
     targets = sorted(t for _, t in examples)
@@ -402,7 +397,7 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
     assert "Turns so far: Anchor 2x, Catalyst 1x, Beacon 1x, Guide 0x. Last to speak: Beacon." in prompt
     # By default a turn whose companion spoke last is left out: the Self-disclosure (Anchor) comes
     # right after "Oh no.", which the fallback gave Anchor, so three distinct targets remain.
-    default = {t.splitlines()[0] for _, t in sft.esconv_examples(contexts, support, 3, seed=0)}
+    default = {t.splitlines()[0] for _, t in dr.esconv_examples(contexts, support, 3, seed=0)}
     assert default == {"Agent: Catalyst", "Agent: Beacon", "Agent: Guide"}
     # The opening prompt has nobody to name as the last speaker.
     opening = next(m for m, t in examples if t.startswith("Agent: Catalyst"))[1]["content"]
@@ -413,7 +408,7 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
     assert all(dr.parse_directive(t, support, "?").valid for _, t in examples)
     meeting = data.load_personas("personas.json", "meeting")
     with pytest.raises(data.UserError, match="--set support"):
-        sft.esconv_examples(contexts, meeting, 4)
+        dr.esconv_examples(contexts, meeting, 4)
 
 
 def test_esconv_warm_start_says_when_every_turn_is_a_repeat(tmp_path, support):
@@ -425,55 +420,52 @@ def test_esconv_warm_start_says_when_every_turn_is_a_repeat(tmp_path, support):
                "content": "You must miss him."}]
     path = tmp_path / "ESConv.json"
     path.write_text(json.dumps([dict(OFFICIAL[0], dialog=dialog)]), encoding="utf-8")
-    contexts = corpora.load_contexts(str(path), persona_set="support")
+    contexts = esconv(str(path))
     with pytest.raises(data.UserError, match="--warmup-repeats"):
-        sft.esconv_examples(contexts, support, 2)
-    assert [t.splitlines()[0] for _, t in sft.esconv_examples(contexts, support, 1, repeats=True)] == ["Agent: Anchor"]
+        dr.esconv_examples(contexts, support, 2)
+    assert [t.splitlines()[0] for _, t in dr.esconv_examples(contexts, support, 1, repeats=True)] == ["Agent: Anchor"]
 
 
 def test_esconv_fixture_and_strategy_mapping(support):
-    contexts = corpora.load_contexts("tests/fixtures/data/esconv/ESConv.json", persona_set="support")
-    examples = sft.esconv_examples(contexts, support, 2, seed=0)
+    contexts = esconv("tests/fixtures/data/esconv/ESConv.json")
+    examples = dr.esconv_examples(contexts, support, 2, seed=0)
     assert sorted(t.splitlines()[0] for _, t in examples) == ["Agent: Anchor", "Agent: Beacon"]
-    assert set(sft.ESCONV_STRATEGIES) == {"Question", "Restatement or Paraphrasing", "Reflection of feelings",
+    assert set(dr.ESCONV_STRATEGIES) == {"Question", "Restatement or Paraphrasing", "Reflection of feelings",
                                          "Self-disclosure", "Affirmation and Reassurance",
                                          "Providing Suggestions", "Information"}    # all but Others
-    assert {a for a, _, _ in sft.ESCONV_STRATEGIES.values()} == set(support.names())
+    assert {a for a, _, _ in dr.ESCONV_STRATEGIES.values()} == set(support.names())
 
 
 def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
     """On the real ESConv training split, the warm start's targets use all four personas and
     depend on the conversation's stage (the collapse diagnostics' feature): a random-agent warm
     start would have neither property by design."""
-    contexts = corpora.load_contexts(str(dataset("esconv/train.jsonl")), persona_set="support")
+    contexts = esconv(str(dataset("esconv/train.jsonl")))
     train, held = data.split_contexts(contexts, 0.25, seed=0)
-    examples = sft.esconv_examples(train, support, 400, seed=0)
+    examples = dr.esconv_examples(train, support, 400, seed=0)
     agents = [dr.parse_directive(t, support, "?").agent for _, t in examples]
     stages = [m[1]["content"].split("Turns so far: ")[1] for m, _ in examples]
     stages = [str(min(sum(int(x.split()[-1][:-1]) for x in s.split(".")[0].split(", ")), 3)) for s in stages]
     diag = dr.choice_diagnostics(agents, stages, support.names())
     assert diag["distinct"] == 4 and diag["entropy_norm"] > 0.9
-    assert diag["p_chi2"] < 1e-6
+    assert diag["p_perm"] < 0.01
     # Balanced by default: 100 targets per agent, although ESConv's mapped turns are not (a
     # plain draw keeps their unequal marginal).
     assert Counter(agents) == {name: 100 for name in support.names()}
-    plain = Counter(dr.parse_directive(t, support, "?").agent
-                    for _, t in sft.esconv_examples(train, support, 400, seed=0, balanced=False))
-    assert max(plain.values()) - min(plain.values()) > 30
     # No target names the companion who spoke last (the prompt says who that was), unless asked.
     def repeats(examples):
         return sum(f"Last to speak: {dr.parse_directive(t, support, '?').agent}." in m[1]["content"]
                    for m, t in examples)
     assert repeats(examples) == 0
-    assert repeats(sft.esconv_examples(train, support, 400, seed=0, repeats=True)) > 60
+    assert repeats(dr.esconv_examples(train, support, 400, seed=0, repeats=True)) > 60
     held_situations = {c.situation for c in held} - {c.situation for c in train}
     assert not any(m[1]["content"].split("\n")[0][len("Situation: "):] in held_situations for m, _ in examples)
 
 
 def test_rollouts_are_reproducible_with_a_fixed_seed(support):
     model, tok = models.load_model("tiny")
-    profiles = {p.id: p for p in data.load_profiles("data/profiles.json")}
-    ctxs = corpora.load_contexts("bundled", persona_set="support")[:2]
+    profiles = data.load_profiles("data/profiles.json")
+    ctxs = data.load_contexts("bundled", "support")[:2]
     cast = Cast(support, model, tok, model, tok, max_new_tokens=6)
 
     def once():
@@ -498,7 +490,7 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
     personas = PersonaSet("test", "", [Persona(n, r, "d", "s", ["e"]) for n, r in
                                        zip(names, ["listener", "analyst", "encourager", "planner"])],
                           base.strategies, base.tones)
-    ctxs = corpora.load_contexts("bundled", persona_set="support")[:6]
+    ctxs = data.load_contexts("bundled", "support")[:6]
     points = []
     for i, ctx in enumerate(ctxs):
         c = conv_with(ctx, ["Amy", "Bob", "Cal"], seed=i)
@@ -508,7 +500,7 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
     model, tok = models.load_model("tiny")
     # Supervised warm start on the format (director.py, section 5), here with one-line targets.
     examples = [(prompts[k % 6], f"Agent: {names[random.Random(k).randrange(4)]}") for k in range(480)]
-    sft.supervised_finetune(model, tok, examples, steps=60, batch_size=8, lr=1e-2, log=lambda s: None)
+    dr.supervised_finetune(model, tok, examples, steps=60, batch_size=8, lr=1e-2, log=lambda s: None)
 
     def sample_prompts(step):
         idx = [(step * 2 + j) % 6 for j in range(2)]
@@ -529,29 +521,33 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
     assert last > first + 0.15
 
 
-def test_completion_text_is_the_assistant_turn_with_its_end_marker():
+def test_token_rows_hold_the_assistant_turn_with_its_end_marker():
     tok = models.load_model("tiny")[1]
     messages = [{"role": "user", "content": "hi"}]
-    prompt, completion = sft.completion_text(tok, messages, "Agent: Anchor\nAction: validate\nTone: warm")
-    assert prompt.endswith("<|im_start|>assistant\n")
-    assert completion == "Agent: Anchor\nAction: validate\nTone: warm<|im_end|>"
+    (prompt, completion), = dr.token_rows(tok, [(messages, "Agent: Anchor\nAction: validate\nTone: warm")])
+    assert tok.decode(prompt).endswith("<|im_start|>assistant\n")
+    assert tok.decode(completion) == "Agent: Anchor\nAction: validate\nTone: warm<|im_end|>"
 
 
-def test_supervised_micro_batches_give_the_whole_batch_gradient(support, context):
-    # One example at a time, one denominator for the step: the same loss and gradients as the
-    # whole batch in one forward (lr 0, so the weights stay put and the gradients can be read).
+def test_supervised_steps_give_the_whole_batch_gradient(support, context):
+    # One example at a time, one denominator for the step: the loss and gradients of the whole batch
+    # in one forward (lr 0, so the weights stay put and the gradients can be read).
     points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
-    examples = sft.format_examples(support, points, 4, seed=0)
-    runs = []
-    for micro_batch in (None, 1, 3):
-        model, tok = models.load_model("tiny")
-        losses = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=4, lr=0.0,
-                                         log=lambda s: None, micro_batch=micro_batch)
-        runs.append((losses[0], {n: p.grad.clone() for n, p in model.named_parameters()}))
-    for loss, grads in runs[1:]:
-        assert loss == pytest.approx(runs[0][0], rel=1e-6)       # fp32: one ulp at ~10 is ~1e-6
-        for name, grad in grads.items():
-            assert torch.allclose(grad, runs[0][1][name], atol=1e-6), name
+    examples = dr.format_examples(support, points, 4, seed=0)
+    model, tok = models.load_model("tiny")
+    loss = dr.supervised_finetune(model, tok, examples, steps=1, batch_size=4, lr=0.0, log=lambda s: None)[0]
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    whole, _ = models.load_model("tiny")
+    logps, mask = grpo.target_logprobs(whole, tok.pad_token_id, dr.token_rows(tok, examples))   # (4, C)
+    total = -(logps * mask).sum() / mask.sum()
+    total.backward()
+    torch.nn.utils.clip_grad_norm_(whole.parameters(), 1.0)   # as supervised_finetune clips before its step
+    assert loss == pytest.approx(total.item(), rel=1e-5)      # fp32 sums of ~100 terms in another order
+    # Equal up to summation order: a batch of 4 padded rows and 4 single rows add the same terms in
+    # another order; an fp32 sum of n terms moves by ~n * 2^-24 of their size, so 1e-4 of the
+    # tensor's largest gradient bounds it, where a wrong denominator would be off by a factor.
+    for name, p in whole.named_parameters():
+        assert (grads[name] - p.grad).abs().max() <= 1e-4 * p.grad.abs().max() + 1e-10, name
 
 
 def test_first_line_weight_is_a_weighted_mean_over_target_tokens(support, context):
@@ -559,30 +555,30 @@ def test_first_line_weight_is_a_weighted_mean_over_target_tokens(support, contex
     # log-probabilities: sum(w * -logp) / sum(w), with w = 5 on the tokens up to and including
     # the first newline and 1 after.
     points = [conv_with(context, ["Anchor"][:i % 2], seed=i) for i in range(2)]
-    examples = sft.format_examples(support, points, 2, seed=0)
+    examples = dr.format_examples(support, points, 2, seed=0)
     model, tok = models.load_model("tiny")
-    rows = sft.token_rows(tok, examples)
+    rows = dr.token_rows(tok, examples)
     with torch.no_grad():
         logps, mask = grpo.target_logprobs(model, tok.pad_token_id, rows)            # (2, C)
     num = den = 0.0
     for r, (_, target) in enumerate(rows):
-        k = sft.first_line_length(tok, target)
+        k = next(i + 1 for i in range(len(target)) if "\n" in tok.decode(target[:i + 1]))
         assert tok.decode(target[:k]).endswith("\n") and "\n" not in tok.decode(target[:k - 1])
         assert tok.decode(target[:k - 1]).startswith("Agent: ")
         w = [5.0] * k + [1.0] * (len(target) - k)
         num -= sum(wi * float(lp) for wi, lp in zip(w, logps[r, :len(target)]))
         den += sum(w)
-    loss = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None,
-                                   micro_batch=1, first_line_weight=5.0)[0]
+    loss = dr.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None,
+                                  first_line_weight=5.0)[0]
     assert loss == pytest.approx(num / den, rel=1e-5)
-    plain = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None)[0]
+    plain = dr.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None)[0]
     assert plain == pytest.approx(float(-(logps * mask).sum() / mask.sum()), rel=1e-5)
     assert loss != pytest.approx(plain, rel=1e-3)
 
 
 def test_format_examples_use_the_vocabularies_and_every_agent(support, context):
     points = [conv_with(context, [], seed=i) for i in range(3)]
-    examples = sft.format_examples(support, points, 40, seed=0)
+    examples = dr.format_examples(support, points, 40, seed=0)
     assert len(examples) == 40
     agents = set()
     for messages, target in examples:
@@ -599,100 +595,12 @@ def test_format_warm_start_teaches_a_tiny_director_the_three_lines(support, cont
     points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
     director = dr.LLMDirector(model, tok, support)
     before = sum(d.valid for d in director.choose(points))
-    examples = sft.format_examples(support, points, 800, seed=0)
+    examples = dr.format_examples(support, points, 800, seed=0)
     # lr 5e-3 settles by step ~80 at a loss of ~0.43 (the uniform agent/action/tone choices are
     # what is left). At 1e-2 the loss stays on a noisy plateau near 0.8, where whether the greedy
     # directives parse depends on the CPU's float summation order, so the test would not be stable.
-    losses = sft.supervised_finetune(model, tok, examples, steps=100, batch_size=8, lr=5e-3, log=lambda s: None)
+    losses = dr.supervised_finetune(model, tok, examples, steps=100, batch_size=8, lr=5e-3, log=lambda s: None)
     after = sum(d.valid for d in director.choose(points))
     print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f}; parseable {before}/4 -> {after}/4")
     assert losses[-1] < losses[0] / 10
     assert before == 0 and after == 4
-
-
-def test_policy_diagnostics_on_hand_made_policies():
-    stages = ["0", "0", "1", "1"]
-    constant = [{"A": 1.0, "B": 0.0}] * 4
-    d = dr.policy_diagnostics(constant, stages)
-    assert d["entropy"] == 0.0 and d["mi_point"] == 0.0 and d["mi_stage"] == 0.0
-    die = [{"A": 0.5, "B": 0.5}] * 4                    # varied choices that ignore the conversation
-    d = dr.policy_diagnostics(die, stages)
-    assert d["entropy"] == pytest.approx(1.0) and d["mi_point"] == pytest.approx(0.0, abs=1e-12)
-    by_stage = [{"A": 1.0, "B": 0.0}] * 2 + [{"A": 0.0, "B": 1.0}] * 2   # the stage decides
-    d = dr.policy_diagnostics(by_stage, stages)
-    assert d["entropy"] == pytest.approx(1.0) and d["mi_stage"] == pytest.approx(1.0)
-    assert d["by_stage"]["1"] == {"A": 0.0, "B": 1.0}
-    # Point-dependent but not stage-dependent: each stage holds one A-point and one B-point.
-    mixed = [{"A": 1.0, "B": 0.0}, {"A": 0.0, "B": 1.0}] * 2
-    d = dr.policy_diagnostics(mixed, stages)
-    assert d["mi_point"] == pytest.approx(1.0) and d["mi_stage"] == pytest.approx(0.0, abs=1e-12)
-    # Hand-computed: p = (0.75, 0.25) at every point -> H = 0.811 bits, nothing depends on anything.
-    d = dr.policy_diagnostics([{"A": 0.75, "B": 0.25}] * 4, stages)
-    assert d["entropy"] == pytest.approx(-(0.75 * math.log2(0.75) + 0.25 * math.log2(0.25)))
-
-
-def test_agent_probabilities_are_the_first_name_token_under_the_director_prompt(tiny, support, context):
-    model, tok = tiny
-    points = [conv_with(context, ["Anchor", "Beacon"][:k], seed=k) for k in range(2)]
-    probs = dr.agent_probabilities(model, tok, support, points)
-    assert len(probs) == 2 and all(sum(p.values()) == pytest.approx(1.0) for p in probs)
-    # The same numbers by another road: grpo.completion_logprobs of each full "Agent: <name>"
-    # line, keeping the token where the lines part (the names' first tokens).
-    lines = [tok(f"Agent: {n}", add_special_tokens=False)["input_ids"] for n in support.names()]
-    shared = next(i for i in range(10) if len({x[i] for x in lines}) > 1)
-    for point, p in zip(points, probs):
-        prompt = tok(tok.apply_chat_template(dr.director_messages(support, point), tokenize=False,
-                                             add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-        first = []
-        for line in lines:
-            ids = torch.tensor([prompt + line[:shared + 1]])
-            with torch.no_grad():
-                lp = grpo.completion_logprobs(model, ids, torch.ones_like(ids), len(prompt))
-            first.append(lp[0, shared].item())
-        expected = torch.softmax(torch.tensor(first), 0).tolist()
-        assert [p[n] for n in support.names()] == pytest.approx(expected, abs=1e-5)
-    # Two names that one token cannot tell apart: no distribution rather than a wrong one.
-    twin = Persona(**{**support.personas[1].__dict__, "name": support.personas[0].name + " Two"})
-    twins = PersonaSet(support.name, support.description, [support.personas[0], twin],
-                       support.strategies, support.tones)
-    assert dr.agent_probabilities(model, tok, twins, points[:1]) is None
-
-
-def test_headroom_separates_a_reproducible_best_agent_from_noise():
-    """extras/director_headroom.headroom on hand-made rewards (two points, agents A and B).
-
-    Reproducible: A is best at point 0 and B at point 1 on both replicates, so the oracle picked
-    on one replicate scores (3 + 3) / 2 = 3.0 on the other, +1.0 over the rule's 2.0 at both
-    points (paired se 0), and the deviations correlate perfectly. Noise: the best agent swaps
-    between replicates, so the cross-validated oracle scores the worse agent (1.0, -1.0 against
-    the rule) while the in-sample oracle still looks good (3.0): the optimism the script warns of."""
-    from extras.director_headroom import headroom
-    same = {"A": [3.0, 1.0], "B": [1.0, 3.0], "rule": [2.0, 2.0]}
-    r = headroom([same, same], ["A", "B"])
-    assert r["oracle_in_sample"] == [3.0, 3.0]
-    assert [c["vs_rule"] for c in r["oracle_cross"]] == [1.0, 1.0]
-    assert [c["se"] for c in r["oracle_cross"]] == [0.0, 0.0]
-    assert r["best_agree"] == 1.0 and r["deviation_corr"] == pytest.approx(1.0)
-    swapped = {"A": [1.0, 3.0], "B": [3.0, 1.0], "rule": [2.0, 2.0]}
-    r = headroom([same, swapped], ["A", "B"])
-    assert r["oracle_in_sample"] == [3.0, 3.0]
-    assert [c["mean"] for c in r["oracle_cross"]] == [1.0, 1.0]
-    assert [c["vs_rule"] for c in r["oracle_cross"]] == [-1.0, -1.0]
-    assert r["best_agree"] == 0.0 and r["deviation_corr"] == pytest.approx(-1.0)
-
-
-def test_headroom_script_runs_on_the_tiny_model_and_writes_its_numbers(tmp_path, capsys):
-    """extras/director_headroom.py end to end on the tiny model: two replicates of every agent
-    and the rule on freshly built held-out points, a summary with one reward per point each."""
-    from extras import director_headroom
-    run = tmp_path / "run"
-    assert director_headroom.main(["--run", str(run), "--model", "tiny", "--heldout-points", "2",
-                                   "--max-new-tokens", "4"]) == 0
-    out = json.loads((run / "stage2" / "headroom.json").read_text())
-    assert len(out["rewards"]) == 2
-    for rep in out["rewards"]:
-        assert set(rep) == {"rule", "Anchor", "Catalyst", "Beacon", "Guide"}
-        assert all(len(v) == out["n"] == 2 for v in rep.values())
-    assert set(out["deviation_corr_by_component"]) >= {"coherence", "balance"}
-    printed = capsys.readouterr().out
-    assert "oracle picked on replicate 1, scored on 2" in printed and "least-spoken rule" in printed

@@ -1,6 +1,7 @@
 """Tests of the evaluation run in evaluate.py (the systems part; the metric formulas are in
-tests/test_metrics.py), of the prompt styles it adds to simulate.py, of the multi-call baselines
-(baselines.py), the independent evaluator (persona_id.py) and the SFT baseline's data (sft.py).
+tests/test_metrics.py), of the prompt styles it adds to simulate.py and of the independent
+evaluator (evaluate.PersonaIdentifier). The multi-call baselines and the SFT baseline are in
+tests/test_baselines.py.
 
 The end-to-end test builds a run folder with tiny random models saved where stage 1, stage 2 and
 the sft command save theirs (RUN/stage1/speakers, RUN/stage2/director, RUN/sft/model), so every
@@ -13,20 +14,16 @@ Run: .venv/bin/python -m pytest -q tests/test_evaluate.py
 import doctest
 import json
 import math
+import types
 from collections import Counter
 
 import pytest
 import torch
 
-import baselines
 import data
 import evaluate
 import mascot
 import models
-import persona_id
-import results
-import sampler
-import sft
 import simulate
 from simulate import USER, Conversation, Directive, Turn, reply_text, role_setting, speaker_messages
 
@@ -91,7 +88,7 @@ def test_confidence_intervals_contain_the_means(full_results):
     checked = 0
     for entry in full_results["systems"].values():
         for key, summary in entry["metrics"].items():
-            if summary["status"] in ("ok", "approximated") and summary["n"]:
+            if full_results["status"].get(key) in ("ok", "approximated") and summary["n"]:
                 assert summary["lo"] - 1e-9 <= summary["mean"] <= summary["hi"] + 1e-9, key
                 checked += 1
     # 2 approximated, 2 persona-ID (the equal-length one has n 0: the tiny model's turns are
@@ -104,9 +101,8 @@ def test_summaries_match_a_hand_computed_interval():
     # k/4 with k ~ Binomial(4, 1/4) (P(k<=2) = 0.949, P(k<=3) = 0.996), so the 95% percentile
     # interval is [0, 0.75] (metrics.bootstrap_ci). A conversation without a value is left out.
     records = [{"metrics": {"self_bleu": v}} for v in (0.0, 0.0, 0.0, 1.0, None)]
-    status = {m.key: "ok" for m in evaluate.ALL_METRICS}
-    summary = evaluate.aggregate(records, status, seed=0)["self_bleu"]
-    assert summary == {"mean": 0.25, "lo": 0.0, "hi": 0.75, "n": 4, "status": "ok"}
+    summary = evaluate.aggregate(records, ["self_bleu"], seed=0)["self_bleu"]
+    assert summary == {"mean": 0.25, "lo": 0.0, "hi": 0.75, "n": 4}
 
 
 def test_offline_judge_marks_what_it_cannot_measure(full_results, trained_run):
@@ -141,9 +137,9 @@ def test_every_table_has_hack_columns_an_independent_evaluator_and_says_who_meas
         for key in ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial", "words",
                     "crisis_stop", "persona_id_accuracy", "persona_log_ratio"):
             m = entry["metrics"][key]
-            assert m["status"] == "ok" and m["n"] == 2 and m["lo"] <= m["mean"] <= m["hi"]
-        assert entry["metrics"]["persona_id_equal"]["status"] == "ok"    # n 0 when no turn reaches 32 tokens
-        assert entry["crisis_conversations"] == 0 and entry["crisis_turn_share"] == 0.0
+            assert full_results["status"][key] == "ok" and m["n"] == 2 and m["lo"] <= m["mean"] <= m["hi"]
+        assert full_results["status"]["persona_id_equal"] == "ok"       # n 0 when no turn reaches 32 tokens
+        assert entry["metrics"]["crisis_stop"]["mean"] == 0.0 and entry["crisis_flags"] == []
     # Who measured what: the offline judge is the training judge (no stage config in this run:
     # the default is assumed); the independent evaluator is not.
     rows = {row["evaluator"].split(" ")[0]: row for row in full_results["evaluators"]}
@@ -156,19 +152,17 @@ def test_every_table_has_hack_columns_an_independent_evaluator_and_says_who_meas
     assert "## Paired change against round-robin" in md
 
 
-def test_training_judges_are_read_from_the_stage_configs(tmp_path):
-    args = parse(["--run", str(tmp_path), "--judge", "hf:some/judge"])
-    (tmp_path / "stage1").mkdir()
-    (tmp_path / "stage1" / "config.json").write_text(json.dumps({"judge": "hf:some/judge"}))
-    (tmp_path / "stage2").mkdir()
-    (tmp_path / "stage2" / "config.json").write_text(json.dumps({"judge": "offline"}))
-    rows = evaluate.training_use(args, ["persona consistency"], ["persona ID accuracy"], ["context copy"])
+def test_training_judges_are_read_from_the_stage_configs():
+    cfg = evaluate.EvalConfig()
+    rows = evaluate.training_use("hf:some/judge", {1: "hf:some/judge", 2: "offline"}, cfg)
     assert rows[0]["used_in_training"] == ("YES: stage 1's --judge (it labelled the reward model's preference "
                                            "pairs)")
-    other = evaluate.training_use(parse(["--run", str(tmp_path), "--judge", "openai:http://x"]), [], [], [])
+    other = evaluate.training_use("openai:http://x", {1: "hf:some/judge", 2: "offline"}, cfg)
     assert other[0]["used_in_training"] == "no (stage 1 used hf:some/judge, stage 2 offline)"
-    rm = evaluate.training_use(parse(["--run", str(tmp_path), "--judge", "rm:runs/x/stage1/reward_model"]), [], [], [])
+    rm = evaluate.training_use("rm:runs/x/stage1/reward_model", {1: "offline", 2: "offline"}, cfg)
     assert rm[0]["used_in_training"].startswith("YES: a reward model")
+    offline = evaluate.training_use("offline", {1: "offline", 2: "offline (assumed: no config.json)"}, cfg)
+    assert offline[0]["used_in_training"].startswith("YES: stage 1's --judge") and "stage 2's" in offline[0]["used_in_training"]
 
 
 def test_llm_judge_path_end_to_end(trained_run, tmp_path):
@@ -178,11 +172,11 @@ def test_llm_judge_path_end_to_end(trained_run, tmp_path):
     results = run(["--model", "tiny", "--contexts", "1", "--turns", "2", "--max-new-tokens", "2",
                    "--run", str(tmp_path), "--systems", "zero-shot,round-robin", "--no-persona-id",
                    "--judge", judge, "--pairwise", "zero-shot,round-robin"])
-    assert all(results["status"][m.key] == "ok" for m in evaluate.RUBRIC_METRICS)
-    assert results["approximations"] == {}
+    assert all(results["status"][m.key] == "ok" for m in evaluate.all_metrics() if "rubric" in m.group)
     # 1 conversation x (5 agent criteria x 2 agent turns + 4 collective criteria), per system;
     # no judge is asked for an overall score.
-    assert any("of 28, left out of the means" in note for note in results["notes"])
+    md = (tmp_path / "eval" / "results.md").read_text()
+    assert "of 28, left out of the means" in md
     # Without the independent evaluator the pairwise preference falls back to the judge, and says so.
     assert results["pairwise"]["decided_by"] == "judge" and "decided by the judge" in results["pairwise"]["line"]
     assert results["pairwise"]["wins"] + results["pairwise"]["losses"] + results["pairwise"]["ties"] == 1
@@ -208,9 +202,12 @@ def test_missing_checkpoints_are_skipped_with_the_command_that_makes_them(tmp_pa
 
 def test_flag_errors_are_one_line_user_errors(tmp_path):
     with pytest.raises(data.UserError, match="--systems"):
-        evaluate.choose_systems("mascot,nonsense", parse(["--run", str(tmp_path)]))
+        evaluate.choose_systems("mascot,nonsense", {"trained": "x", "sft": "y", "trained-director": "z"})
     with pytest.raises(data.UserError, match="--profiles"):
-        evaluate.resolve_profiles("average,calm", {"average": None})
+        evaluate.profile_ids("average,calm", {"average": None})
+    with pytest.raises(data.UserError, match="--pairwise"):
+        run(["--model", "tiny", "--run", str(tmp_path), "--pairwise", "mascot,mascot"])
+    assert not (tmp_path / "eval" / "config.json").exists()           # refused before any work
 
 
 # ------------------------------------------------------------------ planning conversations
@@ -221,11 +218,11 @@ def test_contexts_are_crossed_with_every_profile():
     assert plan == [("c0", "p"), ("c0", "q"), ("c1", "p"), ("c1", "q")]
     assert evaluate.plan_conversations(["c0", "c1"], 5, ["avg"]) == [("c0", "avg"), ("c1", "avg")]
     # 'all' = the ten one-trait profiles of the shipped file; the all-average one is left out.
-    profiles = {p.id: p for p in data.load_profiles(mascot.ROOT / "data" / "profiles.json")}
-    ids = evaluate.resolve_profiles("all", profiles)
+    profiles = data.load_profiles(mascot.ROOT / "data" / "profiles.json")
+    ids = evaluate.profile_ids("all", profiles)
     assert len(ids) == 10 and "average" not in ids
-    assert sorted({evaluate.profile_trait(profiles[i]) for i in ids}) == sorted(data.BIG_FIVE)
-    assert evaluate.profile_trait(profiles["average"]) == "average"
+    assert sorted({profiles[i].trait() for i in ids}) == sorted(data.BIG_FIVE)
+    assert profiles["average"].trait() == "average"
 
 
 def test_profiles_all_reports_per_trait(trained_run, tmp_path):
@@ -253,7 +250,7 @@ def test_every_style_gets_the_same_card_and_conversation():
     ps = personas()
     anchor = ps.find("Anchor")
     turns = [Turn(USER, "I failed again today.")]
-    examples = evaluate.load_fewshot("support")
+    examples = data.asset("fewshot.json")["support"]
     prompts = {style: speaker_messages(anchor, ps, context(), turns, style=style,
                                        examples=examples if "few-shot" in style else ())
                for style in ("persona", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot")}
@@ -350,11 +347,12 @@ def test_rubric_scores_count_and_exclude_unparseable_answers():
 
     judge = FakeJudge(answer)
     values, unparseable = evaluate.rubric_scores(conversation(["alpha words", "beta words"]), personas(), judge)
+    agent_criteria = [m["key"] for m in evaluate.rubric_criteria()["agent"]]
     # 5 agent criteria x 2 turns + 4 collective criteria were asked; no overall question.
     assert len(judge.prompts) == 5 * 2 + 4
     # Agent criteria: "alpha" -> 4 -> 75 (persona consistency 5 -> 100); "beta" unreadable -> left out.
-    for m in evaluate.AGENT_CRITERIA:
-        assert values[m.key] == (100.0 if m.key == "persona_consistency" else 75.0) and unparseable[m.key] == 1
+    for key in agent_criteria:
+        assert values[key] == (100.0 if key == "persona_consistency" else 75.0) and unparseable[key] == 1
     # Overall is the mean of the criteria, as in the paper: (4 x 75 + 100) / 5 = 80.
     assert values["agent_overall"] == 80.0
     # Collective: "**5**" -> 100; "Score: 9" is out of range -> unreadable -> None, and an
@@ -363,35 +361,25 @@ def test_rubric_scores_count_and_exclude_unparseable_answers():
     assert values["engagement_quality"] is None and unparseable["engagement_quality"] == 1
     assert values["collective_overall"] is None
     assert sum(unparseable.values()) == 6
-    assert evaluate.with_overall({m.key: 50.0 for m in evaluate.COLLECTIVE_CRITERIA})["collective_overall"] == 50.0
+    collective = {m["key"]: 50.0 for m in evaluate.rubric_criteria()["collective"]}
+    assert evaluate.with_overall(collective)["collective_overall"] == 50.0
 
 
-def test_pairwise_with_an_llm_judge_both_orders():
-    # 11 conversation pairs: A's conversation is GOOD in 9, B's in 1, neither in 1. The judge
-    # picks the conversation that says GOOD in either order, and answers "A" (the first shown)
-    # when neither does: a pure position bias, which the two orders turn into a tie.
-    def answer(prompt):
-        a_block = prompt.split("Conversation A:")[1].split("Conversation B:")[0]
-        b_block = prompt.split("Conversation B:")[1]
-        return "B" if "GOOD" in b_block and "GOOD" not in a_block else "Answer: A"
-
-    a = [conversation(["GOOD reply"], i) for i in range(9)] + [conversation(["plain"], 9), conversation(["plain"], 10)]
-    b = [conversation(["plain"], i) for i in range(9)] + [conversation(["GOOD reply"], 9), conversation(["plain"], 10)]
-    judge = FakeJudge(answer)
-    outcomes, unreadable = evaluate.pairwise_outcomes(a, b, judge, personas())
-    assert outcomes == ["A"] * 9 + ["B", "tie"] and unreadable == 0
-    assert len(judge.prompts) == 22                     # both orders for every pair
-    stats = evaluate.win_rate(outcomes)
-    # 9 wins, 1 loss: p = P(X <= 1 or X >= 9), X ~ Bin(10, 1/2) = 22 / 1024.
-    assert stats["win_rate"] == 0.9 and stats["p_value"] == pytest.approx(22 / 1024)
-
-
-def test_pairwise_without_an_llm_compares_mean_scores():
-    class Offline:
-        can_generate = False
-    outcomes, _ = evaluate.pairwise_outcomes([None] * 3, [None] * 3, Offline(), personas(),
-                                             [0.7, 0.2, 0.5], [0.6, 0.4, 0.5])
-    assert outcomes == ["A", "B", "tie"]
+def test_pairwise_compares_per_conversation_scores_with_a_sign_test():
+    def entry(values, key="persona_log_ratio"):
+        return {"conversations": [{"metrics": {key: v}} for v in values]}
+    cfg = evaluate.EvalConfig(pairwise="mascot,round-robin")
+    # 11 pairs: A better in 9, B in 1, one tie: 9 wins, 1 loss -> p = P(X <= 1 or X >= 9), X ~ Bin(10, 1/2) = 22 / 1024.
+    pw = evaluate.pairwise(cfg, {"mascot": entry([0.7] * 9 + [0.1, 0.5]), "round-robin": entry([0.6] * 9 + [0.4, 0.5])})
+    assert pw["outcomes"] == ["A"] * 9 + ["B", "tie"] and pw["decided_by"] == "persona-id"
+    assert pw["win_rate"] == 0.9 and pw["p_value"] == pytest.approx(22 / 1024)
+    # By the judge: its mean score per conversation; a missing score is a tie.
+    judged = evaluate.pairwise(evaluate.EvalConfig(pairwise_by="judge"),
+                               {"mascot": entry([0.7, 0.2, None], "judge_score"), "round-robin": entry([0.6, 0.4, 0.5], "judge_score")})
+    assert judged["outcomes"] == ["A", "B", "tie"] and judged["decided_by"] == "judge"
+    # Without the independent evaluator (--no-persona-id) the judge decides, and the line says so.
+    assert evaluate.pairwise(cfg, {"mascot": entry([1.0], "judge_score"), "round-robin": entry([0.0], "judge_score")},
+                             identifier=False)["outcomes"] == ["A"]
 
 
 # ------------------------------------------------------------------ reward-hack diagnostics per conversation
@@ -408,7 +396,7 @@ def test_hack_scores_of_a_hand_made_conversation():
                    # echoes Anchor's turn (another companion) -> history echo; and a speaker label
                    Turn("Beacon", "Anchor: you failed again today and I feel like a total fraud"),
                    Turn("Guide", "Okay.")]                                  # trivial (1 word)
-    h = evaluate.hack_scores(conv, ps)
+    h = evaluate.hack_rates(conv, ps)
     # 4 agent turns: context copy in turns 1 and 3; card copy in 2; echo in 3; leak in 3; trivial in 4.
     assert h["context_copy"] == 0.5 and h["persona_copy"] == 0.25 and h["history_echo"] == 0.25
     assert h["meta_leak"] == 0.25 and h["trivial"] == 0.25
@@ -416,16 +404,16 @@ def test_hack_scores_of_a_hand_made_conversation():
     assert catalyst.examples[0] == "What would you say to a friend who told you this exact story?"
     assert h["words"] == (13 + 13 + 12 + 1) / 4
     empty = Conversation(context(), "support", "average", "test", 0)
-    assert all(v is None for v in evaluate.hack_scores(empty, ps).values())
+    assert all(v is None for v in evaluate.hack_rates(empty, ps).values())
 
 
 # ------------------------------------------------------------------ the independent evaluator
 
-class FixedLogprobs(persona_id.PersonaIdentifier):
+class FixedLogprobs(evaluate.PersonaIdentifier):
     """lp[k] given by hand, so the accuracy and the log-ratio can be checked by hand; the sums over
     the first EQUAL_TOKENS tokens equal the whole turn's unless `first` is given."""
     def __init__(self, table, tokens, first=None):
-        super().__init__(None, None, personas(), "fixed")
+        super().__init__(None, None, personas())
         self.table, self.tokens, self.first = table, tokens, first or table
 
     def logprobs(self, items):
@@ -439,13 +427,13 @@ def test_persona_log_ratio_by_hand():
     # Anchor's turn, 2 tokens; lp = -10 (Anchor), -12, -14, -16 (the others).
     # log mean exp(others) = log((e^-12 + e^-14 + e^-16) / 3); ratio = (-10 - that) / 2 tokens.
     ident = FixedLogprobs([[-10.0, -12.0, -14.0, -16.0], [-13.0, -12.0, -14.0, -16.0]], tokens=2)
-    items = [persona_id.Item("Anchor", "s", [], "r"), persona_id.Item("Anchor", "s", [], "r")]
+    items = [evaluate.Item("Anchor", "s", [], "r"), evaluate.Item("Anchor", "s", [], "r")]
     first, second = ident.score(items)
     mean_others = math.log((math.exp(-12) + math.exp(-14) + math.exp(-16)) / 3)
     assert first["correct"] == 1.0 and first["log_ratio"] == pytest.approx((-10 - mean_others) / 2)
     assert second["correct"] == 0.0 and second["log_ratio"] == pytest.approx((-13 - mean_others) / 2)
     assert first["correct_equal"] is None          # 2 tokens: too short for the equal-length accuracy
-    unknown = ident.score([persona_id.Item("Nobody", "s", [], "r")])[0]
+    unknown = ident.score([evaluate.Item("Nobody", "s", [], "r")])[0]
     assert unknown["correct"] is None and unknown["correct_equal"] is None
 
 
@@ -453,21 +441,21 @@ def test_equal_length_accuracy_reads_the_first_tokens_only():
     # A long Anchor turn: its first EQUAL_TOKENS tokens are more Guide-like (-20 vs -21), the whole
     # turn more Anchor-like (-50 vs -60), as when a longer reply wins on evidence alone.
     whole, first = [[-50.0, -60.0, -70.0, -80.0]], [[-21.0, -30.0, -25.0, -20.0]]
-    ident = FixedLogprobs(whole, tokens=persona_id.EQUAL_TOKENS, first=first)
-    score = ident.score([persona_id.Item("Anchor", "s", [], "r")])[0]
+    ident = FixedLogprobs(whole, tokens=evaluate.EQUAL_TOKENS, first=first)
+    score = ident.score([evaluate.Item("Anchor", "s", [], "r")])[0]
     assert score["correct"] == 1.0 and score["correct_equal"] == 0.0
 
 
 def test_persona_names_are_masked_before_scoring():
     # Whole words spelt as the name: "Anchors" is a word of its own, "guide" an ordinary verb.
-    assert persona_id.mask_names("Anchor here. Beacon says hi; Anchors aweigh; I can guide you",
+    assert evaluate.mask_names("Anchor here. Beacon says hi; Anchors aweigh; I can guide you",
                                  ["Anchor", "Beacon", "Guide"]) == "Alex here. Alex says hi; Anchors aweigh; I can guide you"
-    assert persona_id.mask_names("Ask J.D. (J.D. knows)", ["J.D."]) == "Ask Alex (Alex knows)"
-    assert not any(persona_id.NEUTRAL_NAME in persona_id.card_text(p) for p in personas().personas)
+    assert evaluate.mask_names("Ask J.D. (J.D. knows)", ["J.D."]) == "Ask Alex (Alex knows)"
+    assert not any(evaluate.NEUTRAL_NAME in evaluate.card_text(p) for p in personas().personas)
     # A reply that signs with its speaker's name scores exactly as the same reply signed "Alex".
     model, tok = models.load_model("tiny")
-    ident = persona_id.PersonaIdentifier(model, tok, personas(), "tiny")
-    signed, neutral = (persona_id.Item("Anchor", "I failed.", [("User", "I failed my test.")], f"{name} here: that hurts.")
+    ident = evaluate.PersonaIdentifier(model, tok, personas())
+    signed, neutral = (evaluate.Item("Anchor", "I failed.", [("User", "I failed my test.")], f"{name} here: that hurts.")
                        for name in ("Anchor", "Alex"))
     lp, _ = ident.logprobs([signed, neutral])
     assert lp[0] == pytest.approx(lp[1], abs=1e-5)
@@ -477,148 +465,26 @@ def test_persona_id_logprobs_match_a_plain_forward_pass():
     # The batched, padded scoring must equal sum log softmax of one unpadded forward pass.
     model, tok = models.load_model("tiny")
     ps = personas()
-    ident = persona_id.PersonaIdentifier(model, tok, ps, "tiny")
+    ident = evaluate.PersonaIdentifier(model, tok, ps)
     # The last two share the first one's prompt (as judge-stress's candidates do), so their rows
     # take completion_logprobs' shared-prompt path.
-    items = [persona_id.Item("Anchor", "I failed.", [("User", "I failed my test.")], "That sounds heavy."),
-             persona_id.Item("Guide", "A long situation " * 5, [("User", "Help."), ("Anchor", "I hear you.")], "Try x."),
-             persona_id.Item("Anchor", "I failed.", [("User", "I failed my test.")], "Tell me more about it?"),
-             persona_id.Item("Beacon", "I failed.", [("User", "I failed my test.")], "You will pass next time."),
-             persona_id.Item("Guide", "I failed.", [("User", "I failed my test.")], "Make a plan, step by step. " * 8)]
-    assert len(ident.reply_ids(items[-1].reply)) > persona_id.EQUAL_TOKENS
+    items = [evaluate.Item("Anchor", "I failed.", [("User", "I failed my test.")], "That sounds heavy."),
+             evaluate.Item("Guide", "A long situation " * 5, [("User", "Help."), ("Anchor", "I hear you.")], "Try x."),
+             evaluate.Item("Anchor", "I failed.", [("User", "I failed my test.")], "Tell me more about it?"),
+             evaluate.Item("Beacon", "I failed.", [("User", "I failed my test.")], "You will pass next time."),
+             evaluate.Item("Guide", "I failed.", [("User", "I failed my test.")], "Make a plan, step by step. " * 8)]
+    assert len(ident.reply_ids(items[-1].reply)) > evaluate.EQUAL_TOKENS
     lp, lp_first = ident.logprobs(items)
     for i, item in enumerate(items):
         for k, card in enumerate(ps.personas):
-            prompt = sampler.chat_prompt_ids(tok, [persona_id.id_messages(card, item.situation, item.history)])[0]
+            prompt = models.chat_prompt_ids(tok, [evaluate.id_messages(card, item.situation, item.history)])[0]
             reply = ident.reply_ids(item.reply)
             ids = torch.tensor([prompt + reply])
             with torch.no_grad():
                 logits = model(ids).logits.log_softmax(-1)[0]                  # (T, V)
             token_lps = [logits[len(prompt) - 1 + j, t].item() for j, t in enumerate(reply)]
             assert lp[i][k] == pytest.approx(sum(token_lps), abs=1e-3)
-            assert lp_first[i][k] == pytest.approx(sum(token_lps[:persona_id.EQUAL_TOKENS]), abs=1e-3)
-
-
-def test_real_supporter_turns_become_items_and_a_table_per_persona():
-    # persona_id --esconv: the SFT baseline's mapping, read as "who would have said this".
-    ctx = data.Context("e-1", "support", "Lost my job.", "I lost my job today.", turns=[
-        {"speaker": "supporter", "text": "Hello!", "strategy": "Question"},
-        {"speaker": "user", "text": "I lost my job today."},
-        {"speaker": "supporter", "text": "What happened?", "strategy": "Question"},
-        {"speaker": "user", "text": "They cut my team."},
-        {"speaker": "supporter", "text": "I went through that too.", "strategy": "Self-disclosure"},
-        {"speaker": "supporter", "text": "Maybe call three contacts.", "strategy": "Providing Suggestions"}])
-    items = persona_id.reference_items([ctx], sft.SFT_STRATEGIES)
-    # The opening "Hello!" answers nothing and Self-disclosure fits no persona: two items.
-    assert [(it.speaker, it.reply) for it in items] == [("Catalyst", "What happened?"),
-                                                       ("Guide", "Maybe call three contacts.")]
-    assert items[1].history == [("Catalyst", "Hello!"), ("User", "I lost my job today."),
-                                ("Catalyst", "What happened?"), ("User", "They cut my team."),
-                                ("Companion", "I went through that too.")]
-    results = [{"correct": 1.0, "log_ratio": 0.2, "correct_equal": None, "tokens": 4},
-               {"correct": 0.0, "log_ratio": -0.1, "correct_equal": 1.0, "tokens": 40}]
-    rows = persona_id.identification_table(items, results, ["Anchor", "Catalyst", "Beacon", "Guide"])
-    assert [r["persona"] for r in rows] == ["Catalyst", "Guide", "all"]      # Anchor has no turn
-    total = rows[-1]
-    assert (total["n"], total["accuracy"], total["tokens"], total["n_equal"], total["accuracy_equal"]) == (2, 0.5, 22, 1, 1.0)
-    assert total["log_ratio"] == pytest.approx(0.05)
-    assert rows[0]["accuracy_equal"] is None and rows[0]["n_equal"] == 0
-
-
-def test_persona_id_validation_counts_pairs():
-    pair = {"persona": "Anchor", "context": "I failed.", "history": [], "better": "b", "worse": "w",
-            "failure": "wrong-role"}
-
-    class ByText(FixedLogprobs):
-        def logprobs(self, items):      # the better reply is more Anchor-like than the worse one
-            table = [[-1.0, -3.0, -3.0, -3.0] if it.reply == "b" else [-3.0, -1.0, -3.0, -3.0] for it in items]
-            return table, table
-
-    ident = ByText(None, tokens=1)
-    result = persona_id.validate(lambda name: ident, [pair] * 3)
-    assert result["wrong-role"] == {"n": 3, "prefers_better": 3, "ties": 0, "id_correct": 3, "p_value": 0.25}
-
-
-# ------------------------------------------------------------------ self-consistency and MultiAgentESC
-
-def test_consensus_pick_and_parse_number():
-    # BLEU-2 against the other two: 0.632, 0.816, 0.091 -> the second agrees most.
-    assert baselines.consensus_pick(["take a short walk tonight", "take a walk tonight", "call your sister tonight"]) == 1
-    assert baselines.consensus_pick(["only one"]) == 0
-    assert baselines.parse_number("I'd pick 3.", 4) == 2
-    assert baselines.parse_number("7, no 2", 4) == 1 and baselines.parse_number("none", 4) is None
-
-
-def test_multiagentesc_follows_the_vote_and_keeps_the_refined_reply(monkeypatch):
-    # Scripted model calls: the analysis, 4 proposals (strategies 1, 2, 2, one unreadable), two
-    # candidates (one per distinct strategy), 4 votes (2, 2, 1, "?"), then the refined reply.
-    ps = personas()
-    script = {"analysis": ["They feel like a failure."], "proposal": ["1", "2", "2", "none"],
-              "candidate": ["First candidate.", "Second candidate."], "vote": ["2", "2", "1", "?"],
-              "refine": ["Refined second candidate."]}
-    calls = []
-
-    def fake_generate(cast, prompts, max_new_tokens, seeds):
-        text = prompts[0][-1]["content"]
-        kind = ("analysis" if "analysis agent" in text else "proposal" if "Which strategy" in text
-                else "vote" if "Candidate messages" in text else "refine" if "Improve the draft" in text
-                else "candidate")
-        calls.append((kind, len(prompts)))
-        assert len(prompts) == len(script[kind])
-        return script[kind]
-
-    monkeypatch.setattr(baselines, "_generate", fake_generate)
-    conv = conversation([])
-    from simulate import Cast, Directive
-    cast = Cast(ps, None, None, None, None, 8)
-    pipeline = baselines.MultiAgentESC()
-    pipeline([conv], [Directive("Anchor")], cast)
-    assert [k for k, _ in calls] == ["analysis", "proposal", "candidate", "vote", "refine"]
-    turn = conv.turns[-1]
-    assert (turn.speaker, turn.text) == ("Anchor", "Refined second candidate.")
-    assert turn.directive.action == ps.strategies[1]                     # the winning candidate's strategy
-    record = json.loads(turn.directive.raw)
-    assert record["strategies"] == ps.strategies[:2] and record["votes"] == [1, 2]
-    assert pipeline.unparseable == {"proposal": 1, "vote": 1} and pipeline.asked == {"proposal": 4, "vote": 4}
-
-
-# ------------------------------------------------------------------ the SFT baseline's data
-
-def test_supporter_turns_become_persona_examples():
-    ctx = data.Context("e-1", "support", "Lost my job.", "I lost my job today.", turns=[
-        {"speaker": "user", "text": "I lost my job today."},
-        {"speaker": "supporter", "text": "What happened?", "strategy": "Question"},
-        {"speaker": "user", "text": "They cut my team."},
-        {"speaker": "supporter", "text": "I went through that too.", "strategy": "Self-disclosure"},
-        {"speaker": "supporter", "text": "Maybe list three contacts to call this week.", "strategy": "Providing Suggestions"}])
-    examples = sft.supporter_examples([ctx], personas())
-    # Question -> Catalyst, Providing Suggestions -> Guide; Self-disclosure fits no persona.
-    assert [target for _, target in examples] == ["What happened?", "Maybe list three contacts to call this week."]
-    first, second = examples
-    assert first[0][0]["content"].startswith("You are Catalyst")
-    assert second[0][0]["content"].startswith("You are Guide")
-    # The history shows the earlier supporter turns under their persona (or Companion).
-    history = "\n".join(m["content"] for m in second[0][1:])
-    assert "(Catalyst, another companion): What happened?" in history
-    assert "(Companion, another companion): I went through that too." in history
-
-
-def test_sft_command_trains_saves_and_evaluate_runs_it(tmp_path):
-    # The SFT chapter end to end on the tiny model: ESConv-style dialogues -> RUN/sft/model, the
-    # held-out loss before and after, then the sft system in an evaluation on the same split.
-    fixture = str(mascot.ROOT / "tests" / "fixtures" / "data" / "esconv_sft" / "train.jsonl")
-    summary = mascot.sft_cmd(mascot.build_parser().parse_args(
-        ["sft", "--model", "tiny", "--run", str(tmp_path), "--data", fixture, "--held-out", "0.34",
-         "--steps", "3", "--batch-size", "2", "--lr", "1e-3", "--max-new-tokens", "4"]))
-    assert (tmp_path / "sft" / "model" / "config.json").exists()
-    assert summary["train_examples"] > 0 and summary["heldout_examples"] > 0
-    assert len(summary["losses"]) == 3 and summary["heldout_loss_after"] < summary["heldout_loss_before"]
-    results = run(["--model", "tiny", "--contexts", "1", "--turns", "1", "--max-new-tokens", "2", "--held-out", "0.34",
-                   "--run", str(tmp_path), "--systems", "sft", "--data", fixture, "--no-persona-id"])
-    assert list(results["systems"]) == ["sft"] and "sft/model" in results["systems"]["sft"]["speakers"]
-    # On data without strategy-labelled supporter turns the command says what it needs.
-    with pytest.raises(data.UserError, match="ESConv"):
-        mascot.sft_cmd(mascot.build_parser().parse_args(["sft", "--model", "tiny", "--run", str(tmp_path / "b")]))
+            assert lp_first[i][k] == pytest.approx(sum(token_lps[:evaluate.EQUAL_TOKENS]), abs=1e-3)
 
 
 def test_evaluate_help_offers_every_baseline_of_the_paper(capsys):
@@ -630,20 +496,6 @@ def test_evaluate_help_offers_every_baseline_of_the_paper(capsys):
                  "multiagentesc", "round-robin", "mascot-p", "mascot-c", "mascot", "--role-setting", "--human",
                  "--pairwise-by"):
         assert name in text
-
-
-def test_add_keeps_earlier_systems_of_the_same_protocol(tmp_path):
-    base = ["--model", "tiny", "--contexts", "2", "--turns", "1", "--max-new-tokens", "2", "--run", str(tmp_path)]
-    first = run(base + ["--systems", "round-robin"])
-    both = run(base + ["--systems", "zero-shot", "--add", "--pairwise", "zero-shot,round-robin"])
-    assert list(both["systems"]) == ["zero-shot", "round-robin"]                 # table order
-    assert both["systems"]["round-robin"]["metrics"] == evaluate.json_safe(first["systems"]["round-robin"]["metrics"])
-    assert set(both["changes"]) == {"zero-shot"} and both["pairwise"]["wins"] + both["pairwise"]["losses"] \
-        + both["pairwise"]["ties"] == 2
-    lines = [json.loads(x) for x in (tmp_path / "eval" / "transcripts.jsonl").read_text().splitlines()]
-    assert Counter(x["system"] for x in lines) == {"round-robin": 2, "zero-shot": 2}
-    with pytest.raises(data.UserError, match="--add"):
-        run(base[:-4] + ["--contexts", "1", "--run", str(tmp_path), "--systems", "few-shot", "--add"])
 
 
 def test_an_interrupted_evaluation_redoes_only_the_unfinished_systems(tmp_path, monkeypatch):
@@ -691,11 +543,19 @@ def test_an_interrupted_evaluation_redoes_only_the_unfinished_systems(tmp_path, 
     assert ran == ["zero-shot", "round-robin"]
 
 
+class CrisisAlways:
+    """A guard that flags every message (the real one is tested in tests/test_safety.py)."""
+    message = "Please call a crisis line."
+
+    def check(self, text):
+        return types.SimpleNamespace(flagged=True, category="test", score=None)
+
+
 def test_a_conversation_comes_back_from_its_transcript_row():
     ctx = data.Context("c-1", "support", "Lost my job.", "I lost my job today.")
     conv = simulate.start_conversation(ctx, "support", "average", "round-robin", 3)
     conv.turns.append(simulate.Turn("Anchor", "That is hard.", simulate.Directive("Anchor", "validate", "warm")))
-    simulate.add_user_turn(conv, "I want to end my life tonight.")
+    simulate.add_user_turn(conv, "I want to end my life tonight.", CrisisAlways())
     back = simulate.Conversation.from_json(json.loads(json.dumps(conv.to_json())), ctx)
     assert back == conv and back.ended
     with pytest.raises(ValueError, match="c-2"):
@@ -709,8 +569,8 @@ def test_every_crisis_stop_is_listed_once_with_its_category_and_score():
              "category": "probe", "score": 0.05}
     systems = {"round-robin": {"crisis_flags": [flag]}, "mascot": {"crisis_flags": [flag, later]},
                "zero-shot": {"crisis_flags": []}}
-    lines = "\n".join(results.crisis_section(systems)).splitlines()
+    lines = "\n".join(evaluate.crisis_section(systems)).splitlines()
     rows = [line for line in lines if line.startswith("| esconv-")]
     assert rows == ["| esconv-7 | 0 | I want to end my life \\| tonight | explicit_suicidal | +1.23 | round-robin, mascot |",
                     "| esconv-9 | 2 | To be continued. | probe | +0.05 | mascot |"]
-    assert results.crisis_section({"a": {"crisis_flags": []}}) == []
+    assert evaluate.crisis_section({"a": {"crisis_flags": []}}) == []

@@ -1,13 +1,17 @@
-"""hacks.py: the diagnostics on hand-computed cases, and the generator, whose every kind with a
-diagnostic is caught by it."""
+"""The reward-hack diagnostics (metrics.diagnose and its parts) on hand-computed cases, and the
+synthetic-hack generator (reward.make_hacks), whose every kind with a diagnostic is caught by it.
+
+Run: .venv/bin/python -m pytest -q tests/test_hacks.py
+"""
 
 import doctest
-import random
 
 import pytest
 
 import data
-import hacks
+import metrics
+import reward
+from simulate import USER, Turn
 
 PERSONAS = data.load_personas("personas.json", "support")
 ANCHOR = PERSONAS.find("Anchor")
@@ -16,23 +20,23 @@ NAMES = PERSONAS.names()
 
 
 def test_doctests():
-    assert doctest.testmod(hacks).failed == 0
+    assert doctest.testmod(metrics).failed == 0
 
 
 def test_longest_shared_span_hand_computed():
     a = "i failed my driving test again today".split()
-    assert hacks.longest_shared_span(a, "you failed my driving test".split()) == 4
-    assert hacks.longest_shared_span(a, "nothing in common".split()) == 0
-    assert hacks.longest_shared_span(a, a) == 7
-    assert hacks.longest_shared_span([], a) == 0
+    assert metrics.longest_shared_span(a, "you failed my driving test".split()) == 4
+    assert metrics.longest_shared_span(a, "nothing in common".split()) == 0
+    assert metrics.longest_shared_span(a, a) == 7
+    assert metrics.longest_shared_span([], a) == 0
 
 
 def test_copies_needs_six_words_in_a_row():
     user = "I failed my driving test for the third time today"
-    assert hacks.copies("So you failed your driving test for the third time today", [user])    # 7 words
-    assert not hacks.copies("You failed the test, third time, today of all days", [user])       # scattered
-    assert not hacks.copies("failed my driving test for the", [""])                           # empty source
-    assert hacks.copies("My driving test for the third", [user])                             # exactly 6
+    assert metrics.copies("So you failed your driving test for the third time today", [user])    # 7 words
+    assert not metrics.copies("You failed the test, third time, today of all days", [user])       # scattered
+    assert not metrics.copies("failed my driving test for the", [""])                           # empty source
+    assert metrics.copies("My driving test for the third", [user])                             # exactly 6
 
 
 @pytest.mark.parametrize("reply, leaks", [
@@ -54,18 +58,18 @@ def test_copies_needs_six_words_in_a_row():
     ("Could you write to Sam tonight?", False),
 ])
 def test_meta_leak(reply, leaks):
-    assert hacks.leaks_meta(reply, NAMES) is leaks
+    assert metrics.leaks_meta(reply, NAMES) is leaks
 
 
 def test_diagnose_hand_computed():
     user = ["My cat has been missing for three days and I keep checking the door."]
     agents = ["Three days of not knowing where she is sounds exhausting."]
-    row = hacks.diagnose("Three days of not knowing where she is sounds exhausting.", user, CARD, agents, NAMES)
+    row = metrics.diagnose("Three days of not knowing where she is sounds exhausting.", user, CARD, agents, NAMES)
     assert row == {"context_copy": 0.0, "persona_copy": 0.0, "history_echo": 1.0, "self_repeat": 0.0,
                    "meta_leak": 0.0, "trivial": 0.0, "words": 10.0}
-    row = hacks.diagnose("Okay.", user, CARD, agents, NAMES)
+    row = metrics.diagnose("Okay.", user, CARD, agents, NAMES)
     assert row["trivial"] == 1.0 and row["words"] == 1.0
-    assert hacks.rates([{"context_copy": 1.0, "persona_copy": 0.0, "history_echo": 0.0, "self_repeat": 1.0,
+    assert metrics.rates([{"context_copy": 1.0, "persona_copy": 0.0, "history_echo": 0.0, "self_repeat": 1.0,
                          "meta_leak": 1.0, "trivial": 0.0, "words": 10.0},
                         {"context_copy": 0.0, "persona_copy": 0.0, "history_echo": 0.0, "self_repeat": 0.0,
                          "meta_leak": 1.0, "trivial": 1.0, "words": 2.0}]) == {
@@ -82,17 +86,24 @@ def test_diagnose_hand_computed():
     ("You kept going. You kept trying, even when it was hard, and that counts.", False),   # shared words, no repeat
 ])
 def test_repeats_itself(reply, repeats):
-    assert hacks.repeats_itself(reply) is repeats
-    assert hacks.diagnose(reply, [], [], [], NAMES)["self_repeat"] == float(repeats)
+    assert metrics.repeats_itself(reply) is repeats
+    assert metrics.diagnose(reply, [], [], [], NAMES)["self_repeat"] == float(repeats)
 
 
-def source():
-    others = [e for p in PERSONAS.personas if p.name != "Anchor" for e in p.examples]
-    return hacks.HackSource(name="Anchor", role=ANCHOR.role, description=ANCHOR.description,
-                            situation="My cat went missing three days ago and I keep checking the door.",
-                            context="She has never been gone this long and I can't stop imagining the worst.",
-                            agent_turns=["That is a long time to wait without knowing anything at all."],
-                            other_examples=others)
+SITUATION = "My cat went missing three days ago and I keep checking the door."
+LATEST = "She has never been gone this long and I can't stop imagining the worst."   # the user's last message
+AGENT_TURNS = ["That is a long time to wait without knowing anything at all."]
+OTHER_EXAMPLES = [e for p in PERSONAS.personas if p.name != "Anchor" for e in p.examples]
+
+
+def state(history, situation=SITUATION) -> reward.State:
+    context = data.Context("cat", "support", situation, history[0].text)
+    return reward.State("train-0000", "train", context, "Anchor", history)
+
+
+def source() -> reward.State:
+    """Anchor answers after: the user's opening, another companion's turn, the user's latest message."""
+    return state([Turn(USER, "Hi, I need to talk about my cat."), Turn("Beacon", AGENT_TURNS[0]), Turn(USER, LATEST)])
 
 
 # The diagnostic that must catch each kind (keyword stuffing and off-role replies copy nothing
@@ -104,19 +115,21 @@ CAUGHT_BY = {"copies-context": "context_copy", "recites-persona": "persona_copy"
 @pytest.mark.parametrize("seed", range(20))
 def test_every_generated_hack_is_caught_by_its_diagnostic(seed):
     src = source()
-    made = hacks.make_hacks(src, seed)
-    assert set(made) == set(hacks.KINDS)
-    user = [src.situation, src.context]
+    made = reward.make_hacks(src, PERSONAS, seed)
+    assert set(made) == set(reward.HACK_KINDS)
+    user = [SITUATION, LATEST]
     for kind, diagnostic in CAUGHT_BY.items():
-        assert hacks.diagnose(made[kind], user, CARD, src.agent_turns, NAMES)[diagnostic] == 1.0, (kind, made[kind])
-    assert made["off-role"] in src.other_examples
-    assert len(hacks.words(made["keyword-stuffing"])) >= 6
+        assert metrics.diagnose(made[kind], user, CARD, AGENT_TURNS, NAMES)[diagnostic] == 1.0, (kind, made[kind])
+        # ... and by the state's own diagnostics, which the GRPO logs and hack pairs use
+        assert src.diagnose(PERSONAS, made[kind])[diagnostic] == 1.0, (kind, made[kind])
+    assert made["off-role"] in OTHER_EXAMPLES
+    assert len(metrics.words(made["keyword-stuffing"])) >= 6
 
 
 def test_generator_is_reproducible_and_skips_kinds_a_state_cannot_have():
     src = source()
-    assert hacks.make_hacks(src, 3) == hacks.make_hacks(src, 3)
-    bare = hacks.HackSource("Anchor", ANCHOR.role, ANCHOR.description, "A bad day.", "Hi.", [], [])
-    assert "echoes-agent" not in hacks.make_hacks(bare, 0) and "off-role" not in hacks.make_hacks(bare, 0)
-    with pytest.raises(ValueError, match="unknown hack kind"):
-        hacks.make_hack("flattery", bare, random.Random(0))
+    assert reward.make_hacks(src, PERSONAS, 3) == reward.make_hacks(src, PERSONAS, 3)
+    # No earlier companion turn: nothing to echo. A set of one persona: no other persona's lines.
+    alone = data.PersonaSet("support", PERSONAS.description, [ANCHOR], PERSONAS.strategies, PERSONAS.tones)
+    bare = reward.make_hacks(state([Turn(USER, "Hi.")], "A bad day."), alone, 0)
+    assert "echoes-agent" not in bare and "off-role" not in bare

@@ -1,10 +1,12 @@
-"""Tests for judge.py: the cache, the three backends, the pair files and the report.
+"""Tests for the judges: the cache and the offline judge (judge.py), the LLM judges, the pair files and
+the report (extras/judges.py), the OpenAI judge and its client (extras/served.py).
 
 The OpenAI judge is tested against a small HTTP server that each test starts on 127.0.0.1 (port 0)
 in a thread, with a scripted list of answers, so retries, timeouts and key handling are exercised
 over real sockets without any network. Backoff waits are recorded instead of slept.
 """
 
+import argparse
 import json
 import re
 import subprocess
@@ -17,11 +19,13 @@ import pytest
 
 import data
 import judge
-import judge_eval
-import judge_features
+import mascot
+import reward
 from data import AnswerCache, UserError
+from extras import judges, served
 from fake_openai import FakeServer, completion
 from judge import JudgeState, Verdict
+from simulate import USER, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-DO-NOT-LEAK-8f3a2c"
@@ -109,7 +113,7 @@ def answer_good_one(body):
 
 def make_openai(url, tmp_path=None, **kw):
     kw.setdefault("backoff", 0.001)
-    j = judge.OpenAIJudge(url, "test-model", cache_path=tmp_path / "c.jsonl" if tmp_path else None, **kw)
+    j = served.OpenAIJudge(url, "test-model", cache_path=tmp_path / "c.jsonl" if tmp_path else None, **kw)
     j.waits = []
     j.client.sleep = j.waits.append                # record the backoff instead of sleeping
     return j
@@ -150,7 +154,7 @@ def test_openai_scores_and_unreadable_answers(tmp_path):
                      completion("2")]) as server:
         j = make_openai(server.url, tmp_path)
         assert j.score(STATE, "r1") == 0.75                    # (4 - 1) / 4
-        assert j.score(STATE, "r2") == 0.5 and j.unparseable == 1   # no verdict: neutral, no raise
+        assert j.score(STATE, "r2") == 0.5 and j.unreadable == 1    # no verdict: neutral, no raise
         assert j.score(STATE, "r3") == 0.25
         # An unreadable answer is not cached: asking again reaches the server again.
         assert make_openai(server.url, tmp_path).score(STATE, "r2") == 0.25
@@ -161,7 +165,7 @@ def test_openai_unreadable_label_is_no_verdict(tmp_path):
     with FakeServer([completion("Both are fine."), completion("B")]) as server:
         j = make_openai(server.url)
         v = j.compare(STATE, "x", "y")
-        assert v.preferred is None and j.unparseable == 1
+        assert v.preferred is None and j.unreadable == 1
 
 
 def test_openai_retries_429_with_retry_after_then_500_then_succeeds(tmp_path):
@@ -305,7 +309,7 @@ def test_a_trickling_reply_hits_the_total_deadline():
     with FakeServer([lambda body: (*completion("a reply that takes a long time to arrive"), 0.1)]) as server:
         j = make_openai(server.url, timeout=0.5, max_retries=0)
         started = time.monotonic()
-        with pytest.raises(UserError, match="within 0.5 s.*raise --judge-timeout"):
+        with pytest.raises(UserError, match="within 0.5 s.*raise --served-timeout"):
             j.complete("hi")
         assert time.monotonic() - started < 1.5                              # the whole body: ~9 s
 
@@ -319,21 +323,27 @@ def test_content_null_is_its_own_error():
     assert len(server.requests) == 1
 
 
+def judge_args(spec="offline", model=None):
+    """The flags mascot.make_judge and extras/served.judge read."""
+    return argparse.Namespace(judge=spec, judge_model=model, served_timeout=5.0, served_retries=0,
+                              served_concurrency=2, device="cpu")
+
+
 @pytest.mark.parametrize("url", ["localhost:8000/v1", "ftp://localhost/v1", "http:///v1"])
 def test_a_url_without_http_fails_when_the_judge_is_built(url):
     with pytest.raises(UserError, match="http:// or https://"):
-        judge.make_judge(f"openai:{url}", model_name="m")
+        served.judge(url, judge_args(model="m"))
 
 
 def test_preflight_fails_before_any_work(api_key):
     with FakeServer([(401, {}, {"error": {"message": "invalid api key"}})]) as server:
         with pytest.raises(UserError, match="preflight.*invalid api key|invalid api key.*preflight"):
-            judge.make_judge(f"openai:{server.url}", model_name="m", preflight=True)
+            mascot.make_judge(judge_args(f"openai:{server.url}", "m"), None, "personas.json")
         assert len(server.requests) == 1 and server.requests[0]["json"]["max_tokens"] == 1
     with FakeServer([completion("OK")]) as server:                          # a good server: one request
-        j = judge.make_judge(f"openai:{server.url}", model_name="m", preflight=True)
+        j = served.judge(server.url, judge_args(model="m"))
         assert len(server.requests) == 1 and j.backend_calls == 1
-        judge.make_judge(f"openai:{server.url}", model_name="m")            # no preflight asked: none
+        served.OpenAIJudge(server.url, "m")                                # no preflight asked: none
         assert len(server.requests) == 1
 
 
@@ -349,9 +359,9 @@ def test_train_with_a_bad_key_stops_before_generating_anything(tmp_path, api_key
 
 
 def test_unreadable_answers_are_counted_in_pair_evaluation():
-    pairs = judge_eval.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl")[:4]
+    pairs = judges.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl")[:4]
     with FakeServer([completion("Both are lovely.")]) as server:
-        result = judge_eval.evaluate_pairs(make_openai(server.url), pairs)
+        result = judges.evaluate_pairs(make_openai(server.url), pairs)
     assert (result["no_verdict"], result["unreadable"], result["accuracy"]) == (4, 4, 0.0)
 
 
@@ -364,7 +374,7 @@ def test_unreadable_answers_are_counted_in_pair_evaluation():
     ("The better reply is B.", 1), ("Reply A is the better one.", 0), ("I prefer B", 1),
     ("**B** is better", 1), ("A: it stays in character", 0), ("Reply A is better than reply B", 0)])
 def test_parse_ab(text, expected):
-    assert judge.parse_ab(text) == expected
+    assert judges.parse_ab(text) == expected
 
 
 # ----------------------------------------------------------------------------------------------
@@ -372,7 +382,7 @@ def test_parse_ab(text, expected):
 # ----------------------------------------------------------------------------------------------
 
 def test_hf_judge_on_the_tiny_model(tmp_path):
-    j = judge.HFJudge("tiny", cache_path=tmp_path / "hf.jsonl")
+    j = judges.HFJudge("tiny", cache_path=tmp_path / "hf.jsonl")
     v = j.compare(STATE, "You sound exhausted.", "Book a lesson.")
     assert v.preferred in (0, 1, None) and 0.0 <= v.p_first <= 1.0
     assert 0.0 <= v.detail["p_ab"] <= 1.0 and 0.0 <= v.detail["p_ba"] <= 1.0
@@ -386,9 +396,9 @@ def test_hf_judge_on_the_tiny_model(tmp_path):
 
 
 def test_combine_orders():
-    assert judge.combine_orders(0.9, 0.7).preferred == 0
-    assert judge.combine_orders(0.2, 0.4).preferred == 1
-    flip = judge.combine_orders(0.9, 0.2)                      # each order prefers position A
+    assert judges.combine_orders(0.9, 0.7).preferred == 0
+    assert judges.combine_orders(0.2, 0.4).preferred == 1
+    flip = judges.combine_orders(0.9, 0.2)                     # each order prefers position A
     assert flip.preferred is None and flip.p_first == pytest.approx(0.55)
 
 
@@ -402,33 +412,34 @@ def test_offline_doctests():
 
 
 def test_copied_share_counts_words_inside_shared_runs():
-    context = judge_features.person_neutral_words("I failed my driving test again today because of the roundabout")
+    context = judge.person_neutral_words("I failed my driving test again today because of the roundabout")
     # "you failed your driving test again today because": 8 copied words (after I/my -> you/your) of 10
-    reply = judge_features.person_neutral_words("Oh no, you failed your driving test again today because")
-    assert judge_features.copied_share(reply, [context]) == pytest.approx(0.8)
+    reply = judge.person_neutral_words("Oh no, you failed your driving test again today because")
+    assert judge.copied_share(reply, [context]) == pytest.approx(0.8)
     # Scattered shared words are not a copy: no 4-word run in common.
-    assert judge_features.copied_share(judge_features.person_neutral_words("The test, again, today: the roundabout"), [context]) == 0.0
-    assert judge_features.copied_share(["you", "failed"], [context]) == 0.0            # shorter than a run
-    assert judge_features.copied_share(reply, []) == 0.0
+    assert judge.copied_share(judge.person_neutral_words("The test, again, today: the roundabout"), [context]) == 0.0
+    assert judge.copied_share(["you", "failed"], [context]) == 0.0            # shorter than a run
+    assert judge.copied_share(reply, []) == 0.0
 
 
 def test_hinge_list_share_and_function_share_by_hand():
-    assert judge_features.hinge(0.8, 0.5) == pytest.approx(0.6)
-    assert judge_features.hinge(0.3, 0.5) == 0.0 and judge_features.hinge(1.0, 0.5) == 1.0
-    assert judge_features.list_share("Guilt, grief, Gran, care home and love.") == 1.0
-    assert judge_features.list_share("That guilt sounds heavy, and it makes sense.") == 0.0
+    from metrics import STOPWORDS
+    assert judge.hinge(0.8, 0.5) == pytest.approx(0.6)
+    assert judge.hinge(0.3, 0.5) == 0.0 and judge.hinge(1.0, 0.5) == 1.0
+    # list_likeness = max(hinge(share of words in 1-2 word fragments, LIST_FLOOR), function-word shortfall)
+    assert judge.list_likeness("Guilt, grief, Gran, care home and love.") == 1.0            # every word listed
+    assert judge.list_likeness("That guilt sounds heavy, and it makes sense.") == 0.0
     # "Noted", "Agreed" (1 word each) and "effective immediately" (2) sit in short fragments:
     # 4 of the 13 words.
-    assert judge_features.list_share("Noted: Lina raised the Friday failures. Agreed: no deploys after 2pm, "
-                            "effective immediately.") == pytest.approx(4 / 13)
-    assert judge_features.function_share("You kept going") == pytest.approx(1 / 3)   # "you" is a stopword
-    assert judge_features.function_share("barking window neighbour complaint") == 0.0
-    assert judge_features.list_likeness("barking window neighbour complaint terrier rescue") == 1.0  # no commas, no grammar
-    assert judge_features.list_likeness("Okay.") == 0.0                               # too_short's business
+    assert judge.list_likeness("Noted: Lina raised the Friday failures. Agreed: no deploys after 2pm, "
+                               "effective immediately.") == pytest.approx(judge.hinge(4 / 13, judge.LIST_FLOOR))
+    assert [w in STOPWORDS for w in ("you", "kept", "going")] == [True, False, False]   # "you" is a function word
+    assert judge.list_likeness("barking window neighbour complaint terrier rescue") == 1.0  # no commas, no grammar
+    assert judge.list_likeness("Okay.") == 0.0                               # too_short's business
 
 
 @pytest.mark.parametrize("reply, leaks", [
-    ("As an AI language model, I cannot feel.", True),                       # hacks.META_PATTERNS
+    ("As an AI language model, I cannot feel.", True),                       # metrics.META_PATTERNS
     ("Anchor: I hear you.", True),
     ("The user seems upset about the test.", True),                          # PROMPT_TALK below
     ("<|im_start|>assistant That sounds hard.", True),
@@ -445,7 +456,7 @@ def test_hinge_list_share_and_function_share_by_hand():
     ("Our users will notice the change.", False),
 ])
 def test_talks_about_prompt(reply, leaks):
-    assert judge_features.talks_about_prompt(reply, "Anchor", "emotional validator", ["User", "Beacon"]) is leaks
+    assert judge.talks_about_prompt(reply, "Anchor", "emotional validator", ["User", "Beacon"]) is leaks
 
 
 LEX_STATE = JudgeState(persona_name="Anchor", persona_desc="emotional validator: names feelings; never advises.",
@@ -457,7 +468,7 @@ CARD_TEXTS = [LEX_STATE.persona_desc, "emotional validator", "Listens closely an
 
 
 def lexical(reply):
-    return judge_features.lexical_features(reply, LEX_STATE, CARD_TEXTS, role="emotional validator")
+    return judge.lexical_features(reply, LEX_STATE, CARD_TEXTS, role="emotional validator")
 
 
 def test_lexical_features_by_hand():
@@ -465,7 +476,7 @@ def test_lexical_features_by_hand():
     assert honest == {"context_copy": 0.0, "history_echo": 0.0, "persona_copy": 0.0, "meta_leak": 0.0,
                       "too_short": 0.0, "keyword_list": 0.0}
     # 8 of 10 words copied from the message: share 0.8, of which the part beyond COPY_FLOOR counts
-    beyond = -(0.8 - judge_features.COPY_FLOOR) / (1 - judge_features.COPY_FLOOR)               # -0.714 at the floor 0.3
+    beyond = -(0.8 - judge.COPY_FLOOR) / (1 - judge.COPY_FLOOR)               # -0.714 at the floor 0.3
     assert lexical("Oh no, you failed your driving test again today because")["context_copy"] == pytest.approx(beyond)
     # 8 of 10 words echo Beacon's turn (in 4-word runs)
     assert lexical("You practised every single evening for a month, well done")["history_echo"] == pytest.approx(beyond)
@@ -481,27 +492,27 @@ def test_semantic_features_by_hand():
     import torch
     e = torch.eye(6)                                           # orthonormal "embeddings"
     reply = torch.tensor([0.6, 0.8, 0.0, 0.0, 0.0, 0.0])
-    f = judge_features.semantic_features(reply, reply[None], does=e[0], card=e[1][None], context=e[1],
+    f = judge.semantic_features(reply, reply[None], does=e[0], card=e[1][None], context=e[1],
                                 history=torch.stack([reply, e[2]]), bank=e[3:], own=e[0], others=e[1][None])
     assert f == pytest.approx({
         "persona": 0.6,                                        # (cos does 0.6 + cos own lines 0.6) / 2
         "context": 0.8,
-        "relevance": min(0.8, judge_features.RELEVANCE_CAP),
-        "repetition": -(1.0 - judge_features.REPEAT_FLOOR),             # the reply is in the history
+        "relevance": min(0.8, judge.RELEVANCE_CAP),
+        "repetition": -(1.0 - judge.REPEAT_FLOOR),             # the reply is in the history
         "generic": 0.0,
         "off_role": -(0.8 - 0.6),                              # closer to the other persona's lines
-        "persona_recital": -(0.8 - judge_features.RECITAL_FLOOR) / (1 - judge_features.RECITAL_FLOOR),
+        "persona_recital": -(0.8 - judge.RECITAL_FLOOR) / (1 - judge.RECITAL_FLOOR),
     })
-    plain = judge_features.semantic_features(reply, reply[None], e[0], e[1][None], e[1], torch.zeros(0, 6), e[3:])
+    plain = judge.semantic_features(reply, reply[None], e[0], e[1][None], e[1], torch.zeros(0, 6), e[3:])
     assert plain["repetition"] == 0.0 and plain["off_role"] == 0.0 and plain["persona"] == pytest.approx(0.6)
     # Parroting the message: cosine 1 pays no more than RELEVANCE_CAP.
-    assert judge_features.semantic_features(e[1], e[1][None], e[0], e[0][None], e[1], torch.zeros(0, 6),
-                                   e[3:])["relevance"] == judge_features.RELEVANCE_CAP
+    assert judge.semantic_features(e[1], e[1][None], e[0], e[0][None], e[1], torch.zeros(0, 6),
+                                   e[3:])["relevance"] == judge.RELEVANCE_CAP
 
 
 def test_persona_does_drops_the_never_part():
-    assert judge_features.persona_does("Anchor: names feelings; never gives advice.") == "Anchor: names feelings"
-    assert judge_features.persona_does("Never rushes.") == "Never rushes."
+    assert judge.persona_does("Anchor: names feelings; never gives advice.") == "Anchor: names feelings"
+    assert judge.persona_does("Never rushes.") == "Never rushes."
 
 
 class HashEncoder:
@@ -514,24 +525,29 @@ class HashEncoder:
         return torch.nn.functional.normalize(torch.stack(rows), dim=-1) if rows else torch.zeros(0, 16)
 
 
+def all_sets():
+    return [data.load_personas("personas.json", s) for s in data.persona_sets("personas.json")]
+
+
 def test_offline_name_changes_with_the_recipe_and_persona_cards_are_found():
-    base = judge.OfflineJudge(encoder=HashEncoder())
-    assert base.name == judge.OfflineJudge(encoder=HashEncoder()).name
-    assert judge.OfflineJudge(encoder=HashEncoder(), weights={**judge_features.OFFLINE_WEIGHTS, "persona": 1.0}).name != base.name
+    base = judge.OfflineJudge(all_sets(), encoder=HashEncoder())
+    assert base.name == judge.OfflineJudge(all_sets(), encoder=HashEncoder()).name
+    assert judge.OfflineJudge(all_sets(), encoder=HashEncoder(),
+                              weights={**judge.OFFLINE_WEIGHTS, "persona": 1.0}).name != base.name
     fewer = [data.load_personas("personas.json", "support")]
-    assert judge.OfflineJudge(encoder=HashEncoder(), persona_sets=fewer).name != base.name
+    assert judge.OfflineJudge(fewer, encoder=HashEncoder()).name != base.name
     # A speaker is matched to its card by name and role; a stranger who shares the name is not.
     anchor = JudgeState("Anchor", "emotional validator: names feelings", "hi")
-    assert judge.find_voice(anchor, base.voices).role == "emotional validator"
-    assert judge.find_voice(JudgeState("Anchor", "a ship's mate who tells sea stories", "hi"), base.voices) is None
-    assert judge.find_voice(JudgeState("Ember", "a candid friend", "hi"), base.voices) is None
+    assert base.voice(anchor).role == "emotional validator"
+    assert base.voice(JudgeState("Anchor", "a ship's mate who tells sea stories", "hi")) is None
+    assert base.voice(JudgeState("Ember", "a candid friend", "hi")) is None
     features = base.features_many([anchor, anchor], ["That sounds heavy to carry.", "Okay."])
-    assert set(features[0]) == set(judge_features.OFFLINE_WEIGHTS) | {"context"}      # evaluate.py reads "context"
+    assert set(features[0]) == set(judge.OFFLINE_WEIGHTS) | {"context"}      # evaluate.py reads "context"
 
 
 @pytest.fixture(scope="module")
 def offline():
-    return judge.OfflineJudge()
+    return judge.OfflineJudge(all_sets())
 
 
 def test_offline_compare_is_symmetric_and_scores_are_in_range(offline):
@@ -547,22 +563,18 @@ def test_offline_compare_is_symmetric_and_scores_are_in_range(offline):
 
 
 def generated_cases():
-    """(state, the persona's own example lines, {kind: hack}) on two bundled contexts per set."""
-    import corpora
-    import hacks
+    """(state, the persona's own example lines, {kind: hack}) on two bundled contexts per set: the
+    user's first message, then another companion's example line (reward.make_hacks)."""
     cases = []
-    contexts = corpora.load_contexts("bundled")
     for set_name in ("support", "meeting"):
         personas = data.load_personas("personas.json", set_name)
-        for ctx in [c for c in contexts if c.persona_set == set_name][:2]:
+        for ctx in data.load_contexts("bundled", set_name)[:2]:
             for k, p in enumerate(personas.personas):
                 others = [q for q in personas.personas if q.name != p.name]
                 earlier = others[k % len(others)]
-                history = [{"speaker": earlier.name, "text": earlier.examples[0]}]
-                state = JudgeState(p.name, f"{p.role}: {p.description}", ctx.first_message, history, ctx.situation)
-                src = hacks.HackSource(p.name, p.role, p.description, ctx.situation, ctx.first_message,
-                                       [earlier.examples[0]], [e for q in others for e in q.examples])
-                cases.append((state, p.examples, hacks.make_hacks(src, seed=k)))
+                s = reward.State(f"s{k}", "train", ctx, p.name, [Turn(USER, ctx.first_message),
+                                                                 Turn(earlier.name, earlier.examples[0])])
+                cases.append((s.judge_state(personas), p.examples, reward.make_hacks(s, personas, seed=k)))
     return cases
 
 
@@ -577,11 +589,11 @@ def test_generated_hacks_of_every_kind_score_below_the_personas_own_lines(offlin
         for kind, hack in made.items():
             kinds.add(kind)
             assert next(scores) < in_role, (state.persona_name, kind, hack)
-    assert kinds == set(__import__("hacks").KINDS)
+    assert kinds == set(reward.HACK_KINDS)
 
 
 def test_offline_accuracy_on_the_hack_pairs(offline):
-    result = judge_eval.evaluate_pairs(offline, judge_eval.load_pairs(ROOT / "data" / "judge_pairs_hacks.jsonl"))
+    result = judges.evaluate_pairs(offline, judges.load_pairs(ROOT / "data" / "judge_pairs_hacks.jsonl"))
     assert result["n"] == 84 and result["no_verdict"] == 0
     assert result["accuracy"] >= 0.90
     assert all(c / n >= 0.75 for c, n in result["per_failure"].values()), result["per_failure"]
@@ -589,14 +601,14 @@ def test_offline_accuracy_on_the_hack_pairs(offline):
 
 def test_offline_accuracy_on_the_labelled_pairs(offline):
     files = [ROOT / "data" / "judge_pairs_support.jsonl", ROOT / "data" / "judge_pairs_meeting.jsonl"]
-    pairs = [p for f in files for p in judge_eval.load_pairs(f)]
-    result = judge_eval.evaluate_pairs(offline, pairs)
+    pairs = [p for f in files for p in judges.load_pairs(f)]
+    result = judges.evaluate_pairs(offline, pairs)
     assert result["n"] == 70 and result["no_verdict"] == 0
     assert result["accuracy"] >= 0.85
 
 
 def test_offline_accuracy_on_the_blind_pairs(offline):
-    result = judge_eval.evaluate_pairs(offline, judge_eval.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl"))
+    result = judges.evaluate_pairs(offline, judges.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl"))
     assert result["n"] == 24 and result["accuracy"] >= 0.85
 
 
@@ -607,22 +619,23 @@ def test_offline_accuracy_on_the_blind_pairs(offline):
 @pytest.mark.parametrize("spec", ["gpt4", "hf:", "openai", "rm:", "offline:extra"])
 def test_make_judge_rejects_bad_specs(spec):
     with pytest.raises(UserError, match="--judge") as err:
-        judge.make_judge(spec)
+        mascot.make_judge(judge_args(spec), None, "personas.json")
     assert "offline" in str(err.value) and "openai:<base url>" in str(err.value)
 
 
 def test_make_judge_hf_with_a_missing_model_names_the_judge_flag(tmp_path):
     (tmp_path / "not-a-model").mkdir()
     with pytest.raises(UserError, match="--judge hf:"):
-        judge.make_judge(f"hf:{tmp_path / 'not-a-model'}")
+        mascot.make_judge(judge_args(f"hf:{tmp_path / 'not-a-model'}"), None, "personas.json")
 
 
 def test_make_judge_openai_needs_a_model_name(monkeypatch):
     monkeypatch.delenv("MASCOT_JUDGE_MODEL", raising=False)
     with pytest.raises(UserError, match="MASCOT_JUDGE_MODEL"):
-        judge.make_judge("openai:http://127.0.0.1:9/v1")
+        mascot.make_judge(judge_args("openai:http://127.0.0.1:9/v1"), None, "personas.json")
     monkeypatch.setenv("MASCOT_JUDGE_MODEL", "m")
-    assert judge.make_judge("openai:http://127.0.0.1:9/v1").model == "m"
+    with FakeServer([completion("OK")]) as server:
+        assert mascot.make_judge(judge_args(f"openai:{server.url}"), None, "personas.json").model == "m"
 
 
 def test_load_pairs_names_file_line_and_field(tmp_path):
@@ -632,7 +645,7 @@ def test_load_pairs_names_file_line_and_field(tmp_path):
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps(good) + "\n\n" + json.dumps(bad) + "\n")
     with pytest.raises(UserError) as err:
-        judge_eval.load_pairs(path)
+        judges.load_pairs(path)
     assert str(path) in str(err.value) and "line 3" in str(err.value) and "'worse'" in str(err.value)
 
 
@@ -645,14 +658,14 @@ class FirstPositionJudge(judge.Judge):
 
 
 def test_evaluate_pairs_cannot_be_inflated_by_position_bias():
-    pairs = judge_eval.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl")
-    result = judge_eval.evaluate_pairs(FirstPositionJudge(), pairs)
+    pairs = judges.load_pairs(ROOT / "data" / "judge_pairs_blind.jsonl")
+    result = judges.evaluate_pairs(FirstPositionJudge(), pairs)
     assert result["accuracy"] == 0.5 and result["n"] == 24 and result["no_verdict"] == 0
     assert sum(n for _, n in result["per_persona"].values()) == 24
 
 
 def test_format_eval_report():
-    text = judge_eval.format_eval_report({"accuracy": 5 / 6, "n": 6, "no_verdict": 1,
+    text = judges.format_eval_report({"accuracy": 5 / 6, "n": 6, "no_verdict": 1,
                                      "per_persona": {"Beacon": (3, 3), "Anchor": (2, 3)}})
     lines = text.splitlines()
     assert lines[0] == "accuracy: 0.833"
@@ -665,7 +678,8 @@ def test_judge_reply_parsers_never_raise_on_fuzzed_text():
     answer return a verdict or None; they never raise."""
     import random as _random
     import string as _string
-    from metrics import parse_ab, parse_rubric_score
+    from extras.judges import parse_ab
+    from metrics import parse_rubric_score
     rng = _random.Random(1)
     alphabet = _string.printable + "ÄäÆ€🙂\u200b\u0000１２３"
     tricky = ["A", "B", "a or b", "Answer: B", "**A**", "Reply A is better, no wait B", "AB", "", " ",
@@ -677,28 +691,43 @@ def test_judge_reply_parsers_never_raise_on_fuzzed_text():
 
 def test_stage1_counts_unreadable_answers_and_blames_the_judge():
     """An LLM judge whose every answer is unreadable gives no pairs; stage 1 must say it was the
-    judge (reward.all_unreadable), not leave 'no training pairs' to the reward model."""
-    import corpora
-    import reward
+    judge (reward.build_pairs), not leave 'no training pairs' to the reward model."""
     personas = data.load_personas(ROOT / "personas.json", "support")
-    contexts = corpora.load_contexts("bundled", "support")[:2]
+    contexts = data.load_contexts("bundled", "support")[:2]
     states = reward.build_states(contexts, personas, 2, 0, {}, "train")
     candidates = [["one reply", "another reply", "a third"] for _ in states]
     with FakeServer([completion("I cannot decide.")]) as server:
         counts = {}
         pairs = reward.judge_pairs(states, candidates, personas, make_openai(server.url), 0.05, counts=counts)
     assert pairs == [] and counts["scored"] == 6 and counts["unreadable_scores"] == 6
-    assert reward.all_unreadable(counts)
-    assert not reward.all_unreadable(dict(counts, unreadable_scores=5))
-    assert reward.all_unreadable(dict(scored=6, unreadable_scores=0, compared=2, no_verdict=2, unreadable_verdicts=2))
+
+    class Scripted(judge.Judge):
+        """Readable scores from `scores` (None: unreadable); every comparison unreadable."""
+        name = "scripted"
+
+        def __init__(self, scores):
+            super().__init__()
+            self.scores = scores
+
+        def _score_uncached(self, states, replies):
+            return [self.scores[["one reply", "another reply", "a third"].index(r)] for r in replies]
+
+        def _compare_uncached(self, states, firsts, seconds):
+            return [judges.combine_orders(None, None) for _ in firsts]
+
+    def blame(j):
+        with pytest.raises(UserError, match="confirmed no preference pair") as err:
+            reward.build_pairs(reward.RLAIFConfig(), states, candidates, personas, j, 0, log=lambda *a: None)
+        return "every answer was unreadable" in str(err.value)
+
+    assert blame(Scripted([None, None, None]))                 # every score unreadable
+    assert not blame(Scripted([None, None, 0.5]))              # some readable: no gap, not the judge's fault
+    assert blame(Scripted([0.9, 0.5, 0.1]))                    # gaps, but every comparison unreadable
 
 
 def test_stage1_asks_its_comparisons_in_rounds_across_states():
     """judge_pairs asks each state's next widest gap in one compare_many per round, so an openai:
-    judge can send them concurrently; a state stops at max_pairs_per_state confirmed pairs."""
-    import corpora
-    import reward
-
+    judge can send them concurrently; a state stops at max_pairs confirmed pairs."""
     class Recording(judge.Judge):
         name = "recording"
         batches = []
@@ -711,10 +740,10 @@ def test_stage1_asks_its_comparisons_in_rounds_across_states():
             return [Verdict(0, 1.0, {}) for _ in firsts]              # always confirms
 
     personas = data.load_personas(ROOT / "personas.json", "support")
-    states = reward.build_states(corpora.load_contexts("bundled", "support")[:3], personas, 3, 0, {}, "train")
+    states = reward.build_states(data.load_contexts("bundled", "support")[:3], personas, 3, 0, {}, "train")
     candidates = [[f"reply {k} {m}" for m in range(5)] for k in range(len(states))]
     j = Recording()
-    pairs = reward.judge_pairs(states, candidates, personas, j, 0.05, max_pairs_per_state=2)
+    pairs = reward.judge_pairs(states, candidates, personas, j, 0.05, max_pairs=2)
     assert j.batches == [3, 3]                                        # two rounds of one ask per state
     assert [p["state_id"] for p in pairs] == [s.id for s in states for _ in range(2)]
     assert [(p["chosen"][-1], p["rejected"][-1]) for p in pairs[:2]] == [("4", "0"), ("4", "1")]  # widest first
@@ -722,7 +751,7 @@ def test_stage1_asks_its_comparisons_in_rounds_across_states():
 
 def test_complete_many_overlaps_and_keeps_the_order():
     """evaluate.py sends a conversation's rubric prompts (and the pairwise prompts) through
-    complete_many, so --judge-concurrency speeds up evaluation too."""
+    complete_many, so --served-concurrency speeds up evaluation too."""
     def echo_slowly(body):
         threading.Event().wait(0.15)
         return completion("echo " + body["messages"][-1]["content"])

@@ -47,10 +47,13 @@ def test_sentence_bleu_clipping_and_brevity_penalty_by_hand():
 
 
 def test_brevity_penalty_tie_goes_to_shorter_reference():
+    # The brevity penalty, seen through sentence_bleu on hypotheses whose every n-gram matches
+    # (all p_n = 1), so BLEU = BP.
     # hypothesis length 4, references 3 and 5: both 1 away; NLTK picks 3 -> 4 > 3 -> no penalty.
-    assert metrics.brevity_penalty(4, [5, 3]) == 1.0
-    assert metrics.brevity_penalty(2, [4]) == pytest.approx(math.exp(1 - 4 / 2))
-    assert metrics.brevity_penalty(0, [4]) == 0.0
+    assert metrics.sentence_bleu("a b c d".split(), ["a b c d e".split(), "a b c".split()]) == 1.0
+    # length 2 against 4: BP = exp(1 - 4/2) (BLEU-2, so the missing 3- and 4-grams play no part)
+    assert metrics.sentence_bleu("a b".split(), ["a b c d".split()], max_n=2) == pytest.approx(math.exp(1 - 4 / 2))
+    assert metrics.sentence_bleu([], ["a b c d".split()]) == 0.0
 
 
 def test_self_bleu_by_hand():
@@ -88,8 +91,9 @@ def test_self_bleu_short_identical_texts_are_smoothed_below_one():
 
 
 def test_self_bleu_needs_two_texts():
-    assert metrics.self_bleu([]) == 0.0
-    assert metrics.self_bleu(["only one turn here at all"]) == 0.0
+    # None, not 0: with nothing to repeat there is no evidence either way.
+    assert metrics.self_bleu([]) is None
+    assert metrics.self_bleu(["only one turn here at all"]) is None
 
 
 def test_self_bleu_docstring_examples_hold():
@@ -97,7 +101,7 @@ def test_self_bleu_docstring_examples_hold():
     runner = doctest.DocTestRunner()
     for test in finder.find(metrics.self_bleu, "self_bleu", globs={"self_bleu": metrics.self_bleu}):
         runner.run(test)
-    assert runner.failures == 0 and runner.tries >= 2
+    assert runner.failures == 0 and runner.tries >= 1      # one example line: identical and disjoint texts
 
 
 def test_distinct_n_by_hand():
@@ -106,8 +110,8 @@ def test_distinct_n_by_hand():
     assert metrics.distinct_n(texts, 1) == pytest.approx(4 / 6)
     # bigrams (never across texts): the cat, cat sat, the cat, cat ran = 4, unique 3 -> 3/4
     assert metrics.distinct_n(texts, 2) == pytest.approx(3 / 4)
-    assert metrics.distinct_n(["hi", "yo"], 2) == 0.0  # no bigram at all
-    assert metrics.distinct_n([], 1) == 0.0
+    assert metrics.distinct_n(["hi", "yo"], 2) is None  # no bigram at all
+    assert metrics.distinct_n([], 1) is None
 
 
 # ------------------------------------------------------------------ binomial test, win rate
@@ -154,7 +158,7 @@ def test_win_rate_excludes_ties():
     assert result["win_rate"] == pytest.approx(0.7)        # 7 / (7 + 3), ties left out
     assert result["p_value"] == pytest.approx(0.34375)     # binomial test 7 of 10
     all_ties = metrics.win_rate(["tie", "tie"])
-    assert math.isnan(all_ties["win_rate"]) and all_ties["p_value"] == 1.0
+    assert all_ties["win_rate"] is None and all_ties["p_value"] == 1.0
     with pytest.raises(ValueError):
         metrics.win_rate(["A", "a"])
 
@@ -171,8 +175,8 @@ def test_bootstrap_ci_reproducible_contains_mean_and_constant():
     assert low < mean < high
     _, const_low, const_high = metrics.bootstrap_ci([0.1] * 7)  # every resample is identical
     assert const_high - const_low == 0.0
-    assert metrics.bootstrap_ci([4.0]) == (4.0, 4.0, 4.0)
-    assert all(math.isnan(x) for x in metrics.bootstrap_ci([]))
+    assert metrics.bootstrap_ci([4.0]) == (4.0, None, None)      # one value: no interval
+    assert metrics.bootstrap_ci([]) == (None, None, None)
 
 
 def test_bootstrap_ci_matches_a_hand_computed_percentile_case():
@@ -258,11 +262,6 @@ def test_parse_rubric_score_fuzz_never_raises():
 
 # ------------------------------------------------------------------ NLI rates
 
-def test_pairs_of_turns_are_ordered_earlier_later():
-    assert metrics.pairs_of_turns(["a", "b", "c"]) == [(0, 1), (0, 2), (1, 2)]
-    assert metrics.pairs_of_turns(["a"]) == []
-
-
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
     from transformers import AutoTokenizer
@@ -318,13 +317,23 @@ class LongerPremiseNLI(torch.nn.Module):
 
 def test_nli_rates_sum_to_one_and_count_pairs(minilm_tokenizer):
     model = tiny_nli_model(minilm_tokenizer, {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"})
+    # The labels are argmaxes of a random model, and batch size 1 vs 3 pads differently, so the
+    # logits move by fp32 rounding (|logit| < 0.02 from sums of 32 terms: ~1e-8). The equality
+    # below is safe only while every pair's top two logits are far apart: check that they are.
+    pairs = [(i, j) for i in range(len(TURNS)) for j in range(i + 1, len(TURNS))]
+    enc = minilm_tokenizer([TURNS[i] for i, _ in pairs], [TURNS[j] for _, j in pairs], padding=True,
+                           return_tensors="pt")
+    with torch.no_grad():
+        top2 = model(**enc).logits.topk(2, dim=-1).values                # (10, 2)
+    assert (top2[:, 0] - top2[:, 1]).min() > 1e-4
     rates = metrics.nli_rates(TURNS, model, minilm_tokenizer, batch_size=3)  # 10 pairs, 4 batches
-    assert rates["pairs"] == 5 * 4 // 2
+    # The rates no longer carry a pair count; every rate is a count of the 5 * 4 / 2 = 10 pairs.
+    assert set(rates) == set(metrics.NLI_RELATIONS)
+    assert all(r * 10 == round(r * 10) for r in rates.values())
     assert sum(rates[r] for r in metrics.NLI_RELATIONS) == pytest.approx(1.0)
     # Batching must not change which pair gets which label.
     assert metrics.nli_rates(TURNS, model, minilm_tokenizer, batch_size=1) == rates
-    empty = metrics.nli_rates(TURNS[:1], model, minilm_tokenizer)
-    assert empty == {"entailment": 0.0, "contradiction": 0.0, "neutral": 0.0, "pairs": 0}
+    assert metrics.nli_rates(TURNS[:1], model, minilm_tokenizer) is None          # no pair
 
 
 def test_nli_rates_put_the_earlier_turn_first(minilm_tokenizer):
@@ -333,7 +342,7 @@ def test_nli_rates_put_the_earlier_turn_first(minilm_tokenizer):
     # every one of the 6 pairs is "neutral". Swapped, the longer premise would make all 6 "entailment".
     turns = ["yes", "yes yes", "yes yes yes", "yes yes yes yes"]
     rates = metrics.nli_rates(turns, LongerPremiseNLI(), minilm_tokenizer)
-    assert rates == {"entailment": 0.0, "contradiction": 0.0, "neutral": 1.0, "pairs": 6}
+    assert rates == {"entailment": 0.0, "contradiction": 0.0, "neutral": 1.0}
 
 
 def test_nli_rates_read_label_order_from_config(minilm_tokenizer):
@@ -344,8 +353,8 @@ def test_nli_rates_read_label_order_from_config(minilm_tokenizer):
                               {0: "entailment", 1: "contradiction", 2: "neutral"}, 2)
     first = metrics.nli_rates(TURNS[:3], mnli_order, minilm_tokenizer)
     second = metrics.nli_rates(TURNS[:3], permuted, minilm_tokenizer)
-    assert first == {"entailment": 1.0, "contradiction": 0.0, "neutral": 0.0, "pairs": 3}
-    assert second == {"entailment": 0.0, "contradiction": 0.0, "neutral": 1.0, "pairs": 3}
+    assert first == {"entailment": 1.0, "contradiction": 0.0, "neutral": 0.0}
+    assert second == {"entailment": 0.0, "contradiction": 0.0, "neutral": 1.0}
     contra = tiny_nli_model(minilm_tokenizer, {0: "Contradict", 1: "Neutral", 2: "Entails"}, 0)
     assert metrics.nli_rates(TURNS[:2], contra, minilm_tokenizer)["contradiction"] == 1.0
 
@@ -378,72 +387,7 @@ def test_semantic_redundancy_on_hand_made_unit_vectors():
 
 def test_semantic_redundancy_edge_cases():
     one = torch.tensor([[1.0, 0.0]])
-    assert metrics.semantic_redundancy_rate(one) == 0.0
-    assert math.isnan(metrics.mean_pairwise_similarity(one))
+    assert metrics.semantic_redundancy_rate(one) is None                # no pair
+    assert metrics.mean_pairwise_similarity(one) is None
     with pytest.raises(ValueError):
         metrics.semantic_redundancy_rate(torch.tensor([[2.0, 0.0], [0.0, 1.0]]))
-
-
-# ------------------------------------------------------------------ the human studies: U test, kappa
-
-def test_average_ranks_share_tied_ranks():
-    assert metrics.average_ranks([10, 20, 20, 30]) == [1.0, 2.5, 2.5, 4.0]
-    assert metrics.average_ranks([3, 1, 3, 3]) == [3.0, 1.0, 3.0, 3.0]     # ranks 2, 3, 4 -> 3
-
-
-def test_mann_whitney_exact_null_distribution_by_hand():
-    # Two samples of 3: U = 0..9 is the number of partitions of u into at most 3 parts of size
-    # at most 3: 1 1 2 3 3 3 3 2 1 1 ways, 20 = C(6, 3) in all.
-    assert metrics.mann_whitney_counts(3, 3) == [1, 1, 2, 3, 3, 3, 3, 2, 1, 1]
-    assert sum(metrics.mann_whitney_counts(4, 5)) == math.comb(9, 4)
-
-
-def test_mann_whitney_exact_cases_by_hand():
-    # Complete separation: U_x = 0, U_y = 9; p = 2 P(U >= 9) = 2 / 20.
-    r = metrics.mann_whitney_u([1, 2, 3], [4, 5, 6])
-    assert (r["u"], r["method"]) == (0.0, "exact") and r["p_value"] == pytest.approx(0.1)
-    # Interleaved: ranks of x are 1, 3, 5 -> R = 9, U_x = 9 - 6 = 3, max(U) = 6;
-    # P(U >= 6) = (3 + 2 + 1 + 1) / 20, so p = 0.7.
-    r = metrics.mann_whitney_u([1, 3, 5], [2, 4, 6])
-    assert r["u"] == 3.0 and r["p_value"] == pytest.approx(0.7)
-
-
-def test_mann_whitney_normal_approximation_with_ties_by_hand():
-    # Likert ratings. Pooled and sorted: 1 2 3 3 3 4 4 4 5 5; the 3s share ranks 3-5 (4), the
-    # 4s ranks 6-8 (7), the 5s ranks 9-10 (9.5). x = 5 4 4 3 5 has R = 9.5+7+7+4+9.5 = 37, so
-    # U_x = 37 - 15 = 22 and U_y = 25 - 22 = 3. Tie groups 1, 1, 3, 3, 2: sum (t^3 - t) = 54;
-    # var = 25/12 * (11 - 54/90) = 65/3; z = (22 - 12.5 - 0.5) / sqrt(65/3); p = 2 P(Z > z).
-    r = metrics.mann_whitney_u([5, 4, 4, 3, 5], [3, 2, 3, 4, 1])
-    z = 9 / math.sqrt(65 / 3)
-    assert r["u"] == 22.0 and r["method"] == "asymptotic"
-    assert r["p_value"] == pytest.approx(math.erfc(z / math.sqrt(2)), rel=1e-12)
-    assert r["p_value"] == pytest.approx(0.0531733827, abs=1e-9)   # scipy.stats.mannwhitneyu agrees
-    assert (r["mean_x"], r["mean_y"]) == (4.2, 2.6)
-    # Every value equal: no evidence, p = 1; the exact method refuses ties.
-    assert metrics.mann_whitney_u([3, 3], [3, 3, 3])["p_value"] == 1.0
-    with pytest.raises(ValueError):
-        metrics.mann_whitney_u([1, 2], [2, 3], method="exact")
-    with pytest.raises(ValueError):
-        metrics.mann_whitney_u([], [1])
-
-
-def test_cohen_kappa_by_hand():
-    # 50 items: both "yes" 20, a yes / b no 5, a no / b yes 10, both "no" 15.
-    # p_o = 35/50 = 0.7; a says yes 25/50, b 30/50: p_e = 0.5*0.6 + 0.5*0.4 = 0.5; kappa = 0.4.
-    a = ["yes"] * 25 + ["no"] * 25
-    b = ["yes"] * 20 + ["no"] * 5 + ["yes"] * 10 + ["no"] * 15
-    assert metrics.cohen_kappa(a, b) == pytest.approx(0.4)
-    assert metrics.cohen_kappa(["x", "y"], ["x", "y"]) == 1.0
-    assert math.isnan(metrics.cohen_kappa(["x", "x"], ["x", "x"]))    # p_e = 1: undefined
-
-
-def test_fleiss_kappa_textbook_example():
-    # Fleiss (1971) as worked on Wikipedia: 10 items, 14 raters, 5 categories.
-    # mean P_i = 0.378, sum p_j^2 = 0.213, kappa = (0.378 - 0.213) / (1 - 0.213) = 0.210.
-    table = [[0, 0, 0, 0, 14], [0, 2, 6, 4, 2], [0, 0, 3, 5, 6], [0, 3, 9, 2, 0], [2, 2, 8, 1, 1],
-             [7, 7, 0, 0, 0], [3, 2, 6, 3, 0], [2, 5, 3, 2, 2], [6, 5, 2, 1, 0], [0, 2, 2, 3, 7]]
-    assert metrics.fleiss_kappa(table) == pytest.approx(0.20993, abs=1e-5)
-    # Two raters, two items, full agreement on different categories: kappa = 1.
-    assert metrics.fleiss_kappa([[2, 0], [0, 2]]) == 1.0
-    with pytest.raises(ValueError):
-        metrics.fleiss_kappa([[2, 0], [1, 0]])

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import models
-import sampler
 from data import UserError
 
 CHATS = [[{"role": "system", "content": "You are Anchor, a warm listener."},
@@ -24,7 +23,7 @@ def test_embedded_model_loads_from_cache_and_speaks(smol):
     elapsed = time.time() - t0
     assert "quantization_config" not in model.config.to_dict()
     assert sum(p.numel() for p in model.parameters()) > 100_000_000
-    gen = sampler.generate(model, tok, CHATS[:1], max_new_tokens=20)
+    gen = models.generate(model, tok, CHATS[:1], max_new_tokens=20)
     assert len(gen.texts[0].split()) >= 3                # real words, not an empty string
     print(f"cached load took {elapsed:.2f} s")
 
@@ -38,28 +37,27 @@ def test_tiny_model_is_seeded_and_shares_the_tokenizer(tiny):
     assert "<|im_start|>" in tok.apply_chat_template(CHATS[1], tokenize=False)
 
 
-def test_a_frozen_model_is_packed_and_computes_the_same(smol):
-    # frozen=True: no gradients, every Linear packed for oneDNN; same logits up to summation order,
-    # and the same greedy reply on the embedded model.
+def test_a_frozen_model_computes_the_same(smol):
+    # frozen=True: no gradients, the same weights; so the same logits and the same greedy reply
+    # (the same kernels on the same shapes in one process: equal bit for bit, whatever the CPU).
     model, tok = smol
     frozen, _ = models.load_model("smollm2-135m", frozen=True)
-    assert not any(isinstance(m, torch.nn.Linear) for m in frozen.modules())
-    assert isinstance(frozen.lm_head, models.PackedLinear)
     assert not any(p.requires_grad for p in frozen.parameters())
-    ids, mask = sampler.left_pad(sampler.chat_prompt_ids(tok, CHATS), tok.pad_token_id)
+    assert all(p.requires_grad for p in model.parameters())
+    ids, mask = models.left_pad(models.chat_prompt_ids(tok, CHATS), tok.pad_token_id)
     with torch.no_grad():
         a = model(input_ids=ids, attention_mask=mask).logits
         b = frozen(input_ids=ids, attention_mask=mask).logits
     assert (a - b).abs().max().item() < 1e-3 * a.abs().max().item()
-    assert (sampler.generate(frozen, tok, CHATS, max_new_tokens=20).texts
-            == sampler.generate(model, tok, CHATS, max_new_tokens=20).texts)
+    assert (models.generate(frozen, tok, CHATS, max_new_tokens=20).texts
+            == models.generate(model, tok, CHATS, max_new_tokens=20).texts)
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads Linux's /proc")
 def test_a_frozen_model_lets_go_of_the_weight_file(smol):
-    # Packing reads every weight through the memory-mapped safetensors file; unless the tensors
-    # left unpacked get copies of their own, the mapping stays and all it read counts as
-    # resident: 1.11 GB after loading a frozen SmolLM2-135M, 0.69 GB with the copies.
+    # The weights are read through the memory-mapped safetensors file; if the model's tensors
+    # kept pointing into the mapping, all it read would stay resident on top of the model's own
+    # copies: 1.11 GB after loading a frozen SmolLM2-135M instead of ~0.7 GB.
     script = ("import sys; sys.path.insert(0, sys.argv[1]); import models\n"
               "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
               "before = rss(); models.load_model('smollm2-135m', frozen=True); print((rss() - before) / 1e9)")
@@ -95,5 +93,7 @@ def test_sentence_encoder_is_normalised_and_meaningful():
     enc = models.SentenceEncoder()
     v = enc.embed(["I lost my job today.", "I was fired this morning.", "The cake recipe needs eggs."])
     assert v.shape == (3, 384)
-    assert torch.allclose(v.norm(dim=1), torch.ones(3), atol=1e-5)
+    # Unit length up to fp32 rounding: normalising and the norm here each sum 384 squares
+    # (relative error up to ~384 * 2^-24 each, whatever order a CPU's kernels add them in).
+    assert torch.allclose(v.norm(dim=1), torch.ones(3), atol=2 * 384 * 2**-24)
     assert v[0] @ v[1] > v[0] @ v[2] + 0.3

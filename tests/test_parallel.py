@@ -1,9 +1,10 @@
-"""Data-parallel GRPO (parallel.py): two gloo processes take the one-process step.
+"""Data-parallel GRPO (extras/multigpu.py): two gloo processes take the one-process step.
 
 Each process is a real `python` with torchrun's environment variables (RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT), running one grpo.grpo_step on the tiny model. After the step the
-weights of rank 0 must equal those of a single process on the same global batch to 1e-6, for
-both loss normalisations, with micro-batch accumulation on. Then the CLI under torchrun.
+MASTER_ADDR, MASTER_PORT), running one grpo.grpo_step on the tiny model: with one process through
+grpo.OneProcess, with two through multigpu.Ranks. After the step the weights of rank 0 must equal
+those of the single process on the same global batch to 1e-6, for both loss normalisations, with
+micro-batch accumulation on. Then the CLI under torchrun.
 """
 
 import json
@@ -20,13 +21,14 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = r'''
-import json, sys
+import argparse, json, os, sys
 sys.path.insert(0, sys.argv[1])
 import torch
 from safetensors.torch import save_file
-import grpo, models, parallel
+import grpo, models
+from extras.multigpu import Ranks
 torch.set_num_threads(1)
-parallel.init("cpu")
+ranks = Ranks(argparse.Namespace(device="cpu")) if int(os.environ["WORLD_SIZE"]) > 1 else grpo.OneProcess()
 model, tok = models.load_model("tiny")
 cfg = grpo.GRPOConfig(seed=3, max_new_tokens=6, prompts_per_step=4, group_size=2, lr=1e-4, beta=0.0,
                       warmup_steps=0, micro_batch=3, loss_type=sys.argv[3])
@@ -36,12 +38,11 @@ def reward_fn(meta, texts, gen):
     rewards = [float(len(t) % 5) + 0.1 * m for t, m in zip(texts, [m for m in meta for _ in range(2)])]
     return rewards, {"len": rewards}
 optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-parallel.broadcast_parameters(model)
-stats, gen, rewards = grpo.grpo_step(model, tok, optimizer, prompts, [0, 1, 2, 3], reward_fn, cfg, 1)
-if parallel.is_main():
+ranks.broadcast(model)
+stats, gen, rewards = grpo.grpo_step(model, tok, optimizer, prompts, [0, 1, 2, 3], reward_fn, cfg, 1, ranks=ranks)
+if ranks.is_main:
     save_file({k: v.clone().contiguous() for k, v in model.state_dict().items()}, sys.argv[2])
     print(json.dumps({"stats": stats, "rewards": rewards, "rows": len(gen.texts)}))
-parallel.close()
 '''
 
 

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 import data
-import judge_eval
+import models
 import reward
-import sampler
 from simulate import JudgeState
 
 HERE = Path(__file__).resolve().parents[1]
@@ -104,7 +103,7 @@ def test_score_ignores_padding_on_either_side(tiny_rm):
                   history=[{"speaker": "Catalyst", "text": "What happened?"}])]
     with torch.no_grad():
         alone = [rm(*rm.encode(tok, [c])).item() for c in chats]   # one row each: no padding
-        ids, mask = rm.encode(tok, chats)                          # left padded (sampler.left_pad)
+        ids, mask = rm.encode(tok, chats)                          # left padded (models.left_pad)
         assert (mask == 0).any(), "the batch must actually contain padding"
         left = rm(ids, mask).tolist()
         # Right padding: move each row's real tokens to the front.
@@ -121,8 +120,12 @@ def test_score_ignores_padding_on_either_side(tiny_rm):
 def test_encode_truncates_from_the_left(tiny_rm):
     rm, tok = tiny_rm
     c = chat("A long message. " * 30, "The reply at the end.")
-    full, _ = rm.encode(tok, [c], max_length=10_000)
-    cut, mask = rm.encode(tok, [c], max_length=12)
+    keep = rm.max_length
+    rm.max_length = 10_000
+    full, _ = rm.encode(tok, [c])
+    rm.max_length = 12
+    cut, mask = rm.encode(tok, [c])
+    rm.max_length = keep
     assert full.shape[1] > 12 and cut.shape == (1, 12) and mask.sum() == 12
     assert cut[0].tolist() == full[0, -12:].tolist()               # the reply survives
     assert "The reply at the end." in tok.decode(cut[0])
@@ -167,7 +170,7 @@ def test_reward_model_learns_a_synthetic_preference():
     _, held = reward.split_pairs(pairs, 0.2, seed=0)
     before_loss, before_acc = reward.evaluate_pairs(rm, tok, held)
     lines = []
-    metrics = reward.train_reward_model(rm, tok, pairs, held_out_fraction=0.2, epochs=2, lr=3e-4,
+    metrics = reward.train_reward_model(rm, tok, pairs, held_out=0.2, epochs=2, lr=3e-4,
                                         batch_size=16, seed=0, log=lines.append)
     assert before_acc < 0.75                                       # starts near chance
     assert metrics["heldout_accuracy"] >= 0.90                     # and learns the preference
@@ -176,25 +179,6 @@ def test_reward_model_learns_a_synthetic_preference():
     assert len(lines) == 3 and lines[-1].startswith("reward model epoch 2/2")   # header + 1 per epoch
     # No gradients left attached after training: they would be one more copy of the weights.
     assert all(p.grad is None for p in rm.parameters())
-
-
-def test_labelled_hack_accuracy_scores_each_pair_once_and_splits_by_kind(tmp_path):
-    torch.manual_seed(0)
-    rm, tok = reward.RewardModel.from_base("tiny")
-    rows = [json.loads(line) for line in (HERE / "data" / "judge_pairs_hacks.jsonl").read_text().splitlines()[:12]]
-    path = tmp_path / "hacks.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    calls = []
-    rm.head.register_forward_pre_hook(lambda mod, args: calls.append(args[0].shape[0]))
-    result = reward.labelled_hack_accuracy(rm, tok, path)
-    assert sum(calls) == 2 * len(rows)                             # chosen + rejected, once each
-    # Each kind's accuracy is the accuracy on that kind's pairs alone, scored separately.
-    for kind, acc in result["per_kind"].items():
-        pairs = [{"chosen_messages": reward.rm_messages(JudgeState.from_pair(r), r["better"]),
-                  "rejected_messages": reward.rm_messages(JudgeState.from_pair(r), r["worse"])}
-                 for r in rows if r["failure"] == kind]
-        assert acc == pytest.approx(reward.evaluate_pairs(rm, tok, pairs)[1])
-    assert result["n"] == 12
 
 
 def test_one_pair_at_a_time_is_the_batch_gradient(monkeypatch):
@@ -212,38 +196,26 @@ def test_one_pair_at_a_time_is_the_batch_gradient(monkeypatch):
         seen.append([p.grad.clone() for p in params])
         return clip(params, max_norm)
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
-    reward.train_reward_model(rm, tok, pairs, held_out_fraction=0.0, epochs=1, lr=1e-3,
+    reward.train_reward_model(rm, tok, pairs, held_out=0.0, epochs=1, lr=1e-3,
                               batch_size=6, log=lambda line: None)
     ids, mask = manual.encode(tok, [p["chosen_messages"] for p in pairs] + [p["rejected_messages"] for p in pairs])
     scores = manual(ids, mask)                                     # (12,)
     reward.bradley_terry_loss(scores[:6], scores[6:]).backward()
     assert len(seen) == 1                                          # one batch, one step
+    # Equal up to fp32 summation order only: one forward of 12 chats and six of 2 sum each gradient
+    # element over the same ~1,000 token terms in another order (other matmul shapes, other kernels:
+    # an AVX-512 CPU gave 1.9e-6 absolute where AVX2 gave 0). A sum of n fp32 terms can move by
+    # about n * 2^-24 of their magnitude (~6e-5 for n ~ 1,000), so the bound is 1e-4 of the
+    # tensor's largest gradient; a wrong accumulation (a missing 1/n, a pair counted twice) is off
+    # by a factor, far outside it.
     for (name, p), grad in zip(manual.named_parameters(), seen[0]):
-        assert torch.allclose(grad, p.grad, atol=1e-6), name
+        assert (grad - p.grad).abs().max() <= 1e-4 * p.grad.abs().max() + 1e-10, name
 
 
-def test_score_shared_equals_the_plain_forward_and_runs_the_shared_part_once():
+def test_score_texts_keeps_every_score_in_its_row():
+    # score_texts batches the chats (here 2 at a time); every score is the one the chat gets alone.
     torch.manual_seed(0)
     rm, tok = reward.RewardModel.from_base("tiny")
-    pair = synthetic_pairs(1, seed=4)[0]
-    rows = rm.token_rows(tok, [pair["chosen_messages"], pair["rejected_messages"]])
-    P = reward.common_prefix(rows)
-    assert 10 < P < min(len(r) for r in rows)                      # the conversation is shared
-    tokens = []
-    rm.backbone.register_forward_pre_hook(lambda mod, args, kwargs: tokens.append(kwargs["input_ids"].numel()),
-                                          with_kwargs=True)
-    shared = rm.score_shared(rows)                                 # (2,)
-    assert sum(tokens) == P + 2 * (max(len(r) for r in rows) - P)  # the shared part once
-    plain = rm(*rm.encode(tok, [pair["chosen_messages"], pair["rejected_messages"]]))
-    assert torch.allclose(shared, plain, atol=1e-5)
-    # Rows of different lengths, one of them the other's prefix plus one token, and rows that
-    # share nothing (the plain path): the same scores as forward.
-    for rows in ([[5, 6, 7, 8], [5, 6, 7, 8, 9]], [[5, 6, 7], [8, 9]], [[5, 6, 7]]):
-        ids, mask = sampler.left_pad(rows, 0)
-        assert torch.allclose(rm.score_shared(rows), rm(ids, mask), atol=1e-5), rows
-    assert reward.common_prefix([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2 and reward.common_prefix([[1], [2]]) == 0
-    # score_texts groups the chats that differ only in the reply (here 3 replies to one
-    # conversation, 2 to another, 1 alone) and keeps every score in its row.
     chats = [p["chosen_messages"] for p in synthetic_pairs(3, seed=5)]
     many = [chats[0][:-1] + [{"role": "assistant", "content": r}] for r in ("One.", "Two words.", "Three more.")]
     many = [many[0], chats[1], many[1], chats[2], many[2],
@@ -258,12 +230,12 @@ def test_training_is_deterministic_and_never_fakes_heldout_accuracy():
     for _ in range(2):
         torch.manual_seed(0)
         rm, tok = reward.RewardModel.from_base("tiny")
-        runs.append(reward.train_reward_model(rm, tok, pairs, held_out_fraction=0.25, epochs=1,
+        runs.append(reward.train_reward_model(rm, tok, pairs, held_out=0.25, epochs=1,
                                               lr=3e-4, batch_size=4, seed=3, log=lambda line: None))
     assert runs[0] == runs[1]
     torch.manual_seed(0)
     rm, tok = reward.RewardModel.from_base("tiny")
-    metrics = reward.train_reward_model(rm, tok, pairs, held_out_fraction=0.0, epochs=1, lr=3e-4,
+    metrics = reward.train_reward_model(rm, tok, pairs, held_out=0.0, epochs=1, lr=3e-4,
                                         batch_size=4, log=lambda line: None)
     assert metrics["n_heldout"] == 0
     assert metrics["heldout_accuracy"] is None and metrics["heldout_loss"] is None
@@ -362,71 +334,6 @@ def test_format_reward_empty_reply_scores_zero():
 # ---------------------------------------------------------------------------------------------
 # Reward hacks: the pairs that teach the reward model to reject them, and best-of-N grading
 # ---------------------------------------------------------------------------------------------
-
-def diag(copy=0.0, words=10.0):
-    return {"context_copy": copy, "persona_copy": 0.0, "history_echo": 0.0, "self_repeat": 0.0, "meta_leak": 0.0,
-            "trivial": 0.0, "words": words}
-
-
-def test_grade_picks_hand_computed():
-    # 4 states x 2 candidates: candidate 0 copies the context, candidate 1 does not.
-    diags = [diag(1.0), diag(0.0)] * 4
-    copier = judge_eval.grade_picks(diags, 2, [0, 0, 0, 0])
-    # pick rate 1.0, chance 0.5 in every state: difference +0.5 with se 0 -> fails
-    assert copier["rates"]["context_copy"] == 1.0
-    assert copier["difference"]["context_copy"] == (0.5, 0.0) and not copier["passes"]
-    avoider = judge_eval.grade_picks(diags, 2, [1, 1, 1, 1])
-    assert avoider["difference"]["context_copy"] == (-0.5, 0.0) and avoider["passes"]
-    # Half and half: differences +0.5, -0.5, +0.5, -0.5: mean 0 -> passes.
-    assert judge_eval.grade_picks(diags, 2, [0, 1, 0, 1])["passes"]
-    # Longer picks are reported but do not fail a grader.
-    longer = judge_eval.grade_picks([diag(0.0, 2.0), diag(0.0, 20.0)] * 4, 2, [1, 1, 1, 1])
-    assert longer["difference"]["words"] == (9.0, 0.0) and longer["passes"]
-
-
-def test_grade_independent_hand_computed():
-    # 2 states x 3 candidates; the independent evaluator's numbers per candidate.
-    def g(correct, ratio, equal=None):
-        return {"correct": correct, "log_ratio": ratio, "correct_equal": equal, "tokens": 5}
-    scores = [g(1.0, 0.3, 1.0), g(0.0, 0.0), g(0.0, -0.3, 0.0),            # state 0: chance 1/3, ratio 0.0
-              g(1.0, 0.2, 0.0), g(1.0, 0.1, 1.0), g(0.0, 0.0, 1.0)]      # state 1: chance 2/3, ratio 0.1
-    best = judge_eval.grade_independent(scores, 3, [0, 0])
-    # picks: correct 1, 1 -> mean 1.0; differences 1 - 1/3 and 1 - 2/3 -> mean 0.5
-    assert best["correct"][0] == 1.0 and best["correct"][1] == pytest.approx(0.5)
-    # log-ratio differences 0.3 and 0.1: mean 0.2, se = std([0.3, 0.1]) / sqrt(2) = 0.1
-    assert best["log_ratio"][1] == pytest.approx(0.2) and best["log_ratio"][2] == pytest.approx(0.1)
-    # equal length: state 0's short candidate has None and is left out of chance (1/2); picks 1, 0;
-    # differences 1 - 1/2 and 0 - 2/3 -> mean -1/12
-    assert best["correct_equal"][0] == 0.5 and best["correct_equal"][1] == pytest.approx(-1 / 12)
-    worst = judge_eval.grade_independent(scores, 3, [2, 2])
-    assert worst["correct"][1] == pytest.approx(-0.5) and worst["log_ratio"][1] == pytest.approx(-0.2)
-    # A pick whose speaker the evaluator cannot score is skipped, and its state's None candidates
-    # do not enter the chance rate.
-    scores[1] = g(None, None)
-    skipped = judge_eval.grade_independent(scores, 3, [1, 0])
-    assert skipped["correct"] == (1.0, pytest.approx(1 / 3), 0.0)
-    assert judge_eval.grade_independent(scores[:3], 3, [1])["correct"] == (None, None, None)
-
-
-def test_within_state_correlation_and_feature_alignment_by_hand():
-    # 2 states x 2 candidates. Within-state deviations: x (0.5, -0.5), (1, -1); y (0.2, -0.2),
-    # (0.1, -0.1): sum xy 0.4, sum xx 2.5, sum yy 0.1 -> r = 0.4 / sqrt(0.25) = 0.8. The states'
-    # own levels (x around 0.5 and 4) do not enter.
-    xs, ys = [1.0, 0.0, 5.0, 3.0], [0.5, 0.1, 0.4, 0.2]
-    assert judge_eval.within_state_correlation(xs, ys, 2) == pytest.approx(0.8)
-    assert judge_eval.within_state_correlation([-x for x in xs], ys, 2) == pytest.approx(-0.8)
-    # A candidate without a score leaves its state with one: that state drops out (r of 1 pair = 1).
-    assert judge_eval.within_state_correlation(xs, [0.5, None, 0.4, 0.2], 2) == pytest.approx(1.0)
-    assert judge_eval.within_state_correlation([1.0, 1.0, 2.0, 2.0], ys, 2) is None      # x never varies
-    gold = [{"correct": None, "log_ratio": y, "correct_equal": None} for y in ys]
-    feats = [{"a": x, "b": -x} for x in xs]
-    align = judge_eval.feature_alignment(feats, gold, 2)
-    # a picks candidate 0 of each state: log-ratios 0.5 and 0.4 against chance 0.3 and 0.3:
-    # differences 0.2 and 0.1 -> mean 0.15, se = std(0.2, 0.1) / sqrt(2) = 0.05
-    assert align["a"]["r"] == pytest.approx(0.8)
-    assert align["a"]["pick"] == (pytest.approx(0.45), pytest.approx(0.15), pytest.approx(0.05))
-    assert align["b"]["r"] == pytest.approx(-0.8) and align["b"]["pick"][1] == pytest.approx(-0.15)
-
 
 def test_split_pairs_keeps_every_state_on_one_side():
     pairs = [{"state_id": f"s{i % 10}", "k": i} for i in range(40)]       # 4 pairs per state

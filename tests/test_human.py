@@ -1,15 +1,16 @@
-"""Tests of the human studies: the statistics (human.py) on judgements worked out by hand, the
-annotation server (extras/annotate.py) over HTTP, and the page in a real headless Chromium.
+"""Tests of the human studies (extras/human.py): the rank and agreement statistics and the analysis
+on judgements worked out by hand, `evaluate --human`, the annotation server over HTTP, and the page
+in a real headless Chromium.
 
 The browser test drives Chromium through the DevTools protocol over a pipe (--remote-debugging-pipe:
 NUL-separated JSON on file descriptors 3 and 4), so it needs no Python package beyond the
 standard library. It is skipped where no chromium binary is installed, except under
 MASCOT_REQUIRE_BROWSER=1 (set by .ci/run, which installs Chromium), where a missing browser fails.
 
-Run: .venv/bin/python -m pytest -q tests/test_annotate.py
+Run: .venv/bin/python -m pytest -q tests/test_human.py
 """
 
-import importlib.util
+import collections
 import json
 import math
 import os
@@ -26,15 +27,76 @@ from pathlib import Path
 import pytest
 
 import data
-import human
-
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("annotate", ROOT / "extras" / "annotate.py")
-annotate = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(annotate)
+import mascot
+from extras import human
 
 
-# ------------------------------------------------------------------ the statistics, by hand
+# ------------------------------------------------------------------ Mann-Whitney U, Cohen's and Fleiss' kappa
+
+def test_average_ranks_share_tied_ranks():
+    assert human.average_ranks([10, 20, 20, 30]) == [1.0, 2.5, 2.5, 4.0]
+    assert human.average_ranks([3, 1, 3, 3]) == [3.0, 1.0, 3.0, 3.0]     # ranks 2, 3, 4 -> 3
+
+
+def test_mann_whitney_exact_null_distribution_by_hand():
+    # Two samples of 3: U = 0..9 is the number of partitions of u into at most 3 parts of size
+    # at most 3: 1 1 2 3 3 3 3 2 1 1 ways, 20 = C(6, 3) in all.
+    assert human.mann_whitney_counts(3, 3) == [1, 1, 2, 3, 3, 3, 3, 2, 1, 1]
+    assert sum(human.mann_whitney_counts(4, 5)) == math.comb(9, 4)
+
+
+def test_mann_whitney_exact_cases_by_hand():
+    # Complete separation: U_x = 0, U_y = 9; p = 2 P(U >= 9) = 2 / 20.
+    r = human.mann_whitney_u([1, 2, 3], [4, 5, 6])
+    assert (r["u"], r["method"]) == (0.0, "exact") and r["p_value"] == pytest.approx(0.1)
+    # Interleaved: ranks of x are 1, 3, 5 -> R = 9, U_x = 9 - 6 = 3, max(U) = 6;
+    # P(U >= 6) = (3 + 2 + 1 + 1) / 20, so p = 0.7.
+    r = human.mann_whitney_u([1, 3, 5], [2, 4, 6])
+    assert r["u"] == 3.0 and r["p_value"] == pytest.approx(0.7)
+
+
+def test_mann_whitney_normal_approximation_with_ties_by_hand():
+    # Likert ratings. Pooled and sorted: 1 2 3 3 3 4 4 4 5 5; the 3s share ranks 3-5 (4), the
+    # 4s ranks 6-8 (7), the 5s ranks 9-10 (9.5). x = 5 4 4 3 5 has R = 9.5+7+7+4+9.5 = 37, so
+    # U_x = 37 - 15 = 22 and U_y = 25 - 22 = 3. Tie groups 1, 1, 3, 3, 2: sum (t^3 - t) = 54;
+    # var = 25/12 * (11 - 54/90) = 65/3; z = (22 - 12.5 - 0.5) / sqrt(65/3); p = 2 P(Z > z).
+    r = human.mann_whitney_u([5, 4, 4, 3, 5], [3, 2, 3, 4, 1])
+    z = 9 / math.sqrt(65 / 3)
+    assert r["u"] == 22.0 and r["method"] == "asymptotic"
+    assert r["p_value"] == pytest.approx(math.erfc(z / math.sqrt(2)), rel=1e-12)
+    assert r["p_value"] == pytest.approx(0.0531733827, abs=1e-9)   # scipy.stats.mannwhitneyu agrees
+    assert (r["mean_x"], r["mean_y"]) == (4.2, 2.6)
+    # Every value equal: no evidence, p = 1; the exact method refuses ties.
+    assert human.mann_whitney_u([3, 3], [3, 3, 3])["p_value"] == 1.0
+    with pytest.raises(ValueError):
+        human.mann_whitney_u([1, 2], [2, 3], method="exact")
+    with pytest.raises(ValueError):
+        human.mann_whitney_u([], [1])
+
+
+def test_cohen_kappa_by_hand():
+    # 50 items: both "yes" 20, a yes / b no 5, a no / b yes 10, both "no" 15.
+    # p_o = 35/50 = 0.7; a says yes 25/50, b 30/50: p_e = 0.5*0.6 + 0.5*0.4 = 0.5; kappa = 0.4.
+    a = ["yes"] * 25 + ["no"] * 25
+    b = ["yes"] * 20 + ["no"] * 5 + ["yes"] * 10 + ["no"] * 15
+    assert human.cohen_kappa(a, b) == pytest.approx(0.4)
+    assert human.cohen_kappa(["x", "y"], ["x", "y"]) == 1.0
+    assert math.isnan(human.cohen_kappa(["x", "x"], ["x", "x"]))    # p_e = 1: undefined
+
+
+def test_fleiss_kappa_textbook_example():
+    # Fleiss (1971) as worked on Wikipedia: 10 items, 14 raters, 5 categories.
+    # mean P_i = 0.378, sum p_j^2 = 0.213, kappa = (0.378 - 0.213) / (1 - 0.213) = 0.210.
+    table = [[0, 0, 0, 0, 14], [0, 2, 6, 4, 2], [0, 0, 3, 5, 6], [0, 3, 9, 2, 0], [2, 2, 8, 1, 1],
+             [7, 7, 0, 0, 0], [3, 2, 6, 3, 0], [2, 5, 3, 2, 2], [6, 5, 2, 1, 0], [0, 2, 2, 3, 7]]
+    assert human.fleiss_kappa(table) == pytest.approx(0.20993, abs=1e-5)
+    # Two raters, two items, full agreement on different categories: kappa = 1.
+    assert human.fleiss_kappa([[2, 0], [0, 2]]) == 1.0
+    with pytest.raises(ValueError):
+        human.fleiss_kappa([[2, 0], [1, 0]])
+
+
+# ------------------------------------------------------------------ the analysis, by hand
 
 def judgement(annotator, item, choice, help_a=None, help_b=None):
     rec = {"annotator": annotator, "item": str(item), "context_id": f"c{item}", "systems": ["mascot", "few-shot-cot"],
@@ -58,7 +120,7 @@ def test_analysis_matches_hand_computed_values():
     assert result["choice"]["p_value"] == pytest.approx(0.34375)
     # Both raters chose A for items 0, 1, 2; both chose B for item 4.
     assert (result["unanimous_a"], result["unanimous_b"]) == (3, 1)
-    # Stream 1 helpfulness: U = 22, p = 0.05317 (tests/test_metrics.py works it out by hand).
+    # Stream 1 helpfulness: U = 22, p = 0.05317 (worked out by hand in the Mann-Whitney test above).
     s1 = result["likert"]["helpfulness/1"]
     assert s1["u"] == 22.0 and s1["p_value"] == pytest.approx(0.0531733827, abs=1e-9)
     assert (s1["mean_x"], s1["mean_y"]) == (4.2, 2.6)
@@ -91,9 +153,11 @@ def write_transcripts(path: Path, n_items: int = 3) -> None:
     rows = []
     for k, system in enumerate(("mascot", "few-shot-cot", "zero-shot")):
         for i in range(n_items):
-            rows.append({"system": system, "index": i, "context_id": f"ctx-{i}", "situation": f"Situation {i}.",
-                         "turns": [{"speaker": "User", "text": f"My problem {i}."},
-                                   {"speaker": "Anchor", "text": f"Reply {i}-{k} <b>bold?</b>"}]})
+            rows.append({"system": system, "context_id": f"ctx-{i}", "persona_set": "support", "situation": f"Situation {i}.",
+                         "profile": "p1", "policy": system, "seed": i, "events": [],
+                         "turns": [{"speaker": "User", "text": f"My problem {i}.", "directive": None},
+                                   {"speaker": "Anchor", "text": f"Reply {i}-{k} <b>bold?</b>",
+                                    "directive": {"agent": "Anchor", "action": "ask mascot", "tone": "warm"}}]})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -104,8 +168,8 @@ def server(tmp_path):
 
     def start():
         items = human.load_items(tmp_path / "transcripts.jsonl", "mascot", "few-shot-cot")
-        study = annotate.Study(items, out, ratings=2, per_annotator=10, likert=True, seed=0)
-        srv = annotate.serve(study, 0)
+        study = human.Study(items, out, ratings=2, per_annotator=10, likert=True, seed=0)
+        srv = human.serve(study, 0)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         return srv, study, f"http://127.0.0.1:{srv.server_address[1]}"
 
@@ -155,6 +219,7 @@ def test_pages_are_blind_saved_resumable_and_shared(server):
     for name in ("mascot", "few-shot-cot"):
         assert f">{name}" not in page and f"name={name}" not in page
     assert "<b>bold?</b>" not in page and "&lt;b&gt;bold?&lt;/b&gt;" in page
+    assert "ask mascot" not in page                   # directives are not shown: they give a system away
     # An incomplete answer is refused and nothing is saved.
     form = full_form(page)
     del form["c2_safety"]
@@ -165,7 +230,7 @@ def test_pages_are_blind_saved_resumable_and_shared(server):
     status, location, _ = post(f"{base}/answer", form)
     assert status == 303 and location == "/item?annotator=ann1"
     rec = json.loads(out.read_text().splitlines()[0])
-    assert rec["annotator"] == "ann1" and rec["choice"] == rec["left"] == study.left_system("ann1", study.items[form["item"]])
+    assert rec["annotator"] == "ann1" and rec["choice"] == rec["left"] == study.shown("ann1", study.items[form["item"]])[0]
     assert set(rec["likert"]) == {"mascot", "few-shot-cot"} and rec["likert"]["mascot"]["safety"] == 4
     # Resumable: a new server on the same file knows ann1 has done that item.
     srv.shutdown()
@@ -182,7 +247,7 @@ def test_pages_are_blind_saved_resumable_and_shared(server):
             assert post(f"{base2}/answer", full_form(page, choice="2"))[0] == 303
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 6
-    assert all(n == 2 for n in __import__("collections").Counter(r["item"] for r in records).values())
+    assert all(n == 2 for n in collections.Counter(r["item"] for r in records).values())
     assert len({(r["annotator"], r["item"]) for r in records}) == 6
     # And the statistics read the file.
     result = human.analyse(human.load_records(out))["mascot vs few-shot-cot"]
@@ -192,16 +257,41 @@ def test_pages_are_blind_saved_resumable_and_shared(server):
 def test_sides_are_random_but_fixed_per_annotator_and_item(server):
     make, _ = server
     _, study, _ = make()
-    sides = [study.left_system(f"ann{i}", study.items["0"]) for i in range(40)]
-    assert sides == [study.left_system(f"ann{i}", study.items["0"]) for i in range(40)]
+    sides = [study.shown(f"ann{i}", study.items["0"])[0] for i in range(40)]
+    assert sides == [study.shown(f"ann{i}", study.items["0"])[0] for i in range(40)]
     assert 10 < sides.count("mascot") < 30
 
 
 def test_command_line_errors(tmp_path, capsys):
     write_transcripts(tmp_path / "t.jsonl")
-    assert annotate.main(["--transcripts", str(tmp_path / "t.jsonl"), "--a", "mascot", "--b", "sft",
-                          "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert human.main(["serve", "--transcripts", str(tmp_path / "t.jsonl"), "--a", "mascot", "--b", "sft",
+                       "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "no conversations of system 'sft'" in capsys.readouterr().err
+    # Conversations pair only on the same seed, context and profile (one evaluation's systems).
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["profile"] = "p2" if r["system"] == "few-shot-cot" else r["profile"]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"system": "x"}) + "\n")
+    with pytest.raises(data.UserError, match="line 10 lacks 'seed'"):
+        human.load_items(tmp_path / "t.jsonl", "mascot", "few-shot-cot")
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(data.UserError, match="share no conversation"):
+        human.load_items(tmp_path / "t.jsonl", "mascot", "few-shot-cot")
+
+
+def test_evaluate_human_writes_the_report(tmp_path, capsys):
+    # `mascot.py evaluate --human` dispatches to extras/human.py: printed, and saved as md and json.
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps(judgement("r1", i, "mascot", 4, 2)) + "\n" for i in range(3)))
+    assert mascot.main(["evaluate", "--run", str(tmp_path / "run"), "--human", str(path)]) == 0
+    assert "mascot preferred in 3 of 3" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "run" / "eval" / "human.json").read_text())["mascot vs few-shot-cot"]
+    # One rating per item: no kappa (NaN in the analysis, null in the JSON file).
+    assert saved["choice"]["wins"] == 3 and saved["cohen_kappa"] is None and saved["fleiss_kappa"] is None
+    assert "Cohen's kappa nan" in (tmp_path / "run" / "eval" / "human.md").read_text()
+    path.write_text("")
+    assert mascot.main(["evaluate", "--run", str(tmp_path / "run"), "--human", str(path)]) == 2
+    assert "holds no judgements yet" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ the page in a real browser
