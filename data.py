@@ -111,13 +111,10 @@ def jsonl_lines(path: str | Path) -> list[tuple[int, object, str]]:
 
 
 def read_jsonl(path: str | Path, on_damage=None, numbered: bool = False) -> list:
-    """All records of a JSON-lines file, one object per line.
-
-    An unreadable LAST line is ignored with a warning: it is what a crash in the middle of
-    append_jsonl leaves. An unreadable line elsewhere is real damage: a UserError naming the line,
-    unless the caller passes on_damage(line_number, problem) and can do without the record (the
-    answer cache: the answer is simply asked again). numbered=True returns (line, record) pairs.
-    """
+    """All records of a JSON-lines file, one object per line. An unreadable LAST line is ignored with
+    a warning (what a crash in the middle of append_jsonl leaves); one elsewhere is real damage: a
+    UserError naming the line, unless on_damage(line, problem) says the caller can do without it
+    (the answer cache asks again). numbered=True returns (line, record) pairs."""
     rows, records = jsonl_lines(path), []
     for i, (number, value, error) in enumerate(rows):
         if error and i == len(rows) - 1:
@@ -362,23 +359,16 @@ class PersonaSet:
         return None
 
 
-def _need_text(obj: dict, key: str, where: str) -> str:
+def _need(obj: dict, key: str, where: str, many: bool = False, limit: int = 2000):
+    """A non-empty string field (or a non-empty list of them), at most `limit` characters each:
+    a runaway field would crowd out the rest of every prompt it goes into."""
     value = obj.get(key)
-    if isinstance(value, str) and value.strip():
-        return value.strip()
-    problem = "missing" if key not in obj else "empty" if isinstance(value, str) else f"{json_type(value)}, not text"
-    raise UserError(f"{where}: field '{key}' is {problem}; give it a non-empty string")
-
-
-def _need_text_list(obj: dict, key: str, where: str) -> list[str]:
-    value = obj.get(key)
-    if not isinstance(value, list) or not value:
-        problem = ("missing" if key not in obj else "an empty list" if isinstance(value, list)
-                   else f"{json_type(value)}, not a list")
-        raise UserError(f"{where}: field '{key}' is {problem}; give it a list of strings")
-    if not all(isinstance(item, str) and item.strip() for item in value):
-        raise UserError(f"{where}: every item of '{key}' must be a non-empty string")
-    return [item.strip() for item in value]
+    items = value if many and isinstance(value, list) else [value]
+    if not items or not all(isinstance(v, str) and v.strip() and len(v) <= limit for v in items):
+        what = "a list of non-empty strings" if many else "a non-empty string"
+        raise UserError(f"{where}: field '{key}' must be {what} of at most {limit} characters (got "
+                        f"{'nothing' if key not in obj else json_type(value)})")
+    return [v.strip() for v in items] if many else value.strip()
 
 
 def persona_sets(path: str | Path = "personas.json") -> dict:
@@ -405,14 +395,16 @@ def load_personas(path: str | Path = "personas.json", set_name: str = "support")
         here = f"{where} persona #{i}"
         if not isinstance(item, dict):
             raise UserError(f"{here} is {json_type(item)}; each persona must be an object")
-        p = Persona(*(_need_text(item, k, here) for k in ("name", "role", "description", "style")),
-                    _need_text_list(item, "examples", here))
+        p = Persona(*(_need(item, k, here) for k in ("name", "role", "description", "style")),
+                    _need(item, "examples", here, many=True))
+        if not re.fullmatch(r"[\w][\w .'-]{0,39}", p.name):     # a newline could spoof a directive line
+            raise UserError(f"{here}: name {p.name!r} must be one line of at most 40 letters, digits, spaces, . ' -")
         if p.name.casefold() in seen:
             raise UserError(f"{where}: personas #{seen[p.name.casefold()]} and #{i} are both named '{p.name}'")
         seen[p.name.casefold()] = i
         personas.append(p)
-    return PersonaSet(set_name, _need_text(raw, "description", where), personas,
-                      _need_text_list(raw, "strategies", where), _need_text_list(raw, "tones", where))
+    return PersonaSet(set_name, _need(raw, "description", where), personas, _need(raw, "strategies", where, True),
+                      _need(raw, "tones", where, True))
 
 
 # --- Contexts: the situations conversations start from, from our file or the paper's datasets ---
@@ -436,11 +428,6 @@ def context_row(row: dict) -> Context:
     """One line of a contexts file in our format (data/contexts.jsonl; extras/datasets.py writes
     the public datasets in it too): id, set, situation, first_message, optional emotion, valence,
     domain, source and turns."""
-    def text(key):
-        value = row.get(key)
-        if not isinstance(value, str) or not value.strip():
-            raise UserError(f"field '{key}' is missing or empty")
-        return value.strip()
     if row.get("set") not in ("support", "meeting"):
         raise UserError("'set' must be \"support\" or \"meeting\"")
     if (row.get("valence") or "") not in ("", "positive", "negative", "ambiguous"):
@@ -449,7 +436,8 @@ def context_row(row: dict) -> Context:
     if not isinstance(turns, list) or not all(isinstance(t, dict) and isinstance(t.get("text"), str)
                                               and t.get("speaker") in ("user", "supporter", "participant") for t in turns):
         raise UserError("'turns' must be a list of {speaker: user|supporter|participant, text}")
-    return Context(text("id"), row["set"], text("situation"), text("first_message"), str(row.get("emotion") or ""),
+    return Context(*(_need(row, k, "this row", limit=20_000) for k in ("id", "set", "situation", "first_message")),
+                   str(row.get("emotion") or ""),
                    row.get("valence") or "", str(row.get("domain") or ""), str(row.get("source") or "bundled"), turns)
 
 
@@ -524,22 +512,22 @@ class Profile:
 
 def load_profiles(path: str | Path = "data/profiles.json") -> dict[str, Profile]:
     """{id: Profile}: the paper's ten one-trait-high-or-low users plus our all-average one."""
-    path, where = resolve(path), f"{resolve(path)}"
+    path = resolve(path)
     raw = read_json(path)
     traits = raw.get("traits") if isinstance(raw, dict) else None
     if not isinstance(traits, dict) or sorted(traits) != sorted(BIG_FIVE) or not all(isinstance(traits[t], dict) for t in BIG_FIVE):
-        raise UserError(f"{where}: \"traits\" must map each of {', '.join(BIG_FIVE)} to its high/low/average texts")
-    texts = {t: {lv: _need_text(traits[t], lv, f"{where}: trait '{t}'") for lv in LEVELS} for t in BIG_FIVE}
+        raise UserError(f"{path}: \"traits\" must map each of {', '.join(BIG_FIVE)} to its high/low/average texts")
+    texts = {t: {lv: _need(traits[t], lv, f"{path}: trait '{t}'") for lv in LEVELS} for t in BIG_FIVE}
     profiles: dict[str, Profile] = {}
     for i, entry in enumerate(raw.get("profiles") or [], start=1):
-        pid = _need_text(entry, "id", f"{where}: profile #{i}") if isinstance(entry, dict) else None
         levels = entry.get("levels") if isinstance(entry, dict) else None
-        if pid is None or not isinstance(levels, dict) or sorted(levels) != sorted(BIG_FIVE) \
-                or any(levels[t] not in LEVELS for t in BIG_FIVE) or pid in profiles:
-            raise UserError(f"{where}: profile #{i} needs a unique id and \"levels\" giving each trait high/low/average")
-        profiles[pid] = Profile(pid, {t: levels[t] for t in BIG_FIVE}, " ".join(texts[t][levels[t]] for t in BIG_FIVE))
+        if not isinstance(levels, dict) or sorted(levels) != sorted(BIG_FIVE) or any(levels[t] not in LEVELS for t in BIG_FIVE) \
+                or not isinstance(entry.get("id"), str) or entry["id"] in profiles:
+            raise UserError(f"{path}: profile #{i} needs a unique id and \"levels\" giving each trait high/low/average")
+        profiles[entry["id"]] = Profile(entry["id"], {t: levels[t] for t in BIG_FIVE},
+                                        " ".join(texts[t][levels[t]] for t in BIG_FIVE))
     if not profiles:
-        raise UserError(f"{where}: \"profiles\" must be a non-empty list of {{id, levels}} objects")
+        raise UserError(f"{path}: \"profiles\" must be a non-empty list of {{id, levels}} objects")
     return profiles
 
 

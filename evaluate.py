@@ -25,20 +25,15 @@ are extras/human.py.
 from __future__ import annotations
 
 import math
-import re
-from collections import Counter
 import shutil
+from collections import Counter
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
-
-import torch
 
 import data
-import grpo
 import models
-from data import Persona, PersonaSet, UserError, option
+from data import PersonaSet, UserError, option
 from metrics import (HACKS, NLI_RELATIONS, bootstrap_ci, distinct_n, mean_or_none, mean_pairwise_similarity, nli_rates,
                      parse_rubric_score, rates, rescale_0_100, self_bleu, semantic_redundancy_rate, win_rate)
 from director import LLMDirector
@@ -120,7 +115,7 @@ def all_metrics() -> list[Metric]:
     ind = "Persona identification by the frozen base model (independent of training)"
     out += [Metric("persona_id_accuracy", "persona ID accuracy", ind, better=1),
             Metric("persona_log_ratio", "persona log-ratio", ind, better=1),
-            Metric("persona_id_equal", f"persona ID accuracy, first {EQUAL_TOKENS} tokens", ind, better=1)]
+            Metric("persona_id_equal", "persona ID accuracy, first 32 tokens", ind, better=1)]
     red = "Redundancy over agent turns"
     out += [Metric("self_bleu", "Self-BLEU", red, better=-1), Metric("distinct_1", "distinct-1", red),
             Metric("distinct_2", "distinct-2", red), Metric("semantic_redundancy", "semantic redundancy", red, better=-1),
@@ -146,88 +141,6 @@ def metric_status(judge, nli: bool, identifier: bool) -> dict[str, str]:
         else:
             status[m.key] = "skipped (no --nli-model)" if m.key.startswith("nli_") and not nli else "ok"
     return status
-
-
-# --- The independent evaluator: which persona does the frozen base model think wrote this turn? --
-# For an agent turn y of persona s after conversation c and every persona k of the set,
-#     lp_k = log p_base(y | card_k, c)    (the frozen --model, teacher-forced)
-#   persona ID   = 1 if argmax_k lp_k == s (chance 1 / #personas)
-#   log-ratio    = (lp_s - log mean_{k != s} exp lp_k) / tokens(y): the log Bayes factor "own card vs
-#                  the others" per token; fluency and length cancel out of it
-#   persona ID, first 32 tokens: from the first EQUAL_TOKENS tokens only, so longer turns cannot
-#                  gain by length (the summed log-probs grow with it)
-# Independent of training: it is not the reward, not the judge that labelled the pairs, and reads
-# no embedding; the one link is stage 1's KL term, which anchors the speakers to this model under
-# their OWN card only. Persona names in the turn are masked, so a speaker cannot win by signing
-# its turns; its blind spot, a reply that recites its own card, is what persona_copy counts.
-
-ID_TURNS, EQUAL_TOKENS, NEUTRAL_NAME = 2, 32, "Alex"
-
-
-class Item(NamedTuple):
-    speaker: str                       # the persona who spoke the turn
-    situation: str
-    history: list[tuple[str, str]]     # (speaker, text) of the turns before it
-    reply: str
-
-
-def mask_names(reply: str, names: list[str]) -> str:
-    """Every persona name, as a whole word spelt as the name is, replaced by NEUTRAL_NAME (only
-    capitalised names: "I can guide you" is an ordinary verb, a role's own)."""
-    return re.sub(r"(?<!\w)(" + "|".join(map(re.escape, names)) + r")(?!\w)", NEUTRAL_NAME, reply) if names else reply
-
-
-def card_text(p: Persona) -> str:
-    """The card the base model is conditioned on; no example lines (a speaker could copy them)."""
-    return f"You are {p.name}, the {p.role}. {p.description} Style: {p.style}"
-
-
-def id_messages(p: Persona, situation: str, history: list[tuple[str, str]]) -> list[dict]:
-    lines = "\n".join(f"{who}: {text}" for who, text in history[-ID_TURNS:])
-    return [{"role": "system", "content": card_text(p)},
-            {"role": "user", "content": f"Situation: {situation}\n\nConversation so far:\n{lines}\n\nWrite {p.name}'s next message."}]
-
-
-class PersonaIdentifier:
-    def __init__(self, model, tok, personas: PersonaSet):
-        self.model, self.tok, self.personas = model, tok, personas
-
-    def reply_ids(self, reply: str) -> list[int]:
-        return self.tok(mask_names(reply.strip(), self.personas.names()), add_special_tokens=False)["input_ids"] \
-            or [self.tok.eos_token_id]
-
-    @torch.no_grad()
-    def logprobs(self, items: list[Item]) -> tuple[list[list[float]], list[list[float]]]:
-        """lp[i][k] = log p(reply_i | card_k, history_i) under the frozen model, and the same sum over
-        the reply's first EQUAL_TOKENS tokens (read from the same teacher-forced pass: it is causal)."""
-        cards = self.personas.personas
-        rows = sorted(((i, k, models.chat_prompt_ids(self.tok, [id_messages(c, it.situation, it.history)])[0])
-                       for i, it in enumerate(items) for k, c in enumerate(cards)), key=lambda r: (len(r[2]), r[2]))
-        lp, first = [[0.0] * len(cards) for _ in items], [[0.0] * len(cards) for _ in items]
-        for start in range(0, len(rows), 16):              # similar lengths batch with little padding
-            batch = rows[start:start + 16]
-            logps, mask = grpo.target_logprobs(self.model, self.tok.pad_token_id,
-                                               [(p, self.reply_ids(items[i].reply)) for i, _, p in batch])
-            per_token = logps * mask                                             # (B, C) column t = token t
-            for (i, k, _), s_, f in zip(batch, per_token.sum(1).tolist(), per_token[:, :EQUAL_TOKENS].sum(1).tolist()):
-                lp[i][k], first[i][k] = s_, f
-        return lp, first
-
-    def score(self, items: list[Item]) -> list[dict]:
-        """{"correct", "log_ratio", "correct_equal", "tokens"} per item; None values for a speaker
-        outside the set, and correct_equal None for a reply shorter than EQUAL_TOKENS."""
-        names, out = self.personas.names(), []
-        best = lambda v: max(range(len(v)), key=v.__getitem__)       # noqa: E731
-        for item, own, head in zip(items, *self.logprobs(items)):
-            if item.speaker not in names or len(names) < 2:
-                out.append({"correct": None, "log_ratio": None, "correct_equal": None, "tokens": 0})
-                continue
-            s, n = names.index(item.speaker), len(self.reply_ids(item.reply))
-            others = [v for k, v in enumerate(own) if k != s]
-            log_mean = max(others) + math.log(sum(math.exp(v - max(others)) for v in others) / len(others))
-            out.append({"correct": float(best(own) == s), "log_ratio": (own[s] - log_mean) / n,
-                        "correct_equal": float(best(head) == s) if n >= EQUAL_TOKENS else None, "tokens": n})
-        return out
 
 
 # --- Scoring conversations ------------------------------------------------------------------------
@@ -308,8 +221,10 @@ def score_conversations(convs, personas: PersonaSet, judge, encoder, nli=None, i
                 r["metrics"]["persona_consistency"] = 100 * r["metrics"]["judge_score"]
                 if context is not None:
                     r["metrics"]["response_relevance"] = 100 * sum(context[j] for j in mine) / len(mine)
-    ids = identifier.score([Item(t.speaker, convs[n].context.situation, [(u.speaker, u.text) for u in convs[n].turns[:k]],
-                                 t.text) for n, k, t in flat]) if identifier is not None and flat else []
+    # The independent evaluator (extras/evaluators.py): per agent turn (speaker, situation, the turns
+    # before it as (speaker, text), the turn) -> {"correct", "log_ratio", "correct_equal"}.
+    ids = identifier.score([(t.speaker, convs[n].context.situation, [(u.speaker, u.text) for u in convs[n].turns[:k]],
+                             t.text) for n, k, t in flat]) if identifier is not None and flat else []
     for r, c, turns in zip(records, convs, agent):
         if not turns:
             continue

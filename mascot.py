@@ -423,7 +423,8 @@ def evaluate_cmd(args) -> dict:
     pipelines = {"self-consistency": lambda s: extra("baselines").SelfConsistency(cfg.sc_samples, cfg.sc_pick, judge, s.style),
                  "multiagentesc": lambda s: extra("baselines").MultiAgentESC()}
     setup = evaluate.Setup([c for c, _ in plan], [p for _, p in plan], roles, names, fewshot, encoder, judge, nli,
-                           evaluate.PersonaIdentifier(*base, inputs.personas) if cfg.persona_id else None, guard(), pipelines)
+                           extra("evaluators").PersonaIdentifier(*base, inputs.personas) if cfg.persona_id else None,
+                           guard(), pipelines)
     profiles = list(dict.fromkeys(setup.profiles))
     protocol = {"summary": f"{len(plan)} conversations per system: {len({c.id for c, _ in plan})} held-out '{args.set}' "
                            f"contexts of `{args.data}` x {len(profiles)} profile(s) ({', '.join(profiles)}); {inputs.split}; "

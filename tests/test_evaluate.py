@@ -1,6 +1,6 @@
 """Tests of the evaluation run in evaluate.py (the systems part; the metric formulas are in
 tests/test_metrics.py), of the prompt styles it adds to simulate.py and of the independent
-evaluator (evaluate.PersonaIdentifier). The multi-call baselines and the SFT baseline are in
+evaluator (evaluators.PersonaIdentifier). The multi-call baselines and the SFT baseline are in
 tests/test_baselines.py.
 
 The end-to-end test builds a run folder with tiny random models saved where stage 1, stage 2 and
@@ -25,6 +25,7 @@ import evaluate
 import mascot
 import models
 import simulate
+from extras import evaluators
 from simulate import USER, Conversation, Directive, Turn, reply_text, role_setting, speaker_messages
 
 
@@ -409,7 +410,7 @@ def test_hack_scores_of_a_hand_made_conversation():
 
 # ------------------------------------------------------------------ the independent evaluator
 
-class FixedLogprobs(evaluate.PersonaIdentifier):
+class FixedLogprobs(evaluators.PersonaIdentifier):
     """lp[k] given by hand, so the accuracy and the log-ratio can be checked by hand; the sums over
     the first EQUAL_TOKENS tokens equal the whole turn's unless `first` is given."""
     def __init__(self, table, tokens, first=None):
@@ -427,13 +428,13 @@ def test_persona_log_ratio_by_hand():
     # Anchor's turn, 2 tokens; lp = -10 (Anchor), -12, -14, -16 (the others).
     # log mean exp(others) = log((e^-12 + e^-14 + e^-16) / 3); ratio = (-10 - that) / 2 tokens.
     ident = FixedLogprobs([[-10.0, -12.0, -14.0, -16.0], [-13.0, -12.0, -14.0, -16.0]], tokens=2)
-    items = [evaluate.Item("Anchor", "s", [], "r"), evaluate.Item("Anchor", "s", [], "r")]
+    items = [evaluators.Item("Anchor", "s", [], "r"), evaluators.Item("Anchor", "s", [], "r")]
     first, second = ident.score(items)
     mean_others = math.log((math.exp(-12) + math.exp(-14) + math.exp(-16)) / 3)
     assert first["correct"] == 1.0 and first["log_ratio"] == pytest.approx((-10 - mean_others) / 2)
     assert second["correct"] == 0.0 and second["log_ratio"] == pytest.approx((-13 - mean_others) / 2)
     assert first["correct_equal"] is None          # 2 tokens: too short for the equal-length accuracy
-    unknown = ident.score([evaluate.Item("Nobody", "s", [], "r")])[0]
+    unknown = ident.score([evaluators.Item("Nobody", "s", [], "r")])[0]
     assert unknown["correct"] is None and unknown["correct_equal"] is None
 
 
@@ -441,21 +442,21 @@ def test_equal_length_accuracy_reads_the_first_tokens_only():
     # A long Anchor turn: its first EQUAL_TOKENS tokens are more Guide-like (-20 vs -21), the whole
     # turn more Anchor-like (-50 vs -60), as when a longer reply wins on evidence alone.
     whole, first = [[-50.0, -60.0, -70.0, -80.0]], [[-21.0, -30.0, -25.0, -20.0]]
-    ident = FixedLogprobs(whole, tokens=evaluate.EQUAL_TOKENS, first=first)
-    score = ident.score([evaluate.Item("Anchor", "s", [], "r")])[0]
+    ident = FixedLogprobs(whole, tokens=evaluators.EQUAL_TOKENS, first=first)
+    score = ident.score([evaluators.Item("Anchor", "s", [], "r")])[0]
     assert score["correct"] == 1.0 and score["correct_equal"] == 0.0
 
 
 def test_persona_names_are_masked_before_scoring():
     # Whole words spelt as the name: "Anchors" is a word of its own, "guide" an ordinary verb.
-    assert evaluate.mask_names("Anchor here. Beacon says hi; Anchors aweigh; I can guide you",
+    assert evaluators.mask_names("Anchor here. Beacon says hi; Anchors aweigh; I can guide you",
                                  ["Anchor", "Beacon", "Guide"]) == "Alex here. Alex says hi; Anchors aweigh; I can guide you"
-    assert evaluate.mask_names("Ask J.D. (J.D. knows)", ["J.D."]) == "Ask Alex (Alex knows)"
-    assert not any(evaluate.NEUTRAL_NAME in evaluate.card_text(p) for p in personas().personas)
+    assert evaluators.mask_names("Ask J.D. (J.D. knows)", ["J.D."]) == "Ask Alex (Alex knows)"
+    assert not any(evaluators.NEUTRAL_NAME in evaluators.card_text(p) for p in personas().personas)
     # A reply that signs with its speaker's name scores exactly as the same reply signed "Alex".
     model, tok = models.load_model("tiny")
-    ident = evaluate.PersonaIdentifier(model, tok, personas())
-    signed, neutral = (evaluate.Item("Anchor", "I failed.", [("User", "I failed my test.")], f"{name} here: that hurts.")
+    ident = evaluators.PersonaIdentifier(model, tok, personas())
+    signed, neutral = (evaluators.Item("Anchor", "I failed.", [("User", "I failed my test.")], f"{name} here: that hurts.")
                        for name in ("Anchor", "Alex"))
     lp, _ = ident.logprobs([signed, neutral])
     assert lp[0] == pytest.approx(lp[1], abs=1e-5)
@@ -465,26 +466,26 @@ def test_persona_id_logprobs_match_a_plain_forward_pass():
     # The batched, padded scoring must equal sum log softmax of one unpadded forward pass.
     model, tok = models.load_model("tiny")
     ps = personas()
-    ident = evaluate.PersonaIdentifier(model, tok, ps)
+    ident = evaluators.PersonaIdentifier(model, tok, ps)
     # The last two share the first one's prompt (as judge-stress's candidates do), so their rows
     # take completion_logprobs' shared-prompt path.
-    items = [evaluate.Item("Anchor", "I failed.", [("User", "I failed my test.")], "That sounds heavy."),
-             evaluate.Item("Guide", "A long situation " * 5, [("User", "Help."), ("Anchor", "I hear you.")], "Try x."),
-             evaluate.Item("Anchor", "I failed.", [("User", "I failed my test.")], "Tell me more about it?"),
-             evaluate.Item("Beacon", "I failed.", [("User", "I failed my test.")], "You will pass next time."),
-             evaluate.Item("Guide", "I failed.", [("User", "I failed my test.")], "Make a plan, step by step. " * 8)]
-    assert len(ident.reply_ids(items[-1].reply)) > evaluate.EQUAL_TOKENS
+    items = [evaluators.Item("Anchor", "I failed.", [("User", "I failed my test.")], "That sounds heavy."),
+             evaluators.Item("Guide", "A long situation " * 5, [("User", "Help."), ("Anchor", "I hear you.")], "Try x."),
+             evaluators.Item("Anchor", "I failed.", [("User", "I failed my test.")], "Tell me more about it?"),
+             evaluators.Item("Beacon", "I failed.", [("User", "I failed my test.")], "You will pass next time."),
+             evaluators.Item("Guide", "I failed.", [("User", "I failed my test.")], "Make a plan, step by step. " * 8)]
+    assert len(ident.reply_ids(items[-1].reply)) > evaluators.EQUAL_TOKENS
     lp, lp_first = ident.logprobs(items)
     for i, item in enumerate(items):
         for k, card in enumerate(ps.personas):
-            prompt = models.chat_prompt_ids(tok, [evaluate.id_messages(card, item.situation, item.history)])[0]
+            prompt = models.chat_prompt_ids(tok, [evaluators.id_messages(card, item.situation, item.history)])[0]
             reply = ident.reply_ids(item.reply)
             ids = torch.tensor([prompt + reply])
             with torch.no_grad():
                 logits = model(ids).logits.log_softmax(-1)[0]                  # (T, V)
             token_lps = [logits[len(prompt) - 1 + j, t].item() for j, t in enumerate(reply)]
             assert lp[i][k] == pytest.approx(sum(token_lps), abs=1e-3)
-            assert lp_first[i][k] == pytest.approx(sum(token_lps[:evaluate.EQUAL_TOKENS]), abs=1e-3)
+            assert lp_first[i][k] == pytest.approx(sum(token_lps[:evaluators.EQUAL_TOKENS]), abs=1e-3)
 
 
 def test_evaluate_help_offers_every_baseline_of_the_paper(capsys):

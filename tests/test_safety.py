@@ -1,4 +1,4 @@
-"""Tests for safety.py, the crisis-safety guard (and extras/train_crisis_probe.py, which fits it).
+"""Tests for extras/safety.py, the crisis-safety guard (and extras/train_crisis_probe.py, which fits it).
 
 Kinds of evidence:
   * Rates. The written messages of data/safety_train.jsonl are FITTED on, so rates on them
@@ -28,11 +28,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import safety
 from data import UserError
+from extras import safety
 from extras import train_crisis_probe as training
 
-ROOT = Path(safety.__file__).resolve().parent
+ROOT = Path(safety.__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ROWS = training.load_training_rows()
 
@@ -357,7 +357,7 @@ def test_batch_and_single_checks_agree():
 
 
 def test_import_loads_no_model():
-    code = "import sys, safety; print([m for m in ('torch', 'transformers') if m in sys.modules])"
+    code = "import sys; from extras import safety; print([m for m in ('torch', 'transformers') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
     assert out.strip() == "[]"
@@ -438,7 +438,7 @@ def test_denials_and_their_limits():
 
 
 def test_explicit_patterns_flag_jokes_too():
-    # A known cost, listed under Limits in safety.py: an explicit pattern flags on its own, and
+    # A known cost, listed under Limits in extras/safety.py: an explicit pattern flags on its own, and
     # it cannot tell a joke.
     assert safety.crisis_check("I'm going to kill myself if this meeting runs over lol") == \
         (True, "explicit_intent")

@@ -1,7 +1,7 @@
 """Frozen roles served by an OpenAI-compatible server (--speakers / --user / --director openai:<url>).
 
 A fake server (fake_openai.py) answers in place of vLLM or llama.cpp. The checks: the served
-model gets exactly the prompts and sampling settings a local model would (sampler.generate_texts),
+model gets exactly the prompts and sampling settings a local model would (models.generate_texts),
 replies are cached as they arrive so a rerun sends nothing, requests overlap up to the
 concurrency, and simulate, evaluate and stage 2 run with served speakers, user and director.
 """
@@ -15,10 +15,9 @@ import pytest
 import data
 import mascot
 import models
-import sampler
 import simulate
+from extras.served import ServedModel
 from fake_openai import FakeServer, completion
-from openai_client import ServedModel
 
 CHAT = [{"role": "system", "content": "You are Anchor, a warm listener."},
         {"role": "user", "content": "I failed my driving test today."}]
@@ -45,19 +44,19 @@ def served(url, tmp_path=None, **kw):
 def test_a_served_model_gets_the_prompts_and_sampling_settings_a_local_one_would(tmp_path):
     with FakeServer([completion("fine")]) as server:
         model = served(server.url, tmp_path)
-        texts = sampler.generate_texts(model, None, [CHAT, CHAT], 24, temperature=0.7, top_p=0.9, seeds=[11, 12])
+        texts = models.generate_texts(model, None, [CHAT, CHAT], 24, temperature=0.7, top_p=0.9, seeds=[11, 12])
         assert texts == ["fine", "fine"]
         sent = sorted((r["json"] for r in server.requests), key=lambda b: b["seed"])
         assert [b["seed"] for b in sent] == [11, 12]
         assert all(b["messages"] == CHAT and b["max_tokens"] == 24 and b["temperature"] == 0.7
                    and b["top_p"] == 0.9 and b["model"] == "m" for b in sent)
-        sampler.generate_texts(model, None, [CHAT], 8, seeds=None)             # greedy: temperature 0, no seed
+        models.generate_texts(model, None, [CHAT], 8, seeds=None)             # greedy: temperature 0, no seed
         greedy = server.requests[-1]["json"]
         assert greedy["temperature"] == 0 and "seed" not in greedy and "top_p" not in greedy
         # Every reply was cached as it came: the same questions again send nothing.
         again = served(server.url, tmp_path)
         before = len(server.requests)
-        assert sampler.generate_texts(again, None, [CHAT, CHAT], 24, 0.7, 0.9, [11, 12]) == ["fine", "fine"]
+        assert models.generate_texts(again, None, [CHAT, CHAT], 24, 0.7, 0.9, [11, 12]) == ["fine", "fine"]
         assert len(server.requests) == before
 
 
@@ -90,13 +89,13 @@ def test_a_served_role_needs_its_model_name_and_a_url():
     args = argparse.Namespace(speakers_model=None, served_timeout=5, served_retries=0, served_concurrency=2,
                               device="cpu")
     with pytest.raises(data.UserError, match="--speakers-model"):
-        models.load_role("openai:http://127.0.0.1:9/v1", "speakers", args)
+        mascot.load_role("openai:http://127.0.0.1:9/v1", "speakers", args)
     args.speakers_model = "m"
     with pytest.raises(data.UserError, match="http"):
-        models.load_role("openai:localhost:8000/v1", "speakers", args)
+        mascot.load_role("openai:localhost:8000/v1", "speakers", args)
     # Checked with one tiny request before any work: nothing listens on port 9.
     with pytest.raises(data.UserError, match="preflight"):
-        models.load_role("openai:http://127.0.0.1:9/v1", "speakers", args)
+        mascot.load_role("openai:http://127.0.0.1:9/v1", "speakers", args)
 
 
 def run_main(argv):
@@ -131,7 +130,8 @@ def test_simulate_evaluate_and_stage_2_with_served_roles(tmp_path):
         results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
         assert list(results["systems"]) == ["mascot-c", "mascot"]
         assert results["systems"]["mascot"]["director"] == f"trained: {url}"
-        assert results["systems"]["mascot"]["directives"] > 0 and results["systems"]["mascot"]["invalid_directives"] == 0
+        invalid, total = results["systems"]["mascot"]["directives"]
+        assert total > 0 and invalid == 0
         transcripts = [json.loads(x) for x in (tmp_path / "run" / "eval" / "transcripts.jsonl").read_text().splitlines()]
         directed = [t for r in transcripts if r["system"] == "mascot" for t in r["turns"] if t["directive"]]
         assert directed and all(t["speaker"] == "Guide" for t in directed)     # the served director chose
