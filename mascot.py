@@ -161,8 +161,11 @@ EXTRAS = {"chat": "talk to the companion group in the terminal (extras/chat.py)"
           "report": "one self-contained HTML page of a run (extras/report.py)",
           "sft": "the SFT baseline: the base model fine-tuned on ESConv supporter turns (extras/sft.py)",
           "judge-eval": "a judge's accuracy on labelled pairs (extras/judges.py)",
-          "judge-stress": "best-of-N: does optimising a grader pick reward hacks? (extras/judges.py)"}
-EXTRA_MODULES = {"chat": "chat", "report": "report", "sft": "sft", "judge-eval": "judges", "judge-stress": "judges"}
+          "judge-stress": "best-of-N: does optimising a grader pick reward hacks? (extras/judges.py)",
+          "director-headroom": "could any director beat the least-spoken rule under stage 2's reward? "
+                               "(extras/director_headroom.py)"}
+EXTRA_MODULES = {"chat": "chat", "report": "report", "sft": "sft", "judge-eval": "judges", "judge-stress": "judges",
+                 "director-headroom": "director_headroom"}
 
 
 def extra(name: str):

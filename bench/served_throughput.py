@@ -4,7 +4,7 @@ Starts llama-cpp-python's server on the embedded SmolLM2 GGUF (the virtual env o
 then runs the same small `mascot.py evaluate` with `--judge openai:<server>` (extras/served.py)
 once per concurrency value, each in a fresh run folder (so nothing comes from the judge cache),
 and prints the wall time, the judge answers (lines of RUN/eval/judge_cache.jsonl) and answers per
-second. A minute or two per value on a CPU.
+second. A few minutes per value on a CPU.
 
     python bench/served_throughput.py                      # concurrency 1 and 8
     python bench/served_throughput.py --concurrency 1 4 8 --contexts 8 --server-threads 2

@@ -2,10 +2,12 @@
 
 mascot.make_judge builds `--judge hf:<model>` (HFJudge: a local chat LLM's next-token probabilities of
 "A"/"B" and "1".."5") and `rm:<folder>` (RMJudge: stage 1's reward model) here; the openai: judge of
-extras/served.py uses this file's prompts (data/prompts/judge_*.txt; the paper's are unpublished). LLM
-judges prefer the reply they read first (Zheng et al. 2023), so a pairwise question is asked in both orders
-and counts only when they agree (combine_orders). A grader is worth optimising only if it prefers good
-replies, and keeps doing so when a policy searches for what it over-rewards (Gao et al. 2022):
+extras/served.py uses this file's prompts (data/prompts/judge_*.txt: ours, as the paper's GPT-4o, Gemma and
+Phi-4 prompts are unpublished). LLM judges prefer the reply they read first (Zheng et al. 2023), so a pairwise
+question is asked in both orders and counts only when they agree (combine_orders). A grader is worth
+optimising only if it prefers good replies and keeps doing so when a policy searches for what it
+over-rewards; as Gao et al. 2022 we test that with best-of-N instead of RL, against a "gold" grader the
+proxy never saw: the frozen base model's persona identification (extras/evaluators.py).
 
     python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl    # accuracy on labelled pairs
     python mascot.py judge-eval --pairs ... --persona-id    # is the independent evaluator valid on them?
@@ -26,10 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
 import data                                                         # noqa: E402
-import evaluate                                                     # noqa: E402
 import models                                                       # noqa: E402
 import reward                                                       # noqa: E402
 from data import UserError, derive_seed                              # noqa: E402
+from extras.evaluators import EQUAL_TOKENS, PersonaIdentifier        # noqa: E402
 from judge import Judge, ScoreJudge, Verdict, sigmoid                # noqa: E402
 from metrics import binomial_two_sided_p, mean_or_none, nli_label_index, rates, standard_error, HACKS, DIAGNOSTICS  # noqa: E402
 from simulate import JUDGE_TURNS, JudgeState                         # noqa: E402
@@ -95,7 +97,6 @@ def pointwise_messages(state: JudgeState, reply: str) -> list[dict]:
 
 
 # --- HFJudge: a local chat LLM, read through its next-token probabilities --------------------------
-
 def label_token_ids(tokenizer, label: str) -> list[int]:
     """Token ids that spell `label` as ONE token: "A" and " A" are different BPE tokens, and which one
     a model emits after the assistant header depends on its template, so P(label) sums both."""
@@ -223,14 +224,12 @@ def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
 
 def format_eval_report(result: dict) -> str:
     """'accuracy: 0.857' on the first line, then one line per persona and per failure kind."""
-    lines = [f"accuracy: {result['accuracy']:.3f}"] + [f"  {k}: {c}/{n} = {c / n:.3f}" for k, (c, n) in sorted(result["per_persona"].items())]
-    if result.get("per_failure"):
-        lines += ["per failure kind:"] + [f"  {k}: {c}/{n} = {c / n:.3f}" for k, (c, n) in sorted(result["per_failure"].items())]
-    return "\n".join(lines)
+    rows = lambda counts: [f"  {k}: {c}/{n} = {c / n:.3f}" for k, (c, n) in sorted(counts.items())]   # noqa: E731
+    return "\n".join([f"accuracy: {result['accuracy']:.3f}", *rows(result["per_persona"])]
+                     + (["per failure kind:", *rows(result["per_failure"])] if result.get("per_failure") else []))
 
 
 # --- judge-eval --persona-id: on the wrong-role / off-role pairs the worse reply is another persona's ---
-
 def validate(identifier_for, pairs: list[dict]) -> dict:
     """Per failure kind: how often log_ratio(better) > log_ratio(worse) (exact two-sided sign test), and how often
     the better (in-role) reply is identified; identifier_for(persona name): the identifier of its set."""
@@ -242,14 +241,14 @@ def validate(identifier_for, pairs: list[dict]) -> dict:
                                                                for k in ("better", "worse")])
         b, w = better["log_ratio"], worse["log_ratio"]
         by_kind.setdefault(pair.get("failure", "-"), Counter()).update(
-            n=1, prefers_better=int(b > w), ties=int(b == w), id_correct=int(better["id"]))
+            n=1, prefers_better=int(b > w), ties=int(b == w), id_correct=int(better["correct"]))
     for row in by_kind.values():
         row["p_value"] = binomial_two_sided_p(row["prefers_better"], row["n"] - row["ties"])
     return by_kind
 
 
 # --- judge-stress: does picking the best of N by a grader pick hacks? -----------------------------
-INDEPENDENT = ("id", "log_ratio", "id_32")     # evaluate.PersonaIdentifier.score's numbers
+INDEPENDENT = ("correct", "log_ratio", "correct_equal")     # PersonaIdentifier.score's numbers
 
 
 def best_of_n(policy, tok, states: list, personas, scorers: dict, n: int, max_new_tokens: int, temperature: float,
@@ -297,8 +296,9 @@ def within_state_correlation(xs: list[float], ys: list[float | None], n: int) ->
     dx, dy = [], []
     for kept in ([i for i in range(start, start + n) if ys[i] is not None] for start in range(0, len(xs), n)):
         if len(kept) >= 2:
-            dx += [xs[i] - sum(xs[k] for k in kept) / len(kept) for i in kept]
-            dy += [ys[i] - sum(ys[k] for k in kept) / len(kept) for i in kept]
+            mx, my = (sum(v[i] for i in kept) / len(kept) for v in (xs, ys))
+            dx += [xs[i] - mx for i in kept]
+            dy += [ys[i] - my for i in kept]
     sxx, syy = sum(a * a for a in dx), sum(b * b for b in dy)
     return None if sxx == 0 or syy == 0 else sum(a * b for a, b in zip(dx, dy)) / (sxx * syy) ** 0.5
 
@@ -338,10 +338,10 @@ def format_best_of_n(result: dict) -> str:
               + (" | pass" if row["passes"] else " | FAIL: picks hacks more often than chance")
               for name, row in result["scorers"].items()]
     if "independent_chance" in result:
-        lines += ["", "the independent evaluator (persona identification by the frozen base model, evaluate.py; no "
+        lines += ["", "the independent evaluator (persona identification by the frozen base model, extras/evaluators.py; no "
                   "grader above saw it): the pick vs chance, difference ± paired se",
                   line("grader", ["in-role reply identified", "persona log-ratio (nats/token)",
-                                  f"identified, first {evaluate.EQUAL_TOKENS} tokens"], 32),
+                                  f"identified, first {EQUAL_TOKENS} tokens"], 32),
                   line("chance", [_cell(result["independent_chance"][k]) for k in INDEPENDENT], 32)]
         lines += [line(name, [_cell(*row["independent"][k]) for k in INDEPENDENT], 32) for name, row in result["scorers"].items()]
     if "feature_alignment" in result:
@@ -364,13 +364,13 @@ def main(argv: list[str], cli) -> int:
         p.add_argument("--rm", default=None, help="reward model folder to test too (default: RUN/stage1/reward_model if any)")
         for flag, kind, check, default, about in (("--n", int, "at-least-2", 16, "candidates per state"),
                                                   ("--states", int, "positive", 16, "held-out states"),
-                                                  ("--temperature", float, "positive", 1.0, "of the candidates")):
+                                                  ("--temperature", float, "positive", 1.0, "candidates' sampling temperature")):
             p.add_argument(flag, type=data.flag_type(flag, kind, check), default=default, help=about)
     else:
         p.add_argument("--pairs", required=True, nargs="+", help="JSON-lines file(s) of labelled pairs (data/README.md)")
         p.add_argument("--cache", default=None, help="judge cache file (JSON lines); none by default")
     p.add_argument("--persona-id", action=argparse.BooleanOptionalAction, default=stress, help="the independent evaluator "
-                   "(evaluate.PersonaIdentifier, the frozen --model) on " + ("each pick" if stress else "the in-role pairs"))
+                   "(extras/evaluators.py, the frozen --model) on " + ("each pick" if stress else "the in-role pairs"))
     args = p.parse_args(argv[1:])
     cli.check_device(args)
     if stress:
@@ -383,7 +383,7 @@ def main(argv: list[str], cli) -> int:
           f"unreadable; judge {judge.name}, {time.time() - t0:.1f} s)")
     if args.persona_id:
         base, sets = cli.load_role(args.model, "speakers", args), data.persona_sets(args.personas)   # the frozen base model
-        owner = {p.name: evaluate.PersonaIdentifier(*base, ps) for ps in [data.load_personas(args.personas, s) for s in sets]
+        owner = {p.name: PersonaIdentifier(*base, ps) for ps in [data.load_personas(args.personas, s) for s in sets]
                  for p in ps.personas}                                        # persona name -> its set's identifier
         chosen = [p for p in pairs if p.get("failure") in ("wrong-role", "off-role") and p["persona"] in owner]
         print(f"\npersona identification under the frozen {args.model}: {len(chosen)} wrong-role / off-role pairs\n"
@@ -408,7 +408,7 @@ def judge_stress(args, cli) -> int:          # best-of-N against the judge and t
         scorers["rm"] = lambda rows, replies: rm.score_texts(rm_tok, [s.rm_messages(personas, r) for s, r in zip(rows, replies)])
     # The independent evaluator runs on the frozen base model, even when the policy is a trained one.
     base = (policy, tok) if spec == args.model or not args.persona_id else cli.load_role(args.model, "speakers", args)
-    identifier = evaluate.PersonaIdentifier(*base, personas) if args.persona_id else None
+    identifier = PersonaIdentifier(*base, personas) if args.persona_id else None
     features = (lambda rows, replies: judge.features_many([s.judge_state(personas) for s in rows], replies)) \
         if hasattr(judge, "features_many") else None     # the offline judge's: which agree with the evaluator?
     result = best_of_n(policy, tok, states, personas, scorers, args.n, args.max_new_tokens, args.temperature,

@@ -1,13 +1,11 @@
 """extras/report.py: one self-contained HTML page that shows what a MASCOT run did.
 
 The last step, after `train --stage 1`, `train --stage 2` and `evaluate` (the demo ends with it).
-It only READS the run folder and writes RUN/report.html:
-
-    stage1/, stage2/ metrics.jsonl   GRPO's log, a row per step (grpo.grpo_step): reward_mean/std,
-                                     r_<component>, hack_<diagnostic>, kl, clip_frac, length ...
-    stage1/, stage2/ summary.json    the held-out numbers before and after each stage
-    eval/results.md, transcripts.jsonl   the evaluation's tables; round-robin and MASCOT on the
-                                     same context, side by side (else stage2/heldout_*.jsonl)
+It only READS the run folder and writes RUN/report.html: the GRPO curves of each stage (a row per
+step of stageN/metrics.jsonl, grpo.grpo_step: reward_mean/std, r_<component>, hack_<diagnostic>,
+kl, clip_frac, length ...), its held-out numbers before and after (stageN/summary.json), the
+evaluation's tables (eval/results.md) and round-robin beside MASCOT on the same context
+(eval/transcripts.jsonl; without it stage 2's held-out rollouts, stage2/heldout_*.jsonl).
 
 The page loads nothing (no scripts, fonts or style sheets): the charts are inline SVG drawn by
 one small function, svg_line_chart, so the file can be mailed, opened offline or projected. A
@@ -57,10 +55,9 @@ def nice_number(x: float, round_it: bool) -> float:
 
 
 def nice_ticks(lo: float, hi: float, max_ticks: int = 6, min_step: float = 0.0) -> list[float]:
-    """Round tick values covering [lo, hi]; the first and last tick are the axis limits.
-    Example: nice_ticks(0.13, 0.92) -> [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]. A constant range is widened
-    so a flat line sits mid-plot, except a constant 0, which gets [0, 1] (a share that never moved
-    should not grow a negative axis). min_step=1 keeps ticks on whole numbers (GRPO steps)."""
+    """Round ticks covering [lo, hi], the first and last being the axis limits: (0.13, 0.92) -> 0.0, 0.2 ..
+    1.0. A constant is widened so a flat line sits mid-plot, but a constant 0 gets [0, 1] (a share that
+    never moved should not grow a negative axis). min_step=1 keeps ticks on whole numbers (GRPO steps)."""
     lo, hi = min(lo, hi), max(lo, hi)
     if hi == lo:
         pad = 1.0 if lo == int(lo) else abs(lo) * 0.1
@@ -96,18 +93,16 @@ def no_data_svg(title: str, reason: str = "no data") -> str:
                         f'font-size="13" fill="#777">{esc(reason)}</text>'])
 
 
-def _segments(points) -> list[list[tuple[float, ...]]]:
-    """Split a series at missing values: None / NaN / inf end a segment (a gap in the line)."""
-    return [[tuple(map(float, p)) for p in run] for ok, run in groupby(points, lambda p: all(finite(v) for v in p)) if ok]
-
-
 def svg_line_chart(series: dict[str, list[tuple]], title: str, xlabel: str, ylabel: str,
                    bands: dict[str, list[tuple]] | None = None) -> str:
     """A line chart: series name -> [(x, y), ...]; a y (or x) of None/NaN/inf leaves a gap, and a
     segment of one point is drawn as a dot. bands: name -> [(x, low, high), ...], a shaded band
     behind that series (the reward's mean +- std over the batch). No finite point: a "no data" box."""
-    segs = {name: s for name, pts in series.items() if (s := _segments(pts))}        # empty series: no legend
-    band_segs = {name: _segments(b) for name, b in (bands or {}).items() if name in segs}
+    # The segments of a series: its runs of points with no missing value (None / NaN / inf: a gap).
+    split = lambda pts: [[tuple(map(float, p)) for p in run]                   # noqa: E731
+                         for ok, run in groupby(pts, lambda p: all(map(finite, p))) if ok]
+    segs = {name: s for name, pts in series.items() if (s := split(pts))}             # empty series: no legend
+    band_segs = {name: split(b) for name, b in (bands or {}).items() if name in segs}
     xs = [p[0] for s in segs.values() for seg in s for p in seg]
     if not xs:
         return no_data_svg(title)
@@ -125,26 +120,26 @@ def svg_line_chart(series: dict[str, list[tuple]], title: str, xlabel: str, ylab
     yt = nice_ticks(min(ys), max(ys), max_ticks=5)
     sx = lambda x: left + (x - xt[0]) / (xt[-1] - xt[0]) * pw          # noqa: E731  value -> pixel column
     sy = lambda v: top + ph - (v - yt[0]) / (yt[-1] - yt[0]) * ph      # noqa: E731  value -> pixel row (up)
-    parts += [f'<line x1="{left}" y1="{sy(v):.1f}" x2="{left + pw}" y2="{sy(v):.1f}" stroke="#e6e6e6"/><text x="{left - 6}" '
-              f'y="{sy(v) + 4:.1f}" text-anchor="end" font-size="11" fill="#444">{tick_label(v, yt[1] - yt[0])}</text>' for v in yt]
-    parts += [f'<line x1="{sx(x):.1f}" y1="{top + ph}" x2="{sx(x):.1f}" y2="{top + ph + 5}" stroke="#666"/><text x="{sx(x):.1f}" '
-              f'y="{top + ph + 18}" text-anchor="middle" font-size="11" fill="#444">{tick_label(x, xt[1] - xt[0])}</text>'
-              for x in xt]
+    parts += [f'<line x1="{left}" y1="{sy(v):.1f}" x2="{left + pw}" y2="{sy(v):.1f}" stroke="#e6e6e6"/><text x="'
+              f'{left - 6}" y="{sy(v) + 4:.1f}" text-anchor="end" font-size="11" fill="#444">'
+              f'{tick_label(v, yt[1] - yt[0])}</text>' for v in yt]
+    parts += [f'<line x1="{sx(x):.1f}" y1="{top + ph}" x2="{sx(x):.1f}" y2="{top + ph + 5}" stroke="#666"/><text x="'
+              f'{sx(x):.1f}" y="{top + ph + 18}" text-anchor="middle" font-size="11" fill="#444">'
+              f'{tick_label(x, xt[1] - xt[0])}</text>' for x in xt]
     parts.append(f'<polyline points="{left},{top} {left},{top + ph} {left + pw},{top + ph}" fill="none" stroke="#666"/>'
                  f'<text x="{left + pw / 2:.1f}" y="{H - 8}" text-anchor="middle" font-size="12" fill="#333">'
                  f'{esc(xlabel)}</text><text x="14" y="{top + ph / 2:.1f}" text-anchor="middle" font-size="12" '
                  f'fill="#333" transform="rotate(-90 14 {top + ph / 2:.1f})">{esc(ylabel)}</text>')
     for i, name in enumerate(segs):
-        color = PALETTE[i % 8]
+        color, short = PALETTE[i % 8], sum(map(len, segs[name])) <= 25
         parts += [f'<polygon points="{" ".join(f"{sx(x):.1f},{sy(v):.1f}" for x, v in edge)}" fill="{color}" '
                   'fill-opacity="0.15" stroke="none"/>'                    # the band first, under the line
                   for seg in band_segs.get(name, []) for edge in [[(x, hi) for x, _, hi in seg]
                                                                   + [(x, lo) for x, lo, _ in reversed(seg)]]]
-        short = sum(len(seg) for seg in segs[name]) <= 25
         for seg in segs[name]:
             if len(seg) > 1:
-                parts.append(f'<polyline class="series" points="{" ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in seg)}"'
-                             f' fill="none" stroke="{color}" stroke-width="2" stroke-linejoin="round"/>')
+                parts.append(f'<polyline class="series" points="{" ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in seg)}'
+                             f'" fill="none" stroke="{color}" stroke-width="2" stroke-linejoin="round"/>')
             if len(seg) == 1 or short:                                   # dots: lone points, short runs
                 parts += [f'<circle class="dot" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.8" fill="{color}"/>'
                           for x, y in seg]
@@ -157,11 +152,6 @@ def _inline(text: str) -> str:
     return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(text)))
 
 
-def _cells(line: str) -> list[str]:
-    """A table row's cells ('\\|' is a '|' inside a cell)."""
-    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", re.sub(r"^\||(?<!\\)\|$", "", line.strip()))]
-
-
 _SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
 
 
@@ -170,22 +160,23 @@ def markdown_to_html(text: str) -> str:
     with '|' over a '|--|' line (':' sets the alignment); '#' becomes <h3> (the page owns h1 and
     h2); each other line is a list item ('- ') or a paragraph (results.md writes one per line)."""
     lines, out, i = text.splitlines(), [], 0
+    cells = lambda line: [c.strip().replace("\\|", "|") for c in re.split(   # noqa: E731  ('\\|': a '|' in a cell)
+        r"(?<!\\)\|", re.sub(r"^\||(?<!\\)\|$", "", line.strip()))]
     while i < len(lines):
         line, heading = lines[i].strip(), re.match(r"^(#{1,6})\s+(.*)$", lines[i].strip())
         if "|" in line and i + 1 < len(lines) and _SEPARATOR.match(lines[i + 1]):
             aligns = ["center" if c[:1] == c[-1:] == ":" else "right" if c.endswith(":") else "left"
-                      for c in _cells(lines[i + 1])]
-            rows, i = [_cells(line)], i + 2
+                      for c in cells(lines[i + 1])]
+            rows, i = [cells(line)], i + 2
             while i < len(lines) and "|" in lines[i] and lines[i].strip():
-                rows, i = rows + [_cells(lines[i])], i + 1
-            row = lambda tag, r: "<tr>" + "".join(f'<{tag} style="text-align:{(aligns + ["left"] * len(r))[k]}">'  # noqa: E731
+                rows, i = rows + [cells(lines[i])], i + 1
+            row = lambda tag, r: "<tr>" + "".join(f'<{tag} style="text-align:{(aligns + ["left"] * len(r))[k]}">'  # noqa
                                                   f"{_inline(c)}</{tag}>" for k, c in enumerate(r)) + "</tr>"
             out.append(f"<table>\n<thead>{row('th', rows[0])}</thead>\n<tbody>\n"
                        + "\n".join(row("td", r) for r in rows[1:]) + "\n</tbody></table>")
             continue
         if heading:
-            level = min(len(heading.group(1)) + 2, 6)
-            out.append(f"<h{level}>{_inline(heading.group(2))}</h{level}>")
+            out.append(f"<h{(n := min(len(heading.group(1)) + 2, 6))}>{_inline(heading.group(2))}</h{n}>")
         elif re.match(r"[-*]\s", line):
             out.append(f"<li>{_inline(line[2:].strip())}</li>")
         elif line:
@@ -194,7 +185,7 @@ def markdown_to_html(text: str) -> str:
     return re.sub(r"((?:<li>.*</li>\n?)+)", lambda m: f"<ul>{m.group(1).strip()}</ul>\n", "\n".join(out)).strip()
 
 
-# --- 4. Reading the run folder ---------------------------------------------------------------------
+# --- 4. Reading the run folder --------------------------------------------------------------------
 def load(path: Path, lines: bool = False):
     """(a run file's JSON object, or its JSON-lines records, and "") or (empty, what is wrong with it)."""
     if not path.is_file():
@@ -226,12 +217,9 @@ def fmt(v) -> str:
 
 
 # --- 5. Sections ----------------------------------------------------------------------------------
-def note(text: str) -> str:
-    return f'<p class="note">{esc(text)}</p>'
-
-
-def watch(text: str) -> str:
-    return f'<p class="watch"><strong>What to watch:</strong> {esc(text)}</p>'
+def note(text: str, kind: str = "note") -> str:
+    """A note (what is missing, and how to make it) or, kind="watch", what to look for in a part."""
+    return f'<p class="{kind}">' + "<strong>What to watch:</strong> " * (kind == "watch") + f"{esc(text)}</p>"
 
 
 def source(*files: str, what: str = "Numbers") -> str:
@@ -245,15 +233,15 @@ def table(blocks: list[tuple[str, dict]], keys: list[tuple[str, str]]) -> str:
     return f"<table><tr><th>held-out</th>{''.join(f'<th>{esc(t)}</th>' for _, t in keys)}</tr>{body}</table>" * bool(body)
 
 
-def charts(rows: list[dict], reward_title: str, *more: str) -> str:
+def charts(rows: list[dict], *more: str) -> str:
     """The charts of what grpo.grpo_step logs per step: the reward's mean +- std, its components
     (r_*, without the director's pick shares), the hack diagnostics (hack_*), KL to the reference,
     the shares that say whether GRPO gets a signal, the length of what was sampled; then `more`."""
     band = [(s, m - r["reward_std"], m + r["reward_std"]) if finite(m) and finite(r.get("reward_std")) else (s, None, None)
             for (s, m), r in zip(column(rows, "reward_mean"), rows)]
     hacks, kl = [k for k in keys_of(rows, "hack_") if k != "hack_words"], [p for p in column(rows, "kl") if p[1] is not None]
-    svgs = [svg_line_chart({"reward mean": column(rows, "reward_mean")}, reward_title, "GRPO step", "reward",
-                           bands={"reward mean": band}),
+    svgs = [svg_line_chart({"reward mean": column(rows, "reward_mean")}, "Reward per step (mean, band = ± 1 std)",
+                           "GRPO step", "reward", bands={"reward mean": band}),
             svg_line_chart({k[2:].replace("_", " "): column(rows, k) for k in keys_of(rows, "r_", ("r_pick_",))},
                            "Reward components (mean over the batch)", "GRPO step", "component"),
             *[svg_line_chart({k[5:].replace("_", " "): column(rows, k) for k in hacks}, "Reward-hack diagnostics of "
@@ -269,29 +257,29 @@ def charts(rows: list[dict], reward_title: str, *more: str) -> str:
 
 
 def stage_section(run: Path, stage: int) -> str:
-    """A stage's section: its GRPO curves (metrics.jsonl) and held-out numbers (summary.json, by the
-    stage's summary function in STAGES); a note for each part that is missing."""
+    """A stage's GRPO curves (metrics.jsonl) and held-out numbers (summary.json, drawn by the
+    stage's function in STAGES), with a note for each part that is missing."""
     title, summary_html, more_charts, what_to_watch = STAGES[stage]
     rows, missing = load(run / f"stage{stage}" / "metrics.jsonl", lines=True)
     summary, summary_missing = load(run / f"stage{stage}" / "summary.json")
     out = [f"<h2>Stage {stage}: {title}</h2>", source(f"stage{stage}/metrics.jsonl", f"stage{stage}/summary.json")]
     if not rows and not summary:
-        return "\n".join(out + [note(f"No stage-{stage} results ({missing}; {summary_missing}). Run: python mascot.py "
-                                     f"train --stage {stage}")])
-    out += [charts(rows, "Reward per step (mean, band = ± 1 std)", *more_charts(rows)), watch(what_to_watch)] if rows \
-        else [note(f"No training curves: {missing}.")]
+        return "\n".join(out + [note(f"No stage-{stage} results ({missing}; {summary_missing}). Run: python "
+                                     f"mascot.py train --stage {stage}")])
+    out += [charts(rows, *more_charts(rows)), note(what_to_watch, "watch")] if rows else [
+        note(f"No training curves: {missing}.")]
     return "\n".join(out + (summary_html(summary) if summary else [note(f"No summary: {summary_missing}.")]))
 
 
 def stage1_summary(summary: dict) -> list[str]:
     rm, after = part(summary, "reward_model"), part(summary, "heldout_after")
-    out = [f"<p>Reward model preference accuracy: train {fmt(rm.get('train_accuracy'))}; held-out "
-           f"<strong>{fmt(rm.get('heldout_accuracy'))}</strong> on {esc(rm.get('n_heldout', '?'))} judged pairs, "
-           f"{fmt(rm.get('heldout_hack_accuracy'))} on {esc(rm.get('n_heldout_hack', '?'))} synthetic-hack pairs "
-           f"({esc(summary.get('pairs', '?'))} pairs in all; judge <code>{esc(summary.get('judge', '?'))}</code>, "
-           f"model <code>{esc(summary.get('model', '?'))}</code>).</p>",
-           watch("held-out accuracy above 0.5 means the reward model learned something the judge prefers (noisy "
-                 "with a few dozen pairs); below 0.5 on the synthetic hacks, GRPO is paid for hacking."),
+    out = [f"<p>Reward model preference accuracy: train {fmt(rm.get('train_accuracy'))}; held-out <strong>"
+           f"{fmt(rm.get('heldout_accuracy'))}</strong> on {fmt(rm.get('n_heldout'))} judged pairs, "
+           f"{fmt(rm.get('heldout_hack_accuracy'))} on {fmt(rm.get('n_heldout_hack'))} synthetic-hack pairs ("
+           f"{fmt(summary.get('pairs'))} in all; judge <code>{fmt(summary.get('judge'))}</code>, model <code>"
+           f"{fmt(summary.get('model'))}</code>).</p>",
+           note("held-out accuracy above 0.5 means the reward model learned something the judge prefers (noisy "
+                "with a few dozen pairs); below 0.5 on the synthetic hacks, GRPO is paid for hacking.", "watch"),
            table([("before GRPO", part(summary, "heldout_before")), ("after GRPO", after)],
                  [("reward", "reward"), ("se", "± se"), ("rm", "reward model"), ("format", "format"), ("n", "replies")])]
     if finite(after.get("change")) and finite(after.get("change_se")):
@@ -317,19 +305,19 @@ def stage2_summary(summary: dict) -> list[str]:
             f"trained - {esc(name)}: <strong>{fmt(part(vs, name).get('change'))} ± {fmt(part(vs, name).get('se'))}"
             "</strong> (se)" for name in vs) + ".</p>")
     if finite(summary.get("directives")):
-        out.append(f"<p>During training {esc(summary.get('invalid_directives', 0))} of {esc(summary['directives'])} sampled "
-                   "directives could not be parsed (the least-spoken agent spoke, with a format penalty). Warm-start "
-                   f"targets: {esc(part(summary, 'warm_start').get('source', 'none (no warm start)'))}.</p>")
+        out.append(f"<p>During training {esc(summary.get('invalid_directives', 0))} of {esc(summary['directives'])} "
+                   "sampled directives could not be parsed (the least-spoken agent spoke, with a format penalty). "
+                   f"Warm-start targets: {esc(part(summary, 'warm_start').get('source', 'none (no warm start)'))}.</p>")
     return out
 
 
 STAGES = {1: ("persona-aligned speakers (reward model + GRPO)", stage1_summary, lambda rows: [],
-             "the reward should drift up while KL stays small and the hack diagnostics stay flat (a reward that rises "
-             "with copying or leaking is being hacked). A GRPO loss near zero is normal (advantages average to zero "
-             "in each group): watch the reward. Zero-std groups give GRPO no signal."),
+              "the reward should drift up while KL stays small and the hack diagnostics stay flat (a reward that "
+              "rises with copying or leaking is being hacked). A GRPO loss near zero is normal (advantages average "
+              "to zero in each group): watch the reward. Zero-std groups give GRPO no signal."),
           2: ("the director (group reward + GRPO)", stage2_summary,
               lambda rows: [svg_line_chart({k[len("r_pick_"):]: column(rows, k) for k in keys_of(rows, "r_pick_")},
-                                           "How often the director picks each agent", "GRPO step", "share of directives")],
+                                           "How often the director picks each agent", "GRPO step", "share")],
               "the group reward should rise. A director that collapses onto one agent shows up as one pick line "
               "going to 1, the choice entropy falling to 0 and the balance component falling; a director that reads "
               "the conversation keeps choice mi, I(choice; stage) in bits, above 0.")}
@@ -340,10 +328,11 @@ def eval_section(run: Path) -> str:
     if not path.is_file():
         return "\n".join(out + [note("eval/results.md not found. Run: python mascot.py evaluate")])
     text = re.sub(r"\A\s*# [^\n]*\n", "", path.read_text(encoding="utf-8", errors="replace"))  # its title: ours
-    return "\n".join(out + [markdown_to_html(text), watch(
-        "the paired change against round-robin: the independent evaluator's columns (persona identification by the "
-        "frozen base model) should rise, Self-BLEU and the hack rates should not; a column measured by something "
-        "training used can rise because the speakers learned to please it. Overlapping intervals: no clear difference.")])
+    return "\n".join(out + [markdown_to_html(text), note(
+        "the paired change against round-robin: the independent evaluator's columns (persona identification by "
+        "the frozen base model) should rise, Self-BLEU and the hack rates should not; a column measured by something "
+        "training used can rise because the speakers learned to please it. Overlapping intervals: no clear result.",
+        "watch")])
 
 
 # --- 6. Conversations side by side ----------------------------------------------------------------
@@ -358,8 +347,7 @@ def pick_systems(systems: list[str]) -> tuple[str, str | None]:
 
 
 def render_conversation(conv: dict, label: str) -> str:
-    """One conversation: speakers, the director's directive over agent turns, and (a stage-2
-    rollout) the turn where the director took over from the recorded prefix."""
+    """A conversation, the directives over agent turns, and where a stage-2 rollout left its prefix."""
     meta = [f"context <code>{esc(conv.get('context_id', '?'))}</code>"] + [
         f"{key} {esc(conv[key])}" for key in ("profile", "policy", "situation") if conv.get(key)]
     out = [f'<div class="conv"><h3>{esc(label)}</h3><div class="meta">{" · ".join(meta)}</div>']
@@ -368,8 +356,7 @@ def render_conversation(conv: dict, label: str) -> str:
             out.append('<div class="meta">from here on: the rollout under this director</div>')
         speaker, d = str(turn.get("speaker", "?")), turn.get("directive") or {}
         kind = "user" if speaker == "User" else "safety" if speaker == "Safety" else "agent"
-        # An unparsable directive: the least-spoken agent spoke instead (director.py). Saying so
-        # explains a "director" that behaves like a fixed rule.
+        # Unparsable: the least-spoken agent spoke instead (director.py); so a "director" acts like a rule.
         directive = ("" if kind != "agent" else f"director's answer unparsable: least-spoken fallback "
                      f"({esc(d.get('agent', ''))})" if not d.get("valid", True) else
                      f"Agent: {esc(d.get('agent', ''))} / Action: {esc(d.get('action', ''))} / Tone: "
@@ -379,15 +366,13 @@ def render_conversation(conv: dict, label: str) -> str:
     return "\n".join(out + ["</div>"])
 
 
-HELDOUT_DIRECTORS = ("least-spoken", "prompted", "warm-start", "trained")    # stage2/heldout_<name>.jsonl
-
-
 def conversations_section(run: Path) -> str:
     out, where = ["<h2>Sample conversations: base vs MASCOT</h2>"], "eval/transcripts.jsonl"
     records, missing = load(run / "eval" / "transcripts.jsonl", lines=True)
     if not records:          # no evaluation: stage 2's held-out rollouts (same points and seeds for each)
-        records, where = [{**r, "system": name} for name in HELDOUT_DIRECTORS for r in load(
-            run / "stage2" / f"heldout_{name}.jsonl", lines=True)[0]], "stage2/heldout_*.jsonl (no eval/transcripts.jsonl)"
+        records, where = [{**r, "system": name} for name in ("least-spoken", "prompted", "warm-start", "trained")
+                          for r in load(run / "stage2" / f"heldout_{name}.jsonl", lines=True)[0]], \
+            "stage2/heldout_*.jsonl (no eval/transcripts.jsonl)"
     records = [r for r in records if isinstance(r.get("turns"), list)]
     if not records:
         return "\n".join(out + [note(f"No conversations: {missing}, and no stage-2 held-out rollouts "
@@ -403,58 +388,54 @@ def conversations_section(run: Path) -> str:
     # Prefer a conversation the crisis guard cut short on neither side.
     key = ([k for k in common if not by[base][k].get("events") and not by[trained][k].get("events")]
            or common or list(by[base]))[0]
-    columns, shown = [render_conversation(by[base][key], base)], f"<strong>{esc(base)}</strong>"
-    if trained:
-        columns.append(render_conversation(by[trained].get(key) or next(iter(by[trained].values())), trained))
-        shown += f" vs <strong>{esc(trained)}</strong>, " + ("on the same context, simulated user and seed" if common
-                                                              else "on different contexts (they share none)")
+    shown = [s for s in (base, trained) if s]
+    same = ", on the same context, simulated user and seed" if common else ", on different contexts (none shared)"
     return "\n".join(out + [source(where, what="Conversations"), f"<p>{len(records)} conversations of {len(systems)} "
-                            f"systems ({esc(', '.join(systems))}); shown: {shown}.</p>",
-                            '<div class="convs">' + "".join(columns) + "</div>",
-                            watch("whether the agents keep to their roles and build on each other instead of "
-                                  "repeating, and whether the director's Action/Tone is followed.")])
+                            f"systems ({esc(', '.join(systems))}); shown: " + " vs ".join(
+                                f"<strong>{esc(s)}</strong>" for s in shown) + same * bool(trained) + ".</p>",
+                            '<div class="convs">' + "".join(render_conversation(by[s].get(key) or next(
+                                iter(by[s].values())), s) for s in shown) + "</div>",
+                            note("whether the agents keep to their roles and build on each other instead of "
+                                 "repeating, and whether the director's Action/Tone is followed.", "watch")])
 
 
-# --- 7. The page ------------------------------------------------------------------------------------
+# --- 7. The page ----------------------------------------------------------------------------------
 CSS = f"body {{ {FONT}; margin: 0; background: #f4f5f7; color: #222; line-height: 1.45; }}" + """
-main { max-width: 1180px; margin: 0 auto; padding: 20px 24px 40px; } nav a { color: #0072B2; } h1 { font-size: 24px; }
-h2 { font-size: 19px; margin: 0 0 8px; } h3 { font-size: 15px; margin: 12px 0 6px; } footer { color: #888; font-size: 12px; }
-section { background: #fff; border: 1px solid #dde0e4; border-radius: 8px; padding: 16px 20px; margin: 16px 0; }
-.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 12px; margin-bottom: 8px; }
-.chart { border: 1px solid #eceef1; border-radius: 6px; } .chart svg { width: 100%; height: auto; display: block; }
-.src, .meta, .directive { color: #666; font-size: 13px; margin: 0 0 6px; } .directive { font-size: 11px; }
-.watch, .note { background: #f0f6ff; border-left: 3px solid #0072B2; padding: 6px 10px; font-size: 13px; }
-.note { color: #8a5a00; background: #fff8e6; border-color: #E69F00; } code { background: #f1f2f4; font-size: 12px; }
-table { border-collapse: collapse; margin: 8px 0 12px; font-size: 12px; display: block; overflow-x: auto; }
-th, td { border: 1px solid #dde0e4; padding: 3px 7px; } th { background: #f4f5f7; } .who { font-weight: 600; }
-.convs { display: flex; flex-wrap: wrap; gap: 14px; align-items: flex-start; }
-.conv { flex: 1 1 0; min-width: 280px; border: 1px solid #dde0e4; border-radius: 6px; padding: 8px 12px; }
-.turn { margin: 6px 0; padding: 6px 9px; border-radius: 6px; font-size: 14px; overflow-wrap: anywhere; }
-.turn.user { background: #eef2f7; } .turn.agent { background: #f6fbf8; } .turn.safety { background: #fdecea; }
+main { max-width: 1180px; margin: 0 auto; padding: 20px } .turn { margin: 6px 0; padding: 6px 9px; border-radius: 6px }
+section { background: #fff; border: 1px solid #dde0e4; border-radius: 8px; padding: 16px 20px; margin: 16px 0 }
+.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 12px }
+.chart, .conv { border: 1px solid #dde0e4; border-radius: 6px } .chart svg { width: 100%; height: auto }
+.src, .meta, .directive { color: #666; font-size: 13px; margin: 0 0 6px } .who { font-weight: 600 }
+.watch, .note { background: #f0f6ff; border-left: 3px solid #0072B2; padding: 6px 10px; font-size: 13px }
+.note { color: #8a5a00; background: #fff8e6; border-color: #E69F00 } code { background: #f1f2f4; font-size: 12px }
+table { border-collapse: collapse; margin: 8px 0 12px; font-size: 12px; display: block; overflow-x: auto }
+th, td { border: 1px solid #dde0e4; padding: 3px 7px } th { background: #f4f5f7 }
+.convs { display: flex; flex-wrap: wrap; gap: 14px } .conv { flex: 1 1 0; min-width: 280px; padding: 8px 12px }
+.turn.user { background: #eef2f7 } .turn.agent { background: #f6fbf8 } .turn.safety { background: #fdecea }
 """
+SECTIONS = [("stage1", "Stage 1", lambda run: stage_section(run, 1)), ("stage2", "Stage 2", lambda run: stage_section(
+    run, 2)), ("eval", "Evaluation", eval_section), ("conversations", "Conversations", conversations_section)]
 
 
 def build_report(run_dir) -> Path:
     """Write RUN/report.html from whatever the run folder holds; return its path."""
-    run, sections = Path(run_dir), [("stage1", "Stage 1", lambda r: stage_section(r, 1)), ("stage2", "Stage 2", lambda r: stage_section(r, 2)),
-                                    ("eval", "Evaluation", eval_section), ("conversations", "Conversations", conversations_section)]
+    run = Path(run_dir)
     if not run.is_dir():
         raise UserError(f"--run {run}: no such run folder; pass the folder given to `mascot.py train --run`")
     body = [f'<h1>MASCOT run report</h1><p class="src">Run folder <code>{esc(run.resolve())}</code>, written '
             f"{time.strftime('%Y-%m-%d %H:%M')} by <code>extras/report.py</code>.</p>",
-            "<nav>" + " · ".join(f'<a href="#{key}">{label}</a>' for key, label, _ in sections) + "</nav>",
-            *(f'<section id="{key}">{section(run)}</section>' for key, _, section in sections),
-            "<footer>Charts are inline SVG; this file needs nothing else to display.</footer>"]
-    write_text_atomic(path := run / "report.html", '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
-                      f'content="width=device-width, initial-scale=1"><title>MASCOT report: {esc(run.name)}</title>'
-                      f"<style>{CSS}</style></head>\n<body><main>\n" + "\n".join(body) + "\n</main></body></html>\n")
+            "<nav>" + " · ".join(f'<a href="#{key}">{label}</a>' for key, label, _ in SECTIONS) + "</nav>",
+            *(f'<section id="{key}">{section(run)}</section>' for key, _, section in SECTIONS)]
+    write_text_atomic(path := run / "report.html", '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                      f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>MASCOT report: '
+                      f"{esc(run.name)}</title><style>{CSS}</style></head>\n<body><main>\n" + "\n".join(body)
+                      + "\n</main></body></html>\n")
     return path
 
 
 def main(argv: list[str], cli=None) -> int:
     """`python mascot.py report --run RUN` (mascot.main passes its argv: argv[0] is "report")."""
-    parser = argparse.ArgumentParser(prog="mascot.py report", description="Write RUN/report.html: the training "
-                                     "curves, held-out numbers, evaluation tables and sample conversations of a run.",
+    parser = argparse.ArgumentParser(prog="mascot.py report", description="Write RUN/report.html, one page of a run.",
                                      formatter_class=cli.Formatter if cli else argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--run", default="runs/default", help="the run folder (as given to train and evaluate)")
     print(f"report written to {build_report(parser.parse_args(argv[1:]).run)}")

@@ -11,7 +11,7 @@ the requests in flight. What the client promises (tests/test_judge.py checks eac
   - HTTP 429, 5xx, connection errors and deadlines are retried (--served-retries) with exponential
     backoff plus jitter, or as long as the server's Retry-After asks, at most max_backoff;
   - any other 4xx fails at once as one line (data.UserError) quoting the server's message, with a hint
-    and the API key masked; the key is read from the environment per request, never stored or cached;
+    and the key masked: $MASCOT_JUDGE_API_KEY (roles: $MASCOT_API_KEY), read per request, never stored;
   - `content: null` (a reasoning model that spent its tokens thinking) is its own error;
   - a preflight request (max_tokens=1) before any work, so a bad URL, key or model name fails first.
 What it simplifies: no streaming, no HTTP proxies (http.client talks to the server directly, which keeps

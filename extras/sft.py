@@ -32,6 +32,7 @@ import director as dr                                             # noqa: E402
 import grpo                                                       # noqa: E402
 import models                                                     # noqa: E402
 from data import UserError, flag_type                             # noqa: E402
+from reward import shown                                          # noqa: E402
 from simulate import USER, Turn, speaker_messages                 # noqa: E402
 
 SFT_STRATEGIES = {s: agent for s, (agent, _, _) in dr.ESCONV_STRATEGIES.items() if s != "Self-disclosure"}
@@ -107,7 +108,6 @@ def train_sft(args, cli) -> dict:
     print(f"sft: {len(train)} supporter turns from {len(inputs.train)} training dialogues ({inputs.split}); "
           f"{len(held)} held-out turns")
     model, tok = models.load_model(args.model, device=args.device)
-    shown = lambda x: "-" if x is None else f"{x:.3f}"                                      # noqa: E731
     before = mean_nll(model, tok, held)
     print(f"held-out loss before: {shown(before)} nats per token")
     losses = dr.supervised_finetune(model, tok, train, args.steps, args.batch_size, args.lr,

@@ -27,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpo  # noqa: E402
 import models  # noqa: E402
-import sampler  # noqa: E402
 
 B, P, C = 6, 6, 5                         # 2 prompts x G = 3, prompt width 6, completion width 5
 PROMPT_LENS = [6, 4, 6, 3, 5, 6]          # left padding differs per row
@@ -42,8 +41,8 @@ def tiny():
     return policy, ref, tok
 
 
-def make_batch(vocab: int, grouped: bool = False) -> tuple[sampler.Generation, torch.Tensor]:
-    """A fixed sampled batch in the shape sampler.generate returns, and one advantage per row.
+def make_batch(vocab: int, grouped: bool = False) -> tuple[models.Generation, torch.Tensor]:
+    """A fixed sampled batch in the shape models.generate returns, and one advantage per row.
     grouped=False: six different prompts; True: 2 prompts x G 3 as GRPO samples them (rows 0-2
     share prompt 0, left-padded to 6 tokens; rows 3-5 share prompt 1, 4 tokens)."""
     g = torch.Generator().manual_seed(0)
@@ -57,7 +56,8 @@ def make_batch(vocab: int, grouped: bool = False) -> tuple[sampler.Generation, t
     for i, (p, c) in enumerate(zip(prompt_lens, COMPLETION_LENS)):
         prompt_mask[i, P - p:] = 1
         completion_mask[i, :c] = 1
-    gen = sampler.Generation([""] * B, prompt_ids, prompt_mask, completion_ids, completion_mask, [True] * B)
+    gen = models.Generation([""] * B, prompt_ids, prompt_mask, completion_ids, completion_mask, [True] * B,
+                            torch.zeros(B, C))
     advantages, _ = grpo.group_advantages(torch.tensor([0.1, 0.9, 0.5, 0.3, 0.2, 0.8]), group_size=3)
     return gen, advantages
 
@@ -120,8 +120,8 @@ def test_gradient_checkpointing_gives_identical_loss_and_gradients(tiny):
     assert len(layer_calls) == 2 and model.is_activation_checkpointing
     # Greedy generation in eval mode gives exactly the tokens of the same weights without the switch.
     chat = [[{"role": "user", "content": "hi"}]]
-    out = sampler.generate(model.eval(), tok, chat, max_new_tokens=3)
-    plain = sampler.generate(copy.deepcopy(policy).eval(), tok, chat, max_new_tokens=3)
+    out = models.generate(model.eval(), tok, chat, max_new_tokens=3)
+    plain = models.generate(copy.deepcopy(policy).eval(), tok, chat, max_new_tokens=3)
     assert out.completion_ids.shape[1] >= 1 and torch.equal(out.completion_ids, plain.completion_ids)
     models.set_gradient_checkpointing(model, False)
     assert not model.is_activation_checkpointing
@@ -169,7 +169,8 @@ def test_beta_zero_skips_the_reference_pass_without_changing_the_loss(tiny):
     # The same loss with the reference pass computed explicitly and handed to grpo_loss.
     ids, attn, mask = full_batch_tensors(gen)
     model = copy.deepcopy(policy).train()
-    ref_logps = grpo.batched_logprobs(ref, ids, attn, P, micro_batch=B)        # (B, C)
+    with torch.no_grad():
+        ref_logps = grpo.completion_logprobs(ref, ids, attn, P)                # (B, C)
     logps = grpo.completion_logprobs(model, ids, attn, P)                      # (B, C)
     loss, stats = grpo.grpo_loss(logps, None, ref_logps, adv, mask, beta=0.0, loss_type="dapo")
     loss.backward()
@@ -193,8 +194,9 @@ def test_one_iteration_skips_the_old_policy_pass_without_changing_the_loss(tiny)
     # Explicit old-policy pass: pi_old = pi_theta, computed without gradient, then the loss.
     ids, attn, mask = full_batch_tensors(gen)
     fresh = copy.deepcopy(policy).train()
-    old_logps = grpo.batched_logprobs(fresh, ids, attn, P, micro_batch=B)      # (B, C)
-    ref_logps = grpo.batched_logprobs(ref, ids, attn, P, micro_batch=B)        # (B, C)
+    with torch.no_grad():
+        old_logps = grpo.completion_logprobs(fresh, ids, attn, P)              # (B, C)
+        ref_logps = grpo.completion_logprobs(ref, ids, attn, P)                # (B, C)
     logps = grpo.completion_logprobs(fresh, ids, attn, P)                      # (B, C)
     loss, stats = grpo.grpo_loss(logps, old_logps, ref_logps, adv, mask, beta=0.1, loss_type="dapo")
     loss.backward()
@@ -222,11 +224,14 @@ def test_shared_prompts_give_the_plain_loss_and_gradients_for_fewer_tokens(tiny)
     # 2 distinct prompts x 6 positions, then 6 rows x 5 completion positions: 42 tokens, not 66.
     assert seen == [2 * P, B * C]
 
-    # The plain path: every row's prompt run again, one forward over all 6 x 11 tokens.
+    # The plain path: every row's prompt run again, one forward over all 6 x 11 tokens, and the
+    # textbook log-softmax of its logits.
     ids, attn, mask = full_batch_tensors(gen)
     plain = copy.deepcopy(policy).train()
     seen_plain = body_tokens(plain)
-    logps = grpo.completion_logprobs(plain, ids, attn, P, share_prompts=False)   # (B, C)
+    positions = (attn.cumsum(1) - 1).clamp(min=0)                               # as the sampler counts
+    logits = plain(input_ids=ids, attention_mask=attn, position_ids=positions).logits[:, P - 1:-1]   # (B, C, V)
+    logps = torch.log_softmax(logits.float(), -1).gather(2, ids[:, P:, None]).squeeze(2)             # (B, C)
     loss, _ = grpo.grpo_loss(logps, None, None, adv, mask, beta=0.0, loss_type="dapo")
     loss.backward()
     assert seen_plain == [B * (P + C)]

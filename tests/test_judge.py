@@ -760,3 +760,45 @@ def test_complete_many_overlaps_and_keeps_the_order():
     with FakeServer([echo_slowly]) as server:
         answers = make_openai(server.url, concurrency=3).complete_many(prompts)
     assert answers == [f"echo p{k}" for k in range(6)] and server.max_active == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# judge-eval from the command line, and its --persona-id validity check
+# ----------------------------------------------------------------------------------------------
+
+def test_judge_eval_command_caches_every_answer(tmp_path, capsys):
+    """What tests/test_llamacpp.py checks against a real server, here against the fake one: the
+    report, and a rerun on the same cache that asks nothing but the preflight."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join((ROOT / "data" / "judge_pairs_blind.jsonl").read_text().splitlines(True)[:4]))
+    argv = ["judge-eval", "--pairs", str(pairs), "--judge", None, "--judge-model", "m", "--cache", str(tmp_path / "c.jsonl")]
+    def judge_or_preflight(body):
+        return answer_good_one(body) if "Reply A: " in body["messages"][-1]["content"] else completion("OK")
+
+    with FakeServer([judge_or_preflight]) as server:
+        argv[4] = f"openai:{server.url}"
+        assert mascot.main(argv) == 0
+        asked = len(server.requests)
+        assert asked == 1 + 2 * 4                                   # the preflight, then both orders per pair
+        assert mascot.main(argv) == 0
+        assert len(server.requests) == asked + 1                    # the preflight only: every verdict cached
+    out = capsys.readouterr().out
+    assert "accuracy:" in out and "(4 pairs," in out
+
+
+def test_persona_id_validation_counts_pairs():
+    from extras import evaluators
+    pair = {"persona": "Anchor", "context": "I failed.", "history": [], "better": "b", "worse": "w",
+            "failure": "wrong-role"}
+
+    class ByText(evaluators.PersonaIdentifier):
+        def reply_ids(self, reply):
+            return [0]                  # one token per reply
+
+        def logprobs(self, items):      # the better reply is more Anchor-like than the worse one
+            table = [[-1.0, -3.0, -3.0, -3.0] if it.reply == "b" else [-3.0, -1.0, -3.0, -3.0] for it in items]
+            return table, table
+
+    ident = ByText(None, None, data.load_personas("personas.json", "support"))
+    result = judges.validate(lambda name: ident, [pair] * 3)
+    assert result["wrong-role"] == {"n": 3, "prefers_better": 3, "ties": 0, "id_correct": 3, "p_value": 0.25}
