@@ -259,30 +259,6 @@ def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
     return found[0] if len(set(found)) == 1 else None
 
 
-_LABEL_NAME = r"(?:(?i:reply|response|answer|option|choice)\s+)"
-_PICKS = [re.compile(_LABEL_NAME + r"?(?<![A-Za-z])([AB])(?![A-Za-z])[*\"'`)\]]*\s+(?:is|was|seems)\s+"
-                     r"(?:clearly\s+|much\s+|slightly\s+|the\s+)?(?i:better|stronger|preferred)"),
-          re.compile(r"(?i:better(?:\s+(?:reply|response|answer|option|choice|one))?\s+is|prefer|pick|choose)"
-                     r"\s+" + _LABEL_NAME + r"?[*\"'`(\[]*([AB])(?![A-Za-z])"),
-          re.compile(r"^[\s\"'*`(\[]*([AB])(?![A-Za-z])"),
-          re.compile(r"\b(?:reply|response|answer|option|choice)\b[\s:*\"'`(\[-]*([AB])(?![A-Za-z])", re.IGNORECASE),
-          re.compile(r"(?<![A-Za-z])([AB])(?![A-Za-z])")]
-_ARTICLE = re.compile(r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]")   # "A better reply is B": an article
-
-
-def parse_ab(text: str) -> int | None:
-    """A judge's pick from free text: 0 for "A", 1 for "B", None if none. Tried in order: a
-    sentence saying which is better ("Reply B is better", "I prefer B"), so "A: Reply B is better."
-    is B; an answer starting with the label; a named label anywhere; the first standalone A/B."""
-    if not isinstance(text, str):
-        return None
-    for pattern in _PICKS:
-        for m in pattern.finditer(text):
-            if not _ARTICLE.match(text, m.start(1)):
-                return "AB".index(m.group(1).upper())
-    return None
-
-
 # --- Redundancy between agent turns: NLI relation rates (the paper) and embeddings (ours) ----
 
 NLI_RELATIONS = ("entailment", "contradiction", "neutral")

@@ -32,24 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project'
 import data                                                       # noqa: E402
 import director as dr                                             # noqa: E402
 import models                                                     # noqa: E402
+from extras.judges import within_state_correlation                # noqa: E402
 from metrics import paired_change                                 # noqa: E402
 from reward import shown                                          # noqa: E402
 from simulate import Cast, Conversation, Directive, LeastSpoken   # noqa: E402
 
 REPLICATE_SALT = 100_003     # replicate r adds r x this to every point's seed
-
-
-def within_state_correlation(xs: list[float], ys: list[float | None], n: int) -> float | None:
-    """Pearson correlation of xs and ys, each minus its state's mean (S states x n candidates, state-major; y None
-    left out): how well x ranks the candidates OF ONE STATE by y. None when x or y never varies within a state."""
-    dx, dy = [], []
-    for start in range(0, len(xs), n):
-        kept = [i for i in range(start, start + n) if ys[i] is not None]
-        if len(kept) >= 2:
-            mx, my = sum(xs[i] for i in kept) / len(kept), sum(ys[i] for i in kept) / len(kept)
-            dx, dy = dx + [xs[i] - mx for i in kept], dy + [ys[i] - my for i in kept]
-    sxx, syy = sum(a * a for a in dx), sum(b * b for b in dy)
-    return sum(a * b for a, b in zip(dx, dy)) / (sxx * syy) ** 0.5 if sxx and syy else None
 
 
 def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:

@@ -373,7 +373,7 @@ def conversations_section(run: Path) -> str:
         records, where = [{**r, "system": name} for name in ("least-spoken", "prompted", "warm-start", "trained")
                           for r in load(run / "stage2" / f"heldout_{name}.jsonl", lines=True)[0]], \
             "stage2/heldout_*.jsonl (no eval/transcripts.jsonl)"
-    records = [r for r in records if isinstance(r.get("turns"), list)]
+    records = [r for r in records if isinstance(r.get("turns"), list) and all(isinstance(t, dict) for t in r["turns"])]
     if not records:
         return "\n".join(out + [note(f"No conversations: {missing}, and no stage-2 held-out rollouts "
                                      "(stage2/heldout_*.jsonl). Run: python mascot.py evaluate")])

@@ -224,7 +224,7 @@ def test_within_state_correlation_by_hand():
     # 2 states x 2 candidates. Within-state deviations: x (0.5, -0.5), (1, -1); y (0.2, -0.2),
     # (0.1, -0.1): sum xy 0.4, sum xx 2.5, sum yy 0.1 -> r = 0.4 / sqrt(0.25) = 0.8. The states'
     # own levels (x around 0.5 and 4) do not enter.
-    corr = director_headroom.within_state_correlation
+    from extras.judges import within_state_correlation as corr
     xs, ys = [1.0, 0.0, 5.0, 3.0], [0.5, 0.1, 0.4, 0.2]
     assert corr(xs, ys, 2) == pytest.approx(0.8) and corr([-x for x in xs], ys, 2) == pytest.approx(-0.8)
     # A candidate without a score leaves its state with one: that state drops out (r of 1 pair = 1).

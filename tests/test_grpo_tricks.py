@@ -3,14 +3,21 @@
 Each trick is run against the plain computation on a tiny random Llama (2 layers, SmolLM2's
 49k vocabulary) and a hand-made batch of 6 completions with ragged prompts and completions:
 
-    gradient checkpointing      same loss and gradients (1e-6): it only re-runs the forward pass
+    gradient checkpointing      same loss and gradients: it only re-runs the forward pass
     micro-batching              same loss and gradients as one big batch (the global normaliser)
     log-prob chunk size         same log-probs and gradients (the chunks are independent rows)
     beta = 0 skips the reference        same loss as computing it, and the reference never runs
     num_iterations = 1 skips the old-policy pass    same loss and gradients as computing it
-    shared prompts              same loss and gradients (1e-5): each distinct prompt runs once
+    shared prompts              same loss and gradients: each distinct prompt runs once
     bf16 autocast               close, within a bound derived from bf16's precision (see the test)
     rewards                     computed without autograd
+
+"Same" means equal up to fp32 rounding: the tricks add the same numbers in another order (other
+batch shapes, micro-batch partial sums), and so do different CPUs' vector kernels (AVX2, AVX-512).
+A sum of n fp32 terms may be off by ~n * 2^-24 of the sum of their sizes; here the longest sums
+run over the batch's B * (P + C) = 66 token positions (FP32_SUM below), of terms no larger than
+the largest gradient entry (gradients) or ~1 (the loss: |A| <= 1.3, plus beta * KL). We see
+errors of 1/20 of that.
 
 Run: .venv/bin/python -m pytest -q tests/test_grpo_tricks.py
 """
@@ -31,6 +38,8 @@ import models  # noqa: E402
 B, P, C = 6, 6, 5                         # 2 prompts x G = 3, prompt width 6, completion width 5
 PROMPT_LENS = [6, 4, 6, 3, 5, 6]          # left padding differs per row
 COMPLETION_LENS = [5, 3, 5, 1, 4, 2]      # right padding differs per row
+FP32_SUM = B * (P + C) * 2**-24          # relative error of a sum over the batch's positions (docstring)
+LOSS_TOL = FP32_SUM * 1.0                # loss terms are at most ~1 in size
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +89,10 @@ def run_update(policy, ref, gen, advantages, cfg):
     return stats["loss"], grads, model
 
 
-def assert_same_grads(a: dict, b: dict, atol: float):
+def assert_same_grads(a: dict, b: dict):
+    """Equal up to the rounding of a sum over the batch, in units of the largest gradient entry."""
     assert a.keys() == b.keys() and len(a) > 0
+    atol = FP32_SUM * max(g.abs().max().item() for g in a.values())
     for name in a:
         assert torch.allclose(a[name], b[name], atol=atol, rtol=0), name
 
@@ -108,8 +119,8 @@ def test_gradient_checkpointing_gives_identical_loss_and_gradients(tiny):
     gen, adv = make_batch(len(tok))
     loss_plain, grads_plain, _ = run_update(policy, ref, gen, adv, config())
     loss_ckpt, grads_ckpt, _ = run_update(policy, ref, gen, adv, config(gradient_checkpointing=True))
-    assert loss_ckpt == pytest.approx(loss_plain, abs=1e-6)
-    assert_same_grads(grads_plain, grads_ckpt, atol=1e-6)
+    assert loss_ckpt == pytest.approx(loss_plain, abs=LOSS_TOL)
+    assert_same_grads(grads_plain, grads_ckpt)
 
     # The switch really is on: a decoder layer's MLP now runs twice per micro-batch (forward, then
     # again inside backward), and generation in eval mode still works (it needs the KV cache).
@@ -135,8 +146,8 @@ def test_micro_batching_gives_the_full_batch_gradient(tiny, loss_type, micro_bat
     loss_full, grads_full, _ = run_update(policy, ref, gen, adv, config(loss_type=loss_type))
     loss_micro, grads_micro, _ = run_update(policy, ref, gen, adv,
                                             config(loss_type=loss_type, micro_batch=micro_batch))
-    assert loss_micro == pytest.approx(loss_full, abs=1e-6)
-    assert_same_grads(grads_full, grads_micro, atol=1e-6)
+    assert loss_micro == pytest.approx(loss_full, abs=LOSS_TOL)
+    assert_same_grads(grads_full, grads_micro)
 
 
 def test_logprob_chunk_size_does_not_change_logprobs_or_gradients(tiny):
@@ -149,13 +160,16 @@ def test_logprob_chunk_size_does_not_change_logprobs_or_gradients(tiny):
         logps = grpo.completion_logprobs(model, ids, attn, P, chunk_size=chunk_size)  # (B, C)
         (logps * mask).sum().backward()
         results.append((logps.detach(), model.get_output_embeddings().weight.grad.clone()))
-    # Log-probs (~ -10.8) agree to 1e-6. The LM-head gradient sums B*C outer products; chunking
-    # changes the order of that fp32 sum (and chunk 1 uses a matrix-vector kernel), so it agrees
-    # to fp32 rounding relative to its largest entry (~4.6 here; we see ~3e-5, i.e. 6e-6 relative).
+    # Log-probs (~ -10.8, whose fp32 spacing is 9.5e-7) agree to a rounding or two (we see one):
+    # asserted to 1e-5. The gradient of the (tied) LM head goes through the head's backward, which
+    # sums the V = 49,152 vocabulary terms of every hidden unit in blocks that depend on the chunk
+    # (chunk 1 is a matrix-vector kernel). Such a blocked fp32 sum is typically off by ~sqrt(V) *
+    # 2^-24 = 1.3e-5 of its terms' sizes (n * 2^-24 only at worst), so the gradients agree to
+    # ~1e-5 of their largest entry (~4.6 here; we see 2.8e-5, i.e. 6e-6 relative): asserted 1e-4.
     scale = results[0][1].abs().max().item()
     for logps, grad in results[1:]:
-        assert torch.allclose(logps, results[0][0], atol=1e-6, rtol=0)
-        assert torch.allclose(grad, results[0][1], atol=1e-5 * scale, rtol=0)
+        assert torch.allclose(logps, results[0][0], atol=1e-5, rtol=0)
+        assert torch.allclose(grad, results[0][1], atol=1e-4 * scale, rtol=0)
 
 
 def test_beta_zero_skips_the_reference_pass_without_changing_the_loss(tiny):
@@ -175,8 +189,8 @@ def test_beta_zero_skips_the_reference_pass_without_changing_the_loss(tiny):
     loss, stats = grpo.grpo_loss(logps, None, ref_logps, adv, mask, beta=0.0, loss_type="dapo")
     loss.backward()
     assert stats["kl"] > 0                                   # the reference does differ ...
-    assert loss.item() == pytest.approx(loss_skip, abs=1e-6)  # ... yet with beta 0 nothing changes
-    assert_same_grads(grads_skip, {n: p.grad for n, p in model.named_parameters()}, atol=1e-6)
+    assert loss.item() == pytest.approx(loss_skip, abs=LOSS_TOL)  # ... yet with beta 0 nothing changes
+    assert_same_grads(grads_skip, {n: p.grad for n, p in model.named_parameters()})
 
 
 def test_one_iteration_skips_the_old_policy_pass_without_changing_the_loss(tiny):
@@ -200,9 +214,9 @@ def test_one_iteration_skips_the_old_policy_pass_without_changing_the_loss(tiny)
     logps = grpo.completion_logprobs(fresh, ids, attn, P)                      # (B, C)
     loss, stats = grpo.grpo_loss(logps, old_logps, ref_logps, adv, mask, beta=0.1, loss_type="dapo")
     loss.backward()
-    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
-    assert loss.item() == pytest.approx(loss_skip, abs=1e-6)
-    assert_same_grads(grads_skip, {n: p.grad for n, p in fresh.named_parameters()}, atol=1e-6)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6)   # the same computation twice: exactly 1
+    assert loss.item() == pytest.approx(loss_skip, abs=LOSS_TOL)
+    assert_same_grads(grads_skip, {n: p.grad for n, p in fresh.named_parameters()})
 
 
 def body_tokens(model) -> list:
@@ -235,7 +249,8 @@ def test_shared_prompts_give_the_plain_loss_and_gradients_for_fewer_tokens(tiny)
     loss, _ = grpo.grpo_loss(logps, None, None, adv, mask, beta=0.0, loss_type="dapo")
     loss.backward()
     assert seen_plain == [B * (P + C)]
-    assert_same_grads(shared, {n: p.grad for n, p in plain.named_parameters()}, atol=1e-5)
+    assert_same_grads(shared, {n: p.grad for n, p in plain.named_parameters()})
+    # Log-probs of ~-10.8 (fp32 spacing 9.5e-7) by two routes: agree to ten roundings.
     with torch.no_grad():
         assert torch.allclose(grpo.completion_logprobs(policy, ids, attn, P), logps.detach(), atol=1e-5)
 
