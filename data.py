@@ -363,7 +363,7 @@ def _need(obj: dict, key: str, where: str, many: bool = False, limit: int = 2000
     """A non-empty string field (or a non-empty list of them), at most `limit` characters each:
     a runaway field would crowd out the rest of every prompt it goes into."""
     value = obj.get(key)
-    items = value if many and isinstance(value, list) else [value]
+    items = (value if isinstance(value, list) else [None]) if many else [value]
     if not items or not all(isinstance(v, str) and v.strip() and len(v) <= limit for v in items):
         what = "a list of non-empty strings" if many else "a non-empty string"
         raise UserError(f"{where}: field '{key}' must be {what} of at most {limit} characters (got "

@@ -304,7 +304,8 @@ def nli_rates(texts: list[str], model, tokenizer, batch_size: int = 16) -> dict 
 
 def pairwise_cosines(emb: torch.Tensor) -> torch.Tensor:
     """(N(N-1)/2,) cosines of every pair i < j of the (N, D) unit-length rows."""
-    if not torch.allclose(emb.norm(dim=-1), torch.ones(len(emb)), atol=1e-3):
+    norms = emb.norm(dim=-1)
+    if not torch.allclose(norms, torch.ones_like(norms), atol=1e-3):
         raise ValueError("embeddings must be L2-normalised rows")
     i, j = torch.triu_indices(len(emb), len(emb), offset=1)
     return (emb @ emb.T)[i, j]                                           # dot of unit vectors = cosine

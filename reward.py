@@ -533,5 +533,7 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
         metrics = train_reward_model(rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr, seed=seed, log=log)
         rm.save(rm_dir, rm_tok, metrics)
         rm = rm.to(rm_dtype).eval().requires_grad_(False)          # from here on it only scores
+    log(f"reward model held-out accuracy: {shown(metrics['heldout_accuracy'])} on {metrics['n_heldout']} judged pairs, "
+        f"{shown(metrics['heldout_hack_accuracy'])} on {metrics['n_heldout_hack']} synthetic-hack pairs (0.5 is chance)")
     return RLAIF(speaker_reward_fn(rm, rm_tok, inputs.personas, cfg.format_weight), train_states, held_states,
                  pairs, metrics)

@@ -276,6 +276,9 @@ def load_splits(spec: str, persona_set: str) -> dict[str, list[Context]]:
                        and not p.name.endswith("domains.json"))
         meetings = [f for f in files if is_meeting(f)]
         others = [f for f in files if f not in meetings and f.parent == path]
+        for f in files if meetings else []:           # a damaged meeting file must not vanish without a word
+            if f.suffix == ".json" and f not in meetings:
+                warn(f"{f}: not a QMSum meeting file (no meeting_transcripts); skipping it")
         named = {f: split_of(f, path) for f in meetings + others if split_of(f, path)}
         if named:
             for split in dict.fromkeys(named.values()):

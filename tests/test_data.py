@@ -67,18 +67,21 @@ def drop(d, key):
 @pytest.mark.parametrize("mutate, fragments", [
     (lambda r: [r], ["top level is a list"]),
     (lambda r: r["support"]["personas"].clear(), ["set 'support' must be an object", "a non-empty personas list"]),
-    (lambda r: drop(r["support"]["personas"][1], "style"), ["set 'support' persona #2:", "'style' is missing"]),
-    (lambda r: r["support"]["personas"][0].update(role="  "), ["set 'support' persona #1:", "'role' is empty"]),
+    (lambda r: drop(r["support"]["personas"][1], "style"),
+     ["set 'support' persona #2:", "field 'style' must be a non-empty string", "(got nothing)"]),
+    (lambda r: r["support"]["personas"][0].update(role="  "),
+     ["set 'support' persona #1:", "field 'role' must be a non-empty string", "(got text)"]),
     (lambda r: r["support"]["personas"][2].update(examples="Be brave."),
-     ["set 'support' persona #3:", "'examples' is text, not a list"]),
+     ["set 'support' persona #3:", "field 'examples' must be a list of non-empty strings", "(got text)"]),
     (lambda r: r["support"]["personas"][3].update(examples=["ok", 7]),
-     ["set 'support' persona #4:", "every item of 'examples'"]),
-    (lambda r: r["support"]["personas"][0].update(name=5), ["persona #1", "'name' is a number, not text"]),
+     ["set 'support' persona #4:", "field 'examples' must be a list of non-empty strings"]),
+    (lambda r: r["support"]["personas"][0].update(name=5), ["persona #1:", "field 'name'", "(got a number)"]),
+    (lambda r: r["support"]["personas"][0].update(name="Anchor\nDirector"), ["persona #1:", "must be one line"]),
     (lambda r: r["support"]["personas"][3].update(name="anchor"), ["#1 and #4", "'anchor'"]),
     (lambda r: r["support"]["personas"].append("Echo"), ["persona #5 is text"]),
-    (lambda r: r["support"].update(strategies=[]), ["set 'support'", "'strategies' is an empty list"]),
-    (lambda r: drop(r["support"], "tones"), ["set 'support'", "'tones' is missing"]),
-    (lambda r: r["support"].update(description=""), ["set 'support'", "'description' is empty"]),
+    (lambda r: r["support"].update(strategies=[]), ["set 'support':", "field 'strategies' must be a list"]),
+    (lambda r: drop(r["support"], "tones"), ["set 'support':", "field 'tones'", "(got nothing)"]),
+    (lambda r: r["support"].update(description=""), ["set 'support':", "field 'description' must be a non-empty"]),
 ])
 def test_persona_validation_errors_name_the_problem(tmp_path, mutate, fragments):
     message = persona_error(tmp_path, mutate)
@@ -168,13 +171,13 @@ def test_profiles_load_and_select():
     # 'all' is the profiles that set one trait high or low (the paper's ten), so not "average".
     assert evaluate.profile_ids("all", profiles) == ["openness-high", "neuroticism-low"]
     assert evaluate.profile_ids("neuroticism-low, average", profiles) == ["neuroticism-low", "average"]
-    with pytest.raises(UserError, match="--profiles calm: use 'all' or ids from the profiles file: average, openness-high"):
+    with pytest.raises(UserError, match="--profiles calm: use 'all' or ids from the profiles file: average, open"):
         evaluate.profile_ids("calm", profiles)
 
 
 @pytest.mark.parametrize("mutate, fragment", [
     (lambda r: drop(r["traits"], "neuroticism"), '"traits" must map each of openness, conscientiousness'),
-    (lambda r: drop(r["traits"]["openness"], "low"), "trait 'openness': field 'low' is missing"),
+    (lambda r: drop(r["traits"]["openness"], "low"), "trait 'openness': field 'low' must be a non-empty string"),
     (lambda r: r["profiles"][1]["levels"].update(openness="medium"), "profile #2 needs a unique id and \"levels\""),
     (lambda r: r["profiles"][2].update(id="average"), "profile #3 needs a unique id"),
     (lambda r: r.update(profiles=[]), "non-empty list"),

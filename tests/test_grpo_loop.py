@@ -47,8 +47,10 @@ def config(**kw):
 def test_grpo_raises_a_programmatic_reward_on_the_tiny_model(tmp_path):
     model, tok = models.load_model("tiny")
     sample_prompts, reward_fn = low_id_task(tok)
-    # 12 steps: after 10, seeds 0-3 had last-three means of 0.76, 0.99, 1.00 and 0.93; seed 0
-    # (this one) is the slowest and starts climbing at step 8.
+    # 12 steps: over seeds 0-7 the first two steps average 0.45-0.55 and the last three 0.98-1.00.
+    # The sampled tokens depend on the last bits of the logits, so another CPU's kernels can send a
+    # run along another path (the plain kernels do, for seed 0, from step 4): the thresholds leave
+    # room for any of those paths, not for one run's exact numbers.
     rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=12), tmp_path, log=lambda s: None)
     first = sum(r["reward_mean"] for r in rows[:2]) / 2
     last = sum(r["reward_mean"] for r in rows[-3:]) / 3
@@ -68,7 +70,7 @@ def test_checkpoint_round_trip_and_resume_refuses_without_one(tmp_path):
                         log=lambda s: None)
     grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=2, save_every=1), tmp_path,
                     log=lambda s: None)
-    ckpt = grpo.latest_checkpoint(tmp_path / "checkpoints")
+    ckpt = grpo.checkpoints(tmp_path / "checkpoints")[0]                    # the newest complete one
     assert ckpt.name == "ckpt-000002" and not list((tmp_path / "checkpoints").glob("*.tmp"))
     # Every file of a checkpoint is safetensors or JSON: nothing needs pickle to load.
     suffixes = {p.suffix for p in ckpt.rglob("*") if p.is_file()}
@@ -148,4 +150,4 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
     assert len(rows) == 3 and all(r["skipped"] for r in rows)
     for k, v in model.state_dict().items():            # no NaN update was ever applied
         assert torch.equal(v, before[k]), k
-    assert grpo.latest_checkpoint(tmp_path / "checkpoints") is not None
+    assert grpo.checkpoints(tmp_path / "checkpoints") != []

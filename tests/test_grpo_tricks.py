@@ -16,7 +16,7 @@ Each trick is run against the plain computation on a tiny random Llama (2 layers
 batch shapes, micro-batch partial sums), and so do different CPUs' vector kernels (AVX2, AVX-512).
 A sum of n fp32 terms may be off by ~n * 2^-24 of the sum of their sizes; here the longest sums
 run over the batch's B * (P + C) = 66 token positions (FP32_SUM below), of terms no larger than
-the largest gradient entry (gradients) or ~1 (the loss: |A| <= 1.3, plus beta * KL). We see
+the largest gradient entry (gradients) or ~1 (the loss: |A| <= 1.2, plus beta * KL). We see
 errors of 1/20 of that.
 
 Run: .venv/bin/python -m pytest -q tests/test_grpo_tricks.py
