@@ -1,22 +1,15 @@
 """data.py: everything mascot reads from or writes to disk, except the models.
 
-Every stage starts from the same inputs, and they all come through here:
-
     load_personas(path, set_name) -> PersonaSet      the agents of one scenario (personas.json)
-    load_contexts(path, set_name) -> list[Context]   situations and opening messages to talk about
+    load_contexts(path, set_name) -> list[Context]   situations and openings (data/contexts.jsonl)
     split_contexts(contexts, ...) -> (train, held_out), stratified by valence / meeting domain
     load_profiles(path)           -> {id: Profile}   Big Five simulated users (data/profiles.json)
     make_inputs(...)              -> Inputs          all of the above for one run, checked
-
-Contexts are read in one format, ours (data/contexts.jsonl); the public datasets the paper uses
-(Empathetic Dialogues, ESConv, QMSum) are read in their official release formats by
-extras/datasets.py, which mascot.py calls when --data names one of them.
-
-Every file a run writes goes through a few helpers: `read_jsonl` (the one JSON-lines reader),
-`append_jsonl` (crash-safe appends), `write_json` / `write_jsonl` / `atomic_folder` (atomic saves),
-`AnswerCache` (paid answers are never asked twice) and `derive_seed` (the one formula for seeds).
-Bad input raises `UserError` with one line naming the file, row or field and the fix; mascot.py
-prints it as `error: ...` and exits with status 2.
+The public datasets the paper uses (Empathetic Dialogues, ESConv, QMSum) are read in their official
+formats by extras/datasets.py, which mascot.py calls when --data names one. Every file a run writes
+goes through `read_jsonl`, `append_jsonl` (crash-safe), `write_json(l)` / `atomic_folder` (atomic),
+`AnswerCache` (paid answers are never asked twice); `derive_seed` is the one formula for seeds.
+Bad input raises `UserError`: one line naming the file, row or field and the fix.
 """
 
 from __future__ import annotations
@@ -45,17 +38,9 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)       # stderr: never mixed with results
 
 
-def peak_rss_gb() -> float:
-    """This process's peak resident memory so far, in GB (Linux's ru_maxrss is in KiB)."""
-    import resource                                       # POSIX only
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
-
-
 # --- Files: text, JSON, JSON lines, atomic saves ----------------------------------------------
-
 def resolve(path: str | Path) -> Path:
-    """A relative path is looked up in the working directory, then beside this file, so that
-    `python /somewhere/mascot/mascot.py` still finds the shipped personas.json."""
+    """A relative path from the working directory, else beside this file (the shipped personas.json)."""
     path = Path(path).expanduser()
     return HERE / path if not path.is_absolute() and not path.exists() and (HERE / path).exists() else path
 
@@ -91,9 +76,7 @@ def prompt(name: str) -> str:
 
 def json_type(value: object) -> str:
     """A parsed value named the way a JSON file spells it, for error messages."""
-    if isinstance(value, bool):
-        return "true/false"
-    return {dict: "an object", list: "a list", str: "text", int: "a number", float: "a number",
+    return {bool: "true/false", dict: "an object", list: "a list", str: "text", int: "a number", float: "a number",
             type(None): "null"}.get(type(value), type(value).__name__)
 
 
@@ -169,12 +152,9 @@ def write_json(path: str | Path, value: object) -> None:
 
 @contextmanager
 def atomic_folder(target: str | Path):
-    """Build a folder under "<target>.tmp" and rename it to `target` only when the block ends
-    without an error, so models and checkpoints are never left half-written:
-
-        with atomic_folder(run / "speakers") as tmp:
-            model.save_pretrained(tmp)
-    """
+    """Build a folder under "<target>.tmp", renamed to `target` only when the block ends without an
+    error (`with atomic_folder(run / "speakers") as tmp: model.save_pretrained(tmp)`): models and
+    checkpoints are never left half-written."""
     target = Path(target)
     tmp = target.with_name(target.name + ".tmp")
     if tmp.exists():
@@ -194,12 +174,9 @@ def save_model(model, tok, folder: Path) -> Path:
 
 
 class AnswerCache:
-    """Answers already paid for (judgements, a served model's replies), so no re-run asks twice.
-
-    An append-only JSON-lines file of {"key": sha256, "value": ...}, one flushed line per answer
-    (append_jsonl): a crash loses at most the line being written. A garbled line in the middle is
-    skipped with a warning and counted in `skipped`; its answer is asked again.
-    """
+    """Answers already paid for (judgements, a served model's replies), so no re-run asks twice: an
+    append-only JSON-lines file of {"key": sha256, "value"}, one flushed line per answer (a crash
+    loses at most that line). A garbled line is skipped with a warning, counted, and asked again."""
 
     def __init__(self, path: str | Path):
         self.path, self.hits, self.misses, self.skipped = Path(path), 0, 0, 0
@@ -236,12 +213,9 @@ class AnswerCache:
 
 def cached_answers(cache: AnswerCache | None, keys: list[str], compute_misses,
                    keep=lambda value: value is not None) -> list:
-    """The answer for every key: from `cache` when it has it, else computed, each distinct key once.
-
-    compute_misses(todo, store) computes the answers at the indices `todo` and calls store(i,
-    answer) as each arrives; an answer with keep(answer) true goes to the cache at once, so a
-    failure part-way loses only what was in flight.
-    """
+    """The answer for every key: from `cache`, else computed, each distinct key once. compute_misses(todo,
+    store) calls store(i, answer) as each arrives; a keep(answer) one is cached at once, so a failure
+    part-way loses only what was in flight."""
     values = [cache.get(k) if cache else None for k in keys]
     first_of = {}                                         # key -> index of its first missing input
     for i, (k, v) in enumerate(zip(keys, values)):
@@ -296,11 +270,10 @@ def flag_type(name: str, kind: type, check: str = ""):
 
 
 def derive_seed(*parts: int | str) -> int:
-    """One seed in [0, 2^31 - 1) from several parts (the run's seed, a step, a row, a name).
-
-    A fixed polynomial hash, s = s * 1_000_003 + part (mod 2^31 - 1), the same on every machine
-    (Python's hash() of a string is not); strings enter as 4 bytes of their SHA-256. Every sampling
-    seed comes from here, so a resumed run draws exactly the tokens an uninterrupted one did.
+    """One seed in [0, 2^31 - 1) from several parts (the run's seed, a step, a row, a name): a polynomial
+    hash, s = s * 1_000_003 + part (mod 2^31 - 1), the same on every machine (Python's hash() of a
+    string is not; strings enter as 4 bytes of SHA-256). Every sampling seed comes from here, so a
+    resumed run draws exactly the tokens an uninterrupted one did.
 
     >>> derive_seed(0, 1) == 1 and derive_seed(1, 2) == 1_000_005
     True
@@ -314,7 +287,6 @@ def derive_seed(*parts: int | str) -> int:
 
 
 # --- Personas (personas.json) -----------------------------------------------------------------
-
 @dataclass
 class Persona:
     name: str            # "Anchor"
@@ -373,10 +345,7 @@ def _need(obj: dict, key: str, where: str, many: bool = False, limit: int = 2000
 
 def persona_sets(path: str | Path = "personas.json") -> dict:
     """The raw persona sets of a personas file, {set name: set}, in file order."""
-    path = resolve(path)
-    if not path.is_file():
-        raise UserError(f"{path}: personas file not found; pass a personas JSON file (the repo ships personas.json)")
-    sets = read_json(path)
+    sets = read_json(resolve(path))
     if not isinstance(sets, dict):
         raise UserError(f"{path}: the top level is {json_type(sets)}; it must map set names to persona sets")
     return sets
@@ -408,7 +377,6 @@ def load_personas(path: str | Path = "personas.json", set_name: str = "support")
 
 
 # --- Contexts: the situations conversations start from, from our file or the paper's datasets ---
-
 @dataclass
 class Context:
     id: str
@@ -444,12 +412,9 @@ def context_row(row: dict) -> Context:
 def is_contexts_file(spec: str) -> bool:
     """Is --data "bundled" or a JSON-lines file in our format (its first object has first_message)?"""
     path = Path(spec).expanduser()
-    if spec == "bundled":
-        return True
-    if path.suffix != ".jsonl" or not path.is_file():
-        return False
-    first = next((v for _, v, _ in jsonl_lines(path) if isinstance(v, dict)), {})
-    return "first_message" in first and "set" in first
+    first = next((v for _, v, _ in jsonl_lines(path) if isinstance(v, dict)), {}) if path.suffix == ".jsonl" \
+        and path.is_file() else {}
+    return spec == "bundled" or {"first_message", "set"} <= set(first)
 
 
 def load_contexts(spec: str = "bundled", persona_set: str = "support") -> list[Context]:
@@ -465,11 +430,9 @@ def load_contexts(spec: str = "bundled", persona_set: str = "support") -> list[C
         except UserError as e:
             skipped += 1
             warn(f"{path}: skipping line {number}: {e}")
-    kept = [c for c in contexts if c.persona_set == persona_set]
-    if not kept:
-        raise UserError(f"{path}: no usable '{persona_set}' contexts ({skipped} malformed rows); "
-                        "check --data and --set")
-    return kept
+    if not [c for c in contexts if c.persona_set == persona_set]:
+        raise UserError(f"{path}: no usable '{persona_set}' contexts ({skipped} malformed rows); check --data and --set")
+    return [c for c in contexts if c.persona_set == persona_set]
 
 
 def split_contexts(contexts: list[Context], held_out: float = 0.25, seed: int = 0) -> tuple[list, list]:
@@ -486,14 +449,11 @@ def split_contexts(contexts: list[Context], held_out: float = 0.25, seed: int = 
         n = round(len(members) * held_out)
         if held_out > 0 and len(members) >= 2:
             n = min(max(n, 1), len(members) - 1)
-        # One generator per slice, seeded by (seed, slice name): a new context in one slice never
-        # reshuffles another.
-        held.update(random.Random(f"{seed}/{name}").sample(members, n))
+        held.update(random.Random(f"{seed}/{name}").sample(members, n))   # per slice: one never reshuffles another
     return [c for i, c in enumerate(contexts) if i not in held], [c for i, c in enumerate(contexts) if i in held]
 
 
 # --- Big Five simulated-user profiles (data/profiles.json) ------------------------------------
-
 BIG_FIVE = ("openness", "conscientiousness", "extraversion", "agreeableness", "neuroticism")
 LEVELS = ("high", "low", "average")
 
@@ -532,7 +492,6 @@ def load_profiles(path: str | Path = "data/profiles.json") -> dict[str, Profile]
 
 
 # --- One run's inputs, checked against the stages it builds on --------------------------------
-
 class Inputs(NamedTuple):
     personas: PersonaSet
     train: list[Context]          # contexts training may use
@@ -548,11 +507,10 @@ SPLIT_SETTINGS = ("set", "seed", "held_out")
 
 def make_inputs(personas: PersonaSet, splits: dict[str, list[Context]], held_out: float, seed: int,
                 profiles: dict[str, Profile], config: dict, earlier: list[Path] = ()) -> Inputs:
-    """The run's train / held-out contexts. `splits`: {"train": ..., "test"/"valid": ...} when the
-    data has official splits (used as the paper does), else {"all": ...} (split at random here).
-    `earlier`: the config.json of the stages this command builds on; made on the same data, they
-    must agree with `config` on SPLIT_SETTINGS, or contexts one stage trained on would be held out
-    by the next. The same data means the same resolved path, not the same spelling."""
+    """The run's train / held-out contexts: `splits` {"train", "test"/"valid"} of official splits (used
+    as the paper does), else {"all"} (split at random here). `earlier`: the config.json of the stages
+    this builds on; made on the same data (the same resolved path, not spelling), they must agree
+    with `config` on SPLIT_SETTINGS, or contexts one stage trained on would be held out by the next."""
     for path in earlier:
         old = read_json(path) if Path(path).is_file() else {}
         if old and same_data(old.get("data"), config["data"]):

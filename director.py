@@ -36,16 +36,15 @@ import torch
 
 import grpo
 import models
-from data import Context, PersonaSet, UserError, option, read_json, save_model, write_json, write_jsonl
-from metrics import (HACKS, content_words, entropy_bits, mutual_information_bits, paired_change, parse_rubric_score,
+from data import Context, PersonaSet, UserError, option, prompt, read_json, save_model, write_json, write_jsonl
+from metrics import (HACKS, content_words, entropy_bits, mutual_information_bits, paired_change,
                      permutation_p_value, sentence_bleu, standard_error, tokenize)
-from simulate import (JUDGE_TURNS, SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder, RoundRobin, Turn,
+from simulate import (JUDGE_TURNS, SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder, Turn,
                       advance, assign_profiles, diagnose_reply, judge_state, least_spoken_agent, render_history,
                       run_conversations)
 
 
 # --- 1. The prompt, and a parser for the answer -------------------------------------------------
-
 def director_messages(personas: PersonaSet, conv: Conversation) -> list[dict]:
     """The chat asking for the next `Agent / Action / Tone`. The roster gives names and roles only
     (the speakers' prompts carry the descriptions): a third shorter, so every director generation and
@@ -95,7 +94,6 @@ def parse_many(texts: list[str], convs: list[Conversation], personas: PersonaSet
 
 
 # --- 2. The LLM director ------------------------------------------------------------------------
-
 # Three short lines fit in 40 tokens; the same budget when GRPO samples and when the director runs.
 DIRECTIVE_MAX_TOKENS = 40
 
@@ -116,20 +114,7 @@ class LLMDirector:
         return out
 
 
-def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
-    """A --policy value: round-robin | random | least-spoken | director ((model, tok) given)."""
-    rules = {"round-robin": RoundRobin, "least-spoken": LeastSpoken}
-    if name in rules:
-        return rules[name](personas)
-    if name == "random":
-        return RandomOrder(personas, seed)
-    if name == "director":
-        return LLMDirector(*director, personas)
-    raise UserError(f"--policy {name}: use round-robin, random, least-spoken or director")
-
-
 # --- 3. The group reward of an N-turn block, and collapse -----------------------------------------
-
 @dataclass
 class RewardWeights:
     """The group reward's weights, each a flag (`--w-coherence` ...). The paper's Group Reward Model
@@ -144,32 +129,16 @@ class RewardWeights:
     format: float = option(0.5, "weight of format (share of the block's directives that parsed; our addition)")
 
 
-# The block judge's question when the judge is an LLM (our text; the paper's is not published). One
-# judgement of the whole block against what came before: what a per-turn score cannot see (two good
-# turns that say the same thing).
-BLOCK_RUBRIC = """You are judging a short stretch of a group chat in which several companions support one person.
-Situation: {situation}
+# The block judge's question when the judge is an LLM is data/prompts/block_judge.txt (our text; the
+# paper's is not published): ONE judgement of the whole block against what came before, which a
+# per-turn score cannot give (two good turns that say the same thing).
 
-The conversation before the stretch:
-{before}
-
-The stretch to judge:
-{block}
-
-Rate the stretch as a whole from 1 to 5 for global consistency and interaction quality:
-- coherent: it follows from what was said before and from the person's situation;
-- diverse: no companion repeats another companion or itself, each stays in its own role ({roles});
-- contributing: every turn adds something the person can use (feeling heard, a question that helps,
-  a strength noticed, a doable step), not filler.
-1 = incoherent, repetitive or empty; 3 = acceptable but partly repetitive or generic; 5 = every turn
-fits, is distinct and adds something.
-Answer with one line: Score: <1-5>"""
 
 
 def block_reward(conv: Conversation, start: int, personas: PersonaSet, encoder, judge, weights: RewardWeights,
                  counts: Counter | None = None) -> tuple[float, dict]:
     """The weighted sum of the block's components (turns from `start` on), each in [0, 1]:
-      coherence      an LLM judge: ONE judgement of the block (BLOCK_RUBRIC; an unreadable answer is
+      coherence      an LLM judge: ONE judgement of the block (block_judge.txt; an unreadable answer is
                      0.5 and counted in counts["unreadable"]); a scoring judge: the mean score of the
                      block's turns, each given its persona and everything before it;
       nonredundancy  1 - mean over new turns of max(cosine with an earlier agent turn, BLEU-2 with them);
@@ -186,10 +155,9 @@ def block_reward(conv: Conversation, start: int, personas: PersonaSet, encoder, 
         return 0.0, comp
     replies = [t.text for _, t in new]
     if judge.can_generate:
-        answer = judge.complete(BLOCK_RUBRIC.format(
+        score = judge.rate_many([prompt("block_judge").format(
             situation=conv.context.situation, roles=", ".join(f"{p.name} the {p.role}" for p in personas.personas),
-            before=render_history(conv.turns[:start], JUDGE_TURNS), block=render_history(conv.turns[start:], 99)), 16)
-        score = parse_rubric_score(answer)
+            before=render_history(conv.turns[:start], JUDGE_TURNS), block=render_history(conv.turns[start:], 99))], 16)[0]
         if counts is not None:
             counts["unreadable"] += score is None
         comp["coherence"] = 0.5 if score is None else (score - 1) / 4
@@ -244,7 +212,6 @@ def choice_diagnostics(agents: list[str], stages: list[str], names: list[str], t
 
 
 # --- 4. Stage 2: decision points, rollouts, and the reward of a sampled directive ----------------
-
 @dataclass
 class DirectorConfig:
     """Stage 2's own settings (GRPO's are grpo.GRPOConfig); each is also a `train` flag."""

@@ -35,7 +35,7 @@ import data
 import models
 from data import PersonaSet, UserError, option
 from metrics import (HACKS, NLI_RELATIONS, bootstrap_ci, distinct_n, mean_or_none, mean_pairwise_similarity, nli_rates,
-                     parse_rubric_score, rates, rescale_0_100, self_bleu, semantic_redundancy_rate, win_rate)
+                     rates, rescale_0_100, self_bleu, semantic_redundancy_rate, win_rate)
 from director import LLMDirector
 from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, RandomOrder, RoundRobin, diagnose_reply, judge_state,
                       role_setting, run_conversations)
@@ -144,7 +144,6 @@ def metric_status(judge, nli: bool, identifier: bool) -> dict[str, str]:
 
 
 # --- Scoring conversations ------------------------------------------------------------------------
-
 def transcript(turns) -> str:
     return "\n".join(f"{t.speaker}: {t.text}" for t in turns)
 
@@ -168,8 +167,7 @@ def rubric_scores(conv, personas: PersonaSet, judge) -> tuple[dict, Counter]:
                                                                      transcript=transcript(conv.turns), title=m["title"],
                                                                      rubric=m["rubric"])))
     scores, unreadable = {m["key"]: [] for kind in crit.values() for m in kind}, Counter()
-    for (key, _), answer in zip(asks, judge.complete_many([a for _, a in asks], 32) if asks else []):
-        score = parse_rubric_score(answer)
+    for (key, _), score in zip(asks, judge.rate_many([a for _, a in asks]) if asks else []):
         if score is None:
             unreadable[key] += 1
         else:
@@ -262,7 +260,6 @@ def paired_changes(entries: dict, keys: list[str], seed: int) -> dict:
 
 
 # --- Running the systems -----------------------------------------------------------------------------
-
 def choose_systems(spec: str, folders: dict[str, str], how: str = "") -> tuple[list[System], dict[str, str]]:
     """The systems to run, and {name: why skipped}: a system whose model folder is missing is skipped
     with the command that makes it (`how`: the flags to repeat, e.g. " --run R"); nothing stands in."""
@@ -387,52 +384,48 @@ def slice_fields(records: list[dict]) -> list[str]:
 
 
 def pairwise(cfg: EvalConfig, entries: dict, identifier: bool = True) -> dict:
-    """A vs B per conversation (same context, profile and seeds): the higher persona log-ratio wins
-    (the independent evaluator; the judge's score without it, or with --pairwise-by judge: its mean
-    score of the agent turns, or an LLM judge's agent overall); None or equal is a tie. An exact
-    two-sided sign test over the decided pairs."""
+    """A vs B per conversation (same context, profile and seeds), with an exact two-sided sign test: the
+    higher persona log-ratio wins (the independent evaluator), or with --pairwise-by judge (also without
+    the evaluator) the judge's mean score of the agent turns, an LLM judge's agent overall; None or
+    equal is a tie."""
     names = [s.strip() for s in cfg.pairwise.split(",")]
     if len(names) != 2 or names[0] == names[1] or any(n not in SYSTEM_NAMES for n in names):
         raise UserError(f"--pairwise {cfg.pairwise}: give two different systems as A,B from " + ", ".join(SYSTEM_NAMES))
-    a, b = names
+    (a, b), by = names, cfg.pairwise_by if identifier else "judge"
     if a not in entries or b not in entries:
-        return {"a": a, "b": b, "line": f"pairwise {a} vs {b}: not run ({' and '.join(n for n in names if n not in entries)}"
-                                        " did not run in this evaluation)"}
-    by = cfg.pairwise_by if identifier else "judge"
-    get = (lambda r: r["metrics"].get("persona_log_ratio")) if by == "persona-id" else         (lambda r: r["metrics"].get("judge_score", r["metrics"].get("agent_overall")))
-    outcomes = ["tie" if get(x) is None or get(y) is None or get(x) == get(y) else "A" if get(x) > get(y) else "B"
+        return {"a": a, "b": b, "line": f"pairwise {a} vs {b}: not run (both must run in this evaluation)"}
+    keys = ("persona_log_ratio",) if by == "persona-id" else ("judge_score", "agent_overall")
+    get = lambda r: next((r["metrics"][k] for k in keys if r["metrics"].get(k) is not None), None)   # noqa: E731
+    outcomes = ["tie" if None in (get(x), get(y)) or get(x) == get(y) else "A" if get(x) > get(y) else "B"
                 for x, y in zip(entries[a]["conversations"], entries[b]["conversations"])]
     s = win_rate(outcomes)
-    rate = "-" if s["win_rate"] is None else f"{s['win_rate']:.3f}"
-    how = ("decided by the independent evaluator (the frozen base model's persona log-ratio), which training never used"
-           if by == "persona-id" else "decided by the judge; see 'Who measured each column' for whether training used it")
+    how = ("the independent evaluator (the frozen base model's persona log-ratio), which training never used"
+           if by == "persona-id" else "the judge; see 'Who measured each column' for whether training used it")
     return {"a": a, "b": b, "decided_by": by, "outcomes": outcomes, **s,
             "line": f"**{a} vs {b}**, {len(outcomes)} conversation pairs: {a} wins {s['wins']}, loses {s['losses']}, "
-                    f"ties {s['ties']}; win rate {rate} (ties left out); exact two-sided binomial p = {s['p_value']:.4g}; {how}."}
+                    f"ties {s['ties']}; win rate {'-' if s['win_rate'] is None else format(s['win_rate'], '.3f')} (ties "
+                    f"left out); exact two-sided binomial p = {s['p_value']:.4g}; decided by {how}."}
 
 
 def training_use(spec: str, trained_with: dict, cfg: EvalConfig) -> list[dict]:
-    """For each group of columns: its evaluator, and whether a stage of training used it. spec: this
+    """Each group of columns, its evaluator, and whether a stage of training used it. spec: this
     evaluation's --judge; trained_with: {stage: its --judge} (from the stages' config.json)."""
-    uses = [f"stage {k}'s --judge" + (" (it labelled the reward model's preference pairs)" if k == 1 else " (its coherence reward)")
-            for k, j in trained_with.items() if j.split(" ")[0] == spec.strip()]
-    judge_use = ("YES: a reward model is what stage 1's GRPO maximises" if spec.startswith("rm:") else
-                 "YES: " + " and ".join(uses) if uses else f"no (stage 1 used {trained_with[1]}, stage 2 {trained_with[2]})")
-    rows = [{"columns": "judge rubrics", "evaluator": f"judge {spec}", "used_in_training": judge_use}]
+    why = {1: "it labelled the reward model's preference pairs", 2: "its coherence reward"}
+    uses = [f"stage {k}'s --judge ({why[k]})" for k, j in trained_with.items() if j.split(" ")[0] == spec.strip()]
+    rows = [("judge rubrics", f"judge {spec}", "YES: a reward model is what stage 1's GRPO maximises" if spec.startswith("rm:")
+             else "YES: " + " and ".join(uses) if uses else f"no (stage 1 used {trained_with[1]}, stage 2 {trained_with[2]})")]
     if cfg.persona_id:
-        rows.append({"columns": "persona identification", "evaluator": "frozen base model: which card makes each turn "
-                     "most likely", "used_in_training": "no: neither a reward nor a judge of any stage (stage 1's KL term "
-                     "anchors the speakers to this model under their OWN card only)"})
-    return rows + [
-        {"columns": "Self-BLEU, distinct-n", "evaluator": "n-gram counts (metrics.py)",
-         "used_in_training": "no; stage 2's non-redundancy term uses BLEU-2 overlap with earlier turns"},
-        {"columns": "semantic redundancy, mean similarity", "evaluator": "the MiniLM sentence encoder",
-         "used_in_training": "partly: the same encoder feeds the offline judge and stage 2's non-redundancy term"}] + (
-        [{"columns": "NLI rates", "evaluator": f"NLI classifier {cfg.nli_model}", "used_in_training": "no"}] if cfg.nli_model else []) + [
-        {"columns": "hack rates", "evaluator": "lexical rules (metrics.diagnose)", "used_in_training":
-         "yes, indirectly: stage 1's reward model learns to reject synthetic hacks and the offline judge penalises them; "
-         "stage 2's reward has a clean term. They are logged at every GRPO step, not optimised as such"},
-        {"columns": "crisis stops", "evaluator": "the crisis guard (extras/safety.py)", "used_in_training": "no"}]
+        rows.append(("persona identification", "frozen base model: which card makes each turn most likely", "no: neither "
+                     "a reward nor a judge of any stage (stage 1's KL term anchors the speakers to this model under their "
+                     "OWN card only)"))
+    rows += [("Self-BLEU, distinct-n", "n-gram counts (metrics.py)", "no; stage 2's non-redundancy term uses BLEU-2"),
+             ("semantic redundancy, mean similarity", "the MiniLM sentence encoder",
+              "partly: the same encoder feeds the offline judge and stage 2's non-redundancy term")]
+    rows += [("NLI rates", f"NLI classifier {cfg.nli_model}", "no")] if cfg.nli_model else []
+    rows += [("hack rates", "lexical rules (metrics.diagnose)", "yes, indirectly: stage 1's reward model learns to reject "
+              "synthetic hacks and the offline judge penalises them; stage 2's reward has a clean term"),
+             ("crisis stops", "the crisis guard (extras/safety.py)", "no")]
+    return [dict(zip(("columns", "evaluator", "used_in_training"), r)) for r in rows]
 
 
 def json_safe(value):
@@ -445,7 +438,6 @@ def json_safe(value):
 
 
 # --- results.md ------------------------------------------------------------------------------------
-
 def cell(s: dict | None, digits: int, status: str = "ok") -> str:
     """'mean [lo, hi]' ('(n=k)' when only k of the rows have a value), the reason a column has no
     number, '-' without a score, no interval for one value (one value has no spread)."""

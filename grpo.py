@@ -132,7 +132,6 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, eps_low=0.2, eps_hi
 
 
 # --- Log-probs of completions under a causal LM -------------------------------------------------
-
 def shared_prefix_forward(body, prefix_ids, prefix_mask, prefix_positions, index, own_ids, own_mask, own_positions):
     """Hidden states of B rows that each begin with one of U distinct prefixes, every prefix run
     through the body once: ((U, P, H) of the prefixes, (B, S, H) of the rows' own tokens).
@@ -213,7 +212,6 @@ def target_logprobs(model, pad_id: int, rows: list[tuple[list[int], list[int]]])
 
 
 # --- Settings, and one process or several -------------------------------------------------------
-
 @dataclass
 class GRPOConfig:
     """Every GRPO setting, declared once; each `option` is also a `train` flag (`--group-size`)."""
@@ -290,7 +288,6 @@ def autocast(cfg: GRPOConfig, device: torch.device):
 
 
 # --- The update ---------------------------------------------------------------------------------
-
 def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model=None, ranks=OneProcess()) -> dict:
     """`num_iterations` optimiser steps on one sampled batch (a models.Generation of B rows)."""
     C = int(gen.completion_mask.sum(1).max().item())                 # trim padding after the longest reply
@@ -345,7 +342,6 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
 
 
 # --- Checkpoints: safetensors + JSON only (no pickle), written atomically ----------------------
-
 def save_checkpoint(folder: Path, step: int, policy, tok, optimizer) -> Path:
     """folder/ckpt-<step>/: model, AdamW moments, RNG states, step; built under .tmp and renamed,
     so a crash mid-write leaves no half checkpoint. The two newest are kept."""
@@ -395,7 +391,6 @@ def load_checkpoint(folder: Path, policy, optimizer) -> tuple[Path, int]:
 
 
 # --- The loop -----------------------------------------------------------------------------------
-
 def grpo_step(policy, tok, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig, step: int, ref_model=None,
               sampling=None, ranks=OneProcess(), diagnose=None):
     """One GRPO step: sample G completions per prompt in ONE batched generate call (prompt-major:

@@ -96,6 +96,14 @@ class Judge:
     def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
         return self.complete_many([prompt], max_new_tokens)[0]
 
+    def rate_many(self, prompts: list[str], max_new_tokens: int = 32) -> list[int | None]:
+        """A 1-5 score per rubric prompt from an LLM judge's greedy answers; None for an answer it cannot
+        read. Each LLM backend reads its own answers (`read_score`, extras/judges.parse_rubric_score)."""
+        return [self.read_score(a) for a in self.complete_many(prompts, max_new_tokens)]
+
+    def read_score(self, answer: str) -> int | None:
+        raise UserError(f"judge {self.name!r} cannot read rubric answers; use an LLM judge")
+
     def complete_many(self, prompts: list[str], max_new_tokens: int = 64) -> list[str]:
         """Greedy text for each prompt, in order (LLM judges only)."""
         if not self.can_generate:

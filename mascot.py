@@ -6,12 +6,11 @@ bottom for the whole pipeline, and follow the calls into the module that does ea
     python mascot.py train --stage 2    Phase II: frozen speakers + simulated user; GRPO on the
                                         director over N-turn rollouts
     python mascot.py evaluate           every system on held-out contexts, with 95% intervals
-    python mascot.py simulate           write conversations for contexts, a profile and a policy
     python mascot.py demo               all of it on the embedded model, sized for a laptop CPU
     python mascot.py COMMAND --help     every flag, with its default
-Tools beside the method, in extras/ (dispatched from here): chat, report, sft (the SFT
-baseline), judge-eval and judge-stress (how good is a grader?), evaluate --human (the human
-studies' statistics); torchrun for several processes (extras/multigpu.py).
+Tools beside the method, in extras/ (dispatched from here): simulate (write conversations), chat,
+report, sft (the SFT baseline), judge-eval and judge-stress (how good is a grader?),
+director-headroom, evaluate --human (the human studies); torchrun for several processes.
 
 Each command writes into a run folder (default runs/default):
     stage1/  config.json states.jsonl candidates.jsonl judge_cache.jsonl pairs.jsonl reward_model/
@@ -47,13 +46,12 @@ import reward
 from data import UserError, flag_type
 from judge import OfflineJudge
 from metrics import paired_change
-from simulate import Cast, assign_profiles, run_conversations, write_transcripts
+from simulate import Cast
 
 ROOT = Path(__file__).resolve().parent
 
 
 # --- Flags: each declared once, here or as an `option` field of a settings dataclass -------------
-
 class Formatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a flag's default once: not when its help already names it, nor for store_true."""
     def _get_help_string(self, action):
@@ -122,7 +120,8 @@ def common_flags(p, trained: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mascot.py", description=__doc__.split("\n")[0], formatter_class=Formatter)
+    parser = argparse.ArgumentParser(prog="mascot.py", description="MASCOT, stage by stage (python mascot.py COMMAND --help)",
+                                     formatter_class=Formatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     t = sub.add_parser("train", help="train stage 1 (speakers) or stage 2 (director)", formatter_class=Formatter)
     t.add_argument("--stage", type=int, choices=[1, 2], required=True, help="1: the speakers; 2: the director")
@@ -133,39 +132,30 @@ def build_parser() -> argparse.ArgumentParser:
     g = t.add_argument_group("stage 2 (director.DirectorConfig, director.RewardWeights)")
     add_options(g, dr.DirectorConfig)
     add_options(g, dr.RewardWeights, prefix="w-")
-    for name, about in (("evaluate", "compare systems on held-out contexts"), ("simulate", "write conversations")):
-        e = sub.add_parser(name, help=about, formatter_class=Formatter)
-        common_flags(e)
-        e.add_argument("--turns", type=flag_type("--turns", int, "positive"), default=4, help="agent turns per conversation")
-    add_options(sub.choices["evaluate"], evaluate.EvalConfig)
-    sub.choices["evaluate"].add_argument("--sft", default=None, help="the SFT baseline (default: RUN/sft/model)")
-    sub.choices["evaluate"].add_argument("--human", default=None, help="JSONL of human judgements (extras/human.py): "
-                                         "the sign test, Mann-Whitney U and kappa; no model runs")
-    s = sub.choices["simulate"]
-    s.add_argument("--contexts", type=flag_type("--contexts", int, "positive"), default=4, help="how many contexts")
-    s.add_argument("--policy", default="round-robin", choices=["round-robin", "random", "least-spoken", "director"],
-                   help="who speaks next")
-    s.add_argument("--profile", default="average", help="Big Five profile id, or 'all'")
-    s.add_argument("--out", default=None, help="transcript file (default RUN/simulate/<policy>.jsonl)")
+    e = sub.add_parser("evaluate", help="compare systems on held-out contexts", formatter_class=Formatter)
+    common_flags(e)
+    e.add_argument("--turns", type=flag_type("--turns", int, "positive"), default=4, help="agent turns per conversation")
+    add_options(e, evaluate.EvalConfig)
+    e.add_argument("--sft", default=None, help="the SFT baseline (default: RUN/sft/model)")
+    e.add_argument("--human", default=None, help="JSONL of human judgements (extras/human.py): the sign test, "
+                   "Mann-Whitney U and kappa; no model runs")
     d = sub.add_parser("demo", help="the whole pipeline on the embedded model, sized for a CPU", formatter_class=Formatter)
     d.add_argument("--run", default="runs/demo", help="run folder")
     d.add_argument("--model", default=models.EMBEDDED, help="base model")
-    for name, about in EXTRAS.items():       # tools beside the method: extras/ parses their own flags
-        sub.add_parser(name, help=about, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
+    for name, (module, about) in EXTRAS.items():     # tools beside the method: extras/ parses their own flags
+        sub.add_parser(name, help=f"{about} (extras/{module}.py)", add_help=False).add_argument("rest", nargs="...")
     return parser
 
 
 # The tools in extras/: command -> (module, what it does). main() hands each its argv and this
 # module (`cli`: common_flags, load_inputs, make_judge, load_role...), so extras never import the CLI.
-EXTRAS = {"chat": "talk to the companion group in the terminal (extras/chat.py)",
-          "report": "one self-contained HTML page of a run (extras/report.py)",
-          "sft": "the SFT baseline: the base model fine-tuned on ESConv supporter turns (extras/sft.py)",
-          "judge-eval": "a judge's accuracy on labelled pairs (extras/judges.py)",
-          "judge-stress": "best-of-N: does optimising a grader pick reward hacks? (extras/judges.py)",
-          "director-headroom": "could any director beat the least-spoken rule under stage 2's reward? "
-                               "(extras/director_headroom.py)"}
-EXTRA_MODULES = {"chat": "chat", "report": "report", "sft": "sft", "judge-eval": "judges", "judge-stress": "judges",
-                 "director-headroom": "director_headroom"}
+EXTRAS = {"simulate": ("conversations", "write conversations for contexts, a profile and a policy"),
+          "chat": ("chat", "talk to the companion group in the terminal"),
+          "report": ("report", "one self-contained HTML page of a run"),
+          "sft": ("sft", "the SFT baseline: the base model fine-tuned on ESConv supporter turns"),
+          "judge-eval": ("judges", "a judge's accuracy on labelled pairs"),
+          "judge-stress": ("judges", "best-of-N: does optimising a grader pick reward hacks?"),
+          "director-headroom": ("director_headroom", "could any director beat the least-spoken rule under stage 2's reward?")}
 
 
 def extra(name: str):
@@ -175,7 +165,6 @@ def extra(name: str):
 
 
 # --- Shared set-up: data, models, judge ---------------------------------------------------------------
-
 def read_data(spec: str, set_name: str) -> dict[str, list]:
     """{split: contexts}: our format through data.py, the public datasets through extras/datasets.py."""
     if spec == "bundled" or (spec.endswith(".jsonl") and data.is_contexts_file(spec)):
@@ -224,6 +213,11 @@ def make_judge(args, cache: Path | None, personas_path: str, encoder=None):
     raise UserError(f"--judge {spec!r}: use offline, hf:<model or folder>, openai:<base url> or rm:<folder>")
 
 
+def peak_rss_gb() -> float:
+    import resource                                        # POSIX; Linux's ru_maxrss is in KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
 def speakers_of(args) -> str:
     return args.speakers or models.trained_or(Path(args.run) / "stage1" / "speakers", args.model)
 
@@ -248,7 +242,6 @@ def start_stage(args, out: Path, ranks) -> None:
 
 
 # --- Stage 1: persona-aware behavioural alignment (RLAIF, then GRPO on the speakers) -------------------
-
 def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
     out = Path(args.run) / "stage1"
     inputs = load_inputs(args)
@@ -308,7 +301,6 @@ def diagnostics(states, texts: list[str], personas) -> dict[str, list[float]]:
 
 
 # --- Stage 2: collaborative dialogue optimisation (GRPO on the director) --------------------------------
-
 def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
     run, out = Path(args.run), Path(args.run) / "stage2"
     inputs = load_inputs(args, earlier=[run / "stage1" / "config.json"])
@@ -393,7 +385,6 @@ def warm_start_examples(args, dcfg, inputs, train_points) -> tuple[list, str]:
 
 
 # --- evaluate, simulate -------------------------------------------------------------------------------
-
 def evaluate_cmd(args) -> dict:
     run, out = Path(args.run), Path(args.run) / "eval"
     if args.human:
@@ -455,27 +446,6 @@ def folder_stamp(folder: str) -> list:
                   if f.is_file()) if path.is_dir() else [folder]
 
 
-def simulate_cmd(args) -> None:
-    inputs = load_inputs(args)
-    check_device(args)
-    cache = Path(args.run) / "simulate" / "served_cache.jsonl"
-    speaker = load_role(speakers_of(args), "speakers", args, cache)
-    user = load_role(args.user or args.model, "user", args, cache)
-    director = load_role(args.director or models.trained_or(Path(args.run) / "stage2" / "director", args.model),
-                         "director", args, cache) if args.policy == "director" else None
-    ids = [p for p in inputs.profiles] if args.profile == "all" else evaluate.profile_ids(args.profile, inputs.profiles)
-    contexts = (inputs.held_out + inputs.train)[:args.contexts]
-    convs = run_conversations(contexts, dr.make_policy(args.policy, inputs.personas, director, args.seed),
-                              Cast(inputs.personas, *speaker, *user, args.max_new_tokens, guard=guard()),
-                              inputs.profiles, assign_profiles(len(contexts), ids, args.seed), args.turns,
-                              args.user_every, args.seed)
-    path = Path(args.out) if args.out else Path(args.run) / "simulate" / f"{args.policy}.jsonl"
-    write_transcripts(path, convs)
-    for c in convs[:2]:
-        print(f"--- {c.context.id} ({c.profile}, {c.policy})\n" + "\n".join(f"{t.speaker}: {t.text}" for t in c.turns))
-    print(f"wrote {len(convs)} conversations to {path}")
-
-
 # --- demo: every stage on the embedded model, sized for a 2-core CPU (make demo) --------------------------
 # Small on purpose: the point is to see every stage run and print real numbers on a laptop; the
 # numbers are noise at this size (its verdict line says so). For a real run, drop these budgets.
@@ -495,7 +465,7 @@ def demo(args) -> dict:
     """Stage 1, stage 2, the evaluation and the report, each skipped when already complete, each
     resumed from its newest checkpoint when interrupted (run `make demo` again to continue)."""
     run, common, t0 = Path(args.run), ["--model", args.model, "--run", args.run], time.time()
-    so_far = lambda: f"{time.time() - t0:.0f} s so far, peak memory {data.peak_rss_gb():.1f} GB"   # noqa: E731
+    so_far = lambda: f"{time.time() - t0:.0f} s so far, peak memory {peak_rss_gb():.1f} GB"   # noqa: E731
     for stage, budget in ((1, DEMO_STAGE1), (2, DEMO_STAGE2)):
         folder = run / f"stage{stage}"
         if (folder / "summary.json").exists():
@@ -542,19 +512,18 @@ def print_side_by_side(path: Path, width: int = 60) -> None:
 
 
 # --- main -------------------------------------------------------------------------------------------
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sys.stdout.reconfigure(line_buffering=True)                # one line per step shows as it happens
     try:
         if argv[:1] and argv[0] in EXTRAS:                     # a tool in extras/: its own parser and code
-            return extra(EXTRA_MODULES[argv[0]]).main(argv, sys.modules[__name__]) or 0
+            return extra(EXTRAS[argv[0]][0]).main(argv, sys.modules[__name__]) or 0
         args = build_parser().parse_args(argv)
         if args.command == "train":
             ranks = ranks_of(args)
             (train_stage1 if args.stage == 1 else train_stage2)(args, ranks)
         else:
-            {"evaluate": evaluate_cmd, "simulate": simulate_cmd, "demo": demo}[args.command](args)
+            {"evaluate": evaluate_cmd, "demo": demo}[args.command](args)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

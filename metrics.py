@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 # --- Tokens, BLEU and Self-BLEU (Papineni et al. 2002; Zhu et al. 2018, Texygen) -------------
-
 # A word is a run of letters/digits, optionally joined by apostrophes ("don't"); any other
 # non-space character is a token by itself. Texygen tokenises with nltk.word_tokenize; we keep
 # contractions whole and lower-case, since Self-BLEU is about repeated phrasing, not capitals.
@@ -101,7 +100,6 @@ def distinct_n(texts: list[str], n: int) -> float | None:
 
 
 # --- Statistics ------------------------------------------------------------------------------
-
 def binomial_two_sided_p(k: int, n: int, p: float = 0.5) -> float:
     """Exact two-sided binomial test (scipy.stats.binomtest's definition): the probability, under
     Binomial(n, p), of an outcome at most as likely as k; in exact fractions, so mirror-image
@@ -211,56 +209,7 @@ def permutation_p_value(xs: list, ys: list, n_perm: int = 2000, seed: int = 0) -
     return (1 + hits) / (1 + n_perm)
 
 
-# --- Reading a judge's answer ----------------------------------------------------------------
-# Judges are asked to end with "Score: N", but models wander: "**4**", "4/5", '{"score": 4}',
-# "I'd give it a 4 out of 5". The parser collects every statement that LOOKS like a score and
-# accepts the answer only when all agree; only ASCII digits count.
-
-_NUM = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?![0-9])"
-_QUOTES = r"[\s*_\"'`]*"
-_LABELLED_RE = re.compile(r"\b(?:score|rating|grade)s?\b" + _QUOTES + r"(?:[:=]|-(?=\s)|\bis\b|\bof\b)?" + _QUOTES
-                          + _NUM + r"(?:\s*(?:/|\bout\s+of\b)\s*" + _NUM + r")?", re.IGNORECASE)
-_FRACTION_RE = re.compile(_NUM + r"\s*(?:/|\bout\s+of\b)\s*" + _NUM, re.IGNORECASE)
-_BOLD_RE = re.compile(r"\*\*\s*" + _NUM + r"\s*\*\*")
-_STARS_RE = re.compile(_NUM + r"\s*stars?\b", re.IGNORECASE)
-_BARE_RE = re.compile(r"[\s*_\"'`(\[]*" + _NUM + r"[\s*_\"'`)\].!]*")
-
-
-def _score_value(number: str, lo: int, hi: int) -> int | None:
-    """'4' and '4.0' -> 4 inside [lo, hi]; 4.5, 0 or a 99-digit run -> None."""
-    whole, _, fraction = number.partition(".")
-    if fraction.strip("0") or len(whole) > 6:
-        return None
-    return int(whole) if lo <= int(whole) <= hi else None
-
-
-def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
-    """An integer rubric score in [lo, hi] read from free text, or None.
-
-    Statements: labelled ("Score: 4", "**Score:** 4", "rating is 4", '{"score": 4}', "score: 4/5"),
-    a fraction over the scale's top ("4/5", "4 out of 5"), a bold number, "4 stars", or an answer
-    that is only the number. Scale descriptions ("(1-5)", "1 to 5") are removed first. Several
-    statements must agree: "5/5 ... no, 2/5" is None, since a self-correction cannot be told from a
-    quotation and a silently wrong score is worse than a missing one, which the caller counts.
-    """
-    if not isinstance(text, str):
-        return None
-    text = re.sub(rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?", " ", text, flags=re.IGNORECASE)
-    found: list[int | None] = []
-    for m in _LABELLED_RE.finditer(text):
-        wrong_scale = m.group(2) is not None and _score_value(m.group(2), hi, hi) is None
-        found.append(None if wrong_scale else _score_value(m.group(1), lo, hi))
-    found += [_score_value(m.group(1), lo, hi) for m in _FRACTION_RE.finditer(text)
-              if _score_value(m.group(2), hi, hi) is not None]
-    found += [_score_value(m.group(1), lo, hi) for r in (_BOLD_RE, _STARS_RE) for m in r.finditer(text)]
-    bare = _BARE_RE.fullmatch(text)
-    if bare:
-        found.append(_score_value(bare.group(1), lo, hi))
-    return found[0] if len(set(found)) == 1 else None
-
-
 # --- Redundancy between agent turns: NLI relation rates (the paper) and embeddings (ours) ----
-
 NLI_RELATIONS = ("entailment", "contradiction", "neutral")
 
 

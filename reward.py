@@ -173,7 +173,6 @@ class RewardModel(torch.nn.Module):
 
 
 # --- Training on preference pairs ---------------------------------------------------------------
-
 def split_pairs(pairs: list[dict], held_out: float, seed: int) -> tuple[list[dict], list[dict]]:
     """(train, held_out) BY STATE: a state's pairs share a conversation and a chosen reply, so a split
     by pair would let the held-out accuracy measure memory, not generalisation."""
@@ -237,7 +236,6 @@ def shown(value, digits: int = 3) -> str:
 
 
 # --- The format reward --------------------------------------------------------------------------
-
 SENTENCE_END = ".!?…\"'”’»"
 
 
@@ -269,7 +267,6 @@ def format_reward(text: str, own_name: str, other_names: list[str], finished: bo
 
 
 # --- Stage 1 data: states -> candidates -> judged preference pairs ----------------------------
-
 @dataclass
 class State:
     """One (context, persona, conversation so far) point at which a persona must reply."""
@@ -429,7 +426,6 @@ def hack_pairs(states: list[State], pairs: list[dict], personas: PersonaSet, per
 
 
 # --- The composite reward of stage 1's GRPO, and the held-out check -----------------------------
-
 def speaker_reward_fn(rm: RewardModel, rm_tok, personas: PersonaSet, format_weight: float):
     """reward(states, raw_texts, finished) -> (rewards, components): the reward-model score of the
     CLEANED reply (what the user sees) + format_weight x the format reward of the RAW text (label

@@ -50,7 +50,6 @@ SEEN_TURNS, JUDGE_TURNS = 8, 6
 
 
 # --- Directives, turns, conversations -----------------------------------------------------------
-
 @dataclass
 class Directive:
     """The director's decision for one turn (the paper's `Agent / Action / Tone`)."""
@@ -148,7 +147,6 @@ def add_user_turn(conv: Conversation, text: str, guard=None) -> None:
 
 
 # --- Prompts ------------------------------------------------------------------------------------
-
 def render_history(turns: list[Turn], max_turns: int = SEEN_TURNS) -> str:
     """The last turns as 'Speaker: text' lines: the one transcript layout of every prompt."""
     return "\n".join(f"{t.speaker}: {t.text}" for t in turns[-max_turns:])
@@ -288,7 +286,6 @@ def user_messages(profile: Profile, context: Context, turns: list[Turn]) -> list
 
 
 # --- Fixed turn-taking rules: the director's interface, name + choose(convs) -> list[Directive] --
-
 def least_spoken_agent(personas: PersonaSet, conv: Conversation) -> str:
     """The agent who has spoken least (earliest in the roster on ties), never the last speaker when
     another is available: the fallback of every unparseable directive, and the rule to beat."""
@@ -334,7 +331,6 @@ class LeastSpoken:
 
 
 # --- The conversation loop, batched across conversations ----------------------------------------
-
 @dataclass
 class Cast:
     """The frozen parts of a conversation. A model is local (models.load_model) or served (any

@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-import director as dr                                             # noqa: E402
+from extras.conversations import make_policy                       # noqa: E402
 import models                                                     # noqa: E402
 from data import Context, flag_type, load_personas, write_json    # noqa: E402
 from simulate import SAFETY, Cast, add_user_turn, agents_speak, start_conversation   # noqa: E402
@@ -65,7 +65,7 @@ def load_chat(args, cli, say):
                         f"speakers: {speakers}   turn-taking: {order}   {args.agents_per_turn} agent(s) answer each message",
                         *[f"  {p.name:<{width}}  {p.role}" for p in personas.personas], f"commands: {COMMANDS}",
                         "The companions are small language models: not people, not therapists, not a crisis service."])
-    return personas, cast, dr.make_policy(args.policy, personas, director, args.seed), banner
+    return personas, cast, make_policy(args.policy, personas, director, args.seed), banner
 
 
 class StreamPrinter:

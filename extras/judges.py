@@ -60,6 +60,54 @@ def parse_ab(text: str) -> int | None:
     return None
 
 
+# --- Reading an LLM judge's 1-5 rubric answer ---------------------------------------------------
+# Judges are asked to end with "Score: N", but models wander: "**4**", "4/5", '{"score": 4}',
+# "I'd give it a 4 out of 5". The parser collects every statement that LOOKS like a score and
+# accepts the answer only when all agree; only ASCII digits count.
+
+_NUM = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?![0-9])"
+_QUOTES = r"[\s*_\"'`]*"
+_LABELLED_RE = re.compile(r"\b(?:score|rating|grade)s?\b" + _QUOTES + r"(?:[:=]|-(?=\s)|\bis\b|\bof\b)?" + _QUOTES
+                          + _NUM + r"(?:\s*(?:/|\bout\s+of\b)\s*" + _NUM + r")?", re.IGNORECASE)
+_FRACTION_RE = re.compile(_NUM + r"\s*(?:/|\bout\s+of\b)\s*" + _NUM, re.IGNORECASE)
+_BOLD_RE = re.compile(r"\*\*\s*" + _NUM + r"\s*\*\*")
+_STARS_RE = re.compile(_NUM + r"\s*stars?\b", re.IGNORECASE)
+_BARE_RE = re.compile(r"[\s*_\"'`(\[]*" + _NUM + r"[\s*_\"'`)\].!]*")
+
+
+def _score_value(number: str, lo: int, hi: int) -> int | None:
+    """'4' and '4.0' -> 4 inside [lo, hi]; 4.5, 0 or a 99-digit run -> None."""
+    whole, _, fraction = number.partition(".")
+    if fraction.strip("0") or len(whole) > 6:
+        return None
+    return int(whole) if lo <= int(whole) <= hi else None
+
+
+def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
+    """An integer rubric score in [lo, hi] read from free text, or None.
+
+    Statements: labelled ("Score: 4", "**Score:** 4", "rating is 4", '{"score": 4}', "score: 4/5"),
+    a fraction over the scale's top ("4/5", "4 out of 5"), a bold number, "4 stars", or an answer
+    that is only the number. Scale descriptions ("(1-5)", "1 to 5") are removed first. Several
+    statements must agree: "5/5 ... no, 2/5" is None, since a self-correction cannot be told from a
+    quotation and a silently wrong score is worse than a missing one, which the caller counts.
+    """
+    if not isinstance(text, str):
+        return None
+    text = re.sub(rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?", " ", text, flags=re.IGNORECASE)
+    found: list[int | None] = []
+    for m in _LABELLED_RE.finditer(text):
+        wrong_scale = m.group(2) is not None and _score_value(m.group(2), hi, hi) is None
+        found.append(None if wrong_scale else _score_value(m.group(1), lo, hi))
+    found += [_score_value(m.group(1), lo, hi) for m in _FRACTION_RE.finditer(text)
+              if _score_value(m.group(2), hi, hi) is not None]
+    found += [_score_value(m.group(1), lo, hi) for r in (_BOLD_RE, _STARS_RE) for m in r.finditer(text)]
+    bare = _BARE_RE.fullmatch(text)
+    if bare:
+        found.append(_score_value(bare.group(1), lo, hi))
+    return found[0] if len(set(found)) == 1 else None
+
+
 def combine_orders(p_ab: float | None, p_ba: float | None) -> Verdict:
     """p_ab = P(first better) shown as (A = first, B = second), p_ba = the same shown swapped (P("B")); a
     verdict only when both agree, else the judge followed the position. None: an unreadable answer."""
@@ -112,6 +160,8 @@ class HFJudge(Judge):
     """A local causal LM as judge, at temperature 0. score(): the expected rubric score sum_k k P("k")
     mapped to [0, 1], smoother than the single most likely digit."""
     can_generate = True
+
+    read_score = staticmethod(parse_rubric_score)
 
     def __init__(self, model_or_path: str, cache_path=None, batch_size: int = 8, device: str = "cpu"):
         super().__init__(cache_path)

@@ -36,9 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
 from data import AnswerCache, UserError, cached_answers          # noqa: E402
-from extras.judges import combine_orders, pairwise_messages, parse_ab, pointwise_messages   # noqa: E402
+from extras.judges import (combine_orders, pairwise_messages, parse_ab, parse_rubric_score,  # noqa: E402
+                           pointwise_messages)
 from judge import Judge                                            # noqa: E402
-from metrics import parse_rubric_score                             # noqa: E402
 
 MESSAGE_CHARS = 200        # how much of a server's error body an error message quotes
 
@@ -264,6 +264,7 @@ class OpenAIJudge(Judge):
     cannot read is not an error: it counts in `unreadable`, gives no verdict and is not cached."""
     can_generate = True
     LABEL_MAX_TOKENS = 16    # room for "Reply A" or "**B**", not for an essay
+    read_score = staticmethod(parse_rubric_score)
 
     def __init__(self, base_url: str, model: str | None, api_key_env: str = "MASCOT_JUDGE_API_KEY",
                  timeout: float = 60, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0,

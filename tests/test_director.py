@@ -93,7 +93,8 @@ def test_policies(support, context):
     assert random_picks == [d.agent for d in simulate.RandomOrder(support, seed=1).choose(convs)]
     assert all(p in support.names() for p in random_picks)
     with pytest.raises(data.UserError, match="--policy"):
-        dr.make_policy("psychic", support)
+        from extras.conversations import make_policy
+        make_policy("psychic", support)
 
 
 def test_big_five_profiles_give_distinct_user_prompts(context):
@@ -158,6 +159,10 @@ def test_block_reward_components_hand_computed(support):
 class FakeLLMJudge:
     """A generating judge: one block-level answer, and no per-turn scores (calling them fails)."""
     can_generate = True
+
+    def rate_many(self, prompts, max_new_tokens=32):       # as judge.Judge.rate_many, with our parser
+        from extras.judges import parse_rubric_score
+        return [parse_rubric_score(self.complete(p, max_new_tokens)) for p in prompts]
 
     def __init__(self, answer):
         self.answer, self.prompts = answer, []

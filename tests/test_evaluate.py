@@ -328,6 +328,10 @@ class FakeJudge:
     def complete_many(self, prompts, max_new_tokens=64):
         return [self.complete(p, max_new_tokens) for p in prompts]
 
+    def rate_many(self, prompts, max_new_tokens=32):       # as judge.Judge.rate_many, with our parser
+        from extras.judges import parse_rubric_score
+        return [parse_rubric_score(a) for a in self.complete_many(prompts, max_new_tokens)]
+
 
 def conversation(agent_texts, seed=0):
     conv = Conversation(context(), "support", "average", "test", seed)

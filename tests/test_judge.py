@@ -8,6 +8,7 @@ over real sockets without any network. Backoff waits are recorded instead of sle
 
 import argparse
 import json
+import random
 import re
 import subprocess
 import sys
@@ -679,7 +680,7 @@ def test_judge_reply_parsers_never_raise_on_fuzzed_text():
     import random as _random
     import string as _string
     from extras.judges import parse_ab
-    from metrics import parse_rubric_score
+    from extras.judges import parse_rubric_score
     rng = _random.Random(1)
     alphabet = _string.printable + "ÄäÆ€🙂\u200b\u0000１２３"
     tricky = ["A", "B", "a or b", "Answer: B", "**A**", "Reply A is better, no wait B", "AB", "", " ",
@@ -866,3 +867,63 @@ def test_within_state_correlation_and_feature_alignment_by_hand():
     assert align["a"]["r"] == pytest.approx(0.8)
     assert align["a"]["pick"] == (pytest.approx(0.45), pytest.approx(0.15), pytest.approx(0.05))
     assert align["b"]["r"] == pytest.approx(-0.8) and align["b"]["pick"][1] == pytest.approx(-0.15)
+
+
+# ------------------------------------------------------------------ rubric parsing
+
+@pytest.mark.parametrize("text, expected", [
+    ("Score: 4", 4),
+    ("4/5", 4),
+    ("**4**", 4),
+    ("I'd give it a 4 out of 5 because it stays in character.", 4),
+    ("Rating - 3", 3),
+    ('{"score": 4}', 4),
+    ('{"score": "2", "reason": "generic"}', 2),
+    ("**Score:** 5", 5),
+    ("Rating (1-5): 4", 4),
+    ("The reply has 3 parts and 2 questions. Final score: 4/5", 4),
+    ("score is 1.", 1),
+    ("Score: 4.0", 4),
+    ("  3. ", 3),
+    ("SCORE = 2", 2),
+    ("Your response is 5 stars.", 5),  # SmolLM2-135M's answer through a llama.cpp server
+    ("3 stars out of 5", 3),
+])
+def test_parse_rubric_score_well_formed(text, expected):
+    assert judges.parse_rubric_score(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "", "   \n\t ", "no number here", "Score: 7", "Score: 0", "Score: 4.5", "Score: -3",
+    "Score: 8/10",                     # a 10-point answer to a 5-point rubric
+    "5/5 ... no, 2/5",                 # contradictory: neither number wins
+    "Score: 4. Rating: 2",
+    "Score: ٤", "Score: ４", "Score: ²",  # non-ASCII digits are not read
+    "Score: " + "9" * 5000,           # huge: out of range, and never int()-ed
+    "I would rate it highly",          # no number
+    "4 5",
+    "I'd give it 6 stars",             # out of range
+    "4 stars, no, 2 stars",            # contradictory
+])
+def test_parse_rubric_score_malformed_is_none(text):
+    assert judges.parse_rubric_score(text) is None
+
+
+def test_parse_rubric_score_other_scale_and_non_str():
+    assert judges.parse_rubric_score("Score: 8/10", lo=1, hi=10) == 8
+    assert judges.parse_rubric_score(None) is None
+
+
+def test_parse_rubric_score_fuzz_never_raises():
+    rng = random.Random(0)
+    pieces = ["Score", "score:", "Rating -", "/", "5", "4", "0", "out of", "**", "{\"score\":",
+              "}", "٤", "１", "²", "9" * 60, ".", "-", "\n", " ", "(1-5)", "no,"]
+    for _ in range(2000):
+        parts = []
+        for _ in range(rng.randint(0, 12)):
+            if rng.random() < 0.5:
+                parts.append(rng.choice(pieces))
+            else:  # random code points, surrogates included
+                parts.append("".join(chr(rng.randint(0, 0x10FFFF)) for _ in range(rng.randint(1, 4))))
+        result = judges.parse_rubric_score("".join(parts))
+        assert result is None or (type(result) is int and 1 <= result <= 5)

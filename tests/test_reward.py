@@ -2,7 +2,6 @@
 (padding, truncation, learning a synthetic preference, save/load), and the format reward."""
 
 import copy
-import json
 import math
 import random
 from pathlib import Path
@@ -11,7 +10,6 @@ import pytest
 import torch
 
 import data
-import models
 import reward
 from simulate import JudgeState
 
