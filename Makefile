@@ -38,8 +38,8 @@ $(BSTAMP): requirements.txt
 bench: setup $(BSTAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python bench/grpo_step.py --trl-python $(BENCH)/bin/python
 
-# A llama.cpp server (llama-cpp-python[server]) in its own virtual env, for tests/test_llamacpp.py
-# and bench/served_throughput.py: the project only talks to it over HTTP. Built from source;
+# A llama.cpp server (llama-cpp-python[server]) in its own virtual env, for tests/test_llamacpp.py:
+# the project only talks to it over HTTP. Built from source;
 # GGML_NATIVE=OFF because a CPU may advertise instructions (AMX) that then trap.
 LLAMA   := .venv-llama
 LSTAMP  := $(LLAMA)/.installed

@@ -345,6 +345,8 @@ def _need(obj: dict, key: str, where: str, many: bool = False, limit: int = 2000
 
 def persona_sets(path: str | Path = "personas.json") -> dict:
     """The raw persona sets of a personas file, {set name: set}, in file order."""
+    if not resolve(path).is_file():
+        raise UserError(f"{path}: personas file not found; pass --personas a personas JSON file (the repo ships personas.json)")
     sets = read_json(resolve(path))
     if not isinstance(sets, dict):
         raise UserError(f"{path}: the top level is {json_type(sets)}; it must map set names to persona sets")

@@ -529,18 +529,3 @@ def notes(r: dict) -> list[str]:
     out += [f"{n}: {e['directives'][0]} of {e['directives'][1]} directives unparseable (the least-spoken agent spoke)"
             for n, e in systems.items() if e["directives"][1]]
     return out
-
-
-def verdict(r: dict) -> list[str]:
-    """A short summary for a terminal: a few columns, groups with n >= 2 only, and one plain line
-    saying whether any change against round-robin lies beyond its 95% interval."""
-    cols = [m for m in all_metrics() if m.key in ("persona_id_accuracy", "persona_consistency", "self_bleu", "context_copy")
-            and r["status"][m.key] in ("ok", "approximated")]
-    lines = [f"{'system':<15} {'n':>2}   " + "  ".join(f"{m.title[:24]:>24}" for m in cols)]
-    lines += [f"{n:<15} {e['n']:>2}   " + "  ".join(f"{cell(e['metrics'][m.key], 3):>24}" for m in cols)
-              for n, e in r["systems"].items() if e["n"] >= 2]
-    beyond = [f"{n} {m.title} {c[m.key]['mean']:+.3f}" for n, c in r["changes"].items() for m in all_metrics()
-              if m.key in c and c[m.key]["lo"] is not None and (c[m.key]["lo"] > 0 or c[m.key]["hi"] < 0)]
-    lines.append("verdict: " + ("beyond the 95% interval against round-robin: " + "; ".join(beyond) if beyond else
-                                "no change against round-robin is beyond its 95% interval: at this size, what differs is noise"))
-    return lines

@@ -7,6 +7,7 @@ bottom for the whole pipeline, and follow the calls into the module that does ea
                                         director over N-turn rollouts
     python mascot.py evaluate           every system on held-out contexts, with 95% intervals
     python mascot.py demo               all of it on the embedded model, sized for a laptop CPU
+                                        (extras/demo.py)
     python mascot.py COMMAND --help     every flag, with its default
 Tools beside the method, in extras/ (dispatched from here): simulate (write conversations), chat,
 report, sft (the SFT baseline), judge-eval and judge-stress (how good is a grader?),
@@ -29,9 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import shutil
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -139,9 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--sft", default=None, help="the SFT baseline (default: RUN/sft/model)")
     e.add_argument("--human", default=None, help="JSONL of human judgements (extras/human.py): the sign test, "
                    "Mann-Whitney U and kappa; no model runs")
-    d = sub.add_parser("demo", help="the whole pipeline on the embedded model, sized for a CPU", formatter_class=Formatter)
-    d.add_argument("--run", default="runs/demo", help="run folder")
-    d.add_argument("--model", default=models.EMBEDDED, help="base model")
     for name, (module, about) in EXTRAS.items():     # tools beside the method: extras/ parses their own flags
         sub.add_parser(name, help=f"{about} (extras/{module}.py)", add_help=False).add_argument("rest", nargs="...")
     return parser
@@ -149,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # The tools in extras/: command -> (module, what it does). main() hands each its argv and this
 # module (`cli`: common_flags, load_inputs, make_judge, load_role...), so extras never import the CLI.
-EXTRAS = {"simulate": ("conversations", "write conversations for contexts, a profile and a policy"),
+EXTRAS = {"demo": ("demo", "the whole pipeline on the embedded model, sized for a CPU (make demo)"),
+          "simulate": ("conversations", "write conversations for contexts, a profile and a policy"),
           "chat": ("chat", "talk to the companion group in the terminal"),
           "report": ("report", "one self-contained HTML page of a run"),
           "sft": ("sft", "the SFT baseline: the base model fine-tuned on ESConv supporter turns"),
@@ -446,71 +443,6 @@ def folder_stamp(folder: str) -> list:
                   if f.is_file()) if path.is_dir() else [folder]
 
 
-# --- demo: every stage on the embedded model, sized for a 2-core CPU (make demo) --------------------------
-# Small on purpose: the point is to see every stage run and print real numbers on a laptop; the
-# numbers are noise at this size (its verdict line says so). For a real run, drop these budgets.
-
-DEMO_STAGE1 = ["--states", "8", "--heldout-states", "4", "--candidates", "4", "--steps", "3", "--prompts-per-step", "2",
-               "--group-size", "4", "--max-new-tokens", "32", "--lr", "1e-5", "--save-every", "3", "--dump-every", "3"]
-# Stage 2 starts with supervised steps that teach the 135M director the three-line format (prompted,
-# it writes no parseable directive and GRPO gets no signal).
-DEMO_STAGE2 = ["--decision-points", "4", "--heldout-points", "4", "--steps", "2", "--prompts-per-step", "2",
-               "--group-size", "3", "--rollout-turns", "2", "--max-new-tokens", "32", "--lr", "1e-5", "--beta", "0",
-               "--director-warmup", "6", "--warmup-lr", "1e-4", "--no-eval-prompted", "--save-every", "2", "--dump-every", "2"]
-DEMO_EVAL = ["--contexts", "3", "--turns", "3", "--max-new-tokens", "32",
-             "--systems", "zero-shot,round-robin,mascot-p,mascot-c,mascot"]
-
-
-def demo(args) -> dict:
-    """Stage 1, stage 2, the evaluation and the report, each skipped when already complete, each
-    resumed from its newest checkpoint when interrupted (run `make demo` again to continue)."""
-    run, common, t0 = Path(args.run), ["--model", args.model, "--run", args.run], time.time()
-    so_far = lambda: f"{time.time() - t0:.0f} s so far, peak memory {peak_rss_gb():.1f} GB"   # noqa: E731
-    for stage, budget in ((1, DEMO_STAGE1), (2, DEMO_STAGE2)):
-        folder = run / f"stage{stage}"
-        if (folder / "summary.json").exists():
-            print(f"demo: stage {stage} already done in {folder}")
-            continue
-        print(f"\n=== demo: stage {stage} ({so_far()}) ===")
-        resume = ["--resume"] if grpo.checkpoints(folder / "checkpoints") else []
-        (train_stage1 if stage == 1 else train_stage2)(build_parser().parse_args(["train", "--stage", str(stage),
-                                                                                 *common, *budget, *resume]))
-        drop_resume_checkpoints(folder)
-    print(f"\n=== demo: evaluation ({so_far()}) ===")
-    results = evaluate_cmd(build_parser().parse_args(["evaluate", *common, *DEMO_EVAL]))
-    path = extra("report").build_report(run)
-    print_side_by_side(run / "eval" / "transcripts.jsonl")
-    print("\n" + "\n".join(evaluate.verdict(results)))
-    print(f"\ndemo finished ({so_far()}); results in {run}/eval/results.md, report: {path}")
-    return results
-
-
-def drop_resume_checkpoints(folder: Path) -> None:
-    """A finished stage's resume checkpoints (weights + AdamW moments, ~1.6 GB each for SmolLM2-135M)
-    are read by nothing once summary.json and the final model exist: `train` keeps them, the demo not."""
-    if (folder / "summary.json").exists() and (folder / "checkpoints").is_dir():
-        size = sum(f.stat().st_size for f in (folder / "checkpoints").rglob("*") if f.is_file())
-        shutil.rmtree(folder / "checkpoints")
-        print(f"demo: {folder.name} finished; its resume checkpoints removed ({size / 1e9:.1f} GB)")
-
-
-def print_side_by_side(path: Path, width: int = 60) -> None:
-    """One held-out conversation of round-robin with the base speakers beside the same context,
-    profile and seeds under the full trained system."""
-    rows = {}
-    for r in data.read_jsonl(path) if path.exists() else []:
-        rows.setdefault(r["system"], []).append(r)
-    if "round-robin" not in rows or "mascot" not in rows:
-        return
-    a, b = rows["round-robin"][0], rows["mascot"][0]
-    lines = [[w for t in c["turns"] for w in textwrap.wrap(f"{t['speaker']}: {t['text']}", width) + [""]] for c in (a, b)]
-    print(f"\ncontext {a['context_id']}, profile {a.get('profile', '-')}, the same seeds on both sides")
-    print(f"{'before: base speakers, round-robin order':<{width}} | after: trained speakers and director (mascot)")
-    print("-" * width + "-+-" + "-" * width)
-    for i in range(max(map(len, lines))):
-        print(f"{(lines[0][i] if i < len(lines[0]) else ''):<{width}} | {lines[1][i] if i < len(lines[1]) else ''}")
-
-
 # --- main -------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -523,7 +455,7 @@ def main(argv=None) -> int:
             ranks = ranks_of(args)
             (train_stage1 if args.stage == 1 else train_stage2)(args, ranks)
         else:
-            {"evaluate": evaluate_cmd, "demo": demo}[args.command](args)
+            evaluate_cmd(args)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import reward
+from evaluate import all_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -187,14 +188,14 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
 
 
 def test_demo_prints_one_conversation_before_and_after_side_by_side(tmp_path, capsys):
-    import mascot as cli
+    from extras import demo
     turns = lambda who: [{"speaker": "User", "text": "I failed my exam."},
                          {"speaker": who, "text": f"{who} answers here."}]
     rows = [{"system": "round-robin", "context_id": "c1", "turns": turns("Anchor")},
             {"system": "mascot", "context_id": "c1", "turns": turns("Beacon")}]
     path = tmp_path / "transcripts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cli.print_side_by_side(path)
+    demo.print_side_by_side(path)
     out = capsys.readouterr().out
     assert "before: base speakers, round-robin order" in out and "(mascot)" in out
     line = next(l for l in out.splitlines() if "Anchor answers" in l)
@@ -202,14 +203,29 @@ def test_demo_prints_one_conversation_before_and_after_side_by_side(tmp_path, ca
 
 
 def test_demo_drops_a_finished_stages_resume_checkpoints_only(tmp_path, capsys):
-    import mascot as cli
+    from extras import demo
     for name, finished in (("stage1", True), ("stage2", False)):
         ckpt = tmp_path / name / "checkpoints" / "ckpt-000002"
         ckpt.mkdir(parents=True)
         (ckpt / "model.safetensors").write_bytes(b"x" * 1000)
         if finished:
             (tmp_path / name / "summary.json").write_text("{}")
-        cli.drop_resume_checkpoints(tmp_path / name)
+        demo.drop_resume_checkpoints(tmp_path / name)
     assert not (tmp_path / "stage1" / "checkpoints").exists()      # finished: nothing resumes from it
     assert (tmp_path / "stage2" / "checkpoints" / "ckpt-000002").is_dir()   # interrupted: kept
     assert "stage1 finished; its resume checkpoints removed" in capsys.readouterr().out
+
+
+def test_demo_verdict_shows_groups_of_two_or_more_and_says_whether_a_change_is_beyond_noise():
+    from extras import demo
+    status = {m.key: "ok" for m in all_metrics()}
+    s = lambda mean, lo, hi: {"mean": mean, "lo": lo, "hi": hi, "n": 3}          # noqa: E731
+    systems = {"round-robin": {"n": 3, "metrics": {k: s(0.5, 0.4, 0.6) for k in status}},
+               "mascot": {"n": 3, "metrics": {k: s(0.6, 0.5, 0.7) for k in status}},
+               "zero-shot": {"n": 1, "metrics": {k: s(0.2, None, None) for k in status}}}
+    noise = {"mascot": {"self_bleu": s(0.1, -0.05, 0.2)}}
+    lines = demo.verdict({"status": status, "systems": systems, "changes": noise})
+    assert any(l.startswith("mascot ") for l in lines) and not any(l.startswith("zero-shot") for l in lines)
+    assert lines[-1].startswith("verdict: no change against round-robin is beyond its 95% interval")
+    beyond = {"mascot": {"self_bleu": s(-0.1, -0.2, -0.05)}}
+    assert "mascot Self-BLEU -0.100" in demo.verdict({"status": status, "systems": systems, "changes": beyond})[-1]

@@ -1,0 +1,102 @@
+"""extras/demo.py: `python mascot.py demo` (make demo): every stage on the embedded model, sized for
+a 2-core CPU, then a short summary a newcomer can read.
+
+Stage 1, stage 2, the evaluation and the HTML report, each through mascot.py's own commands, each
+skipped when already complete and resumed from its newest checkpoint when interrupted (run `make
+demo` again to continue). Small on purpose: the point is to see every stage run and print real
+numbers; at this size they are noise, and the closing verdict line says whether any change is
+beyond it. For a real run, use `train` and `evaluate` without these budgets.
+
+    python mascot.py demo [--run runs/demo] [--model smollm2-135m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import textwrap
+import time
+from pathlib import Path
+
+import data
+import grpo
+import models
+from evaluate import all_metrics, cell
+
+STAGE1 = ["--states", "8", "--heldout-states", "4", "--candidates", "4", "--steps", "3", "--prompts-per-step", "2",
+          "--group-size", "4", "--max-new-tokens", "32", "--lr", "1e-5", "--save-every", "3", "--dump-every", "3"]
+# Stage 2 starts with supervised steps that teach the 135M director the three-line format (prompted,
+# it writes no parseable directive and GRPO gets no signal).
+STAGE2 = ["--decision-points", "4", "--heldout-points", "4", "--steps", "2", "--prompts-per-step", "2",
+          "--group-size", "3", "--rollout-turns", "2", "--max-new-tokens", "32", "--lr", "1e-5", "--beta", "0",
+          "--director-warmup", "6", "--warmup-lr", "1e-4", "--no-eval-prompted", "--save-every", "2", "--dump-every", "2"]
+EVAL = ["--contexts", "3", "--turns", "3", "--max-new-tokens", "32",
+        "--systems", "zero-shot,round-robin,mascot-p,mascot-c,mascot"]
+
+
+def main(argv: list[str], cli) -> int:
+    p = argparse.ArgumentParser(prog="mascot.py demo", formatter_class=cli.Formatter,
+                                description="every stage on the embedded model, sized for a 2-core CPU, then a summary")
+    p.add_argument("--run", default="runs/demo", help="run folder")
+    p.add_argument("--model", default=models.EMBEDDED, help="base model")
+    args = p.parse_args(argv[1:])
+    run, common, t0 = Path(args.run), ["--model", args.model, "--run", args.run], time.time()
+    so_far = lambda: f"{time.time() - t0:.0f} s so far, peak memory {cli.peak_rss_gb():.1f} GB"   # noqa: E731
+    for stage, budget in ((1, STAGE1), (2, STAGE2)):
+        folder = run / f"stage{stage}"
+        if (folder / "summary.json").exists():
+            print(f"demo: stage {stage} already done in {folder}")
+            continue
+        print(f"\n=== demo: stage {stage} ({so_far()}) ===")
+        resume = ["--resume"] if grpo.checkpoints(folder / "checkpoints") else []
+        train = cli.train_stage1 if stage == 1 else cli.train_stage2
+        train(cli.build_parser().parse_args(["train", "--stage", str(stage), *common, *budget, *resume]))
+        drop_resume_checkpoints(folder)
+    print(f"\n=== demo: evaluation ({so_far()}) ===")
+    results = cli.evaluate_cmd(cli.build_parser().parse_args(["evaluate", *common, *EVAL]))
+    path = cli.extra("report").build_report(run)
+    print_side_by_side(run / "eval" / "transcripts.jsonl")
+    print("\n" + "\n".join(verdict(results)))
+    print(f"\ndemo finished ({so_far()}); results in {run}/eval/results.md, report: {path}")
+    return 0
+
+
+def drop_resume_checkpoints(folder: Path) -> None:
+    """A finished stage's resume checkpoints (weights + AdamW moments, ~1.6 GB each for SmolLM2-135M)
+    are read by nothing once summary.json and the final model exist: `train` keeps them, the demo not."""
+    if (folder / "summary.json").exists() and (folder / "checkpoints").is_dir():
+        size = sum(f.stat().st_size for f in (folder / "checkpoints").rglob("*") if f.is_file())
+        shutil.rmtree(folder / "checkpoints")
+        print(f"demo: {folder.name} finished; its resume checkpoints removed ({size / 1e9:.1f} GB)")
+
+
+def print_side_by_side(path: Path, width: int = 60) -> None:
+    """One held-out conversation of round-robin with the base speakers beside the same context,
+    profile and seeds under the full trained system."""
+    rows = {}
+    for r in data.read_jsonl(path) if path.exists() else []:
+        rows.setdefault(r["system"], []).append(r)
+    if "round-robin" not in rows or "mascot" not in rows:
+        return
+    a, b = rows["round-robin"][0], rows["mascot"][0]
+    lines = [[w for t in c["turns"] for w in textwrap.wrap(f"{t['speaker']}: {t['text']}", width) + [""]] for c in (a, b)]
+    print(f"\ncontext {a['context_id']}, profile {a.get('profile', '-')}, the same seeds on both sides")
+    print(f"{'before: base speakers, round-robin order':<{width}} | after: trained speakers and director (mascot)")
+    print("-" * width + "-+-" + "-" * width)
+    for i in range(max(map(len, lines))):
+        print(f"{(lines[0][i] if i < len(lines[0]) else ''):<{width}} | {lines[1][i] if i < len(lines[1]) else ''}")
+
+
+def verdict(r: dict) -> list[str]:
+    """A short summary of an evaluation's results: a few columns, systems with n >= 2 only, and one
+    plain line saying whether any change against round-robin lies beyond its 95% interval."""
+    cols = [m for m in all_metrics() if m.key in ("persona_id_accuracy", "persona_consistency", "self_bleu", "context_copy")
+            and r["status"][m.key] in ("ok", "approximated")]
+    lines = [f"{'system':<15} {'n':>2}   " + "  ".join(f"{m.title[:24]:>24}" for m in cols)]
+    lines += [f"{n:<15} {e['n']:>2}   " + "  ".join(f"{cell(e['metrics'][m.key], 3):>24}" for m in cols)
+              for n, e in r["systems"].items() if e["n"] >= 2]
+    beyond = [f"{n} {m.title} {c[m.key]['mean']:+.3f}" for n, c in r["changes"].items() for m in all_metrics()
+              if m.key in c and c[m.key]["lo"] is not None and (c[m.key]["lo"] > 0 or c[m.key]["hi"] < 0)]
+    lines.append("verdict: " + ("beyond the 95% interval against round-robin: " + "; ".join(beyond) if beyond else
+                                "no change against round-robin is beyond its 95% interval: at this size, what differs is noise"))
+    return lines
