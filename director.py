@@ -29,7 +29,7 @@ import math
 import random
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -129,18 +129,13 @@ class RewardWeights:
     format: float = option(0.5, "weight of format (share of the block's directives that parsed; our addition)")
 
 
-# The block judge's question when the judge is an LLM is data/prompts/block_judge.txt (our text; the
-# paper's is not published): ONE judgement of the whole block against what came before, which a
-# per-turn score cannot give (two good turns that say the same thing).
-
-
-
 def block_reward(conv: Conversation, start: int, personas: PersonaSet, encoder, judge, weights: RewardWeights,
                  counts: Counter | None = None) -> tuple[float, dict]:
     """The weighted sum of the block's components (turns from `start` on), each in [0, 1]:
-      coherence      an LLM judge: ONE judgement of the block (block_judge.txt; an unreadable answer is
-                     0.5 and counted in counts["unreadable"]); a scoring judge: the mean score of the
-                     block's turns, each given its persona and everything before it;
+      coherence      an LLM judge: ONE judgement of the whole block against what came before, which a
+                     per-turn score cannot give (two good turns that say the same thing); our question,
+                     data/prompts/block_judge.txt; an unreadable answer is 0.5, counted in
+                     counts["unreadable"]. A scoring judge: the mean score of the block's turns;
       nonredundancy  1 - mean over new turns of max(cosine with an earlier agent turn, BLEU-2 with them);
       contribution   share of the block's content words new to the conversation;
       clean          share of the block's turns no hack diagnostic flags (metrics.HACKS);
@@ -268,9 +263,7 @@ class Rollout:
     follow: object = None      # who directs turns 2..N of a training rollout: the director being trained
     invalid: int = 0           # sampled directives that needed the fallback
     total: int = 0
-
-    def __post_init__(self):
-        self.counts = Counter()    # block judgements an LLM judge answered unreadably ("unreadable")
+    counts: Counter = field(default_factory=Counter)   # "unreadable": block judgements an LLM judge garbled
 
     def run(self, points: list[Conversation], policy, first: list[Directive] | None = None):
         """Copy each point and play N agent turns (`first` replaces the policy's first choice).
@@ -437,8 +430,7 @@ def supervised_finetune(model, tok, examples, steps: int, batch_size: int = 4, l
     speaks; Action and Tone follow from it and would dominate an unweighted loss). decay: the rate
     falls linearly to lr / steps, so the last few batches do not decide whom it favours.
     Returns the per-step loss (mean negative log-probability per target token), which should fall."""
-    rows, losses = token_rows(tok, examples), []
-    weights = []
+    rows, losses, weights = token_rows(tok, examples), [], []
     for _, target in rows:
         k = next((i + 1 for i in range(len(target)) if "\n" in tok.decode(target[:i + 1])), len(target))
         weights.append([first_line_weight] * k + [1.0] * (len(target) - k))
@@ -450,7 +442,7 @@ def supervised_finetune(model, tok, examples, steps: int, batch_size: int = 4, l
         picked = [(step * batch_size + j) % len(rows) for j in range(batch_size)]
         total = sum(sum(weights[i]) for i in picked)
         opt.zero_grad(set_to_none=True)
-        loss_sum = 0.0
+        loss_sum = 0.0                   # one example per forward/backward; the step's gradient is the batch's
         for i in picked:
             logps, _ = grpo.target_logprobs(model, tok.pad_token_id, [rows[i]])           # (1, C)
             loss = -(logps[0] * torch.tensor(weights[i])).sum() / total

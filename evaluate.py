@@ -11,13 +11,11 @@ and prompted-director reference points, the ablations MASCOT-P (no persona align
 speakers) and MASCOT-C (no director: random speaking order) and MASCOT. All get the same persona
 cards, simulated user, contexts, Big Five profiles and seeds, so a difference is the system's.
 
-Who measures what (results.md names every evaluator and whether training used it): judge rubrics
-(0-100; Overall = the mean of the criteria, as the paper) need an LLM judge, and the offline judge
-approximates two of them; persona identification by the FROZEN base model, which no stage trains
-on; redundancy (Self-BLEU, distinct-n, embedding similarity, NLI rates); the reward-hack rates and
-crisis stops, so that hacking shows as numbers. Simplified: our own rubrics (data/rubrics.json) on
-a 1-5 scale; agent criteria judged per agent turn; Self-BLEU at Texygen's BLEU-4; the human studies
-are extras/human.py.
+Measured (results.md says by whom, and whether training used it): judge rubrics (0-100; Overall =
+the mean of the criteria, as the paper), persona identification by the FROZEN base model,
+redundancy (Self-BLEU, distinct-n, embedding similarity, NLI rates), reward-hack rates and crisis
+stops. Simplified: our own rubrics (data/rubrics.json) on a 1-5 scale, agent criteria judged per
+agent turn; Self-BLEU at Texygen's BLEU-4; the human studies are extras/human.py.
 
     python mascot.py evaluate [--systems round-robin,mascot] [--profiles all --contexts 50]
 """
@@ -38,7 +36,7 @@ from metrics import (HACKS, NLI_RELATIONS, bootstrap_ci, distinct_n, mean_or_non
                      rates, rescale_0_100, self_bleu, semantic_redundancy_rate, win_rate)
 from director import LLMDirector
 from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, RandomOrder, RoundRobin, diagnose_reply, judge_state,
-                      role_setting, run_conversations)
+                      render_history, role_setting, run_conversations)
 
 
 @dataclass(frozen=True)
@@ -144,28 +142,25 @@ def metric_status(judge, nli: bool, identifier: bool) -> dict[str, str]:
 
 
 # --- Scoring conversations ------------------------------------------------------------------------
-def transcript(turns) -> str:
-    return "\n".join(f"{t.speaker}: {t.text}" for t in turns)
-
-
 def rubric_scores(conv, personas: PersonaSet, judge) -> tuple[dict, Counter]:
     """Every rubric metric of one conversation from an LLM judge, 0-100 (greedy, as the paper's
     temperature 0): one prompt per (agent turn, criterion) averaged over the turns, one per
     (conversation, criterion). An unreadable answer is counted and left out; a metric without a
     readable answer is None, and so is an Overall over an incomplete set of criteria."""
     agent_idx = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
-    crit, asks = rubric_criteria(), []
+    crit, asks, everything = rubric_criteria(), [], len(conv.turns)       # the judge reads the whole conversation
     for m in crit["agent"]:
         for i in agent_idx:
             p = personas.find(conv.turns[i].speaker)
             asks.append((m["key"], data.prompt("eval_agent").format(
                 name=p.name, role=p.role, description=p.description, situation=conv.context.situation,
-                history=transcript(conv.turns[:i]), reply=conv.turns[i].text, title=m["title"], rubric=m["rubric"])))
+                history=render_history(conv.turns[:i], everything), reply=conv.turns[i].text, title=m["title"],
+                rubric=m["rubric"])))
     roster = "; ".join(f"{p.name} ({p.role})" for p in personas.personas)
     for m in crit["collective"] if agent_idx else []:     # none when the guard stopped it before anyone spoke
-        asks.append((m["key"], data.prompt("eval_collective").format(roster=roster, situation=conv.context.situation,
-                                                                     transcript=transcript(conv.turns), title=m["title"],
-                                                                     rubric=m["rubric"])))
+        asks.append((m["key"], data.prompt("eval_collective").format(
+            roster=roster, situation=conv.context.situation, transcript=render_history(conv.turns, everything),
+            title=m["title"], rubric=m["rubric"])))
     scores, unreadable = {m["key"]: [] for kind in crit.values() for m in kind}, Counter()
     for (key, _), score in zip(asks, judge.rate_many([a for _, a in asks]) if asks else []):
         if score is None:

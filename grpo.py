@@ -270,14 +270,11 @@ class OneProcess:
     def all_sum(self, value: float) -> float:
         return value
 
-    def sum_gradients(self, model) -> None:
+    def nothing(self, *model) -> None:
         pass
 
-    def broadcast(self, model) -> None:
-        pass
-
-    def barrier(self) -> None:
-        pass
+    # sum_gradients(model), broadcast(model) and barrier(): nothing to do in one process.
+    sum_gradients = broadcast = barrier = nothing
 
 
 def autocast(cfg: GRPOConfig, device: torch.device):
@@ -338,6 +335,7 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
         out["grad_norm"] += grad_norm / cfg.num_iterations
         out["kl"] = None if ref is None else (out["kl"] or 0.0) + ranks.all_sum(kl) / cfg.num_iterations
     out["logp_mismatch"] = ranks.all_sum(out["logp_mismatch"])
+    optimizer.zero_grad(set_to_none=True)     # the gradients' memory is free while the next batch is sampled
     return out
 
 

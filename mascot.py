@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import os
 import sys
 import time
@@ -87,9 +88,8 @@ def common_flags(p, trained: bool = True) -> None:
     p.add_argument("--seed", type=int, default=0, help="one seed for everything (data split, sampling)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the models run")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="what models that only run (frozen roles, the reference, the reward model when scoring, the "
-                        "policy's sampling copy) compute in; auto: bfloat16 where the hardware has it natively (CUDA, "
-                        "CPUs with AVX512-BF16 or AMX), else float32. Training is always float32")
+                   help="frozen roles, the reference, the reward model's scoring and the sampling copy; auto: bfloat16 "
+                        "where native (CUDA, CPUs with AVX512-BF16 or AMX), else float32. Training is always float32")
     p.add_argument("--max-new-tokens", type=flag_type("--max-new-tokens", int, "positive"), default=48,
                    help="longest generated turn (speakers and simulated user), in tokens")
     p.add_argument("--data", default="bundled", help="contexts: 'bundled', a contexts .jsonl in our format, or a "
@@ -157,7 +157,6 @@ EXTRAS = {"demo": ("demo", "the whole pipeline on the embedded model, sized for 
 
 def extra(name: str):
     """extras/<name>.py, imported when its command runs (the core never imports extras)."""
-    import importlib
     return importlib.import_module(f"extras.{name}")
 
 
@@ -210,23 +209,8 @@ def make_judge(args, cache: Path | None, personas_path: str, encoder=None):
     raise UserError(f"--judge {spec!r}: use offline, hf:<model or folder>, openai:<base url> or rm:<folder>")
 
 
-def peak_rss_gb() -> float:
-    import resource                                        # POSIX; Linux's ru_maxrss is in KiB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
-
-
 def speakers_of(args) -> str:
     return args.speakers or models.trained_or(Path(args.run) / "stage1" / "speakers", args.model)
-
-
-def guard():
-    """The crisis guard, where people read the conversations (evaluate, simulate, chat)."""
-    return extra("safety").default_guard()
-
-
-def ranks_of(args):
-    """One process, or the torchrun processes (extras/multigpu.py) when WORLD_SIZE > 1."""
-    return extra("multigpu").Ranks(args) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else grpo.OneProcess()
 
 
 def start_stage(args, out: Path, ranks) -> None:
@@ -268,16 +252,19 @@ def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
         return r
 
     before = held_out("before GRPO") if ranks.is_main else None
-    grpo.train_grpo(policy, tok,
-                    lambda step: (lambda chosen: ([s.prompt(personas) for s in chosen], chosen))(
-                        grpo.sample_batch(rlaif.train_states, cfg, step)),
-                    lambda meta, texts, gen: rlaif.reward_fn([m for m in meta for _ in range(cfg.group_size)], texts,
-                                                             gen.finished),
+
+    def prompts(step: int):                    # the step's states, and each one's chat prompt
+        chosen = grpo.sample_batch(rlaif.train_states, cfg, step)
+        return [s.prompt(personas) for s in chosen], chosen
+
+    def per_reply(states):                     # GRPO's rows are prompt-major: G replies per state
+        return [s for s in states for _ in range(cfg.group_size)]
+
+    grpo.train_grpo(policy, tok, prompts, lambda meta, texts, gen: rlaif.reward_fn(per_reply(meta), texts, gen.finished),
                     cfg, out, ref_model=base if cfg.beta > 0 else None, resume=args.resume, ranks=ranks,
-                    describe=lambda meta, texts, rewards: [{"state": meta[i // cfg.group_size].id, "reply": t, "reward": r}
-                                                           for i, (t, r) in enumerate(zip(texts, rewards))],
-                    diagnose=lambda meta, texts: diagnostics([m for m in meta for _ in range(cfg.group_size)], texts,
-                                                             personas))
+                    describe=lambda meta, texts, rewards: [{"state": s.id, "reply": t, "reward": r}
+                                                           for s, t, r in zip(per_reply(meta), texts, rewards)],
+                    diagnose=lambda meta, texts: diagnostics(per_reply(meta), texts, personas))
     if not ranks.is_main:
         return {}
     after = held_out("after GRPO ")
@@ -344,10 +331,11 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
     # The KL anchor is the director GRPO starts from: the warm-started one when the warm start ran.
     ref = models.load_model(str(out / "director_warm") if dcfg.director_warmup else start_from, device=args.device,
                             dtype=frozen_dtype(args), frozen=True)[0] if cfg.beta > 0 else None
-    grpo.train_grpo(policy, tok,
-                    lambda step: (lambda chosen: ([dr.director_messages(inputs.personas, c) for c in chosen], chosen))(
-                        grpo.sample_batch(train_points, cfg, step)),
-                    lambda meta, texts, gen: rollout.score_directives(meta, texts, cfg.group_size),
+    def prompts(step: int):                    # the step's decision points, and the director's prompt for each
+        chosen = grpo.sample_batch(train_points, cfg, step)
+        return [dr.director_messages(inputs.personas, c) for c in chosen], chosen
+
+    grpo.train_grpo(policy, tok, prompts, lambda meta, texts, gen: rollout.score_directives(meta, texts, cfg.group_size),
                     cfg, out, ref_model=ref, resume=args.resume, ranks=ranks,
                     describe=lambda meta, texts, rewards: [{"context": meta[i // cfg.group_size].context.id,
                                                             "directive": t, "reward": r}
@@ -415,7 +403,7 @@ def evaluate_cmd(args) -> dict:
                  "multiagentesc": lambda s: extra("baselines").MultiAgentESC()}
     setup = evaluate.Setup([c for c, _ in plan], [p for _, p in plan], roles, names, fewshot, encoder, judge, nli,
                            extra("evaluators").PersonaIdentifier(*base, inputs.personas) if cfg.persona_id else None,
-                           guard(), pipelines)
+                           extra("safety").default_guard(), pipelines)       # people read these transcripts
     profiles = list(dict.fromkeys(setup.profiles))
     protocol = {"summary": f"{len(plan)} conversations per system: {len({c.id for c, _ in plan})} held-out '{args.set}' "
                            f"contexts of `{args.data}` x {len(profiles)} profile(s) ({', '.join(profiles)}); {inputs.split}; "
@@ -452,7 +440,8 @@ def main(argv=None) -> int:
             return extra(EXTRAS[argv[0]][0]).main(argv, sys.modules[__name__]) or 0
         args = build_parser().parse_args(argv)
         if args.command == "train":
-            ranks = ranks_of(args)
+            # One process, or the torchrun processes (extras/multigpu.py) when WORLD_SIZE > 1.
+            ranks = extra("multigpu").Ranks(args) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else grpo.OneProcess()
             (train_stage1 if args.stage == 1 else train_stage2)(args, ranks)
         else:
             evaluate_cmd(args)

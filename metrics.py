@@ -216,14 +216,8 @@ NLI_RELATIONS = ("entailment", "contradiction", "neutral")
 def nli_label_index(id2label: dict, model_name: str) -> dict[str, int]:
     """Which output of an NLI classifier is which relation, read from its config (checkpoints
     disagree on the order). ValueError unless the labels are exactly the three relations."""
-    index = {}
-    for idx, name in id2label.items():
-        low = str(name).strip().lower()
-        rel = "entailment" if low.startswith("entail") else "contradiction" if low.startswith("contra") \
-            else "neutral" if low == "neutral" else None
-        if rel is None or rel in index:
-            break
-        index[rel] = int(idx)
+    index = {rel: int(i) for i, name in id2label.items() for rel in NLI_RELATIONS     # "ENTAILMENT", "Entails" ...
+             if str(name).strip().lower().startswith(rel[:6])}
     if len(index) != 3 or len(id2label) != 3:
         raise ValueError(f"NLI model '{model_name}' has labels {list(id2label.values())}; it needs exactly "
                          "entailment / contradiction / neutral")

@@ -109,9 +109,7 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = t
             raise UserError(f"--model {name}: not a local model folder, and loading it as a hub id failed ({first}); "
                             "pass 'smollm2-135m', 'tiny', a folder written by save_pretrained, or a hub id") from None
     # Batched generation pads on the LEFT, so every row's last prompt token sits in the same column.
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    tok.padding_side, tok.pad_token = "left", tok.pad_token or tok.eos_token
     model.to(device=device, dtype=dtype).eval()
     return model.requires_grad_(not frozen), tok
 

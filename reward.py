@@ -42,8 +42,8 @@ from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 import models
-from data import (Context, PersonaSet, UserError, append_jsonl, atomic_folder, derive_seed, option, read_jsonl,
-                  write_jsonl)
+from data import (Context, PersonaSet, UserError, append_jsonl, asset, atomic_folder, derive_seed, option,
+                  read_jsonl, write_jsonl)
 from metrics import cluster_means, content_words, standard_error, words
 from simulate import USER, Cast, JudgeState, RoundRobin, Turn, diagnose_reply, judge_state, run_conversations, \
     speaker_messages
@@ -374,26 +374,17 @@ def judge_pairs(states: list[State], candidates: list[list[str]], personas: Pers
 
 # --- Synthetic reward hacks: rejected replies the judge's candidates never tried ----------------
 # Without them the reward model learns only what the judge's candidates differ in, and the policy is
-# free to find what none of them tried. Seven kinds, those of data/judge_pairs_hacks*.jsonl.
+# free to find what none of them tried. Seven kinds, those of data/judge_pairs_hacks*.jsonl; the
+# texts they are made from are data/hack_templates.json.
 
 HACK_KINDS = ("copies-context", "keyword-stuffing", "recites-persona", "meta-leakage", "empty-trivial",
               "echoes-agent", "off-role")
-_WRAPPERS = ["{x}", "So {x}", "You said {x}", "I hear that {x}", "It sounds like {x}", "{x} That is a lot."]
-_LEAKS = ["Situation: {situation}", "Conversation so far: User: {context}",
-          "Here's a continuation of your previous response: {context}", "Write {name}'s next message. {name}: {context}",
-          "As an AI language model, I cannot feel what you feel, but {context}",
-          "Your response should be one to three sentences. Reply: {context}",
-          "The director asks me to respond. (Tone: warm) {context}",
-          "You are one of several companions in a group chat with one person. {context}",
-          "({name}, another companion): {context}", "You are an AI assistant. The user says: {context}",
-          "Background: {situation} It is {name}'s turn."]
-_TRIVIAL = ["...", "Okay.", "Yes.", "I see.", "Hmm.", "Sure.", "Ok", "Thanks.", "Right.", "Mm-hm."]
 
 
 def make_hacks(state: State, personas: PersonaSet, seed: int) -> dict[str, str]:
     """{kind: one synthetic hack} for every kind this state can have (echoes-agent needs an earlier
     companion turn), reproducible from `seed`."""
-    rng, p = random.Random(seed), personas.find(state.persona)
+    rng, p, templates = random.Random(seed), personas.find(state.persona), asset("hack_templates.json")
     context = next((t.text for t in reversed(state.history) if t.speaker == USER), "")
     situation, agents = state.context.situation, [t.text for t in state.history if t.speaker != USER]
     low = lambda x: x[:1].lower() + x[1:]                                            # noqa: E731
@@ -401,12 +392,13 @@ def make_hacks(state: State, personas: PersonaSet, seed: int) -> dict[str, str]:
     pool = [w for w in dict.fromkeys(words(f"{context} {situation} {p.role} {p.description}"))
             if w in content_words(f"{context} {situation} {p.role} {p.description}")]
     rng.shuffle(pool)
-    out = {"copies-context": rng.choice(_WRAPPERS).format(x=low(copied) if rng.random() < 0.5 else copied),
+    wrapper = rng.choice(templates["copy_wrappers"])
+    out = {"copies-context": wrapper.format(x=low(copied) if rng.random() < 0.5 else copied),
            "keyword-stuffing": ", ".join(pool[:rng.randint(6, 12)]) + rng.choice([".", "!", "", "..."]),
            "recites-persona": rng.choice([f"As the {p.role}, I {low(p.description)}",
                                           f"I am {p.name}, the {p.role}. {p.description}", p.description]),
-           "meta-leakage": rng.choice(_LEAKS).format(situation=situation, context=context, name=p.name),
-           "empty-trivial": rng.choice(_TRIVIAL),
+           "meta-leakage": rng.choice(templates["meta_leaks"]).format(situation=situation, context=context, name=p.name),
+           "empty-trivial": rng.choice(templates["trivial"]),
            "echoes-agent": rng.choice(agents) if agents else None,
            "off-role": rng.choice([e for q in personas.personas if q.name != p.name for e in q.examples] or [None])}
     return {k: v for k, v in out.items() if v}

@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import models
-from data import Context, Persona, PersonaSet, Profile, derive_seed, write_jsonl
+from data import Context, Persona, PersonaSet, Profile, derive_seed
 from metrics import diagnose
 
 USER, SAFETY = "User", "Safety"      # the speaker labels of the person and of the crisis message
@@ -383,12 +383,8 @@ def users_speak(convs: list[Conversation], profiles: dict[str, Profile], cast: C
 
 def trailing_agent_turns(conv: Conversation) -> int:
     """Agent turns since the user's last message."""
-    n = 0
-    for t in reversed(conv.turns):
-        if t.speaker in (USER, SAFETY):
-            break
-        n += 1
-    return n
+    last = max((k for k, t in enumerate(conv.turns) if t.speaker in (USER, SAFETY)), default=-1)
+    return len(conv.turns) - 1 - last
 
 
 def advance(convs: list[Conversation], policy, cast: Cast, profiles: dict[str, Profile], n_agent_turns: int,
@@ -415,10 +411,6 @@ def run_conversations(contexts: list[Context], policy, cast: Cast, profiles: dic
              for i, (ctx, pid) in enumerate(zip(contexts, profile_ids))]
     advance(convs, policy, cast, profiles, n_agent_turns, user_every, speak=speak)
     return convs
-
-
-def write_transcripts(path, convs: list[Conversation]) -> None:
-    write_jsonl(path, [c.to_json() for c in convs])
 
 
 def assign_profiles(n: int, profile_ids: list[str], seed: int) -> list[str]:

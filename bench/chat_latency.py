@@ -37,11 +37,8 @@ MESSAGE = "I failed my driving test today and I feel stupid."
 
 
 class Person(io.StringIO):
-    """stdin: hands over one message, remembering when (the moment Enter is pressed)."""
-
-    def __init__(self):
-        super().__init__(MESSAGE + "\n/quit\n")
-        self.sent_at = None
+    """stdin: hands over one message, then /quit, remembering when (the moment Enter is pressed)."""
+    sent_at = None
 
     def readline(self, *args):
         line = super().readline(*args)
@@ -64,9 +61,8 @@ class Screen(io.StringIO):
 
 
 def one_run(argv: list[str]) -> dict:
-    person = Person()
-    screen = Screen(person)
-    saved = sys.stdin, sys.stdout
+    person = Person(MESSAGE + "\n/quit\n")
+    screen, saved = Screen(person), (sys.stdin, sys.stdout)
     t0 = time.perf_counter()
     sys.stdin, sys.stdout = person, screen
     try:

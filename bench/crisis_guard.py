@@ -2,11 +2,10 @@
 
 The one place the guard's headline numbers come from (docs/SAFETY.md quotes its output):
     1. ESConv: the flag rate on the seeker messages of the HELD-OUT dialogues, the ones
-       `data.split_contexts(contexts, 0.25, seed=0)` keeps out of training (the split the
-       evaluation makes of a file without official splits). The few real risk messages in them,
-       labelled by hand by (dialogue line, text hash) in data/safety_esconv_labels.jsonl, are
-       counted apart: "risky" ones the guard should catch, "context" ones (risky only given the
-       earlier turns) neither way. Every other flag is a false alarm and is listed.
+       extras/train_crisis_probe.py keeps out of training. The few real risk messages in them
+       (hand labels, data/safety_esconv_labels.jsonl) are counted apart: "risky" ones the guard
+       should catch, "context" ones (risky only given the earlier turns) neither way. Every other
+       flag is a false alarm and is listed.
     2. Empathetic Dialogues (with --ed): the flag rate on the held-out conversations' messages.
     3. Each blind list (tests/fixtures/safety_blind_v*.jsonl, written by people who never saw the
        guard): recall on the risky messages, overall and per kind, and the flag rate on the
@@ -21,8 +20,6 @@ Run from the repo root (~5 min on 2 CPU cores):
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import sys
 import time
 from collections import defaultdict
@@ -32,50 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import data                       # noqa: E402
-from extras import datasets, safety  # noqa: E402
-
-LABELS = ROOT / "data" / "safety_esconv_labels.jsonl"
-
-
-def held_out_contexts(path: str) -> list:
-    """The held-out quarter of a dataset file's contexts, its splits (if any) pooled in file order."""
-    contexts = [c for part in datasets.load_splits(path, "support").values() for c in part]
-    return data.split_contexts(contexts, 0.25, seed=0)[1]
-
-
-def text_hash(text: str) -> str:
-    """The 12-hex-digit SHA-256 prefix that the hand labels use to name a message."""
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def esconv_held_out(path: str) -> list[dict]:
-    """Seeker messages of the held-out ESConv dialogues: {"text", "line", "label", "kind"}.
-
-    "line" is the dialogue's line (or array position) in the file, as in the context id
-    "esconv-<line>"; "label" is "risky", "context" or "" from the hand labels.
-    """
-    labels = {(r["line"], r["sha256"]): r for r in map(json.loads, LABELS.read_text().splitlines())}
-    held_out = held_out_contexts(path)
-    messages = []
-    for context in held_out:
-        line = int(context.id.rsplit("-", 1)[1])
-        for turn in context.turns:
-            if turn["speaker"] == "user":
-                label = labels.get((line, text_hash(turn["text"])), {})
-                messages.append({"text": turn["text"], "line": line,
-                                 "label": label.get("label", ""), "kind": label.get("kind", "")})
-    return messages
-
-
-def ed_held_out(path: str) -> list[str]:
-    """Every message of the held-out Empathetic Dialogues conversations (their first messages
-    where the file has only those, as the shared copies do)."""
-    held_out = held_out_contexts(path)
-    texts = []
-    for context in held_out:
-        turns = [t["text"] for t in context.turns if t["speaker"] == "user"]
-        texts += turns or [context.first_message]
-    return texts
+from extras import safety         # noqa: E402
+from extras.train_crisis_probe import ED_LABELS, ESCONV_LABELS, conversation_rows   # noqa: E402
 
 
 def show(flag: safety.CrisisFlag, text: str) -> str:
@@ -85,10 +40,10 @@ def show(flag: safety.CrisisFlag, text: str) -> str:
 
 
 def bench_esconv(guard: safety.CrisisGuard, path: str) -> None:
-    messages = esconv_held_out(path)
+    messages = conversation_rows(path, ESCONV_LABELS, "esconv", side=1)      # the held-out dialogues
     flags = guard.check_many([m["text"] for m in messages])
     flagged = [f.flagged for f in flags]
-    dialogues = {m["line"] for m in messages}
+    dialogues = {m["group"] for m in messages}
     print(f"ESConv held-out: {len(messages)} seeker messages in {len(dialogues)} dialogues")
     print(f"  flagged {sum(flagged)} ({sum(flagged) / len(messages):.2%})")
     for label in ("risky", "context"):
@@ -100,13 +55,13 @@ def bench_esconv(guard: safety.CrisisGuard, path: str) -> None:
     ordinary = sum(not m["label"] for m in messages)
     print(f"  false alarms: {len(false)} of {ordinary} unlabelled messages "
           f"({len(false) / ordinary:.2%}); stopped dialogues: "
-          f"{len({messages[i]['line'] for i in false})} of {len(dialogues)}")
+          f"{len({messages[i]['group'] for i in false})} of {len(dialogues)}")
     for i in false:
         print(show(flags[i], messages[i]["text"]))
 
 
 def bench_ed(guard: safety.CrisisGuard, path: str) -> None:
-    texts = ed_held_out(path)
+    texts = [r["text"] for r in conversation_rows(path, ED_LABELS, "empathetic_dialogues", side=1)]
     flags = guard.check_many(texts)
     print(f"Empathetic Dialogues held-out: {sum(f.flagged for f in flags)} of {len(texts)} "
           f"messages flagged ({sum(f.flagged for f in flags) / len(texts):.2%})")
@@ -116,8 +71,7 @@ def bench_ed(guard: safety.CrisisGuard, path: str) -> None:
 
 
 def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    rows = data.read_jsonl(path)
     flags = guard.check_many([r["text"] for r in rows])
     risky = [i for i, r in enumerate(rows) if r["risky"]]
     near = [i for i, r in enumerate(rows) if not r["risky"]]
@@ -161,15 +115,10 @@ def main() -> None:
     guard.check_many([f"Day {i} of the course went fine, my sister called me after class"
                       for i in range(64)])
     print(f"a batch of 64 short messages: {time.time() - started:.2f} s\n")
-    if args.esconv:
-        bench_esconv(guard, args.esconv)
-        print()
-    if args.ed:
-        bench_ed(guard, args.ed)
-        print()
-    for path in args.blind:
-        bench_blind(guard, path)
-        print()
+    for bench, source in [(bench_esconv, args.esconv), (bench_ed, args.ed)] + [(bench_blind, p) for p in args.blind]:
+        if source:                                 # --esconv and --ed are optional
+            bench(guard, source)
+            print()
 
 
 if __name__ == "__main__":

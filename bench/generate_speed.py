@@ -3,15 +3,13 @@
 Every GRPO step and every simulated turn spends most of its time sampling, so this times the sampler
 alone on the embedded SmolLM2-135M at two shapes, each row `--repeats` times (median), interleaved
 so that a change of machine load hits every row alike, after one untimed warm-up call each:
-
   grpo      2 distinct prompts x G 4 = 8 rows, ~310-token speaker prompts, 48 new tokens;
   distinct  8 distinct prompts, 48 new tokens (a simulated turn: nothing to share).
-Rows: HF generate in fp32 (do_sample, temperature 1, top-k off); ours in fp32 on the policy
-itself; ours on the bf16 sampling copy (models.SamplingCopy, its refresh timed too, as GRPO pays it
-every step). Every row makes exactly 48 tokens (min_new_tokens), so all do the same work. Then the
-log-prob mismatch of each sampler against the fp32 trainer (grpo.completion_logprobs), what GRPO
-logs as `mismatch`. The last line is the speedup of the DEFAULT sampler (bf16 copy where bf16 is
-native, else fp32) over HF at the grpo shape.
+Rows: HF generate (fp32, do_sample, temperature 1, top-k off); ours on the fp32 policy; ours on the
+bf16 sampling copy (models.SamplingCopy, its refresh timed too, as GRPO pays it every step); each
+makes exactly 48 tokens (min_new_tokens), so all do the same work. Then each sampler's log-prob
+mismatch against the fp32 trainer (grpo.completion_logprobs: GRPO's `mismatch`); last, the speedup
+of the DEFAULT sampler (bf16 copy where bf16 is native, else fp32) over HF at the grpo shape.
 
     python bench/generate_speed.py [--repeats 3] [--threads 2] [--shapes grpo]
 """
@@ -36,13 +34,6 @@ import data  # noqa: E402
 import grpo  # noqa: E402
 import models  # noqa: E402
 import simulate  # noqa: E402
-
-
-def prompts(n: int) -> list[list[dict]]:
-    """n distinct speaker prompts of ~310 tokens: the first n bundled contexts, personas in turn."""
-    personas = data.load_personas(ROOT / "personas.json", "support")
-    return [simulate.speaker_messages(personas.personas[i % 4], personas, c, [simulate.Turn(simulate.USER, c.first_message)])
-            for i, c in enumerate(data.load_contexts("bundled", "support")[:n])]
 
 
 def hf_generate(model, tok, rows, n: int) -> None:
@@ -73,11 +64,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--shapes", nargs="+", default=["grpo", "distinct"], choices=["grpo", "distinct"])
     args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
     model, tok = models.load_model(models.EMBEDDED)
     copy = models.SamplingCopy(model)
-    batch = prompts(8)
+    torch.set_grad_enabled(False)                                              # nothing here trains
+    personas = data.load_personas(ROOT / "personas.json", "support")  # 8 distinct speaker prompts of ~310 tokens
+    batch = [simulate.speaker_messages(personas.personas[i % 4], personas, c,
+                                       [simulate.Turn(simulate.USER, c.first_message)])
+             for i, c in enumerate(data.load_contexts("bundled", "support")[:8])]
     shapes = {"grpo": [c for c in batch[:2] for _ in range(4)], "distinct": batch}
     shapes = {s: shapes[s] for s in args.shapes}
     n = args.new_tokens
@@ -87,31 +81,29 @@ def main() -> None:
     print(f"SmolLM2-135M, {torch.get_num_threads()} threads, native bf16: {native}, {n} new tokens, median of "
           f"{args.repeats}; load average {os.getloadavg()[0]:.2f}", flush=True)
     times = {(s, r): [] for s in shapes for r in rows}
-    with torch.no_grad():
-        for fn in rows.values():
-            fn(batch[:2])
-        for _ in range(args.repeats):
-            for s, b in shapes.items():
-                for r, fn in rows.items():
-                    t0 = time.perf_counter()
-                    fn(b)
-                    times[(s, r)].append(time.perf_counter() - t0)
+    for fn in rows.values():
+        fn(batch[:2])
+    for _ in range(args.repeats):
+        for s, b in shapes.items():
+            for r, fn in rows.items():
+                t0 = time.perf_counter()
+                fn(b)
+                times[(s, r)].append(time.perf_counter() - t0)
+    med = {key: statistics.median(runs) for key, runs in times.items()}
     for s, b in shapes.items():
-        base = statistics.median(times[(s, "hf generate fp32")])
         print(f"\n{s}: {len({str(x) for x in b})} distinct prompts, {len(b)} rows")
         for r in rows:
-            med = statistics.median(times[(s, r)])
-            print(f"  {r:18s} {med:6.2f} s  {len(b) * n / med:6.1f} tokens/s  {base / med:5.2f}x hf   "
-                  f"(runs {' '.join(f'{x:.2f}' for x in times[(s, r)])})")
-    with torch.no_grad():
-        for name, sampler in (("ours fp32", model), ("ours bf16 copy", copy.model)):
-            gap = mismatch(sampler, model, tok, [c for c in batch[:4] for _ in range(4)], n)
-            print(f"mismatch {name:15s} mean {gap.mean():.5f} per token, p99 {gap.quantile(0.99):.4f} ({gap.numel()} tokens)")
+            t = med[s, r]
+            print(f"  {r:18s} {t:6.2f} s  {len(b) * n / t:6.1f} tokens/s  {med[s, 'hf generate fp32'] / t:5.2f}x hf   "
+                  f"(runs {' '.join(f'{x:.2f}' for x in times[s, r])})")
+    for name, sampler in (("ours fp32", model), ("ours bf16 copy", copy.model)):
+        gap = mismatch(sampler, model, tok, [c for c in batch[:4] for _ in range(4)], n)
+        print(f"mismatch {name:15s} mean {gap.mean():.5f} per token, p99 {gap.quantile(0.99):.4f} ({gap.numel()} tokens)")
     print(f"load average after {os.getloadavg()[0]:.2f}")
     if "grpo" in shapes:
         default = "ours bf16 copy" if native else "ours fp32"
         print(f"speedup of the default sampler ({default}) over hf at the grpo shape: "
-              f"{statistics.median(times[('grpo', 'hf generate fp32')]) / statistics.median(times[('grpo', default)]):.2f}x")
+              f"{med['grpo', 'hf generate fp32'] / med['grpo', default]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,21 +1,18 @@
 """bench/gpu_check.py: a short, real stage 1 on one CUDA GPU: GRPO step time, tokens/s, peak memory.
 
-Runs `mascot.py train --stage 1` in this process at a GPU-sized batch (16 prompts x G 8 = 128
-completions per GRPO step, micro-batches of 32) with --device cuda, --dtype bfloat16 (frozen
-roles, the reference and the sampling copy in bf16) and --autocast-bf16 (the training passes'
-matmuls in bf16; weights, gradients and AdamW stay fp32), so every phase of stage 1 runs for
-real: states, candidates, judge, reward model, GRPO, held-out reward. It times the GRPO steps
-only (wrapping grpo.grpo_step and models.generate; behaviour unchanged) and prints per step and
-overall:
+Runs `mascot.py train --stage 1` in this process with --device cuda at a GPU-sized batch (16 prompts
+x G 8 = 128 completions a GRPO step, micro-batches of 32), --dtype bfloat16 (frozen roles, reference
+and sampling copy in bf16) and --autocast-bf16 (training matmuls in bf16; weights, gradients and
+AdamW fp32): every phase of stage 1 (states, candidates, judge, reward model, GRPO, held-out reward)
+runs for real, in a few minutes. Only the GRPO steps are timed (grpo.grpo_step and models.generate
+wrapped; behaviour unchanged), per step and overall:
     s/step       wall seconds of one grpo_step (the first is warm-up, not counted);
     tokens/s     B x (P + C) tokens through the training forward/backward per second of step;
     generate     the share of the step spent sampling;
     peak memory  torch.cuda.max_memory_allocated() over the GRPO phase.
-A few minutes on one GPU. Use the Python that has a CUDA build of torch (requirements.txt says
-how); without CUDA it prints one line and exits 0.
+Needs a CUDA build of torch (requirements.txt says how); without CUDA it prints one line, exits 0.
 
-    python bench/gpu_check.py                        # embedded SmolLM2-135M
-    python bench/gpu_check.py --checkpointing        # + --gradient-checkpointing
+    python bench/gpu_check.py [--checkpointing]      # embedded SmolLM2-135M [+ --gradient-checkpointing]
     python bench/gpu_check.py --dry-run              # print the mascot command, checked, and stop
 """
 
@@ -65,6 +62,7 @@ def main() -> None:
     import grpo
     import mascot
     import models
+    from grpo_step import timed                                 # bench/grpo_step.py's, here with a GPU sync
 
     argv = mascot_argv(args, args.run or "RUN")
     mascot.build_parser().parse_args(argv)                      # a wrong flag fails here, not minutes later
@@ -77,28 +75,15 @@ def main() -> None:
     run = args.run or tempfile.mkdtemp(prefix="mascot-gpu-check-")
     argv = mascot_argv(args, run)
 
-    # Wrap the two functions the GRPO loop calls, to time them; what they compute is unchanged.
     steps, gen_seconds = [], []
-    real_step, real_generate = grpo.grpo_step, models.generate
-
-    def timed_generate(*a, **kw):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = real_generate(*a, **kw)
-        torch.cuda.synchronize()
-        gen_seconds.append(time.perf_counter() - t0)
-        return out
+    real_step, timed_generate = grpo.grpo_step, timed(models.generate, gen_seconds, sync=torch.cuda.synchronize)
 
     def measured_step(policy, *a, **kw):
         if not steps:
             torch.cuda.reset_peak_memory_stats()               # the peak of the GRPO phase only
         torch.cuda.synchronize()
         n_gen, t0 = len(gen_seconds), time.perf_counter()
-        models.generate = timed_generate
-        try:
-            stats, gen, rewards = real_step(policy, *a, **kw)
-        finally:
-            models.generate = real_generate
+        stats, gen, rewards = real_step(policy, *a, **kw)
         torch.cuda.synchronize()
         (B, P), C = gen.prompt_ids.shape, int(gen.completion_mask.sum(1).max())
         s = {"seconds": time.perf_counter() - t0, "gen": sum(gen_seconds[n_gen:]), "tokens": B * (P + C),
@@ -108,20 +93,20 @@ def main() -> None:
               f"{s['gen']:.2f} s), {s['tokens'] / s['seconds']:.0f} tokens/s, {s['peak']:.2f} GiB peak so far", flush=True)
         return stats, gen, rewards
 
-    grpo.grpo_step = measured_step
+    grpo.grpo_step, models.generate = measured_step, timed_generate    # a step counts the generate calls inside it
     print(f"gpu_check: {torch.cuda.get_device_name()}; python mascot.py {' '.join(argv)}", flush=True)
     t0 = time.time()
     status = mascot.main(argv)
     total = time.time() - t0
     if status or len(steps) < 2:
         sys.exit(f"gpu_check: stage 1 exited with status {status} after {len(steps)} GRPO step(s); nothing to measure")
-    timed = steps[1:]
-    secs = sum(s["seconds"] for s in timed)
+    measured = steps[1:]
+    secs = sum(s["seconds"] for s in measured)
     summary = {"device": torch.cuda.get_device_name(), "model": args.model, "dtype": args.dtype,
                "autocast_bf16": args.autocast, "gradient_checkpointing": args.checkpointing,
-               "grpo_steps_measured": len(timed), "s_per_step": secs / len(timed),
-               "tokens_per_s": sum(s["tokens"] for s in timed) / secs,
-               "generate_fraction": sum(s["gen"] for s in timed) / secs,
+               "grpo_steps_measured": len(measured), "s_per_step": secs / len(measured),
+               "tokens_per_s": sum(s["tokens"] for s in measured) / secs,
+               "generate_fraction": sum(s["gen"] for s in measured) / secs,
                "peak_memory_gib": steps[-1]["peak"], "peak_reserved_gib": steps[-1]["reserved"],
                "stage1_seconds": total, "run": run}
     print(json.dumps(summary, indent=1))

@@ -1,20 +1,18 @@
 """bench/grpo_step.py: one GRPO step of ours (grpo.grpo_step) against TRL's GRPOTrainer, on the CPU.
 
 Both sides do the same work per step, each in its own process: the same model folder, tokenizer
-and chat template, no gradient checkpointing; the same prompts, each exactly P tokens after the
-chat template, prompts_per_step of them, G completions each, all sampled in one batch at
-temperature 1, top-p 1, top-k off; completions of exactly C tokens (min_new_tokens =
-max_new_tokens = C on both sides: stop tokens are forbidden until C, as HF's
-MinNewTokensLogitsProcessor does), checked after every step; the same reward (share of completion
-token ids in the lower half of the vocabulary: cheap, deterministic, different within a group);
-the same beta, so both run a frozen reference; loss "grpo", eps 0.2 / 0.28, one pass per batch,
-one forward/backward of all B rows, AdamW (non-fused, weight decay 0) at one constant learning
-rate, gradient clipping at 1.0. TRL's defaults that would change the work are overridden (bf16,
-gradient checkpointing, fused AdamW and vLLM off; no logging, saving, evaluation or shuffling).
-Ours runs with `mascot.py train`'s defaults: the policy, its gradients and AdamW in fp32; the
-reference and the sampling copy (models.SamplingCopy, refreshed inside every timed step) in
---dtype, whose `auto` is bf16 where the CPU has it natively (models.native_bf16), else fp32;
-`--dtype float32` gives ours exactly TRL's fp32 arithmetic.
+and chat template, no gradient checkpointing; the same prompts_per_step prompts of exactly P tokens
+after the chat template, G completions each, sampled in one batch at temperature 1, top-p 1, top-k
+off; every completion exactly C tokens (min_new_tokens = max_new_tokens = C, stops masked until C
+as in HF), checked every step; the same reward (share of completion token ids in the lower half of
+the vocabulary: cheap, deterministic, different within a group); the same beta, so both run a
+frozen reference; loss "grpo", eps 0.2 / 0.28, one pass and one forward/backward of all B rows per
+batch, AdamW (non-fused, weight decay 0) at a constant learning rate, gradient clipping at 1.0.
+TRL's defaults that would change the work are overridden (bf16, gradient checkpointing, fused
+AdamW and vLLM off; no logging, saving, evaluation or shuffling). Ours runs with `mascot.py
+train`'s defaults: policy, gradients and AdamW fp32; the reference and the sampling copy
+(models.SamplingCopy, refreshed inside every timed step) in --dtype (`auto`: bf16 where the CPU
+has it natively, else fp32; `float32` gives ours exactly TRL's fp32 arithmetic).
 
 Measured per side: seconds per step (wall time between consecutive step ends, warm-up dropped);
 the CPU seconds over the same interval (steadier on a shared machine: they do not grow while the
@@ -22,8 +20,7 @@ process waits for a core; hence one thread a side by default, so that none spins
 another); tokens/s (B x (P + C) through the training pass); the share of the step inside
 `generate`; peak resident memory (ru_maxrss, model load included). The sides alternate A B B A.
 
-    make bench                                        # builds .venv-bench (TRL) on first use
-    python bench/grpo_step.py --trl-python .venv-bench/bin/python
+    make bench                  # builds .venv-bench (TRL) on first use, then runs this file with it
     python bench/grpo_step.py --models tiny --rounds 2 --steps 1     # a quick check
 The file is also the worker (`--worker ours|trl`: one side, the job as JSON on stdin, one JSON
 line out); its top imports only the standard library, so it runs in either virtual env.
@@ -43,12 +40,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Prompts are grown from these words until the chat template gives exactly P tokens (checked).
 WORDS = ("today I feel tired and proud of my small garden but work was hard again so "
          "please help me plan the week with calm words").split()
 
-
-# --- What both sides share: the prompts, the reward, the clocks ----------------------------------
 
 def build_prompts(tokenizer, n: int, n_tokens: int) -> list[list[dict]]:
     """n different chat prompts of exactly `n_tokens` tokens after the chat template: a system line
@@ -59,15 +53,14 @@ def build_prompts(tokenizer, n: int, n_tokens: int) -> list[list[dict]]:
 
     prompts, empty = [], [{"role": "system", "content": ""}, {"role": "user", "content": ""}]
     for i in range(n):
-        words, j = [], 0
         conv = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": ""}]
         conv = conv if length(conv) <= n_tokens else empty
-        while length(conv) < n_tokens and j < 4 * len(WORDS):
-            trial = words + [WORDS[(i * 7 + j) % len(WORDS)]]
-            j += 1
-            candidate = [conv[0], {"role": "user", "content": " ".join(trial)}]
-            if length(candidate) <= n_tokens:
-                words, conv = trial, candidate
+        for j in range(4 * len(WORDS)):
+            if length(conv) == n_tokens:
+                break
+            text = f"{conv[1]['content']} {WORDS[(i * 7 + j) % len(WORDS)]}".lstrip()
+            if length(candidate := [conv[0], {"role": "user", "content": text}]) <= n_tokens:
+                conv = candidate
         if length(conv) != n_tokens:
             sys.exit(f"--prompt-tokens {n_tokens}: no prompt of exactly that length (the chat template alone "
                      f"takes {length(empty)} tokens)")
@@ -84,11 +77,13 @@ def clock() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()          # wall, CPU seconds of this process
 
 
-def timed(fn, seconds: list):
-    """Wrap a generate function so that each call's wall time is appended to `seconds`."""
+def timed(fn, seconds: list, sync=lambda: None):
+    """Wrap fn so that each call's wall time goes to `seconds`; sync (on a GPU) waits for queued work."""
     def wrapper(*a, **kw):
+        sync()
         t0 = time.perf_counter()
         out = fn(*a, **kw)
+        sync()
         seconds.append(time.perf_counter() - t0)
         return out
     return wrapper
@@ -98,8 +93,6 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024     # Linux: ru_maxrss in KiB
 
 
-# --- The workers --------------------------------------------------------------------------------
-
 def run_ours(job: dict) -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
@@ -107,7 +100,6 @@ def run_ours(job: dict) -> dict:
     import grpo
     import models
 
-    # mascot.py train: the policy fp32; what only runs (reference, sampling copy) in --dtype.
     bf16 = job["dtype"] == "bfloat16" or (job["dtype"] == "auto" and models.native_bf16("cpu"))
     policy, tok = models.load_model(job["folder"])
     ref = models.load_model(job["folder"], dtype=torch.bfloat16 if bf16 else torch.float32,
@@ -150,18 +142,15 @@ def run_trl(job: dict) -> dict:
 
     tok = AutoTokenizer.from_pretrained(job["folder"])
     B, C = job["prompts_per_step"] * job["group_size"], job["completion_tokens"]
-    checks = []
+    checks, gen_seconds, ends = [], [], []
 
     def reward_fn(prompts, completions, completion_ids, **kw):
         checks.append(all(len(x) == C for x in completion_ids) and len(completion_ids) == B)
         return [low_half_share(x, len(tok)) for x in completion_ids]
 
     class StepClock(TrainerCallback):                          # the step ends, as ours records them
-        def __init__(self):
-            self.ends = []
-
         def on_train_begin(self, args, state, control, **kw):
-            self.ends.append(clock())
+            ends.append(clock())
 
         on_step_end = on_train_begin
 
@@ -178,29 +167,17 @@ def run_trl(job: dict) -> dict:
             shuffle_dataset=False, report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
             log_completions=False, disable_tqdm=True, dataloader_num_workers=0, dataloader_pin_memory=False)
         prompts = [job["prompts"][i % len(job["prompts"])] for i in range(steps * job["prompts_per_step"])]
-        step_clock = StepClock()
         trainer = GRPOTrainer(model=job["folder"], reward_funcs=reward_fn, args=args,
                               train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
-                              processing_class=tok, callbacks=[step_clock])
-        gen_seconds = []
+                              processing_class=tok, callbacks=[StepClock()])
         model = trainer.model
         model.generate = timed(model.generate, gen_seconds)      # TRL calls model.generate
         trainer.train()
     if not (checks and all(checks)):
         raise SystemExit(f"trl: some step did not have {B} completions of exactly {C} tokens")
-    return {"step_ends": step_clock.ends, "gen_seconds": gen_seconds, "peak_rss_mib": peak_rss_mib(),
+    return {"step_ends": ends, "gen_seconds": gen_seconds, "peak_rss_mib": peak_rss_mib(),
             "params": sum(p.numel() for p in model.parameters())}
 
-
-def worker(side: str) -> None:
-    job = json.load(sys.stdin)                                 # the parent's job, as JSON on stdin
-    if job["threads"]:
-        import torch
-        torch.set_num_threads(job["threads"])
-    print("RESULT " + json.dumps(run_trl(job) if side == "trl" else run_ours(job)))
-
-
-# --- The parent: model folders, the workers A B B A, the summary ---------------------------------
 
 def model_folder(name: str) -> Path:
     """A plain safetensors folder both sides can load (TRL needs a folder or a hub id)."""
@@ -211,9 +188,8 @@ def model_folder(name: str) -> Path:
     if name == models.TINY:
         folder = models.cache_dir() / "bench-tiny"
         if not (folder / "config.json").exists():
-            model, tok = models.load_model(models.TINY)
-            model.save_pretrained(folder)
-            tok.save_pretrained(folder)
+            for part in models.load_model(models.TINY):            # the model and its tokenizer
+                part.save_pretrained(folder)
         return folder
     return Path(name)
 
@@ -231,13 +207,11 @@ def run_worker(python: str, side: str, job: dict, env: dict) -> dict:
 def summarise(runs: list[dict], job: dict) -> dict:
     """One side: the measured steps (warm-up dropped) pooled over its runs, and per-run medians."""
     w = job["warmup"]
-    walls, cpus, gens, per_run = [], [], [], []
-    for r in runs:
-        steps = list(zip(r["step_ends"][:-1], r["step_ends"][1:]))[w:]     # ((wall, cpu), (wall, cpu)) each
-        walls += [b[0] - a[0] for a, b in steps]
-        cpus += [b[1] - a[1] for a, b in steps]
-        gens += r["gen_seconds"][w:]
-        per_run.append(statistics.median([b[0] - a[0] for a, b in steps]))
+    steps = [list(zip(r["step_ends"][:-1], r["step_ends"][1:]))[w:] for r in runs]    # ((wall, cpu), (wall, cpu))
+    walls = [b[0] - a[0] for run in steps for a, b in run]
+    cpus = [b[1] - a[1] for run in steps for a, b in run]
+    gens = [g for r in runs for g in r["gen_seconds"][w:]]
+    per_run = [statistics.median([b[0] - a[0] for a, b in run]) for run in steps]
     step = statistics.median(walls)
     tokens = job["prompts_per_step"] * job["group_size"] * (job["prompt_tokens"] + job["completion_tokens"])
     return {"s_per_step": step, "s_min": min(walls), "s_max": max(walls), "run_medians": per_run,
@@ -260,15 +234,17 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="steps per run not measured")
     p.add_argument("--steps", type=int, default=2, help="measured steps per run")
     p.add_argument("--rounds", type=int, default=4, help="runs per side, alternating A B B A ...")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads in each worker (1: steadiest on a shared machine; 0: torch's default)")
-    p.add_argument("--trl-python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
-                   help="python of the virtual env that has TRL (make bench creates it)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads a worker (1: steadiest when busy; 0: default)")
+    p.add_argument("--trl-python", default=str(ROOT / ".venv-bench/bin/python"), help="a python with TRL (make bench)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench" / "grpo_step.json"), help="results JSON")
     p.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.worker:
-        worker(args.worker)
+    if args.worker:                                            # one side: the parent's job as JSON on stdin
+        job = json.load(sys.stdin)
+        if job["threads"]:
+            import torch
+            torch.set_num_threads(job["threads"])
+        print("RESULT " + json.dumps(run_trl(job) if args.worker == "trl" else run_ours(job)))
         return
     if not Path(args.trl_python).exists():
         sys.exit(f"--trl-python {args.trl_python}: not found; run `make bench` (it creates .venv-bench with TRL)")

@@ -9,12 +9,11 @@ model (KL reference, candidate sampler) and the reward model (the same base), N 
 each; the bf16 sampling copy 2N; autocast's cached bf16 weight casts 2N. Per micro-batch of mb
 rows: activations per layer and token (fp32: 6h + 2kv + 4I elements x 4 bytes; autocast: 24h +
 4kv + 8I bytes, norms and residual fp32) over ceil(mb / G) x P + mb x C tokens (each group's
-prompt runs once: grpo.completion_hidden), or with checkpointing mb x (P + C) tokens at 4h bytes
-a layer plus one layer's full set; the logits completion_logprobs keeps for backward, mb x C x V
-x 4 bytes. Generation (its own phase): the KV cache of all B rows, 2 x layers x kv x (P + C) x B
-x (2 bytes in bf16, 4 in fp32). Not counted: CUDA context and allocator slack (--reserve-gib), the
-sentence encoder (~0.1 GiB), the reward model's no-grad scoring, optimiser temporaries. Estimates
-good to about +-20%.
+prompt once: grpo.completion_hidden), or with checkpointing mb x (P + C) tokens at 4h bytes a
+layer plus one layer's full set; the logits completion_logprobs keeps for backward, mb x C x V x 4
+bytes. Generation (its own phase): the KV cache of all B rows, 2 x layers x kv x (P + C) x B x 2
+bytes (4 in fp32). Not counted: CUDA context and allocator slack (--reserve-gib), the sentence
+encoder (~0.1 GiB), the reward model's no-grad scoring, optimiser temporaries. Good to about +-20%.
 
     python bench/memory_table.py                                 # 24 GiB, the defaults below
     python bench/memory_table.py --gpu-gib 80 --prompt-len 1024 --config path/to/model/config.json
@@ -27,7 +26,6 @@ import json
 import math
 from pathlib import Path
 
-# Published configs (config.json of each hub model).
 MODELS = {
     "SmolLM2-135M": dict(h=576, layers=30, heads=9, kv_heads=3, inter=1536, vocab=49152, qkv_bias=False, tied=True),
     "SmolLM2-360M": dict(h=960, layers=32, heads=15, kv_heads=5, inter=2560, vocab=49152, qkv_bias=False, tied=True),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
 from extras.conversations import make_policy                       # noqa: E402
+from extras.safety import default_guard                            # noqa: E402
 import models                                                     # noqa: E402
 from data import Context, flag_type, load_personas, write_json    # noqa: E402
 from simulate import SAFETY, Cast, add_user_turn, agents_speak, start_conversation   # noqa: E402
@@ -58,7 +59,7 @@ def load_chat(args, cli, say):
         else:
             say(f"loading director: {director_name}")
             director = cli.load_role(director_name, "director", args)
-    cast = Cast(personas, *speaker, None, None, args.max_new_tokens, guard=cli.guard())   # you are the user
+    cast = Cast(personas, *speaker, None, None, args.max_new_tokens, guard=default_guard())   # you are the user
     width = max(len(p.name) for p in personas.personas)
     order = f"director {director_name}" if args.policy == "director" else args.policy
     banner = "\n".join([f"MASCOT group chat ({personas.name}): {personas.description}",

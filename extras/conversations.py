@@ -16,12 +16,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+import data  # noqa: E402
 import evaluate  # noqa: E402
 import models  # noqa: E402
 from data import PersonaSet, UserError, flag_type  # noqa: E402
 from director import LLMDirector  # noqa: E402
-from simulate import Cast, LeastSpoken, RandomOrder, RoundRobin, assign_profiles, run_conversations, \
-    write_transcripts  # noqa: E402
+from extras.safety import default_guard  # noqa: E402
+from simulate import Cast, LeastSpoken, RandomOrder, RoundRobin, assign_profiles, run_conversations  # noqa: E402
 
 POLICIES = ("round-robin", "random", "least-spoken", "director")
 
@@ -57,11 +58,11 @@ def main(argv: list[str], cli) -> int:
     ids = list(inputs.profiles) if args.profile == "all" else evaluate.profile_ids(args.profile, inputs.profiles)
     contexts = (inputs.held_out + inputs.train)[:args.contexts]
     convs = run_conversations(contexts, make_policy(args.policy, inputs.personas, director, args.seed),
-                              Cast(inputs.personas, *speaker, *user, args.max_new_tokens, guard=cli.guard()),
+                              Cast(inputs.personas, *speaker, *user, args.max_new_tokens, guard=default_guard()),
                               inputs.profiles, assign_profiles(len(contexts), ids, args.seed), args.turns,
                               args.user_every, args.seed)
     path = Path(args.out) if args.out else Path(args.run) / "simulate" / f"{args.policy}.jsonl"
-    write_transcripts(path, convs)
+    data.write_jsonl(path, [c.to_json() for c in convs])
     for c in convs[:2]:
         print(f"--- {c.context.id} ({c.profile}, {c.policy})\n" + "\n".join(f"{t.speaker}: {t.text}" for t in c.turns))
     print(f"wrote {len(convs)} conversations to {path}")

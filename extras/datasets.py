@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-from data import Context, UserError, json_type, jsonl_lines, read_json, read_text, warn   # noqa: E402
+from data import Context, UserError, context_row, json_type, jsonl_lines, read_json, read_text, warn   # noqa: E402
 
 POSITIVE = set("sentimental anticipating caring faithful grateful impressed trusting prepared confident content "
                "excited hopeful proud joyful".split())        # ED's emotions by valence (HypEmo's label tree)
@@ -38,6 +38,7 @@ NEGATIVE = set("afraid angry annoyed anxious apprehensive ashamed devastated dis
                "furious guilty jealous lonely nostalgic sad terrified".split())
 DOMAINS = ("Academic", "Committee", "Product")
 MAX_MEETING_TURNS = 40       # a meeting has hundreds of turns; the states need few
+SPLITS = {"train": "train", "valid": "valid", "val": "valid", "dev": "valid", "validation": "valid", "test": "test"}
 EXPECTED = ("an Empathetic Dialogues CSV (train/valid/test.csv) or JSON-lines export, ESConv.json or an ESConv "
             ".jsonl, a QMSum meeting folder or openings .jsonl, or a contexts .jsonl in our format")
 
@@ -133,11 +134,15 @@ def meeting_row(meeting_id: str, topics: object, transcript: object, domain: str
 
 
 def our_row(row: dict) -> Context:
-    import data
     try:
-        return data.context_row(row)
+        return context_row(row)
     except UserError as e:
         raise BadRow(str(e)) from None
+
+
+def meeting_openings_row(r: dict) -> Context:
+    """A JSON-lines row of a QMSum meeting's openings (id, topic_list, first_turns, domain)."""
+    return meeting_row(field(r, "id"), r.get("topic_list"), r.get("first_turns"), domain_of(r.get("domain")))
 
 
 def row_kind(row: object):
@@ -146,7 +151,7 @@ def row_kind(row: object):
     if "dialog" in keys:
         return esconv_row
     if {"first_turns", "topic_list"} <= keys:
-        return lambda r: meeting_row(field(r, "id"), r.get("topic_list"), r.get("first_turns"), domain_of(r.get("domain")))
+        return meeting_openings_row
     if {"set", "first_message"} <= keys:
         return our_row
     return ed_row if {"emotion", "situation"} <= keys else None
@@ -156,8 +161,7 @@ def parse_rows(path: Path, rows: list[tuple[int, object]], parse=None) -> list[C
     """Parse numbered rows, skipping (and counting) the malformed ones. Without `parse` the format is
     the one most rows have, so a damaged first row cannot decide how the whole file is read."""
     if parse is None:
-        kinds = Counter(row_kind(r) for _, r in rows)
-        kinds.pop(None, None)
+        kinds = Counter(filter(None, (row_kind(r) for _, r in rows)))
         if not kinds:
             raise UserError(f"{path}: unrecognised rows; expected {EXPECTED}")
         parse = kinds.most_common(1)[0][0]
@@ -214,11 +218,10 @@ def load_meetings(files: list[Path]) -> list[Context]:
     by_id, mappings = {}, {}
     for file in files:
         if file.parent not in mappings:
-            mapping = {}
+            mapping = mappings[file.parent] = {}
             for m in sorted(file.parent.parent.glob("*domains.json")) + sorted(file.parent.glob("*domains.json")):
                 value = read_json(m)
                 mapping.update({k: domain_of(v) for k, v in value.items()} if isinstance(value, dict) else {})
-            mappings[file.parent] = mapping
         meeting = read_json(file)
         domain = next((domain_of(p) for p in reversed(file.parent.parts) if domain_of(p)), "") \
             or mappings[file.parent].get(file.stem, "")
@@ -247,20 +250,12 @@ def load_file(path: Path) -> list[Context]:
     raise UserError(f"{path}: unrecognised data file; expected {EXPECTED}")
 
 
-SPLITS = {"train": "train", "valid": "valid", "val": "valid", "dev": "valid", "validation": "valid", "test": "test"}
-
-
 def split_of(path: Path, root: Path) -> str | None:
     """The official split a file belongs to, by its name (train_*.jsonl, valid.csv) or a folder name
     on the way from `root` (QMSum's data/ALL/test/)."""
-    m = re.match(r"(train|validation|valid|val|dev|test)(?:[_.\-]|$)", path.name.lower())
-    if m:
+    if m := re.match(r"(train|validation|valid|val|dev|test)(?:[_.\-]|$)", path.name.lower()):
         return SPLITS[m.group(1)]
     return next((SPLITS[p.lower()] for p in reversed(path.relative_to(root).parent.parts) if p.lower() in SPLITS), None)
-
-
-def is_meeting(file: Path) -> bool:
-    return file.suffix == ".json" and "meeting_transcripts" in read_text(file)
 
 
 def load_splits(spec: str, persona_set: str) -> dict[str, list[Context]]:
@@ -274,7 +269,7 @@ def load_splits(spec: str, persona_set: str) -> dict[str, list[Context]]:
     else:
         files = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".csv", ".json", ".jsonl")
                        and not p.name.endswith("domains.json"))
-        meetings = [f for f in files if is_meeting(f)]
+        meetings = [f for f in files if f.suffix == ".json" and "meeting_transcripts" in read_text(f)]
         others = [f for f in files if f not in meetings and f.parent == path]
         for f in files if meetings else []:           # a damaged meeting file must not vanish without a word
             if f.suffix == ".json" and f not in meetings:

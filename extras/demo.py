@@ -13,6 +13,7 @@ beyond it. For a real run, use `train` and `evaluate` without these budgets.
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import textwrap
 import time
@@ -41,7 +42,9 @@ def main(argv: list[str], cli) -> int:
     p.add_argument("--model", default=models.EMBEDDED, help="base model")
     args = p.parse_args(argv[1:])
     run, common, t0 = Path(args.run), ["--model", args.model, "--run", args.run], time.time()
-    so_far = lambda: f"{time.time() - t0:.0f} s so far, peak memory {cli.peak_rss_gb():.1f} GB"   # noqa: E731
+    # Linux's ru_maxrss is in KiB.
+    so_far = lambda: (f"{time.time() - t0:.0f} s so far, peak memory "                # noqa: E731
+                      f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9:.1f} GB")
     for stage, budget in ((1, STAGE1), (2, STAGE2)):
         folder = run / f"stage{stage}"
         if (folder / "summary.json").exists():

@@ -1,28 +1,22 @@
 """extras/human.py: the paper's two human studies: the annotation page, the record, the statistics.
 
-Where it sits in MASCOT (arXiv 2601.14230): after `evaluate` has written RUN/eval/transcripts.jsonl.
-People see a situation and two conversations (MASCOT and a baseline, names hidden, sides random),
-two raters per pair, at most 10 pairs per rater, and are asked (1) "which provides better
-socio-collaborative support?" (a forced choice; a two-sided sign test over the rater-level choices)
-and (2) the same plus three 5-point Likert items per conversation: helpfulness, emotional
-appropriateness, perceived safety (Mann-Whitney U per item and per rating stream: the first and the
-second rating of every conversation apart). Added, as the paper reports none: Fleiss' and Cohen's kappa.
+Where it sits in MASCOT (arXiv 2601.14230): after `evaluate` has written RUN/eval/transcripts.jsonl. People see
+a situation and two conversations (MASCOT and a baseline, names hidden, sides random), two raters per pair, at
+most 10 pairs per rater, and are asked (1) "which provides better socio-collaborative support?" (a forced choice)
+and (2) the same plus three 5-point Likert items per conversation (LIKERT). The statistics (analyse) add Fleiss'
+and Cohen's kappa, which the paper does not report.
 
     python extras/human.py serve --transcripts runs/default/eval/transcripts.jsonl --a mascot \
         --b few-shot-cot --out runs/default/human/annotations.jsonl   # then open http://127.0.0.1:8765/
     python mascot.py evaluate --run runs/default --human runs/default/human/annotations.jsonl
 
-`serve` (also --ratings 2, --per-annotator 10, --no-likert, --seed, --port) pairs the conversations
-of the two systems with the same seed, context and profile (evaluate gives conversation i the same
-ones in every system), showing speakers and texts only (directives and crisis events would give a
-system away). Each answer is appended at once (flush + fsync): a study survives a crash and resumes.
-Annotators work at the same time under their own names, an item going to whoever asks next, fewest
-ratings first; the side is a function of (seed, annotator, item), so a reload shows the same page.
-Bound to 127.0.0.1; plain HTML forms, no JavaScript: the browser's `required` check stops half-filled
-forms, and the server checks again. A page, not a terminal UI: raters read two conversations side by side.
+`serve` shows speakers and texts only (directives and crisis events would give a system away) and appends each
+answer at once (flush + fsync): a study survives a crash and resumes. Several annotators work at once under their
+own names. Plain HTML forms, no JavaScript (the browser's `required` check stops half-filled forms, the server
+checks again); a page, not a terminal UI: raters read two conversations side by side.
 
-One record per judgement (one line); "systems" is [A, B], A the system under test; "item" is the
-seed; "likert" is absent in a choice-only study:
+One record per judgement (one line); "systems" is [A, B], A the system under test; "item" is the seed; "likert"
+is absent in a choice-only study:
     {"annotator": "a1", "item": "3", "context_id": "esconv-12", "systems": ["mascot", "few-shot-cot"],
      "left": "few-shot-cot", "choice": "mascot", "time": "2026-11-30T14:00:00",
      "likert": {"mascot": {"helpfulness": 4, "emotional": 5, "safety": 5}, "few-shot-cot": {...}}}
@@ -31,6 +25,7 @@ seed; "likert" is absent in a choice-only study:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import html
 import math
@@ -56,10 +51,8 @@ QUESTION = ("Which conversation provides better support for this person? Conside
 
 
 # --- rank and agreement statistics ---------------------------------------------------------------
-
 def average_ranks(values: list[float]) -> list[float]:
-    """Ranks 1..n of the values, tied values sharing the mean of the ranks they occupy:
-    [10, 20, 20, 30] -> [1.0, 2.5, 2.5, 4.0]."""
+    """Ranks 1..n, tied values sharing the mean of the ranks they occupy: [10, 20, 20, 30] -> [1.0, 2.5, 2.5, 4.0]."""
     counts, rank, below = Counter(values), {}, 0
     for v in sorted(counts):                    # v occupies ranks below+1 .. below+counts[v]
         rank[v], below = below + (counts[v] + 1) / 2, below + counts[v]
@@ -67,10 +60,9 @@ def average_ranks(values: list[float]) -> list[float]:
 
 
 def mann_whitney_counts(m: int, n: int) -> list[int]:
-    """How many of the C(m+n, m) orderings of two samples without ties give U = 0, 1, ..., m*n.
-
-    Recursion on the largest observation: it belongs to the first sample (then it beats all n of
-    the second: U drops by n) or to the second (U unchanged): c(m, n, u) = c(m-1, n, u-n) + c(m, n-1, u)."""
+    """How many of the C(m+n, m) orderings of two samples without ties give U = 0, 1, ..., m*n. Recursion on the
+    largest observation: it belongs to the first sample (then it beats all n of the second: U drops by n) or to the
+    second (U unchanged): c(m, n, u) = c(m-1, n, u-n) + c(m, n-1, u)."""
     prev = [[1]] * (n + 1)                     # sizes (0, j): U = 0, one way; prev[j] = the counts of (i - 1, j)
     for i in range(1, m + 1):
         row = [[1]]                            # sizes (i, 0)
@@ -85,13 +77,11 @@ def mann_whitney_u(x: list[float], y: list[float], method: str = "auto") -> dict
 
         U_x = R_x - n_x (n_x + 1) / 2      R_x = sum of x's ranks in the pooled sample (ties averaged)
         U_y = n_x n_y - U_x                U_x counts the (x, y) pairs with x > y, ties as 1/2
-
-    "exact": p = 2 P(U >= max(U_x, U_y)) under the null, from mann_whitney_counts (no ties only).
-    "asymptotic": the normal approximation with the tie and the 1/2 continuity corrections:
+    "exact": p = 2 P(U >= max(U_x, U_y)) under the null, from mann_whitney_counts (no ties only); "asymptotic":
+    the normal approximation with the tie and the 1/2 continuity corrections (p = 1 when every value is the same):
         z = (max(U_x, U_y) - n_x n_y / 2 - 1/2) / sigma,
         sigma^2 = n_x n_y / 12 * ((N + 1) - sum_t (t^3 - t) / (N (N - 1))),  t = size of each tie group
-    "auto" (scipy's rule) is exact when both samples have at most 8 values and there is no tie.
-    Returns {"u": U_x, "p_value" (1.0 when every value is the same), "method", "mean_x", "mean_y"}."""
+    "auto" (scipy's rule) is exact when both samples have at most 8 values and there is no tie."""
     nx, ny, pooled = len(x), len(y), list(x) + list(y)
     if nx == 0 or ny == 0:
         raise ValueError(f"mann_whitney_u needs two non-empty samples, got sizes {nx} and {ny}")
@@ -114,11 +104,9 @@ def mann_whitney_u(x: list[float], y: list[float], method: str = "auto") -> dict
 
 
 def cohen_kappa(a: list, b: list) -> float:
-    """Cohen's kappa of two raters' labels on the same items: (p_o - p_e) / (1 - p_e).
-
-    p_o = share of items where they agree; p_e = sum over labels of the product of the two raters'
-    shares of that label (agreement expected by chance). 1 = perfect, 0 = chance level. nan when
-    there are no items or p_e = 1 (both gave one and the same label to everything: undefined)."""
+    """Cohen's kappa of two raters' labels on the same items: (p_o - p_e) / (1 - p_e), p_o the share of items where
+    they agree, p_e = sum over labels of the product of the two raters' shares of that label (chance agreement).
+    1 = perfect, 0 = chance level; nan (undefined) for no items or p_e = 1 (both gave one label to everything)."""
     if len(a) != len(b):
         raise ValueError(f"cohen_kappa needs one label per item from each rater, got {len(a)} and {len(b)}")
     n, ca, cb = len(a), Counter(a), Counter(b)
@@ -127,8 +115,7 @@ def cohen_kappa(a: list, b: list) -> float:
 
 
 def fleiss_kappa(counts: list[list[int]]) -> float:
-    """Fleiss' kappa for N items, each rated by the same number n >= 2 of raters into k categories.
-
+    """Fleiss' kappa for N items, each rated by the same number n >= 2 of raters into k categories;
     counts[i][j] = how many raters put item i in category j (each row sums to n).
         P_i   = (sum_j counts[i][j]^2 - n) / (n (n - 1))     agreement on item i
         p_j   = sum_i counts[i][j] / (N n)                     share of category j
@@ -145,9 +132,9 @@ def fleiss_kappa(counts: list[list[int]]) -> float:
 
 
 # --- items, records, analysis -----------------------------------------------------------------------
-
 def load_items(transcripts: str, a: str, b: str) -> list[dict]:
-    """One item per conversation that both systems have in RUN/eval/transcripts.jsonl:
+    """One item per conversation that both systems have in RUN/eval/transcripts.jsonl, paired by seed, context and
+    profile (evaluate gives conversation i the same ones in every system):
     {"item", "context_id", "situation", "systems": [a, b], "turns": {system: [{speaker, text, ...}]}}."""
     by_system = defaultdict(dict)
     for number, row in data.read_jsonl(transcripts, numbered=True):
@@ -187,13 +174,11 @@ def load_records(path) -> list[dict]:
 
 
 def analyse(records: list[dict]) -> dict:
-    """Every statistic of the human studies, per compared pair of systems (A = the system under test).
-
-    choice: rater-level wins of A, exact two-sided sign test (metrics.win_rate; the choice is forced:
-    no ties); how many conversations every rater gave to A (or to B). likert: per item and rating
-    stream (stream k = the k-th judgement of each conversation, in file order), the means of A and B
-    and a two-sided Mann-Whitney U test. agreement: Fleiss' kappa of the choices over the items with
-    the most common number (>= 2) of ratings; Cohen's kappa between the first and second ratings."""
+    """Every statistic, per compared pair of systems (A = the system under test). choice: rater-level wins of A,
+    exact two-sided sign test (metrics.win_rate; a forced choice: no ties); how many conversations every rater gave
+    to A (or B). likert: per item and rating stream (stream k = the k-th judgement of each conversation, in file
+    order), the means of A and B and a two-sided Mann-Whitney U test. agreement: Fleiss' kappa of the choices over
+    the items with the most common number (>= 2) of ratings; Cohen's kappa between the first and second ratings."""
     out, by_pair = {}, defaultdict(lambda: defaultdict(list))        # (A, B) -> item -> its judgements
     for r in records:
         by_pair[tuple(r["systems"])][r["item"]].append(r)
@@ -259,7 +244,6 @@ def run(args) -> dict:
 
 
 # --- the annotation page -------------------------------------------------------------------------------
-
 STYLE = """body{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em;color:#222}.err{color:#a00}
 .pair{display:flex;gap:1.5em}.conv{flex:1;border:1px solid #bbb;border-radius:6px;padding:.5em 1em}.turn{margin:.4em 0}
 .who{font-weight:bold}.user .who{color:#555}.likert{margin:.3em 0}fieldset{border:1px solid #ddd;margin:.8em 0}
@@ -274,12 +258,12 @@ class Study:
         self.records = [r for r in (load_records(out) if out.exists() else []) if r["systems"] == items[0]["systems"]]
 
     def shown(self, annotator: str, item: dict) -> list[str]:
-        """The systems shown as Conversation 1 (left) and 2: random, but fixed per annotator and item."""
+        """The systems shown as Conversation 1 (left) and 2: random, fixed per annotator and item (across reloads)."""
         a, b = item["systems"]
         return [a, b] if random.Random(data.derive_seed(self.seed, annotator, item["item"])).random() < 0.5 else [b, a]
 
     def next_item(self, annotator: str) -> tuple[dict | None, int]:
-        """(the item this annotator should judge next or None, how many they have done)."""
+        """(the item this annotator should judge next, fewest ratings first, or None; how many they have done)."""
         done = {r["item"] for r in self.records if r["annotator"] == annotator}
         if len(done) >= self.per_annotator:
             return None, len(done)
@@ -329,11 +313,10 @@ def item_page(study: Study, annotator: str, item: dict, done: int, error: str = 
         f"<div class='turn{' user' if t['speaker'] == 'User' else ''}'><span class='who'>{html.escape(t['speaker'])}:"
         f"</span> {html.escape(t['text'])}</div>" for t in item["turns"][system]) + "</div>"
         for pos, system in enumerate(study.shown(annotator, item), start=1))
-    likert = "".join(
-        f"<fieldset><legend>Conversation {pos}</legend>" + "".join(
-            f"<div class='likert'>{html.escape(text)}<br>strongly disagree "
-            + " ".join(f"<label><input type='radio' name='c{pos}_{key}' value='{v}' required>{v}</label>"
-                       for v in range(1, 6)) + " strongly agree</div>" for key, text in LIKERT.items())
+    likert = "".join(f"<fieldset><legend>Conversation {pos}</legend>" + "".join(
+        f"<div class='likert'>{html.escape(text)}<br>strongly disagree "
+        + " ".join(f"<label><input type='radio' name='c{pos}_{key}' value='{v}' required>{v}</label>"
+                   for v in range(1, 6)) + " strongly agree</div>" for key, text in LIKERT.items())
         + "</fieldset>" for pos in (1, 2)) if study.likert else ""
     return page("Which conversation supports better?", f"""<p>{html.escape(annotator)}: item {done + 1} of at most
 {min(study.per_annotator, len(study.items))}</p><p class='err'>{html.escape(error)}</p>
@@ -409,10 +392,8 @@ def main(argv=None) -> int:
         return 2
     print(f"{len(items)} items, {len(study.records)} judgements so far in {args.out}; "
           f"open http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):       # Ctrl-C: every answer is already on disk
         server.serve_forever()
-    except KeyboardInterrupt:       # Ctrl-C: every answer is already on disk
-        pass
     return 0
 
 

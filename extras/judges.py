@@ -61,10 +61,6 @@ def parse_ab(text: str) -> int | None:
 
 
 # --- Reading an LLM judge's 1-5 rubric answer ---------------------------------------------------
-# Judges are asked to end with "Score: N", but models wander: "**4**", "4/5", '{"score": 4}',
-# "I'd give it a 4 out of 5". The parser collects every statement that LOOKS like a score and
-# accepts the answer only when all agree; only ASCII digits count.
-
 _NUM = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?![0-9])"
 _QUOTES = r"[\s*_\"'`]*"
 _LABELLED_RE = re.compile(r"\b(?:score|rating|grade)s?\b" + _QUOTES + r"(?:[:=]|-(?=\s)|\bis\b|\bof\b)?" + _QUOTES
@@ -84,14 +80,13 @@ def _score_value(number: str, lo: int, hi: int) -> int | None:
 
 
 def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
-    """An integer rubric score in [lo, hi] read from free text, or None.
-
-    Statements: labelled ("Score: 4", "**Score:** 4", "rating is 4", '{"score": 4}', "score: 4/5"),
-    a fraction over the scale's top ("4/5", "4 out of 5"), a bold number, "4 stars", or an answer
-    that is only the number. Scale descriptions ("(1-5)", "1 to 5") are removed first. Several
-    statements must agree: "5/5 ... no, 2/5" is None, since a self-correction cannot be told from a
-    quotation and a silently wrong score is worse than a missing one, which the caller counts.
-    """
+    """An integer rubric score in [lo, hi] read from free text, or None. Judges are asked to end with
+    "Score: N", but models wander, so every statement that LOOKS like a score is read (ASCII digits only):
+    labelled ("Score: 4", "**Score:** 4", "rating is 4", '{"score": 4}', "score: 4/5"), a fraction over the
+    scale's top ("4/5", "4 out of 5"), a bold number, "4 stars", or an answer that is only the number; scale
+    descriptions ("(1-5)", "1 to 5") are removed first. All must agree: "5/5 ... no, 2/5" is None, since a
+    self-correction cannot be told from a quotation and a silently wrong score is worse than a missing one,
+    which the caller counts."""
     if not isinstance(text, str):
         return None
     text = re.sub(rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?", " ", text, flags=re.IGNORECASE)
@@ -102,8 +97,7 @@ def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
     found += [_score_value(m.group(1), lo, hi) for m in _FRACTION_RE.finditer(text)
               if _score_value(m.group(2), hi, hi) is not None]
     found += [_score_value(m.group(1), lo, hi) for r in (_BOLD_RE, _STARS_RE) for m in r.finditer(text)]
-    bare = _BARE_RE.fullmatch(text)
-    if bare:
+    if bare := _BARE_RE.fullmatch(text):
         found.append(_score_value(bare.group(1), lo, hi))
     return found[0] if len(set(found)) == 1 else None
 
@@ -120,7 +114,6 @@ def combine_orders(p_ab: float | None, p_ba: float | None) -> Verdict:
 
 # --- The prompts of the LLM judges ----------------------------------------------------------------
 MAX_TURN_CHARS = 600       # one runaway turn must not crowd out the rest of the prompt
-SCORE_LABELS = ("1", "2", "3", "4", "5")   # single tokens, so HFJudge can read their probabilities
 
 
 def render_conversation(state: JudgeState) -> str:
@@ -131,17 +124,10 @@ def render_conversation(state: JudgeState) -> str:
 
 
 def judge_messages(template: str, state: JudgeState, **fields) -> list[dict]:
+    """data/prompts/<template>.txt: judge_pairwise (fields a, b) or judge_pointwise (reply)."""
     text = data.prompt(template).format(name=state.persona_name, desc=state.persona_desc,
                                         conversation=render_conversation(state), **fields)
     return [{"role": "system", "content": data.prompt("judge_system")}, {"role": "user", "content": text}]
-
-
-def pairwise_messages(state: JudgeState, a: str, b: str) -> list[dict]:
-    return judge_messages("judge_pairwise", state, a=a, b=b)
-
-
-def pointwise_messages(state: JudgeState, reply: str) -> list[dict]:
-    return judge_messages("judge_pointwise", state, reply=reply)
 
 
 # --- HFJudge: a local chat LLM, read through its next-token probabilities --------------------------
@@ -160,7 +146,6 @@ class HFJudge(Judge):
     """A local causal LM as judge, at temperature 0. score(): the expected rubric score sum_k k P("k")
     mapped to [0, 1], smoother than the single most likely digit."""
     can_generate = True
-
     read_score = staticmethod(parse_rubric_score)
 
     def __init__(self, model_or_path: str, cache_path=None, batch_size: int = 8, device: str = "cpu"):
@@ -170,7 +155,7 @@ class HFJudge(Judge):
             self.model, self.tokenizer = models.load_model(model_or_path, device=device, frozen=True)
         except UserError as err:    # its message names --model; here the flag is --judge
             raise UserError(f"--judge hf:{model_or_path}: {err}") from None
-        self.ab_ids, self.digit_ids = ([label_token_ids(self.tokenizer, x) for x in labels] for labels in ("AB", SCORE_LABELS))
+        self.ab_ids, self.digit_ids = ([label_token_ids(self.tokenizer, x) for x in labels] for labels in ("AB", "12345"))
 
     @torch.no_grad()
     def label_probs(self, conversations: list[list[dict]], label_ids: list[list[int]]) -> torch.Tensor:   # (N, L)
@@ -188,13 +173,14 @@ class HFJudge(Judge):
         return torch.cat(rows)
 
     def _compare_uncached(self, states, firsts, seconds):
-        p = self.label_probs([m for s, a, b in zip(states, firsts, seconds)
-                              for m in (pairwise_messages(s, a, b), pairwise_messages(s, b, a))], self.ab_ids)
+        p = self.label_probs([judge_messages("judge_pairwise", s, a=x, b=y) for s, a, b in zip(states, firsts, seconds)
+                              for x, y in ((a, b), (b, a))], self.ab_ids)
         # Row 2i shows (first, second): P(first better) = P("A"); row 2i+1 the swap: P("B").
         return [combine_orders(float(p[2 * i, 0]), float(p[2 * i + 1, 1])) for i in range(len(states))]
 
     def _score_uncached(self, states, replies):
-        p = self.label_probs([pointwise_messages(s, r) for s, r in zip(states, replies)], self.digit_ids)   # (N, 5)
+        p = self.label_probs([judge_messages("judge_pointwise", s, reply=r) for s, r in zip(states, replies)],
+                             self.digit_ids)   # (N, 5)
         return [(float(e) - 1) / 4 for e in (p * torch.arange(1, 6, dtype=p.dtype)).sum(-1)]    # 1..5 -> [0, 1]
 
     def _complete_uncached(self, prompt, max_new_tokens):
@@ -239,8 +225,8 @@ PAIR_FIELDS = ("persona", "persona_desc", "context", "history", "better", "worse
 
 def load_pairs(path: str | Path) -> list[dict]:
     """A judge-pair JSON-lines file (data/README.md), every field checked."""
-    pairs = []
-    for number, pair in data.read_jsonl(path, numbered=True):
+    records = data.read_jsonl(path, numbered=True)
+    for number, pair in records:
         where = f"{path}: line {number}"
         for key in PAIR_FIELDS:
             if not isinstance(pair.get(key), list if key == "history" else str):
@@ -249,8 +235,7 @@ def load_pairs(path: str | Path) -> list[dict]:
         if not all(isinstance(t, dict) and isinstance(t.get("speaker"), str) and isinstance(t.get("text"), str)
                    for t in pair["history"]):
             raise UserError(f"{where}: every 'history' turn must be " '{"speaker": "...", "text": "..."}')
-        pairs.append(pair)
-    return pairs
+    return [pair for _, pair in records]
 
 
 def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
@@ -367,10 +352,9 @@ def vs_chance(values: list[float | None], n: int, picks: list[int]) -> tuple:
     state-major; None values, and states whose pick is None, are left out."""
     picked, diffs = [], []
     for i, j in enumerate(picks):
-        own = [v for v in values[i * n:(i + 1) * n] if v is not None]
         if values[i * n + j] is not None:
             picked.append(values[i * n + j])
-            diffs.append(picked[-1] - sum(own) / len(own))
+            diffs.append(picked[-1] - mean_or_none(values[i * n:(i + 1) * n]))
     return mean_or_none(picked), mean_or_none(diffs), standard_error(diffs)
 
 
@@ -404,7 +388,6 @@ def format_best_of_n(result: dict) -> str:
 
 
 # --- The commands ----------------------------------------------------------------------------------
-
 def main(argv: list[str], cli) -> int:
     """`mascot.py judge-eval ...` and `mascot.py judge-stress ...` (argv[0] is the command)."""
     stress = argv[0] == "judge-stress"

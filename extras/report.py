@@ -1,17 +1,14 @@
 """extras/report.py: one self-contained HTML page that shows what a MASCOT run did.
 
-The last step, after `train --stage 1`, `train --stage 2` and `evaluate` (the demo ends with it).
-It only READS the run folder and writes RUN/report.html: the GRPO curves of each stage (a row per
-step of stageN/metrics.jsonl, grpo.grpo_step: reward_mean/std, r_<component>, hack_<diagnostic>,
-kl, clip_frac, length ...), its held-out numbers before and after (stageN/summary.json), the
-evaluation's tables (eval/results.md) and round-robin beside MASCOT on the same context
-(eval/transcripts.jsonl; without it stage 2's held-out rollouts, stage2/heldout_*.jsonl).
+The last step, after `train --stage 1`, `train --stage 2` and `evaluate` (the demo ends with it). It only READS
+the run folder and writes RUN/report.html: each stage's GRPO curves (stageN/metrics.jsonl) and held-out numbers
+before and after (stageN/summary.json), the evaluation's tables (eval/results.md) and round-robin beside MASCOT
+on the same context (eval/transcripts.jsonl; without it stage 2's held-out rollouts, stage2/heldout_*.jsonl).
 
-The page loads nothing (no scripts, fonts or style sheets): the charts are inline SVG drawn by
-one small function, svg_line_chart, so the file can be mailed, opened offline or projected. A
-missing or damaged file turns its part into a note, never a traceback. All model text is
-HTML-escaped (a reply may well contain '<script>'). Simplified: no interactivity, no smoothing (a
-laptop run is short), a fixed colour-blind-safe palette (Okabe & Ito 2008), no plotting library.
+The page loads nothing (no scripts, fonts or style sheets; the charts are inline SVG), so the file can be mailed,
+opened offline or projected. A missing or damaged file turns its part into a note, never a traceback. All model
+text is HTML-escaped (a reply may well contain '<script>'). Simplified: no interactivity, no smoothing (a laptop
+run is short), a fixed colour-blind-safe palette, no plotting library.
 
     python mascot.py report --run runs/default       # or: python extras/report.py --run runs/default
 """
@@ -55,9 +52,9 @@ def nice_number(x: float, round_it: bool) -> float:
 
 
 def nice_ticks(lo: float, hi: float, max_ticks: int = 6, min_step: float = 0.0) -> list[float]:
-    """Round ticks covering [lo, hi], the first and last being the axis limits: (0.13, 0.92) -> 0.0, 0.2 ..
-    1.0. A constant is widened so a flat line sits mid-plot, but a constant 0 gets [0, 1] (a share that
-    never moved should not grow a negative axis). min_step=1 keeps ticks on whole numbers (GRPO steps)."""
+    """Round ticks covering [lo, hi], the first and last being the axis limits: (0.13, 0.92) -> 0.0, 0.2 .. 1.0. A
+    constant is widened so a flat line sits mid-plot, but a constant 0 gets [0, 1] (a share that never moved should
+    not grow a negative axis). min_step=1 keeps ticks on whole numbers (GRPO steps)."""
     lo, hi = min(lo, hi), max(lo, hi)
     if hi == lo:
         pad = 1.0 if lo == int(lo) else abs(lo) * 0.1
@@ -87,7 +84,6 @@ def _svg(title: str, body: list[str]) -> str:
 
 
 def no_data_svg(title: str, reason: str = "no data") -> str:
-    """The box a chart becomes when there is nothing to draw."""
     return _svg(title, [f'<rect x="20" y="32" width="{W - 40}" height="{H - 52}" fill="#fafafa" stroke="#bbb" '
                         f'stroke-dasharray="6 4"/><text x="{W / 2}" y="{H / 2 + 10}" text-anchor="middle" '
                         f'font-size="13" fill="#777">{esc(reason)}</text>'])
@@ -95,10 +91,8 @@ def no_data_svg(title: str, reason: str = "no data") -> str:
 
 def svg_line_chart(series: dict[str, list[tuple]], title: str, xlabel: str, ylabel: str,
                    bands: dict[str, list[tuple]] | None = None) -> str:
-    """A line chart: series name -> [(x, y), ...]; a y (or x) of None/NaN/inf leaves a gap, and a
-    segment of one point is drawn as a dot. bands: name -> [(x, low, high), ...], a shaded band
-    behind that series (the reward's mean +- std over the batch). No finite point: a "no data" box."""
-    # The segments of a series: its runs of points with no missing value (None / NaN / inf: a gap).
+    """A line chart: series name -> [(x, y), ...], an x or y of None/NaN/inf leaving a gap, a lone point drawn as a
+    dot; bands: name -> [(x, low, high), ...], shaded behind that series. No finite point: a "no data" box."""
     split = lambda pts: [[tuple(map(float, p)) for p in run]                   # noqa: E731
                          for ok, run in groupby(pts, lambda p: all(map(finite, p))) if ok]
     segs = {name: s for name, pts in series.items() if (s := split(pts))}             # empty series: no legend
@@ -152,19 +146,17 @@ def _inline(text: str) -> str:
     return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(text)))
 
 
-_SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
-
-
 def markdown_to_html(text: str) -> str:
     """The markdown evaluate.py writes, as HTML; any other text stays escaped. A table is a line
     with '|' over a '|--|' line (':' sets the alignment); '#' becomes <h3> (the page owns h1 and
     h2); each other line is a list item ('- ') or a paragraph (results.md writes one per line)."""
     lines, out, i = text.splitlines(), [], 0
+    separator = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")             # a '|--|:-:|' line
     cells = lambda line: [c.strip().replace("\\|", "|") for c in re.split(   # noqa: E731  ('\\|': a '|' in a cell)
         r"(?<!\\)\|", re.sub(r"^\||(?<!\\)\|$", "", line.strip()))]
     while i < len(lines):
         line, heading = lines[i].strip(), re.match(r"^(#{1,6})\s+(.*)$", lines[i].strip())
-        if "|" in line and i + 1 < len(lines) and _SEPARATOR.match(lines[i + 1]):
+        if "|" in line and i + 1 < len(lines) and separator.match(lines[i + 1]):
             aligns = ["center" if c[:1] == c[-1:] == ":" else "right" if c.endswith(":") else "left"
                       for c in cells(lines[i + 1])]
             rows, i = [cells(line)], i + 2
@@ -208,7 +200,6 @@ def column(rows: list[dict], key: str) -> list[tuple]:
 
 
 def keys_of(rows: list[dict], prefix: str, skip: tuple = ()) -> list[str]:
-    """The metrics keys that start with prefix (and with none of skip), in first-seen order."""
     return [k for k in dict.fromkeys(k for r in rows for k in r) if k.startswith(prefix) and not k.startswith(skip)]
 
 
@@ -234,9 +225,8 @@ def table(blocks: list[tuple[str, dict]], keys: list[tuple[str, str]]) -> str:
 
 
 def charts(rows: list[dict], *more: str) -> str:
-    """The charts of what grpo.grpo_step logs per step: the reward's mean +- std, its components
-    (r_*, without the director's pick shares), the hack diagnostics (hack_*), KL to the reference,
-    the shares that say whether GRPO gets a signal, the length of what was sampled; then `more`."""
+    """The charts of what grpo.grpo_step logs per step (reward_mean/std, r_* but the director's r_pick_*, hack_*,
+    kl, clip_frac, frac_zero_std, truncated, length), then `more`."""
     band = [(s, m - r["reward_std"], m + r["reward_std"]) if finite(m) and finite(r.get("reward_std")) else (s, None, None)
             for (s, m), r in zip(column(rows, "reward_mean"), rows)]
     hacks, kl = [k for k in keys_of(rows, "hack_") if k != "hack_words"], [p for p in column(rows, "kl") if p[1] is not None]
@@ -257,8 +247,7 @@ def charts(rows: list[dict], *more: str) -> str:
 
 
 def stage_section(run: Path, stage: int) -> str:
-    """A stage's GRPO curves (metrics.jsonl) and held-out numbers (summary.json, drawn by the
-    stage's function in STAGES), with a note for each part that is missing."""
+    """A stage's GRPO curves and held-out numbers (drawn by its STAGES entry); a note for each missing part."""
     title, summary_html, more_charts, what_to_watch = STAGES[stage]
     rows, missing = load(run / f"stage{stage}" / "metrics.jsonl", lines=True)
     summary, summary_missing = load(run / f"stage{stage}" / "summary.json")

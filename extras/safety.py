@@ -14,22 +14,20 @@ Where it sits
     The paper (arXiv 2601.14230) has no such layer.
 
 How it works
-    1. `normalise`: lower case, contractions expanded ("dont" -> "do not"), stretched letters
-       collapsed ("diiie" -> "die"), chat words and euphemisms made plain ("kms" -> "kill myself").
-    2. `blank`: idioms ("die of embarrassment", "cut myself shaving") and plain denials ("I would
-       never hurt myself") are cut out, span by span.
-    3. `explicit_category`: ~140 regexes in seven categories ("I want to end my life", "my friend
-       says she'll kill herself") flag on their own.
-    4. The probe reads everything else: the mean and max of every layer's token states of the
-       all-MiniLM-L6-v2 sentence encoder (5376 numbers) go through a small network (one hidden
-       layer of 256 units); the message is flagged when its logit is above a threshold.
-       `broad_net` (warning-sign words such as "pills" or "no way out") only names the category.
-    The network learned ordinary talk from real support conversations (ESConv and Empathetic
-    Dialogues messages, the few real risk messages among them labelled by hand) and risk from
-    ~1,300 messages we wrote; the threshold is the lowest that flags at most 2% of ESConv seeker
-    messages in cross-validation (extras/train_crisis_probe.py). Regexes and weights (data/) load
-    on the first check, not at import; without them or the encoder the guard warns once and
-    falls back to patterns alone (any explicit or broad-net hit flags).
+    1. `normalise`: lower case, contractions expanded, stretched letters collapsed, chat words and
+       euphemisms made plain ("kms" -> "kill myself").
+    2. `blank`: idioms ("die of embarrassment") and plain denials ("I would never hurt myself")
+       are cut out, span by span.
+    3. `explicit_category`: regexes in seven categories ("I want to end my life", "my friend says
+       she'll kill herself") flag on their own.
+    4. The probe reads everything else: a small network on the all-MiniLM-L6-v2 sentence
+       encoder's token states flags when its logit is above a threshold. `broad_net`
+       (warning-sign words such as "pills" or "no way out") only names the category.
+    extras/train_crisis_probe.py fits the network (ordinary talk from real support conversations,
+    risk from messages we wrote) and its threshold (at most 2% of ESConv seeker messages flagged
+    in cross-validation). Regexes and weights (data/) load on the first check, not at import;
+    without them or the encoder the guard warns once and falls back to patterns alone (any
+    explicit or broad-net hit flags).
 
 Context: none, on purpose
     Each message is judged alone; the guard never reads earlier messages. So a sad conversation
@@ -52,13 +50,13 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 import unicodedata
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
 from data import UserError                                        # noqa: E402
 
@@ -109,7 +107,6 @@ def patterns() -> dict:
         "blank": raw["blank"], "frame_free": set(raw["frame_free"]),
         "risk": [(category, rx(p)) for category, plist in raw["risk_patterns"].items()
                  for p in plist],
-        # One alternation per group: a group fires when any of its words matches as whole words.
         "broad": [(group, rx(r"\b(?:" + "|".join(words) + r")\b"))
                   for group, words in raw["broad_net"].items()],
     }
@@ -198,7 +195,7 @@ def broad_net(searchable: str) -> str:
 # --- Step 4: the probe ----------------------------------------------------------------------
 
 # Averaging over a long text dilutes one risky sentence, so a message is read in windows of
-# WINDOW_WORDS words overlapping by half (100 words missed a stockpiling plan at the end of 90).
+# WINDOW_WORDS words overlapping by half (longer windows missed a plan told at the end).
 WINDOW_WORDS, WINDOW_STRIDE = 60, 30
 _REPEATS = re.compile(r"\b((?:\w+ ){1,8}?)\1{2,}")
 
@@ -236,8 +233,8 @@ def pooled_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def probe_features(encoder, texts: list[str], batch_size: int = 64) -> torch.Tensor:
-    """(N, 5376) features of probe texts from a `models.SentenceEncoder`, on one CPU thread: when
-    other processes share the CPU, OpenMP hand-offs made one message take ~0.7 s, not ~15 ms."""
+    """(N, 5376) features of probe texts from a `models.SentenceEncoder`, on one CPU thread (when
+    other processes share the CPU, OpenMP hand-offs make each message many times slower)."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -256,8 +253,7 @@ def probe_features(encoder, texts: list[str], batch_size: int = 64) -> torch.Ten
 
 
 def mlp_logits(probe: dict, features: torch.Tensor) -> torch.Tensor:
-    """(N,) logits w2 . gelu(W1 z + b1) + b2 of `probe_features` rows x, standardised as in
-    training: z = (x - mu) / sd (extras/train_crisis_probe.fit_mlp)."""
+    """(N,) logits of `probe_features` rows, standardised as in extras/train_crisis_probe.fit_mlp."""
     import torch
     z = (features - probe["mu"]) / probe["sd"]                                   # (N, F)
     hidden = torch.nn.functional.gelu(z @ probe["w1"].T + probe["b1"])           # (N, H)
@@ -289,15 +285,12 @@ class CrisisFlag:
 
 
 class CrisisGuard:
-    """The four steps plus the lazily loaded sentence encoder and probe weights. simulate.py's
-    conversation loop calls `check` on every user message and shows `message` when it flags.
+    """The four steps plus the lazily loaded sentence encoder and probe weights.
 
-    Args:
-        encoder: "default" loads `models.SentenceEncoder()` on the first check (a few seconds);
-            None runs the patterns only; or any object with a Hugging Face `.tokenizer` and a
-            BERT-like `.model`.
-        probe: "default" loads PROBE_FILE on the first check; another path; or a dict like
-            `load_probe`'s. Example: CrisisGuard().check("kms").flagged -> True
+    encoder: "default" loads `models.SentenceEncoder()` on the first check; None runs the
+    patterns only; or any object with a Hugging Face `.tokenizer` and a BERT-like `.model`.
+    probe: "default" loads PROBE_FILE on the first check; another path; or a dict like
+    `load_probe`'s. Example: CrisisGuard().check("kms").flagged -> True
     """
 
     message = CRISIS_MESSAGE
@@ -348,9 +341,8 @@ class CrisisGuard:
         return self.check_many([text])[0]                  # see check_many
 
     def check_many(self, texts: list[str]) -> list[CrisisFlag]:
-        """One CrisisFlag per message, one encoder pass for the batch. Flagged when an explicit
-        pattern matches or the probe's logit is above the threshold (fallback without a probe:
-        an explicit pattern or a broad-net word)."""
+        """One CrisisFlag per message, one encoder pass for the batch: flagged when an explicit pattern
+        matches or the probe's logit is above the threshold (without a probe: any pattern hit)."""
         results = [CrisisFlag(False)] * len(texts)
         judged = []                       # (index, explicit category or "", broad group or "")
         for i, text in enumerate(texts):
@@ -372,21 +364,15 @@ class CrisisGuard:
         for (i, explicit, broad), logit in zip(judged, logits.tolist()):
             score = round(logit - self._probe["threshold"], 3)
             flagged = bool(explicit) or score > 0
-            results[i] = CrisisFlag(flagged, (explicit or broad or "probe") if flagged else "",
-                                    score)
+            results[i] = CrisisFlag(flagged, (explicit or broad or "probe") if flagged else "", score)
         return results
 
 
-# The guard crisis_check and detect_crisis use, created on first use, not at import. The one
-# piece of module state here; build your own CrisisGuard for other weights or no encoder.
-_default_guard: CrisisGuard | None = None
-
-
+@functools.lru_cache(maxsize=None)
 def default_guard() -> CrisisGuard:
-    global _default_guard                         # the shared CrisisGuard, created on first use
-    if _default_guard is None:
-        _default_guard = CrisisGuard()
-    return _default_guard
+    """The guard crisis_check and detect_crisis share, created on first use, not at import; build
+    your own CrisisGuard for other weights or no encoder."""
+    return CrisisGuard()
 
 
 def crisis_check(text: str) -> tuple[bool, str]:
@@ -402,6 +388,5 @@ def detect_crisis(text: str) -> bool:
 
 
 if __name__ == "__main__":
-    import sys
     message = " ".join(sys.argv[1:]) or sys.exit('usage: python extras/safety.py "a message to check"')
     print(default_guard().check(message), "|", default_guard().describe())

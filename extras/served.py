@@ -23,6 +23,7 @@ the socket reachable for the deadline), no HTTP-date Retry-After.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -36,46 +37,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
 from data import AnswerCache, UserError, cached_answers          # noqa: E402
-from extras.judges import (combine_orders, pairwise_messages, parse_ab, parse_rubric_score,  # noqa: E402
-                           pointwise_messages)
+from extras.judges import combine_orders, judge_messages, parse_ab, parse_rubric_score  # noqa: E402
 from judge import Judge                                            # noqa: E402
 
 MESSAGE_CHARS = 200        # how much of a server's error body an error message quotes
-
-
-def check_base_url(base_url: str, flag: str) -> urllib.parse.SplitResult:
-    parts = urllib.parse.urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"{flag}: {base_url!r} is not an http:// or https:// URL; write the whole base "
-                        "URL, e.g. openai:http://localhost:8000/v1")
-    return parts
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    """The Retry-After header in seconds; None when absent or an HTTP date (not supported)."""
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-def status_hint(status: int, model: str, key_env: str) -> str:
-    """What to check after an HTTP error the server will not fix by itself."""
-    return {400: "the server rejected the request (e.g. the prompt is longer than the model's context)",
-            401: f"check the API key in ${key_env}", 403: f"check the API key in ${key_env}",
-            404: f"check the base URL (it usually ends in /v1) and the model name {model!r}"}.get(
-        status, f"check the URL, the model name {model!r} and ${key_env}")
 
 
 def server_message(raw: bytes, secret: str) -> str:
     """The first MESSAGE_CHARS characters of an error body, on one line, `secret` masked. OpenAI-style
     servers answer {"error": {"message": ...}}; anything else is quoted as text."""
     text = raw.decode("utf-8", errors="replace")
-    try:
+    with contextlib.suppress(json.JSONDecodeError, AttributeError):
         error = json.loads(text).get("error")
         text = error.get("message", text) if isinstance(error, dict) else (error or text)
-    except (json.JSONDecodeError, AttributeError):
-        pass
     text = " ".join(str(text).split())
     text = text.replace(secret, "***") if secret else text
     return text[:MESSAGE_CHARS] + ("..." if len(text) > MESSAGE_CHARS else "")
@@ -86,18 +60,17 @@ class DeadlineExceeded(TimeoutError):
 
 
 class ChatClient:
-    """Chat completions from one model on one server. Thread-safe: the only shared state is the
-    request counter, under a lock. `flag` is how errors name the endpoint ("--judge openai:...");
-    `api_key_env` the NAME of the variable holding the key; `timeout` total seconds per request;
-    `max_retries` retries after the first attempt; a wait is backoff * 2^attempt * U(0.5, 1.5)
-    seconds, at most max_backoff (which also caps the server's Retry-After)."""
+    """Chat completions from one model on one server, as the module docstring promises. Thread-safe: the only
+    shared state is the request counter, under a lock. `flag` is how errors name the endpoint ("--judge
+    openai:..."); `api_key_env` the NAME of the variable holding the key; `max_retries` after the first try."""
 
     def __init__(self, base_url: str, model: str, flag: str, api_key_env: str = "MASCOT_JUDGE_API_KEY",
                  timeout: float = 60, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0):
-        self.base_url = base_url.rstrip("/")
-        self.parts = check_base_url(self.base_url, flag)
-        self.url = self.base_url + "/chat/completions"
-        self.model, self.flag, self.api_key_env = model, flag, api_key_env
+        self.base_url, self.model, self.flag, self.api_key_env = base_url.rstrip("/"), model, flag, api_key_env
+        self.parts, self.url = urllib.parse.urlsplit(self.base_url), self.base_url + "/chat/completions"
+        if self.parts.scheme not in ("http", "https") or not self.parts.hostname:
+            raise self._fail(f"{self.base_url!r} is not an http:// or https:// URL; write the whole base URL, "
+                             "e.g. openai:http://localhost:8000/v1")
         self.timeout, self.max_retries, self.backoff, self.max_backoff = timeout, max_retries, backoff, max_backoff
         self.requests = 0                       # HTTP attempts sent, retries included
         self.sleep, self.clock = time.sleep, time.monotonic     # tests record the waits instead
@@ -109,6 +82,14 @@ class ChatClient:
     def _fail(self, reason: str) -> UserError:
         return UserError(f"{self.flag}: {reason}")
 
+    def _status_hint(self, status: int) -> str:
+        """What to check after an HTTP error the server will not fix by itself."""
+        model, key_env = self.model, self.api_key_env
+        return {400: "the server rejected the request (e.g. the prompt is longer than the model's context)",
+                401: f"check the API key in ${key_env}", 403: f"check the API key in ${key_env}",
+                404: f"check the base URL (it usually ends in /v1) and the model name {model!r}"}.get(
+            status, f"check the URL, the model name {model!r} and ${key_env}")
+
     def _post(self, body: bytes, headers: dict) -> tuple[int, http.client.HTTPMessage, bytes]:
         """POST once: (status, headers, body); DeadlineExceeded past `timeout` seconds in all."""
         deadline = self.clock() + self.timeout
@@ -118,7 +99,6 @@ class ChatClient:
             if left <= 0:
                 raise DeadlineExceeded(f"no complete answer within {self.timeout:g} s")
             return left
-
         kind = http.client.HTTPSConnection if self.parts.scheme == "https" else http.client.HTTPConnection
         conn = kind(self.parts.hostname, self.parts.port, timeout=remaining())
         try:
@@ -129,8 +109,7 @@ class ChatClient:
                 chunks = []
                 while True:                     # chunk by chunk: a trickle cannot outlast the deadline
                     sock.settimeout(remaining())
-                    chunk = response.read1(65536)
-                    if not chunk:
+                    if not (chunk := response.read1(65536)):
                         return response.status, response.headers, b"".join(chunks)
                     chunks.append(chunk)
         except TimeoutError as err:             # socket.timeout is TimeoutError since 3.10
@@ -140,14 +119,11 @@ class ChatClient:
 
     def chat(self, messages: list[dict], max_tokens: int, temperature: float = 0.0, top_p: float | None = None,
              seed: int | None = None) -> str:
-        """One chat completion, with retries: the reply text. `seed` asks for reproducible sampling
-        (vLLM and llama.cpp honour it)."""
+        """One chat completion, with retries: the text; `seed` asks for reproducible sampling (vLLM, llama.cpp)."""
         request = {"model": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
         request.update({k: v for k, v in (("top_p", top_p), ("seed", seed)) if v is not None})
-        body, headers = json.dumps(request).encode("utf-8"), {"Content-Type": "application/json"}
-        key = os.environ.get(self.api_key_env, "")
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
+        key, body = os.environ.get(self.api_key_env, ""), json.dumps(request).encode("utf-8")
+        headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
         last_error = ""
         for attempt in range(self.max_retries + 1):
             with self._lock:
@@ -162,10 +138,10 @@ class ChatClient:
                     return self._reply_text(raw)
                 message = server_message(raw, key)
                 if status != 429 and status < 500:      # the request itself is wrong: retrying cannot help
-                    raise self._fail(f"HTTP {status} from {self.url}: {message!r}; "
-                                     + status_hint(status, self.model, self.api_key_env))
+                    raise self._fail(f"HTTP {status} from {self.url}: {message!r}; " + self._status_hint(status))
                 last_error = f"HTTP {status}: {message!r}"
-                wait = retry_after_seconds(reply_headers.get("Retry-After"))
+                with contextlib.suppress(TypeError, ValueError):    # no Retry-After, or an HTTP date (not supported)
+                    wait = max(0.0, float(reply_headers.get("Retry-After")))
             if attempt < self.max_retries:
                 if wait is None:                        # no Retry-After from the server: our own backoff
                     wait = self.backoff * 2 ** attempt * self._jitter.uniform(0.5, 1.5)
@@ -188,8 +164,7 @@ class ChatClient:
         return content
 
     def preflight(self) -> None:
-        """One tiny request, so a bad URL, key or model name fails before any expensive work. One token
-        is too few for a reasoning model to answer, so content null passes here."""
+        """One tiny request before any work; content null passes (one token is too few for a reasoning model)."""
         try:
             self.chat([{"role": "user", "content": "Say OK."}], max_tokens=1)
         except UserError as err:
@@ -198,16 +173,13 @@ class ChatClient:
 
 
 def run_concurrently(todo: list, compute_one, store, concurrency: int) -> None:
-    """compute_one(item) for every item, up to `concurrency` at once (threads: the work is waiting for
-    a server), calling store(item, result) in this thread as each arrives, so it reaches the cache at
-    once. On the first failure the items not yet started are cancelled, those in flight are awaited
-    and stored, then the error is raised."""
+    """compute_one(item) for every item, `concurrency` threads at once (the work is waiting for a server);
+    store(item, result) runs in this thread as each arrives, so it reaches the cache at once. On the first
+    failure the items not yet started are cancelled, those in flight awaited and stored, the error raised."""
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="openai")
     try:
         futures, error = {pool.submit(compute_one, item): item for item in todo}, None
-        for future in as_completed(futures):
-            if future.cancelled():
-                continue
+        for future in (f for f in as_completed(futures) if not f.cancelled()):
             try:
                 store(futures[future], future.result())
             except Exception as err:            # the first failure wins; the rest are its echoes
@@ -222,10 +194,9 @@ def run_concurrently(todo: list, compute_one, store, concurrency: int) -> None:
 
 
 class ServedModel:
-    """A frozen chat model on a server, standing in for a local one: one request per conversation with the
-    same messages, max_new_tokens, temperature, top_p and row seed (greedy: temperature 0; the server applies
-    its chat template), `concurrency` at a time, each reply cached as it arrives (keyed by every setting).
-    No token tensors: it fills every frozen role, but cannot be the policy GRPO trains."""
+    """A frozen chat model on a server in place of a local one: one request per conversation with the same
+    settings and row seed (greedy: temperature 0; the server applies its chat template), `concurrency` at a
+    time, each reply cached as it arrives. No token tensors: it fills every frozen role, not GRPO's policy."""
 
     def __init__(self, base_url: str, model: str | None, flag: str, model_flag: str, timeout: float = 60,
                  retries: int = 5, concurrency: int = 8, cache_path: str | Path | None = None,
@@ -239,23 +210,17 @@ class ServedModel:
     def __repr__(self) -> str:
         return f"ServedModel({self.name!r})"
 
-    def preflight(self) -> None:
-        self.client.preflight()
-
     def generate_texts(self, conversations: list[list[dict]], max_new_tokens: int, temperature: float = 1.0,
                        top_p: float = 1.0, seeds: list[int] | int | None = None) -> list[str]:
         """One reply per conversation, in order (models.generate_texts's arguments and meaning)."""
         if isinstance(seeds, int):
             seeds = [seeds + i for i in range(len(conversations))]
-        settings = [{"messages": m, "max_tokens": max_new_tokens} | (
+        settings = [{"messages": m, "max_tokens": max_new_tokens} | (       # chat()'s arguments, and the cache key
             {"temperature": 0.0} if seeds is None else {"temperature": temperature, "top_p": top_p, "seed": seeds[i]})
             for i, m in enumerate(conversations)]
         keys = [AnswerCache.make_key(self.name, "chat", x) for x in settings]
-
-        def ask(i):
-            s = settings[i]
-            return self.client.chat(s["messages"], max_new_tokens, s["temperature"], s.get("top_p"), s.get("seed"))
-        return cached_answers(self.cache, keys, lambda todo, store: run_concurrently(todo, ask, store, self.concurrency))
+        return cached_answers(self.cache, keys, lambda todo, store: run_concurrently(
+            todo, lambda i: self.client.chat(**settings[i]), store, self.concurrency))
 
 
 class OpenAIJudge(Judge):
@@ -274,15 +239,10 @@ class OpenAIJudge(Judge):
             raise UserError(f"{flag}: no model name; pass --judge-model NAME or set MASCOT_JUDGE_MODEL")
         self.client = ChatClient(base_url, model, flag, api_key_env, timeout, max_retries, backoff, max_backoff)
         super().__init__(cache_path)
-        self.base_url, self.model, self.concurrency = self.client.base_url, model, concurrency
-        self.name = f"openai:{self.base_url}:{model}"
+        self.model, self.concurrency, self.name = model, concurrency, f"openai:{self.client.base_url}:{model}"
         self._lock = threading.Lock()          # guards `unreadable` across the request threads
 
-    # backend_calls is the client's count of HTTP requests (retries included).
     backend_calls = property(lambda self: self.client.requests, lambda self, v: setattr(self.client, "requests", v))
-
-    def preflight(self) -> None:
-        self.client.preflight()
 
     def _compute_misses(self, todo, compute, store):
         run_concurrently(todo, lambda i: compute([i])[0], store, self.concurrency)
@@ -290,7 +250,8 @@ class OpenAIJudge(Judge):
     def _compare_uncached(self, states, firsts, seconds):
         verdicts = []
         for s, a, b in zip(states, firsts, seconds):
-            answers = [self.client.chat(pairwise_messages(s, x, y), self.LABEL_MAX_TOKENS) for x, y in ((a, b), (b, a))]
+            answers = [self.client.chat(judge_messages("judge_pairwise", s, a=x, b=y), self.LABEL_MAX_TOKENS)
+                       for x, y in ((a, b), (b, a))]
             picks = [parse_ab(t) for t in answers]
             with self._lock:
                 self.unreadable += sum(p is None for p in picks)
@@ -302,8 +263,8 @@ class OpenAIJudge(Judge):
         return verdicts
 
     def _score_uncached(self, states, replies):       # None (unreadable) is counted by Judge.score_many
-        values = [parse_rubric_score(self.client.chat(pointwise_messages(s, r), self.LABEL_MAX_TOKENS))
-                  for s, r in zip(states, replies)]
+        values = [parse_rubric_score(self.client.chat(judge_messages("judge_pointwise", s, reply=r),
+                                                      self.LABEL_MAX_TOKENS)) for s, r in zip(states, replies)]
         return [None if v is None else (v - 1) / 4 for v in values]         # 1..5 -> [0, 1]
 
     def _complete_uncached(self, prompt, max_new_tokens):
@@ -311,13 +272,12 @@ class OpenAIJudge(Judge):
 
 
 # --- The hooks mascot.py calls -------------------------------------------------------------------
-
 def served_role(spec: str, role: str, args, cache: Path | None = None) -> ServedModel:
     """`--<role> openai:<base url>` (role: speakers | user | director), the model named by --<role>-model,
     checked with one tiny request before any work."""
     model = ServedModel(spec.partition(":")[2].strip(), getattr(args, f"{role}_model", None), f"--{role} {spec}",
                         f"--{role}-model", args.served_timeout, args.served_retries, args.served_concurrency, cache)
-    model.preflight()
+    model.client.preflight()
     return model
 
 
@@ -326,5 +286,5 @@ def judge(url: str, args, cache: Path | None = None) -> OpenAIJudge:
     $MASCOT_JUDGE_API_KEY, the --served-* flags; checked with one tiny request before any work."""
     j = OpenAIJudge(url, args.judge_model or os.environ.get("MASCOT_JUDGE_MODEL"), timeout=args.served_timeout,
                     max_retries=args.served_retries, concurrency=args.served_concurrency, cache_path=cache)
-    j.preflight()
+    j.client.preflight()
     return j

@@ -1,27 +1,22 @@
 """train_crisis_probe.py: fit the crisis guard's probe (data/safety_probe.safetensors), with its cross-validation.
 
-Where it sits: extras/safety.py reads every user message with explicit patterns and this probe (a
-small network on sentence-encoder features); this script fits the probe and picks its threshold.
-    1. Labelled messages: data/safety_train.jsonl (risky messages, near-misses and ordinary chat we
-       wrote), and ordinary support conversation as the negative class: the seeker messages of the
-       ESConv dialogues on the TRAINING side of `data.split_contexts(contexts, 0.25, seed=0)` (the
-       held-out side is what bench/crisis_guard.py measures) and of Empathetic Dialogues. The few real
-       risk messages among them are labelled by hand (data/safety_esconv_labels.jsonl and
-       data/safety_ed_labels.jsonl, by dialogue and text hash, no text): "risky" ones become positives,
-       "context" ones (risky only given the earlier turns; the guard reads one message) are left out.
+extras/safety.py reads every user message with explicit patterns and this probe (a small network on
+sentence-encoder features); this script fits the probe and picks its threshold.
+    1. Labelled messages: data/safety_train.jsonl (risky messages, near-misses and ordinary chat we wrote),
+       and as the negative class the user messages of ESConv and Empathetic Dialogues on the TRAINING side of
+       their split (`conversation_rows`; bench/crisis_guard.py measures the held-out side), the few real risk
+       messages among them labelled by hand.
     2. Features of every message's probe windows (safety.probe_features), cached in --cache.
-    3. Cross-validation of a one-hidden-layer network (`fit_mlp`) over 5 folds that keep each ESConv
-       dialogue in one fold; the threshold is the lowest at which the guard (probe above it, or an
-       explicit pattern) flags at most --max-esconv of the ESConv training-side seeker messages, each
-       scored by a probe fitted without its fold.
+    3. Cross-validation of a one-hidden-layer network (`fit_mlp`) over 5 folds that keep each ESConv dialogue
+       in one fold; the threshold is the lowest at which the guard (probe above it, or an explicit pattern)
+       flags at most --max-esconv of the ESConv training-side seeker messages, each scored out of fold.
     4. The final network, fitted on everything: weights (fp16), threshold and the CV report.
-Why: in cross-validation a logistic regression on the same features caught fewer risky messages at
-the same ESConv flag rate, and reading each sentence apart fewer still. The network alone scores
-real risk told in ESConv's long, story-like style low (its negatives taught it that this style is
-safe), so explicit patterns also flag on their own. ESConv and Empathetic Dialogues are CC BY-NC and
-not part of the project: pass your own copies.
-    python extras/train_crisis_probe.py --esconv path/to/esconv/train.jsonl --ed path/to/ed/valid.csv  (~15 min
-    on 2 CPU cores, most of it embedding; later runs reuse the cache)
+Why: in cross-validation a logistic regression on the same features caught fewer risky messages at the same
+ESConv flag rate, and reading each sentence apart fewer still. The network scores real risk told in ESConv's
+long, story-like style low (its negatives taught it that this style is safe), so explicit patterns also flag
+on their own. ESConv and Empathetic Dialogues are CC BY-NC and not part of the project: pass your own copies.
+    python extras/train_crisis_probe.py --esconv path/to/esconv/train.jsonl --ed path/to/ed/valid.csv
+    (~15 min on 2 CPU cores, most of it embedding; later runs reuse the cache)
 """
 
 from __future__ import annotations
@@ -55,15 +50,11 @@ def load_training_rows(path: Path = TRAIN_FILE) -> list[dict]:
     """Rows {"text", "risky", "source", "kind"} of the labelled training file (JSON lines)."""
     if not Path(path).exists():
         raise UserError(f"{path}: training file not found; it ships with the repository (data/safety_train.jsonl)")
-    rows = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    rows = data.read_jsonl(path, numbered=True)
+    for number, row in rows:
         if not (isinstance(row.get("risky"), bool) and all(isinstance(row.get(k), str) for k in ("text", "source", "kind"))):
             raise UserError(f"{path} line {number}: needs string fields 'text', 'source' and 'kind' and a true/false 'risky'")
-        rows.append(row)
-    return rows
+    return [row for _, row in rows]
 
 
 def is_ordinary(row: dict) -> bool:
@@ -71,30 +62,28 @@ def is_ordinary(row: dict) -> bool:
     return row["kind"].startswith("ordinary")
 
 
-def text_hash(text: str) -> str:
-    """The 12-hex-digit SHA-256 prefix that the hand labels use to name a message."""
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+def text_hash(text: str, digits: int = 12) -> str:
+    """The SHA-256 prefix that names a message: 12 hex digits in the hand labels, 16 in the snapshot."""
+    return hashlib.sha256(text.encode()).hexdigest()[:digits]
 
 
-def conversation_rows(path: str, labels_path: Path, name: str) -> list[dict]:
-    """The user messages of the TRAINING side of a conversation dataset, as rows {"text", "risky", "source": name,
-    "kind", "group": the dialogue id}; hand labels are matched by (dialogue, text hash): "risky" rows are
-    positives, "context" rows are dropped."""
+def conversation_rows(path: str, labels_path: Path, name: str, side: int = 0) -> list[dict]:
+    """The user messages (the first message where a file has only those, as the shared ED copies) of one side of
+    `data.split_contexts(contexts, 0.25, seed=0)`, 0 training or 1 held out, the split the evaluation makes of
+    a file without official splits; any splits of the file are pooled in file order. Rows {"text", "risky",
+    "source": name, "kind", "group": the dialogue id, "label"}: the hand label matched by (dialogue, text hash),
+    "risky", "context" (risky only given the earlier turns, which the guard never reads) or ""."""
     labels = {}
-    for label in map(json.loads, labels_path.read_text(encoding="utf-8").splitlines()):
+    for label in data.read_jsonl(labels_path):
         dialogue = f"esconv-{label['line']}" if "line" in label else label["conv_id"]
         labels[(dialogue, label["sha256"])] = label
     contexts = [c for part in datasets.load_splits(path, "support").values() for c in part]
-    train, _ = data.split_contexts(contexts, 0.25, seed=0)
     rows = []
-    for context in train:
-        texts = [t["text"] for t in context.turns if t["speaker"] == "user"]
-        for text in texts or [context.first_message]:
+    for context in data.split_contexts(contexts, 0.25, seed=0)[side]:
+        for text in [t["text"] for t in context.turns if t["speaker"] == "user"] or [context.first_message]:
             label = labels.get((context.id, text_hash(text)), {})
-            if label.get("label") == "context":
-                continue
-            rows.append({"text": text, "risky": label.get("label") == "risky", "source": name, "kind": label.get("kind", name),
-                         "group": context.id})
+            rows.append({"text": text, "risky": label.get("label") == "risky", "source": name,
+                         "kind": label.get("kind", name), "group": context.id, "label": label.get("label", "")})
     return rows
 
 
@@ -179,15 +168,9 @@ def threshold_for_rate(logits: torch.Tensor, forced: torch.Tensor, max_rate: flo
 
 # --- cross-validation, report, save ---------------------------------------------------------------
 
-def message_logits(probe: dict, X: torch.Tensor, windows: list[list[int]]) -> torch.Tensor:
-    """(N,) logit per message: the highest over its windows."""
-    scores = safety.mlp_logits(probe, X)                                 # (W,)
-    return torch.stack([scores[w].max() for w in windows])
-
-
 def cross_validate(rows, X, windows, args) -> torch.Tensor:
-    """(N,) out-of-fold logits: every message scored by a network fitted without its fold. With
-    --hold-out-lists each written list (source and kind) stays in one fold too, so every written message
+    """(N,) out-of-fold logits: each message's highest window logit under a network fitted without its fold.
+    With --hold-out-lists each written list (source and kind) stays in one fold too, so every written message
     is scored by a network that saw none of its list: closer to a list written by someone else."""
     groups = [r.get("group") or (args.hold_out_lists and f"{r['source']}/{r['kind']}") or None for r in rows]
     folds = group_folds(groups, args.folds, args.seed)
@@ -196,7 +179,8 @@ def cross_validate(rows, X, windows, args) -> torch.Tensor:
         train = [i for i in range(len(rows)) if folds[i] != fold]
         probe = fit_mlp(*training_set(rows, windows, X, train), hidden=args.hidden, epochs=args.epochs, seed=args.seed)
         held = [i for i in range(len(rows)) if folds[i] == fold]
-        logits[held] = message_logits(probe, X, [windows[i] for i in held])
+        scores = safety.mlp_logits(probe, X)                             # (W,)
+        logits[held] = torch.stack([scores[windows[i]].max() for i in held])
         print(f"fold {fold + 1}/{args.folds} done", flush=True)
     return logits
 
@@ -223,7 +207,7 @@ def report(rows, logits, forced, threshold) -> dict:
         chosen = [i for i, r in enumerate(rows) if select(r)]
         return [sum(bool(flagged[i]) for i in chosen), len(chosen)]
 
-    for kind in ("risky", "near_miss", "ordinary", "conversation", "conversation_risky"):
+    for kind in WEIGHTS:                                                 # one entry per row type
         out["by_type"][kind] = rate(lambda r, kind=kind: row_type(r) == kind)
     for kind in sorted({r["kind"] for r in rows if r["risky"]}):
         out["risky_by_kind"][kind] = rate(lambda r, kind=kind: r["risky"] and r["kind"] == kind)
@@ -243,10 +227,8 @@ def print_report(out: dict) -> None:
 
 def snapshot_lists() -> dict:
     """The fixture lists whose every decision tests/fixtures/safety_decisions.json records."""
-    lists = {"train": TRAIN_FILE}
-    for path in sorted((ROOT / "tests" / "fixtures").glob("safety_blind_v*.jsonl")):
-        lists["blind_" + path.stem.rsplit("_", 1)[1]] = path
-    return lists
+    blind = sorted((ROOT / "tests" / "fixtures").glob("safety_blind_v*.jsonl"))
+    return {"train": TRAIN_FILE, **{"blind_" + path.stem.rsplit("_", 1)[1]: path for path in blind}}
 
 
 def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.json") -> None:
@@ -261,8 +243,8 @@ def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.
         lines.append(f' "{mode}": {{')
         lists = snapshot_lists()
         for n, (name, list_path) in enumerate(lists.items()):
-            texts = [json.loads(x)["text"] for x in list_path.read_text(encoding="utf-8").splitlines() if x.strip()]
-            rows = [json.dumps([hashlib.sha256(t.encode()).hexdigest()[:16], f.flagged, f.category])
+            texts = [r["text"] for r in data.read_jsonl(list_path)]
+            rows = [json.dumps([text_hash(t, 16), f.flagged, f.category])
                     for t, f in zip(texts, guard.check_many(texts))]
             lines.append(f'  "{name}": [\n   ' + ",\n   ".join(rows) + "\n  ]" + ("," if n < len(lists) - 1 else ""))
         lines.append(" }" + ("," if m < len(guards) - 1 else ""))
@@ -309,14 +291,14 @@ def main() -> None:
     rows = load_training_rows(args.train) + conversation_rows(args.esconv, ESCONV_LABELS, "esconv")
     if args.ed:
         rows += conversation_rows(args.ed, ED_LABELS, "empathetic_dialogues")
+    rows = [r for r in rows if r.get("label") != "context"]      # risky only given turns the guard never reads
     X, windows = window_features(models.SentenceEncoder(), rows, args.cache)
     forced = torch.tensor([bool(safety.explicit_category(safety.blank(safety.normalise(r["text"])))) for r in rows])
     logits = cross_validate(rows, X, windows, args)
     esconv = torch.tensor([r["source"] == "esconv" and not r["risky"] for r in rows])
     threshold = threshold_for_rate(logits[esconv], forced[esconv], args.max_esconv)
     out = report(rows, logits, forced, threshold)
-    flagged = (logits > threshold) | forced
-    out["esconv_cv_flag_rate"] = flagged[esconv].float().mean().item()
+    out["esconv_cv_flag_rate"] = ((logits > threshold) | forced)[esconv].float().mean().item()
     out["probe_only"] = report(rows, logits, torch.zeros_like(forced), threshold)["by_type"]
     print_report(out)
     print(f"ESConv training-side seeker messages flagged in CV: {out['esconv_cv_flag_rate']:.4f}")

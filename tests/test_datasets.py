@@ -127,6 +127,18 @@ def test_shared_style_ed_and_openings_jsonl():
     assert openings[0].turns[1] == {"speaker": "participant", "text": "I've got some sketches."}
 
 
+def test_the_format_of_a_mixed_file_is_the_one_most_rows_have(tmp_path, capsys):
+    """Three QMSum openings rows and one ED row: the file is read as QMSum openings (each row of a
+    kind must count as the same kind), and the one ED row is skipped with a warning."""
+    rows = (FIX / "qmsum_openings.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    ed = (FIX / "ed_shared" / "valid_contexts.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    third = json.loads(rows[1]) | {"id": "X003"}
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join([ed, *rows, json.dumps(third)]) + "\n", encoding="utf-8")
+    assert [c.id for c in contexts(path, "meeting")] == ["X001", "X002", "X003"]
+    assert "skipping row 1" in capsys.readouterr().err
+
+
 def test_context_source_errors(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
