@@ -179,7 +179,7 @@ class AnswerCache:
     loses at most that line). A garbled line is skipped with a warning, counted, and asked again."""
 
     def __init__(self, path: str | Path):
-        self.path, self.hits, self.misses, self.skipped = Path(path), 0, 0, 0
+        self.path, self.skipped = Path(path), 0                  # skipped: garbled lines, asked again
         self._values: dict[str, object] = {}
         if self.path.exists():
             for r in read_jsonl(self.path, on_damage=self._damaged):
@@ -197,9 +197,7 @@ class AnswerCache:
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     def get(self, key: str):
-        value = self._values.get(key)                    # stored values are never None
-        self.hits, self.misses = self.hits + (value is not None), self.misses + (value is None)
-        return value
+        return self._values.get(key)                     # stored values are never None
 
     def put(self, key: str, value) -> None:
         if value is None:
@@ -513,9 +511,11 @@ def make_inputs(personas: PersonaSet, splits: dict[str, list[Context]], held_out
     as the paper does), else {"all"} (split at random here). `earlier`: the config.json of the stages
     this builds on; made on the same data (the same resolved path, not spelling), they must agree
     with `config` on SPLIT_SETTINGS, or contexts one stage trained on would be held out by the next."""
+    source = lambda spec: (HERE / "data" / "contexts.jsonl" if spec == "bundled"     # noqa: E731
+                           else Path(spec).expanduser()).resolve()
     for path in earlier:
         old = read_json(path) if Path(path).is_file() else {}
-        if old and same_data(old.get("data"), config["data"]):
+        if old and old.get("data") is not None and source(old["data"]) == source(config["data"]):
             for key in SPLIT_SETTINGS:
                 if key in old and old[key] != config[key]:
                     flag = "--" + key.replace("_", "-")
@@ -533,13 +533,6 @@ def make_inputs(personas: PersonaSet, splits: dict[str, list[Context]], held_out
             raise UserError(f"--held-out {held_out}: {len(held)} held-out and {len(train)} training contexts of "
                             f"{len(contexts)}; need at least one of each")
     return Inputs(personas, train, held, profiles, how)
-
-
-def same_data(a: str | None, b: str) -> bool:
-    """Do two --data values name the same source ("bundled" is data/contexts.jsonl)?"""
-    def path(spec):
-        return (HERE / "data" / "contexts.jsonl" if spec == "bundled" else Path(spec).expanduser()).resolve()
-    return a is not None and path(a) == path(b)
 
 
 def save_config(config: dict, folder: Path) -> None:

@@ -120,8 +120,7 @@ class RewardWeights:
     """The group reward's weights, each a flag (`--w-coherence` ...). The paper's Group Reward Model
     judges "global state consistency and interaction quality" (coherence, diversity, effective
     contribution); clean makes the hack diagnostics part of the score; balance and format are ours."""
-    coherence: float = option(1.0, "group-reward weight of coherence (an LLM judge's view of the block, or the "
-                                   "offline judge's mean turn score)")
+    coherence: float = option(1.0, "weight of coherence (an LLM judge's view of the block, or the mean turn score)")
     nonredundancy: float = option(1.0, "weight of non-redundancy (1 - overlap with earlier agent turns)")
     contribution: float = option(0.5, "weight of contribution (share of new content words)")
     clean: float = option(1.0, "weight of hack-free turns (share of the block's turns no hack diagnostic flags)")
@@ -214,16 +213,12 @@ class DirectorConfig:
     heldout_points: int = option(8, "held-out decision points for the before/after group reward", "positive")
     rollout_turns: int = option(3, "N: agent turns rolled out after each sampled directive (the director "
                                    "itself directs turns 2..N)", "positive")
-    director_warmup: int = option(20, "supervised steps (4 examples each) before GRPO: ESConv's strategies with "
-                                      "--director-warmup-data, else the three-line format with random agents; "
-                                      "0 skips it", "non-negative")
+    director_warmup: int = option(20, "supervised steps (4 examples each) before GRPO on ESConv's strategies "
+                                      "(--director-warmup-data) or the format alone; 0: none", "non-negative")
     warmup_lr: float = option(2e-5, "learning rate of the warm start", "positive")
-    warmup_agent_weight: float = option(5.0, "loss weight of each token of the warm start's `Agent:` line (the "
-                                             "choice is ~5 of ~25 target tokens)", "positive")
-    eval_prompted: bool = option(True, "evaluate the initial director, prompted, on the held-out points first "
-                                       "(--no-eval-prompted where it writes no parseable directive, as SmolLM2-135M)")
-    director_warmup_data: str = option("", "ESConv file whose annotated supporter strategies, mapped onto the "
-                                           "personas, are the warm start's targets (its training split only)")
+    warmup_agent_weight: float = option(5.0, "loss weight of the warm start's `Agent:` tokens (~5 of ~25)", "positive")
+    eval_prompted: bool = option(True, "evaluate the initial director, prompted, on the held-out points first")
+    director_warmup_data: str = option("", "ESConv file: its supporters' strategies, mapped onto personas, as targets")
     warmup_repeats: bool = option(False, "keep ESConv turns whose mapped companion is the one who spoke last")
 
 
@@ -450,9 +445,13 @@ def supervised_finetune(model, tok, examples, steps: int, batch_size: int = 4, l
             loss_sum += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        opt.zero_grad(set_to_none=True)
+        models.release_memory()                   # the step's activations, before the next example's
         losses.append(loss_sum)
         log(f"warm start {step + 1}/{steps}: loss {loss_sum:.3f}")
     model.eval()
+    del opt
+    models.release_memory()
     return losses
 
 

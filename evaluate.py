@@ -5,11 +5,10 @@ contexts with the same simulated users and seeds; every conversation is scored; 
 means with 95% bootstrap intervals per system and slice, and paired changes against round-robin.
 The formulas are metrics.py's; this file decides what is measured on what, and by whom.
 
-Systems: the paper's prompting baselines (zero-shot, zero-shot CoT, few-shot, few-shot CoT), SFT,
-its multi-call baselines (self-consistency, MultiAgentESC: extras/baselines.py), our round-robin
-and prompted-director reference points, the ablations MASCOT-P (no persona alignment: base
-speakers) and MASCOT-C (no director: random speaking order) and MASCOT. All get the same persona
-cards, simulated user, contexts, Big Five profiles and seeds, so a difference is the system's.
+Systems (SYSTEMS): the paper's baselines, our round-robin and prompted-director reference points,
+the ablations MASCOT-P (base speakers) and MASCOT-C (no director: random order), and MASCOT; all
+with the same persona cards, simulated user, contexts, profiles and seeds, so a difference is the
+system's.
 
 Measured (results.md says by whom, and whether training used it): judge rubrics (0-100; Overall =
 the mean of the criteria, as the paper), persona identification by the FROZEN base model,
@@ -77,17 +76,16 @@ class EvalConfig:
     systems: str = option("all", "comma-separated systems of " + ", ".join(SYSTEM_NAMES) + "; 'all': every system "
                                  "whose models exist")
     contexts: int = option(8, "held-out contexts, each crossed with every profile", "positive")
-    profiles: str = option("average", "simulated-user profile ids (comma-separated), or 'all': the paper's ten "
-                                      "one-trait Big Five profiles")
-    role_setting: str = option("full", "what every system's speaker prompt shows of a persona: the full card, or "
-                                       "name and role only (an ablation)", ["full", "name"])
+    profiles: str = option("average", "profile ids (comma-separated), or 'all': the paper's ten Big Five users")
+    role_setting: str = option("full", "the persona as every speaker prompt shows it: full card, or name and role",
+                               ["full", "name"])
     persona_id: bool = option(True, "score persona identification with the frozen base model (4 passes per turn)")
     nli_model: str = option("", "folder or hub id of an MNLI-style classifier for the NLI rates; none: skipped")
     pairwise: str = option("mascot,round-robin", "A,B: who wins conversation by conversation")
     pairwise_by: str = option("persona-id", "what decides the pairwise preference", ["persona-id", "judge"])
     sc_samples: int = option(5, "self-consistency: zero-shot-CoT samples per turn", "at-least-2")
-    sc_pick: str = option("majority", "self-consistency: the sample the others agree with most, or the judge's "
-                                      "best", ["majority", "judge"])
+    sc_pick: str = option("majority", "self-consistency: the most agreed-with sample, or the judge's best",
+                          ["majority", "judge"])
 
 
 @dataclass(frozen=True)
@@ -365,7 +363,8 @@ def run(cfg: EvalConfig, setup: Setup, inputs, out: Path, systems: list[System],
     results = {"protocol": protocol, "judge": setup.judge.name, "status": status, "systems": entries, "skipped": skipped,
                "slice_fields": fields, "evaluators": training_use(judge_spec, trained_with, cfg),
                "changes": paired_changes(entries, [m.key for m in all_metrics() if m.better and status[m.key] == "ok"], seed),
-               "pairwise": pairwise(cfg, entries, setup.identifier is not None)}
+               "pairwise": pairwise(cfg, entries, setup.identifier is not None),
+               "crisis_section": setup.guard.stops_section(entries) if setup.guard is not None else []}
     data.write_jsonl(out / "transcripts.jsonl", rows)
     data.write_json(out / "results.json", json_safe(results))
     data.write_text_atomic(out / "results.md", results_markdown(results))
@@ -484,23 +483,9 @@ def results_markdown(r: dict) -> str:
         out += [f"## Per {field}", ""] + table(["system", field, "n"] + [title(m) for m in head], [
             [n, v, s["n"]] + [cell({**s["metrics"][m.key], "of": s["n"]}, m.digits) for m in head]
             for n, e in systems.items() for v, s in e["slices"][field].items()])
-    out += crisis_section(systems)
+    out += r.get("crisis_section", [])                # the guard's own table of its stops (extras/safety.py)
     out += ["## Pairwise preference", "", r["pairwise"]["line"], "", "## Notes", ""] + [f"- {n}" for n in notes(r)]
     return "\n".join(out) + "\n"
-
-
-def crisis_section(systems: dict) -> list[str]:
-    """Every message the crisis guard flagged, once, with the systems it stopped, so a reader can
-    judge each stop: a real risk, or ordinary talk the guard misread (docs/SAFETY.md)."""
-    seen: dict[tuple, dict] = {}
-    for name, e in systems.items():
-        for f in e.get("crisis_flags", []):
-            seen.setdefault((f["context_id"], f["turn"], f["text"]), {**f, "systems": []})["systems"].append(name)
-    rows = [[f["context_id"], f["turn"], f["text"].replace("\n", " ")[:200], f["category"],
-             "-" if f["score"] is None else f"{f['score']:+.2f}", ", ".join(f["systems"])] for f in seen.values()]
-    return ["## Crisis-guard stops: every flagged message", "", "score = the probe's logit minus its threshold (> 0: the "
-            "probe alone flags; a pattern flags at any score; -: the probe did not read it)", ""] + table(
-        ["context", "turn", "message", "category", "score", "stopped"], rows) if rows else []
 
 
 def notes(r: dict) -> list[str]:

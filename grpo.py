@@ -132,38 +132,45 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, eps_low=0.2, eps_hi
 
 
 # --- Log-probs of completions under a causal LM -------------------------------------------------
-def shared_prefix_forward(body, prefix_ids, prefix_mask, prefix_positions, index, own_ids, own_mask, own_positions):
-    """Hidden states of B rows that each begin with one of U distinct prefixes, every prefix run
-    through the body once: ((U, P, H) of the prefixes, (B, S, H) of the rows' own tokens).
-    index_select gives row b the keys and values of prefix index[b] (in backward autograd sums the
-    rows' gradients into it); each token attends to exactly what it would in one plain forward, so
-    the states and gradients equal the plain path's up to float summation order.
-    prefix_*: (U, P); index: (B,); own_*: (B, S)."""
-    prefix = body(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=prefix_positions, use_cache=True)
-    cache = prefix.past_key_values
-    cache.batch_select_indices(index)                               # (U, ...) -> (B, ...)
-    own = body(input_ids=own_ids, attention_mask=torch.cat([prefix_mask[index], own_mask], 1),
-               position_ids=own_positions, past_key_values=cache, use_cache=True).last_hidden_state
-    return prefix.last_hidden_state, own
-
-
 def completion_hidden(model, ids, mask, positions, P: int):
-    """The final hidden states that predict the completion tokens, (B, C, H): positions P-1..T-2.
+    """The final hidden states that predict the completion tokens, (B, C, H).
 
-    GRPO's G completions of a group share their prompt, so the body runs each DISTINCT prompt once
-    (U x P tokens) and then only the B x C completion tokens, attending to the prompts' keys and
-    values: at ~300-token prompts and ~32-token replies, 2 x 300 + 8 x 32 tokens instead of 8 x 332,
-    the same idea as the sampler's shared prefill. Under activation checkpointing HF turns the
-    cache off while training, so that case, and a batch of all-different prompts, run plainly."""
-    body = model.get_decoder()                                      # the transformer without its LM head
+    GRPO's G completions of a group share their prompt, so each DISTINCT prompt runs through the
+    body once with its completions packed after it in ONE sequence, [prompt, reply 1, ..., reply G]:
+    a reply's positions continue from the prompt's end, and a mask lets its tokens see the prompt
+    and the earlier tokens of their own reply only, exactly what they would see in their own row.
+    So states and gradients are the plain path's (up to float summation order), while the prompt's
+    activations exist once per group: 2 x (300 + 4 x 32) tokens instead of 8 x 332 at our shapes,
+    the sampler's shared prefill for training. ids, mask, positions: (B, P + C)."""
+    B, C = len(ids), ids.shape[1] - P
     first, index = models.distinct_rows(torch.cat([ids[:, :P], mask[:, :P]], 1).tolist())
-    if len(first) == len(ids) or (getattr(body, "gradient_checkpointing", False) and body.training):
-        hidden = body(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
-        return hidden[:, P - 1:-1]                                  # (B, C, H)
-    first, index = torch.tensor(first, device=ids.device), torch.tensor(index, device=ids.device)
-    prompt, rest = shared_prefix_forward(body, ids[first, :P], mask[first, :P], positions[first, :P], index,
-                                         ids[:, P:], mask[:, P:], positions[:, P:])
-    return torch.cat([prompt[index, -1:], rest[:, :-1]], dim=1)     # (B, C, H): the last prompt state predicts token P
+    seqs, pos, owner, rows = [], [], [], []      # per distinct prompt: tokens, positions, reply of each token
+    for u, f in enumerate(first):
+        mine = [b for b in range(B) if index[b] == u]
+        real = mask[f, :P].bool()                                   # the prompt without its left padding
+        seqs.append(torch.cat([ids[f, :P][real], ids[mine, P:].reshape(-1)]))
+        pos.append(torch.cat([positions[f, :P][real], positions[mine, P:].reshape(-1)]))
+        owner.append(torch.cat([torch.full((int(real.sum()),), -1), torch.arange(len(mine)).repeat_interleave(C)]))
+        rows.append(mine)
+    L = max(len(x) for x in seqs)                                   # left-pad the packed sequences to one width
+    pad = lambda x, v: torch.cat([x.new_full((L - len(x),), v), x])  # noqa: E731
+    seq_ids = torch.stack([pad(x, 0) for x in seqs]).to(ids.device)                     # (U, L)
+    seq_pos = torch.stack([pad(x, 0) for x in pos]).to(ids.device)                      # (U, L)
+    who = torch.stack([pad(x, -2) for x in owner]).to(ids.device)                       # (U, L) -2 pad, -1 prompt
+    q, k = who[:, :, None], who[:, None, :]                                             # (U, L, 1), (U, 1, L)
+    causal = torch.ones(L, L, dtype=torch.bool, device=ids.device).tril()               # (L, L)
+    allowed = causal & (k != -2) & ((k == -1) | (k == q))                               # (U, L, L)
+    allowed |= torch.eye(L, dtype=torch.bool, device=ids.device)    # a padding row sees itself: no empty softmax
+    hidden = model.get_decoder()(input_ids=seq_ids, position_ids=seq_pos, attention_mask=allowed[:, None],
+                                 use_cache=False).last_hidden_state                     # (U, L, H)
+    out = hidden.new_empty(B, C, hidden.shape[-1])
+    for u, mine in enumerate(rows):
+        start = L - len(mine) * C                                   # where the packed replies begin
+        for j, b in enumerate(mine):
+            reply = start + j * C
+            # The last prompt state predicts reply token 0; reply token t predicts token t + 1.
+            out[b] = torch.cat([hidden[u, start - 1:start], hidden[u, reply:reply + C - 1]])
+    return out
 
 
 def completion_logprobs(model, input_ids, attention_mask, n_prompt: int, temperature: float = 1.0,
@@ -224,8 +231,7 @@ class GRPOConfig:
     beta: float = option(0.02, "KL weight to the frozen reference; 0 skips the reference pass", "non-negative")
     eps_low: float = option(0.2, "lower clip range: the ratio may fall to 1 - eps_low", "unit")
     eps_high: float = option(0.28, "upper clip range (DAPO clip-higher): up to 1 + eps_high", "non-negative")
-    loss_type: str = option("dapo", "dapo: token mean over the step; grpo: per-sequence mean (DeepSeekMath)",
-                            ["dapo", "grpo"])
+    loss_type: str = option("dapo", "dapo: token mean over the step; grpo: per-sequence mean", ["dapo", "grpo"])
     scale_rewards: bool = option(True, "divide advantages by the group std (--no-scale-rewards: Dr. GRPO)")
     num_iterations: int = option(1, "optimisation passes over each sampled batch (mu)", "positive")
     micro_batch: int = option(8, "completions per forward/backward (gradient accumulation)", "positive")
@@ -235,7 +241,8 @@ class GRPOConfig:
     # Memory and speed on a GPU; neither changes what is optimised (tests/test_grpo_tricks.py).
     autocast_bf16: bool = option(False, "bf16 autocast for the forward passes (GPU); weights, gradients "
                                         "and AdamW stay fp32")
-    gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, ~1/3 more compute")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward (GRPO, the reward model, the "
+                                                  "director's warm start): far less memory, ~1/5 more compute")
     sample_bf16: bool = False          # sample from a bf16 copy of the policy (mascot: --dtype; models.SamplingCopy)
     # Fixed choices, not flags (why: where they are used).
     warmup_steps: int = 2              # linear warm-up, then constant (lr_at)
@@ -335,7 +342,6 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
         out["grad_norm"] += grad_norm / cfg.num_iterations
         out["kl"] = None if ref is None else (out["kl"] or 0.0) + ranks.all_sum(kl) / cfg.num_iterations
     out["logp_mismatch"] = ranks.all_sum(out["logp_mismatch"])
-    optimizer.zero_grad(set_to_none=True)     # the gradients' memory is free while the next batch is sampled
     return out
 
 
@@ -406,6 +412,8 @@ def grpo_step(policy, tok, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig,
         gen = models.generate(policy if sampling is None else sampling.model, tok,
                               [p for p in prompts[mine] for _ in range(G)], cfg.max_new_tokens, cfg.temperature,
                               cfg.top_p, seeds=seeds)
+    if sampling is not None:
+        sampling.release()
     with torch.no_grad():                                            # a reward model must record no graph
         rewards, components = reward_fn(meta, gen.texts, gen)
     diagnostics = diagnose(meta, gen.texts) if diagnose is not None else {}
@@ -416,8 +424,11 @@ def grpo_step(policy, tok, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig,
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step - 1, cfg)
     policy.train()
+    models.release_memory()         # what sampling and scoring freed, before the update's activations
     ustats = policy_update(policy, optimizer, gen, advantages[mine.start * G:mine.stop * G], cfg, ref_model, ranks)
     policy.eval()                   # callers sample next, and train mode would switch HF's KV cache off
+    optimizer.zero_grad(set_to_none=True)        # the gradients' memory is free while the next batch is sampled
+    models.release_memory()
     stats = {**astats, **{f"r_{k}": sum(v) / len(v) for k, v in components.items() if v},
              **{f"hack_{k}": sum(v) / len(v) for k, v in diagnostics.items() if v},
              **{k: ustats[k] for k in ("loss", "kl", "clip_frac", "grad_norm", "logp_mismatch")},

@@ -10,15 +10,13 @@ director's reward, and the evaluation asks an LLM judge its rubrics.
                   score_many / compare_many                   the same, batched and cached
                   complete(prompt) -> str                     greedy text (LLM judges only)
 
-This file holds the interface and its offline default, OfflineJudge: sentence-embedding and word
-features, no LLM, built to resist reward hacks (docs/JUDGE.md measures it). The LLM backends plug
-into the same interface from extras/judges.py (--judge hf:<model> and rm:<reward model folder>)
-and extras/served.py (--judge openai:<base url>); mascot.make_judge picks one. Every judgement goes
-through an AnswerCache when a cache path is given, so no run pays twice for the same one.
-
-The offline judge is not an LLM: a 135M chat model asked "A or B?" answers "A" whatever the replies say, so it is a handful of
-features over MiniLM embeddings and the reply's words, with one penalty per reward hack a policy
-found. A stand-in that lets the pipeline run on a laptop, not a replacement for a strong judge.
+This file holds the interface and its offline default, OfflineJudge: no LLM (a 135M chat model
+asked "A or B?" answers "A" whatever the replies say) but a handful of features over MiniLM
+embeddings and the reply's words, with one penalty per reward hack a policy found (docs/JUDGE.md
+measures it): a stand-in that lets the pipeline run on a laptop, not a replacement for a strong
+judge. LLM backends plug into the same interface from extras/judges.py (hf:, rm:) and
+extras/served.py (openai:); mascot.make_judge picks one. Every judgement goes through an
+AnswerCache when a cache path is given, so no run pays twice for the same one.
 
     python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl    # measure a judge
 """

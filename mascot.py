@@ -9,9 +9,8 @@ bottom for the whole pipeline, and follow the calls into the module that does ea
     python mascot.py demo               all of it on the embedded model, sized for a laptop CPU
                                         (extras/demo.py)
     python mascot.py COMMAND --help     every flag, with its default
-Tools beside the method, in extras/ (dispatched from here): simulate (write conversations), chat,
-report, sft (the SFT baseline), judge-eval and judge-stress (how good is a grader?),
-director-headroom, evaluate --human (the human studies); torchrun for several processes.
+Tools beside the method live in extras/ (EXTRAS below: simulate, chat, report, sft, judge-eval,
+judge-stress, director-headroom; evaluate --human); torchrun runs train on several processes.
 
 Each command writes into a run folder (default runs/default):
     stage1/  config.json states.jsonl candidates.jsonl judge_cache.jsonl pairs.jsonl reward_model/
@@ -80,8 +79,7 @@ def options(cls, args, prefix: str = "", **given):
 
 def common_flags(p, trained: bool = True) -> None:
     """What every command that runs models needs."""
-    p.add_argument("--model", default=models.EMBEDDED, help="base model: smollm2-135m (embedded), tiny (random, "
-                                                            "for tests), a folder, or a hub id")
+    p.add_argument("--model", default=models.EMBEDDED, help="smollm2-135m (embedded), tiny (tests), a folder or a hub id")
     p.add_argument("--personas", default=str(ROOT / "personas.json"), help="persona file")
     p.add_argument("--set", default="support", help="persona set: support | meeting")
     p.add_argument("--run", default="runs/default", help="run folder for every artifact")
@@ -92,19 +90,17 @@ def common_flags(p, trained: bool = True) -> None:
                         "where native (CUDA, CPUs with AVX512-BF16 or AMX), else float32. Training is always float32")
     p.add_argument("--max-new-tokens", type=flag_type("--max-new-tokens", int, "positive"), default=48,
                    help="longest generated turn (speakers and simulated user), in tokens")
-    p.add_argument("--data", default="bundled", help="contexts: 'bundled', a contexts .jsonl in our format, or a "
-                   "dataset file or folder in its official format (Empathetic Dialogues, ESConv, QMSum)")
+    p.add_argument("--data", default="bundled", help="bundled, our contexts .jsonl, or ED / ESConv / QMSum as published")
     p.add_argument("--profiles-file", default=str(ROOT / "data" / "profiles.json"), help="Big Five user profiles")
     p.add_argument("--held-out", type=flag_type("--held-out", float, "fraction"), default=0.25,
                    help="share of contexts held out for evaluation (without official splits)")
     p.add_argument("--judge", default="offline", help="offline | hf:<model or folder> | openai:<base url> | rm:<folder>")
     p.add_argument("--judge-model", default=None, help="the model name for an openai: judge")
     if trained:
-        p.add_argument("--speakers", default=None, help="the speakers: a folder, or openai:<base url> (default: "
-                                                        "RUN/stage1/speakers if it exists, else --model)")
-        p.add_argument("--director", default=None, help="the director: a folder, or openai:<base url> (default: "
-                                                        "RUN/stage2/director if it exists, else --model; train "
-                                                        "--stage 2: the director training starts from)")
+        p.add_argument("--speakers", default=None, help="a folder or openai:<base url> (default: RUN/stage1/speakers "
+                                                        "if it exists, else --model)")
+        p.add_argument("--director", default=None, help="a folder or openai:<base url> (default: RUN/stage2/director "
+                                                        "if it exists, else --model; train --stage 2 starts from it)")
         p.add_argument("--user", default=None, help="the simulated user: a folder or openai:<base url> (default: --model)")
         for role in ("speakers", "director", "user"):
             p.add_argument(f"--{role}-model", default=None, help=f"the served model's name for --{role} openai:...")
@@ -136,8 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--turns", type=flag_type("--turns", int, "positive"), default=4, help="agent turns per conversation")
     add_options(e, evaluate.EvalConfig)
     e.add_argument("--sft", default=None, help="the SFT baseline (default: RUN/sft/model)")
-    e.add_argument("--human", default=None, help="JSONL of human judgements (extras/human.py): the sign test, "
-                   "Mann-Whitney U and kappa; no model runs")
+    e.add_argument("--human", default=None, help="human judgements (extras/human.py): their statistics; no model runs")
     for name, (module, about) in EXTRAS.items():     # tools beside the method: extras/ parses their own flags
         sub.add_parser(name, help=f"{about} (extras/{module}.py)", add_help=False).add_argument("rest", nargs="...")
     return parser
@@ -235,12 +230,14 @@ def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
     if not ranks.is_main:
         ranks.barrier()
     rlaif = reward.build_reward_fn(options(reward.RLAIFConfig, args), inputs, base, tok, judge, out, args.model,
-                                   args.max_new_tokens, args.seed, args.device, dtype)
+                                   args.max_new_tokens, args.seed, args.device, dtype, args.gradient_checkpointing)
     if ranks.is_main:
         ranks.barrier()
     # Step 5: GRPO on the speakers; reward = reward-model score + format_weight x format reward.
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=args.max_new_tokens,
                   sample_bf16=dtype == torch.bfloat16)
+    ref, base = base if cfg.beta > 0 else None, None        # without a KL term the base model's work is done
+    models.release_memory()
     policy, _ = models.load_model(args.model, device=args.device)
     personas = inputs.personas
 
@@ -261,7 +258,7 @@ def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
         return [s for s in states for _ in range(cfg.group_size)]
 
     grpo.train_grpo(policy, tok, prompts, lambda meta, texts, gen: rlaif.reward_fn(per_reply(meta), texts, gen.finished),
-                    cfg, out, ref_model=base if cfg.beta > 0 else None, resume=args.resume, ranks=ranks,
+                    cfg, out, ref_model=ref, resume=args.resume, ranks=ranks,
                     describe=lambda meta, texts, rewards: [{"state": s.id, "reply": t, "reward": r}
                                                            for s, t, r in zip(per_reply(meta), texts, rewards)],
                     diagnose=lambda meta, texts: diagnostics(per_reply(meta), texts, personas))
@@ -298,6 +295,7 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
     user = speaker if (args.user or args.model) == speakers and speaker[1] is not None else \
         load_role(args.user or args.model, "user", args, cache)
     policy, tok = models.load_model(start_from, device=args.device)
+    models.set_gradient_checkpointing(policy, args.gradient_checkpointing)      # the warm start's passes too
     encoder = models.SentenceEncoder(args.device)
     cast = Cast(inputs.personas, *speaker, *user, args.max_new_tokens)
     dcfg = options(dr.DirectorConfig, args)

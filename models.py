@@ -11,13 +11,13 @@ The embedded default is SmolLM2-135M-Instruct, shipped as a 4-bit GGUF file insi
 converts it once into a safetensors folder under $MASCOT_CACHE (default ~/.cache/mascot); later
 loads take < 1 s. `--model tiny` is a seeded random 2-layer Llama with the same tokenizer: gibberish,
 but it runs every code path in a fraction of a second, which is what the tests need.
-
-Run on its own to check that the embedded model speaks:  python models.py "I failed my test."
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
+import gc
 import importlib.util
 import os
 import re
@@ -121,6 +121,17 @@ def native_bf16(device: str | torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def release_memory() -> None:
+    """Hand freed memory back to the operating system: glibc keeps what PyTorch frees in pieces the
+    next phase (sampling after training, a new stage) often cannot reuse, so resident memory would
+    grow towards the sum of the phases' peaks. Linux with glibc; elsewhere this does nothing."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def trained_or(folder: str | Path, fallback: str) -> str:
@@ -345,23 +356,20 @@ class SamplingCopy:
     decode step, which reads every weight to make one token per row, runs ~2x faster. The price is
     a slightly different sampling distribution, which GRPO logs as `logp_mismatch` (mean
     |logp_sampler - logp_trainer| per token). Buffers such as RoPE's frequencies stay fp32.
-    Usage: copy = SamplingCopy(policy); copy.refresh() after every update; generate(copy.model, ...)."""
+    Usage: copy = SamplingCopy(policy); copy.refresh() before sampling; generate(copy.model, ...);
+    copy.release() while the policy trains, so the copy's memory is free for the update."""
 
     def __init__(self, policy):
-        self.policy, self.model = policy, copy.deepcopy(policy).eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
-            p.grad, p.data = None, p.data.to(torch.bfloat16)
+        self.policy, self.model = policy, copy.deepcopy(policy).eval().requires_grad_(False)
+        self.release()
 
     @torch.no_grad()
     def refresh(self) -> None:
         theirs = dict(self.policy.named_parameters())
         for name, mine in self.model.named_parameters():
-            mine.copy_(theirs[name])
+            mine.data = theirs[name].detach().to(torch.bfloat16)
 
+    def release(self) -> None:
+        for p in self.model.parameters():
+            p.data = torch.empty(0, dtype=torch.bfloat16)
 
-if __name__ == "__main__":
-    model, tok = load_model(EMBEDDED)
-    chat = [{"role": "system", "content": "You are a warm, brief listener."},
-            {"role": "user", "content": " ".join(sys.argv[1:]) or "I failed my driving test today and feel stupid."}]
-    print(generate(model, tok, [chat], max_new_tokens=60).texts[0])

@@ -61,8 +61,7 @@ class RLAIFConfig:
     rm_lr: float = option(2e-5, "reward-model learning rate", "positive")
     rm_held_out: float = option(0.2, "share of states whose pairs are held out to measure the reward model", "fraction")
     format_weight: float = option(1.0, "weight of the format reward next to the reward-model score", "non-negative")
-    hack_pairs: int = option(2, "synthetic reward hacks per judged state added as rejected replies; 0: none",
-                             "non-negative")
+    hack_pairs: int = option(2, "synthetic reward hacks per judged state, as rejected replies", "non-negative")
 
 
 def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torch.Tensor:
@@ -227,6 +226,8 @@ def train_reward_model(rm: RewardModel, tok, pairs: list[dict], held_out: float 
             f"{metrics['train_accuracy']:.3f}; held-out acc {shown(metrics['heldout_accuracy'])} on {len(ordinary)} "
             f"judged pairs, {shown(metrics['heldout_hack_accuracy'])} on {len(hacked)} synthetic-hack pairs")
     rm.zero_grad(set_to_none=True)        # the last gradients would be another copy of the body, kept for nothing
+    del optimizer
+    models.release_memory()
     return metrics
 
 
@@ -490,10 +491,9 @@ def build_pairs(cfg: RLAIFConfig, train_states, candidates, personas, judge, see
         lost = (counts["scored"] and counts["unreadable_scores"] == counts["scored"]) or \
                (counts["compared"] and counts["unreadable_verdicts"] == counts["compared"])
         raise UserError(f"stage 1: the judge {judge.name} confirmed no preference pair: " + (
-            "every answer was unreadable (no 1-5 score, no A or B; see data/prompts/judge_*.txt); try a stronger "
-            "--judge-model or check the server's chat template" if lost else
+            "every answer was unreadable (no 1-5 score, no A or B); try a stronger --judge-model" if lost else
             f"{counts['compared']} score gaps above --margin {cfg.margin} asked pairwise, {counts['no_verdict']} "
-            "without a verdict; more --candidates or --states, or a stronger judge, may give it pairs"))
+            "without a verdict; try more --candidates or --states, or a stronger judge"))
     pairs += hack_pairs(train_states, pairs, personas, cfg.hack_pairs, seed)
     log(f"stage 1: {sum(not p.get('hack') for p in pairs)} judged preference pairs from {len(train_states)} states "
         f"+ {sum(bool(p.get('hack')) for p in pairs)} synthetic-hack pairs")
@@ -501,9 +501,11 @@ def build_pairs(cfg: RLAIFConfig, train_states, candidates, personas, judge, see
 
 
 def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model_name: str, max_new_tokens: int,
-                    seed: int, device: str = "cpu", rm_dtype: torch.dtype = torch.float32, log=print) -> RLAIF:
+                    seed: int, device: str = "cpu", rm_dtype: torch.dtype = torch.float32, checkpointing: bool = False,
+                    log=print) -> RLAIF:
     """Steps 1-4 for one run folder (states.jsonl, candidates.jsonl, the judge's cache, pairs.jsonl,
-    reward_model/, each reused when present), then the composite reward function for GRPO."""
+    reward_model/, each reused when present), then the composite reward function for GRPO.
+    checkpointing: train the reward model with activation checkpointing (less memory)."""
     train_states, held_states = stage1_states(cfg, inputs, base, tok, out, max_new_tokens, seed, log)
     log(f"stage 1: {len(train_states)} training states, {len(held_states)} held-out states")
     candidates = sample_candidates(base, tok, train_states, inputs.personas, cfg.candidates, max_new_tokens, seed,
@@ -518,6 +520,7 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
     else:
         torch.manual_seed(seed)                                     # the scalar head's initialisation
         rm, rm_tok = RewardModel.from_base(model_name, device=device)
+        models.set_gradient_checkpointing(rm.backbone, checkpointing)
         metrics = train_reward_model(rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr, seed=seed, log=log)
         rm.save(rm_dir, rm_tok, metrics)
         rm = rm.to(rm_dtype).eval().requires_grad_(False)          # from here on it only scores

@@ -20,13 +20,11 @@ Training rollouts run without it.
 Simplifications vs the paper: one speaker model plays every agent, conditioned on the persona (the
 paper also shares a backbone); the simulated user is a small LLM, not GPT-4o.
 
-Prompt styles (used by evaluate.py for the paper's prompting baselines) all start from the same
-persona card, as the paper asks ("all methods use identical role settings"):
-    "persona"        the card + the group-chat instructions (what MASCOT's speakers train with)
-    "zero-shot"      the card and a plain request for a short reply
-    "zero-shot-cot"  the card; one sentence after "Thinking:", then the reply after "Reply:"
-    "few-shot"       the card + worked examples (data/fewshot.json); "few-shot-cot": with thinking
-For the "Reply:" styles only the reply is kept (`reply_text`); CoT styles get twice the tokens.
+Prompt styles (STYLES: the paper's prompting baselines) all start from the same persona card, as
+the paper asks ("all methods use identical role settings"): "persona" (the card + the group-chat
+instructions MASCOT's speakers train with), "zero-shot", "zero-shot-cot" (one sentence after
+"Thinking:", then the reply after "Reply:"), "few-shot" and "few-shot-cot" (worked examples,
+data/fewshot.json). For the "Reply:" styles only the reply is kept; CoT gets twice the tokens.
 
     python mascot.py simulate --contexts 4 --policy round-robin --profile average
 """
@@ -89,15 +87,6 @@ class Conversation:
                 "turns": [{"speaker": t.speaker, "text": t.text, "directive": asdict(t.directive) if t.directive else None}
                           for t in self.turns]}
 
-    @classmethod
-    def from_json(cls, row: dict, context: Context) -> "Conversation":
-        if row["context_id"] != context.id:
-            raise ValueError(f"transcript row of context {row['context_id']} given context {context.id}")
-        turns = [Turn(t["speaker"], t["text"], Directive(**t["directive"]) if t["directive"] else None)
-                 for t in row["turns"]]
-        return cls(context, row["persona_set"], row["profile"], row["policy"], row["seed"], turns,
-                   list(row["events"]), any(e.get("type") == "crisis" for e in row["events"]))
-
 
 @dataclass
 class JudgeState:
@@ -107,12 +96,6 @@ class JudgeState:
     context: str                                        # the user's latest message
     history: list[dict] = field(default_factory=list)   # earlier turns [{"speaker", "text"}], oldest first
     situation: str = ""
-
-    @classmethod
-    def from_pair(cls, pair: dict) -> "JudgeState":
-        """The state of one labelled judge pair (data/README.md)."""
-        return cls(pair["persona"], pair["persona_desc"], pair["context"], list(pair["history"]),
-                   pair.get("situation", ""))
 
 
 def judge_state(persona: Persona, turns: list[Turn], situation: str) -> JudgeState:
@@ -162,15 +145,11 @@ def persona_card(persona: Persona) -> str:
     return card
 
 
-def persona_texts(persona: Persona) -> list[str]:
-    """Every piece of a card as text: what reciting the persona would copy."""
-    return [persona.role, persona.description, persona.style, *persona.examples]
-
-
 def diagnose_reply(persona: Persona, turns: list[Turn], situation: str, reply: str, names: list[str]) -> dict:
     """metrics.diagnose for the reply that follows `turns`, spoken by `persona`: stage 1 logs it for
     every sampled reply, the evaluation for every agent turn, the stress test for every pick."""
-    return diagnose(reply, [situation] + [t.text for t in turns if t.speaker == USER], persona_texts(persona),
+    card = [persona.role, persona.description, persona.style, *persona.examples]     # what reciting it would copy
+    return diagnose(reply, [situation] + [t.text for t in turns if t.speaker == USER], card,
                     [t.text for t in turns if t.speaker not in (USER, SAFETY)], names + [USER])
 
 
@@ -381,12 +360,6 @@ def users_speak(convs: list[Conversation], profiles: dict[str, Profile], cast: C
             add_user_turn(conv, models.clean_reply(raw, USER, cast.personas.names()) or "Okay.", cast.guard)
 
 
-def trailing_agent_turns(conv: Conversation) -> int:
-    """Agent turns since the user's last message."""
-    last = max((k for k, t in enumerate(conv.turns) if t.speaker in (USER, SAFETY)), default=-1)
-    return len(conv.turns) - 1 - last
-
-
 def advance(convs: list[Conversation], policy, cast: Cast, profiles: dict[str, Profile], n_agent_turns: int,
             user_every: int, fixed_first: list[Directive] | None = None, speak=agents_speak) -> None:
     """Advance every conversation by n agent turns, the user answering a conversation once
@@ -397,7 +370,9 @@ def advance(convs: list[Conversation], policy, cast: Cast, profiles: dict[str, P
         if all(c.ended for c in convs):
             return
         speak(convs, fixed_first if k == 0 and fixed_first is not None else policy.choose(convs), cast)
-        due = [c for c in convs if not c.ended and trailing_agent_turns(c) >= user_every]
+        since_user = lambda c: len(c.turns) - 1 - max(                               # noqa: E731  agent turns
+            (j for j, t in enumerate(c.turns) if t.speaker in (USER, SAFETY)), default=-1)  # since the user spoke
+        due = [c for c in convs if not c.ended and since_user(c) >= user_every]
         if user_every > 0 and due and k < n_agent_turns - 1:
             users_speak(due, profiles, cast)
 

@@ -35,9 +35,18 @@ import models                                                     # noqa: E402
 from extras.judges import within_state_correlation                # noqa: E402
 from metrics import paired_change                                 # noqa: E402
 from reward import shown                                          # noqa: E402
-from simulate import Cast, Conversation, Directive, LeastSpoken   # noqa: E402
+from simulate import Cast, Conversation, Directive, LeastSpoken, Turn   # noqa: E402
 
 REPLICATE_SALT = 100_003     # replicate r adds r x this to every point's seed
+
+
+def conversation_from_json(row: dict, context: data.Context) -> Conversation:
+    """A decision point back from its line of RUN/stage2/decision_points.jsonl (Conversation.to_json)."""
+    if row["context_id"] != context.id:
+        raise ValueError(f"transcript row of context {row['context_id']} given context {context.id}")
+    turns = [Turn(t["speaker"], t["text"], Directive(**t["directive"]) if t["directive"] else None) for t in row["turns"]]
+    return Conversation(context, row["persona_set"], row["profile"], row["policy"], row["seed"], turns,
+                        list(row["events"]), any(e.get("type") == "crisis" for e in row["events"]))
 
 
 def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:
@@ -96,7 +105,7 @@ def main(argv: list[str], cli) -> int:
     if rows and any(r["context_id"] not in by_id for r in rows):
         raise data.UserError(f"{path}: a held-out point's context is not among the held-out contexts of --data "
                              f"{args.data} (pass the run's own --data, --held-out and --seed)")
-    points = [Conversation.from_json(r, by_id[r["context_id"]]) for r in rows] if rows else dr.build_decision_points(
+    points = [conversation_from_json(r, by_id[r["context_id"]]) for r in rows] if rows else dr.build_decision_points(
         inputs.held_out, args.heldout_points, cast, inputs.profiles, args.user_every, args.seed + 1)
     rule, rewards, parts = LeastSpoken(inputs.personas), [], []    # per replicate: {policy: [reward]}, {policy: [components]}
     for rep in range(args.seeds):

@@ -238,13 +238,19 @@ def load_pairs(path: str | Path) -> list[dict]:
     return [pair for _, pair in records]
 
 
+def pair_state(pair: dict) -> JudgeState:
+    """What a judge sees of one labelled pair besides the two replies."""
+    return JudgeState(pair["persona"], pair["persona_desc"], pair["context"], list(pair["history"]),
+                      pair.get("situation", ""))
+
+
 def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
     """The fraction of pairs where the judge prefers `better`. Even pairs are asked (better, worse), odd ones
     swapped, so a judge that always picks one position scores 0.5 on an even number: position bias cannot
     inflate it. No verdict counts as wrong; `unreadable`: answers that could not be read (not judgements)."""
     firsts = [p["better"] if i % 2 == 0 else p["worse"] for i, p in enumerate(pairs)]
     seconds = [p["worse"] if i % 2 == 0 else p["better"] for i, p in enumerate(pairs)]
-    verdicts = judge.compare_many([JudgeState.from_pair(p) for p in pairs], firsts, seconds)
+    verdicts = judge.compare_many([pair_state(p) for p in pairs], firsts, seconds)
     right = [v.preferred == i % 2 for i, v in enumerate(verdicts)]     # better: position 0 for even i, 1 for odd
     out = {"accuracy": sum(right) / len(pairs) if pairs else 0.0, "n": len(pairs),
            "no_verdict": sum(v.preferred is None for v in verdicts),

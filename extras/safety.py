@@ -337,6 +337,22 @@ class CrisisGuard:
         score_of = dict(zip(unique, scores.tolist()))
         return torch.tensor([max(score_of[w] for w in ws) for ws in windows])
 
+    @staticmethod
+    def stops_section(systems: dict) -> list[str]:
+        """results.md's table of every message the guard flagged in an evaluation (evaluate.run),
+        once, with the systems it stopped, so a reader can judge each stop: a real risk, or ordinary
+        talk the guard misread (docs/SAFETY.md). systems: name -> entry with "crisis_flags"."""
+        from evaluate import table
+        seen: dict[tuple, dict] = {}
+        for name, e in systems.items():
+            for f in e.get("crisis_flags", []):
+                seen.setdefault((f["context_id"], f["turn"], f["text"]), {**f, "systems": []})["systems"].append(name)
+        rows = [[f["context_id"], f["turn"], f["text"].replace("\n", " ")[:200], f["category"],
+                 "-" if f["score"] is None else f"{f['score']:+.2f}", ", ".join(f["systems"])] for f in seen.values()]
+        return ["## Crisis-guard stops: every flagged message", "", "score = the probe's logit minus its threshold (> 0: "
+                "the probe alone flags; a pattern flags at any score; -: the probe did not read it)", ""] + table(
+            ["context", "turn", "message", "category", "score", "stopped"], rows) if rows else []
+
     def check(self, text: str) -> CrisisFlag:
         return self.check_many([text])[0]                  # see check_many
 

@@ -220,12 +220,20 @@ def test_demo_verdict_shows_groups_of_two_or_more_and_says_whether_a_change_is_b
     from extras import demo
     status = {m.key: "ok" for m in all_metrics()}
     s = lambda mean, lo, hi: {"mean": mean, "lo": lo, "hi": hi, "n": 3}          # noqa: E731
-    systems = {"round-robin": {"n": 3, "metrics": {k: s(0.5, 0.4, 0.6) for k in status}},
-               "mascot": {"n": 3, "metrics": {k: s(0.6, 0.5, 0.7) for k in status}},
-               "zero-shot": {"n": 1, "metrics": {k: s(0.2, None, None) for k in status}}}
-    noise = {"mascot": {"self_bleu": s(0.1, -0.05, 0.2)}}
-    lines = demo.verdict({"status": status, "systems": systems, "changes": noise})
-    assert any(l.startswith("mascot ") for l in lines) and not any(l.startswith("zero-shot") for l in lines)
-    assert lines[-1].startswith("verdict: no change against round-robin is beyond its 95% interval")
+    convs = lambda values: [{"metrics": {"self_bleu": v}} for v in values]        # noqa: E731
+    systems = lambda n: {"round-robin": {"n": n, "metrics": {k: s(0.5, 0.4, 0.6) for k in status},
+                                         "conversations": convs([0.5] * n)},
+                         "mascot": {"n": n, "metrics": {k: s(0.6, 0.5, 0.7) for k in status},
+                                    "conversations": convs([0.4] * n)},
+                         "zero-shot": {"n": 1, "metrics": {k: s(0.2, None, None) for k in status},
+                                       "conversations": convs([0.2])}}
     beyond = {"mascot": {"self_bleu": s(-0.1, -0.2, -0.05)}}
-    assert "mascot Self-BLEU -0.100" in demo.verdict({"status": status, "systems": systems, "changes": beyond})[-1]
+    lines = demo.verdict({"status": status, "systems": systems(3), "changes": beyond})
+    assert any(l.startswith("mascot ") for l in lines) and not any(l.startswith("zero-shot") for l in lines)
+    # Three pairs all pointing down: the bootstrap interval excludes 0, the sign test cannot (p = 0.25).
+    assert lines[-1].startswith("verdict: no change against round-robin is beyond noise: with 3 conversation pairs")
+    # Six pairs the same way: p = 2 / 64 < 0.05, and the interval excludes 0 too.
+    assert "mascot Self-BLEU -0.100" in demo.verdict({"status": status, "systems": systems(6), "changes": beyond})[-1]
+    # Six pairs but an interval over 0: still noise.
+    noise = {"mascot": {"self_bleu": s(-0.1, -0.2, 0.05)}}
+    assert "no change" in demo.verdict({"status": status, "systems": systems(6), "changes": noise})[-1]

@@ -534,14 +534,22 @@ def test_token_rows_hold_the_assistant_turn_with_its_end_marker():
     assert tok.decode(completion) == "Agent: Anchor\nAction: validate\nTone: warm<|im_end|>"
 
 
-def test_supervised_steps_give_the_whole_batch_gradient(support, context):
+def test_supervised_steps_give_the_whole_batch_gradient(support, context, monkeypatch):
     # One example at a time, one denominator for the step: the loss and gradients of the whole batch
-    # in one forward (lr 0, so the weights stay put and the gradients can be read).
+    # in one forward (lr 0, so the weights stay put). The step frees its gradients after the update,
+    # so they are read when it clips them, just before.
     points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
     examples = dr.format_examples(support, points, 4, seed=0)
     model, tok = models.load_model("tiny")
+    grads, clip = {}, torch.nn.utils.clip_grad_norm_
+
+    def clip_and_read(params, max_norm):
+        norm = clip(list(params), max_norm)
+        grads.update({n: p.grad.clone() for n, p in model.named_parameters()})
+        return norm
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_and_read)
     loss = dr.supervised_finetune(model, tok, examples, steps=1, batch_size=4, lr=0.0, log=lambda s: None)[0]
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    monkeypatch.undo()
     whole, _ = models.load_model("tiny")
     logps, mask = grpo.target_logprobs(whole, tok.pad_token_id, dr.token_rows(tok, examples))   # (4, C)
     total = -(logps * mask).sum() / mask.sum()

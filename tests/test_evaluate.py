@@ -561,10 +561,11 @@ def test_a_conversation_comes_back_from_its_transcript_row():
     conv = simulate.start_conversation(ctx, "support", "average", "round-robin", 3)
     conv.turns.append(simulate.Turn("Anchor", "That is hard.", simulate.Directive("Anchor", "validate", "warm")))
     simulate.add_user_turn(conv, "I want to end my life tonight.", CrisisAlways())
-    back = simulate.Conversation.from_json(json.loads(json.dumps(conv.to_json())), ctx)
+    from extras.director_headroom import conversation_from_json
+    back = conversation_from_json(json.loads(json.dumps(conv.to_json())), ctx)
     assert back == conv and back.ended
     with pytest.raises(ValueError, match="c-2"):
-        simulate.Conversation.from_json(conv.to_json(), data.Context("c-2", "support", "x", "y"))
+        conversation_from_json(conv.to_json(), data.Context("c-2", "support", "x", "y"))
 
 
 def test_every_crisis_stop_is_listed_once_with_its_category_and_score():
@@ -574,8 +575,9 @@ def test_every_crisis_stop_is_listed_once_with_its_category_and_score():
              "category": "probe", "score": 0.05}
     systems = {"round-robin": {"crisis_flags": [flag]}, "mascot": {"crisis_flags": [flag, later]},
                "zero-shot": {"crisis_flags": []}}
-    lines = "\n".join(evaluate.crisis_section(systems)).splitlines()
+    from extras.safety import CrisisGuard
+    lines = "\n".join(CrisisGuard.stops_section(systems)).splitlines()
     rows = [line for line in lines if line.startswith("| esconv-")]
     assert rows == ["| esconv-7 | 0 | I want to end my life \\| tonight | explicit_suicidal | +1.23 | round-robin, mascot |",
                     "| esconv-9 | 2 | To be continued. | probe | +0.05 | mascot |"]
-    assert evaluate.crisis_section({"a": {"crisis_flags": []}}) == []
+    assert CrisisGuard.stops_section({"a": {"crisis_flags": []}}) == []

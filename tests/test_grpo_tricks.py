@@ -8,7 +8,7 @@ Each trick is run against the plain computation on a tiny random Llama (2 layers
     log-prob chunk size         same log-probs and gradients (the chunks are independent rows)
     beta = 0 skips the reference        same loss as computing it, and the reference never runs
     num_iterations = 1 skips the old-policy pass    same loss and gradients as computing it
-    shared prompts              same loss and gradients: each distinct prompt runs once
+    shared prompts              same loss and gradients: each distinct prompt runs once, its replies packed after it
     bf16 autocast               close, within a bound derived from bf16's precision (see the test)
     rewards                     computed without autograd
 
@@ -235,8 +235,9 @@ def test_shared_prompts_give_the_plain_loss_and_gradients_for_fewer_tokens(tiny)
     seen = body_tokens(model)
     grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=0.0), gen, adv, config(beta=0.0))
     shared = {n: p.grad.clone() for n, p in model.named_parameters()}
-    # 2 distinct prompts x 6 positions, then 6 rows x 5 completion positions: 42 tokens, not 66.
-    assert seen == [2 * P, B * C]
+    # One forward of 2 packed sequences, [prompt, reply 1, reply 2, reply 3], each as wide as the
+    # longer one (prompt 0's 6 real tokens + 3 x 5): 42 tokens, not 6 x 11 = 66.
+    assert seen == [2 * (P + 3 * C)]
 
     # The plain path: every row's prompt run again, one forward over all 6 x 11 tokens, and the
     # textbook log-softmax of its logits.
@@ -250,13 +251,15 @@ def test_shared_prompts_give_the_plain_loss_and_gradients_for_fewer_tokens(tiny)
     loss.backward()
     assert seen_plain == [B * (P + C)]
     assert_same_grads(shared, {n: p.grad for n, p in plain.named_parameters()})
-    # Log-probs of ~-10.8 (fp32 spacing 9.5e-7) by two routes: agree to ten roundings.
+    # Log-probs of ~-10.8 (fp32 spacing 9.5e-7) by two routes: agree to ten roundings on the real
+    # tokens (at padding both are finite and meaningless: GRPO masks them).
     with torch.no_grad():
-        assert torch.allclose(grpo.completion_logprobs(policy, ids, attn, P), logps.detach(), atol=1e-5)
+        real = mask.bool()
+        assert torch.allclose(grpo.completion_logprobs(policy, ids, attn, P)[real], logps.detach()[real], atol=1e-5)
 
 
-def test_shared_prompts_step_aside_under_gradient_checkpointing(tiny):
-    # HF switches the KV cache off in training under activation checkpointing: the plain path runs.
+def test_shared_prompts_stay_shared_under_gradient_checkpointing(tiny):
+    # Packing needs no KV cache, so activation checkpointing keeps the 42-token forward.
     policy, _, tok = tiny
     gen, _ = make_batch(len(tok), grouped=True)
     ids, attn, _ = full_batch_tensors(gen)
@@ -264,7 +267,7 @@ def test_shared_prompts_step_aside_under_gradient_checkpointing(tiny):
     models.set_gradient_checkpointing(model, True)
     seen = body_tokens(model)
     grpo.completion_logprobs(model, ids, attn, P)
-    assert seen[0] == B * (P + C)
+    assert seen[0] == 2 * (P + 3 * C)
 
 
 def test_bf16_autocast_stays_close_to_fp32(tiny):

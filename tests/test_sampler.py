@@ -192,6 +192,8 @@ def test_sampling_copies_follow_the_policy_after_refresh(tiny):
         low.refresh()
         assert torch.equal(next(low.model.parameters()), first.to(torch.bfloat16))
         first.sub_(1.0)
+        low.release()                                           # while the policy trains: no weights held
+        assert all(p.numel() == 0 for p in low.model.parameters())
         low.refresh()
     gen = models.generate(low.model, tok, ROWS, max_new_tokens=8, seeds=0)
     assert gen.sampler_logprobs.dtype == torch.float32 and len(gen.texts) == len(ROWS)
