@@ -116,11 +116,14 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = t
 
 def native_bf16(device: str | torch.device) -> bool:
     """Does this device compute bf16 natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX)?
-    Elsewhere bf16 matmuls are emulated and slower than fp32, so we keep fp32 there."""
+    Elsewhere bf16 matmuls are emulated and slower than fp32, so we keep fp32 there. On a CPU,
+    PyTorch must also dispatch to its AVX-512 kernels: under ATEN_CPU_CAPABILITY=default or avx2
+    its bf16 attention fails even where the hardware has AMX."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return device.type == "cpu" and torch.backends.cpu.get_cpu_capability().startswith("AVX512") and \
+        (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def release_memory() -> None:

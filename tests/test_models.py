@@ -97,3 +97,18 @@ def test_sentence_encoder_is_normalised_and_meaningful():
     # (relative error up to ~384 * 2^-24 each, whatever order a CPU's kernels add them in).
     assert torch.allclose(v.norm(dim=1), torch.ones(3), atol=2 * 384 * 2**-24)
     assert v[0] @ v[1] > v[0] @ v[2] + 0.3
+
+
+def test_bf16_is_native_only_where_pytorch_dispatches_avx512_kernels(monkeypatch):
+    # Under ATEN_CPU_CAPABILITY=default PyTorch's bf16 attention raises even on an AMX CPU
+    # ("pack_vnni2 is only supported when avx512 is supported"): fp32 must be chosen there.
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    assert not models.native_bf16("cpu")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert not models.native_bf16("cpu")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert models.native_bf16("cpu")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    assert not models.native_bf16("cpu")            # AVX-512 without BF16 or AMX: bf16 is emulated
