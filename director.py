@@ -429,7 +429,7 @@ def supervised_finetune(model, tok, examples, steps: int, batch_size: int = 4, l
     for _, target in rows:
         k = next((i + 1 for i in range(len(target)) if "\n" in tok.decode(target[:i + 1])), len(target))
         weights.append([first_line_weight] * k + [1.0] * (len(target) - k))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    opt = models.adamw(model, lr, weight_decay=0.0)
     model.train()
     for step in range(steps):
         for group in opt.param_groups:

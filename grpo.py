@@ -461,7 +461,7 @@ def train_grpo(policy, tok, sample_prompts, reward_fn, cfg: GRPOConfig, out: Pat
     if cfg.prompts_per_step % ranks.world:
         raise UserError(f"--prompts-per-step {cfg.prompts_per_step}: must be a multiple of the {ranks.world} processes")
     ckpt_dir, metrics_path = out / "checkpoints", out / "metrics.jsonl"
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = models.adamw(policy, cfg.lr, cfg.weight_decay)
     start = 0
     if resume:
         path, start = load_checkpoint(ckpt_dir, policy, optimizer)

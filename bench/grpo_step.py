@@ -7,12 +7,12 @@ off; every completion exactly C tokens (min_new_tokens = max_new_tokens = C, sto
 as in HF), checked every step; the same reward (share of completion token ids in the lower half of
 the vocabulary: cheap, deterministic, different within a group); the same beta, so both run a
 frozen reference; loss "grpo", eps 0.2 / 0.28, one pass and one forward/backward of all B rows per
-batch, AdamW (non-fused, weight decay 0) at a constant learning rate, gradient clipping at 1.0.
-TRL's defaults that would change the work are overridden (bf16, gradient checkpointing, fused
-AdamW and vLLM off; no logging, saving, evaluation or shuffling). Ours runs with `mascot.py
-train`'s defaults: policy, gradients and AdamW fp32; the reference and the sampling copy
-(models.SamplingCopy, refreshed inside every timed step) in --dtype (`auto`: bf16 where the CPU
-has it natively, else fp32; `float32` gives ours exactly TRL's fp32 arithmetic).
+batch, fused AdamW (weight decay 0) at a constant learning rate, gradient clipping at 1.0. TRL's
+defaults that would change the work are overridden (bf16, gradient checkpointing and vLLM off; no
+logging, saving, evaluation or shuffling). Ours runs with `mascot.py train`'s defaults: policy,
+gradients and AdamW fp32; the reference and the sampling copy (models.SamplingCopy, refreshed
+inside every timed step) in --dtype (`auto`: bf16 where the CPU has it natively, else fp32;
+`float32` gives ours exactly TRL's fp32 arithmetic).
 
 Measured per side: seconds per step (wall time between consecutive step ends, warm-up dropped);
 the CPU seconds over the same interval (steadier on a shared machine: they do not grow while the
@@ -111,7 +111,7 @@ def run_ours(job: dict) -> dict:
         lr=job["lr"], warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=job["beta"], eps_low=0.2,
         eps_high=0.28, loss_type="grpo", scale_rewards=True, num_iterations=1, micro_batch=B,
         temperature=1.0, top_p=1.0, sample_bf16=bf16)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # train_grpo's
+    optimizer = models.adamw(policy, cfg.lr, cfg.weight_decay)                       # train_grpo's
 
     # grpo_step calls models.generate: time it, and fix the length as TRL's min_new_tokens does.
     gen_seconds, plain_generate = [], models.generate
@@ -162,7 +162,7 @@ def run_trl(job: dict) -> dict:
             max_completion_length=C, generation_kwargs={"min_new_tokens": C}, temperature=1.0, top_p=1.0, top_k=0,
             beta=job["beta"], num_iterations=1, loss_type="grpo", epsilon=0.2, epsilon_high=0.28,
             scale_rewards="group", learning_rate=job["lr"], lr_scheduler_type="constant", warmup_steps=0,
-            weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", bf16=False, fp16=False,
+            weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch_fused", bf16=False, fp16=False,
             gradient_checkpointing=False, use_vllm=False, model_init_kwargs={"dtype": "float32"},
             shuffle_dataset=False, report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
             log_completions=False, disable_tqdm=True, dataloader_num_workers=0, dataloader_pin_memory=False)
@@ -186,7 +186,7 @@ def model_folder(name: str) -> Path:
     if name == models.EMBEDDED:
         return models.embedded_model_folder()
     if name == models.TINY:
-        folder = models.cache_dir() / "bench-tiny"
+        folder = models.embedded_model_folder().parent / "bench-tiny"
         if not (folder / "config.json").exists():
             for part in models.load_model(models.TINY):            # the model and its tokenizer
                 part.save_pretrained(folder)
