@@ -12,8 +12,6 @@ goes through `read_jsonl`, `append_jsonl` (crash-safe), `write_json(l)` / `atomi
 Bad input raises `UserError`: one line naming the file, row or field and the fix.
 """
 
-from __future__ import annotations
-
 import argparse
 import hashlib
 import json
@@ -285,6 +283,11 @@ def derive_seed(*parts: int | str) -> int:
 
 
 # --- Personas (personas.json) -----------------------------------------------------------------
+# ESConv's eight support strategies (Liu et al. 2021), as its annotators labelled every supporter turn.
+SUPPORT_STRATEGIES = ["Question", "Restatement or Paraphrasing", "Reflection of feelings", "Self-disclosure",
+                      "Affirmation and Reassurance", "Providing Suggestions", "Information", "Others"]
+
+
 @dataclass
 class Persona:
     name: str            # "Anchor"
@@ -292,6 +295,7 @@ class Persona:
     description: str     # what it does and never does
     style: str           # how it sounds
     examples: list[str]  # a few lines in its voice
+    esconv_strategies: list[str] = field(default_factory=list)   # its job in ESConv's labels (SUPPORT_STRATEGIES)
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -365,7 +369,11 @@ def load_personas(path: str | Path = "personas.json", set_name: str = "support")
         if not isinstance(item, dict):
             raise UserError(f"{here} is {json_type(item)}; each persona must be an object")
         p = Persona(*(_need(item, k, here) for k in ("name", "role", "description", "style")),
-                    _need(item, "examples", here, many=True))
+                    _need(item, "examples", here, many=True),
+                    _need(item, "esconv_strategies", here, many=True) if "esconv_strategies" in item else [])
+        if set(p.esconv_strategies) - set(SUPPORT_STRATEGIES):
+            raise UserError(f"{here}: esconv_strategies {sorted(set(p.esconv_strategies) - set(SUPPORT_STRATEGIES))} "
+                            f"are not ESConv's; use {', '.join(SUPPORT_STRATEGIES)}")
         if not re.fullmatch(r"[\w][\w .'-]{0,39}", p.name):     # a newline could spoof a directive line
             raise UserError(f"{here}: name {p.name!r} must be one line of at most 40 letters, digits, spaces, . ' -")
         if p.name.casefold() in seen:

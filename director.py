@@ -22,8 +22,6 @@ holistic judgement, with the offline judge the mean score of its turns.
     python mascot.py train --stage 2 --director-warmup-data path/to/esconv/train.jsonl
 """
 
-from __future__ import annotations
-
 import copy
 import math
 import random
@@ -36,10 +34,10 @@ import torch
 
 import grpo
 import models
-from data import Context, PersonaSet, UserError, option, prompt, read_json, save_model, write_json, write_jsonl
+from data import PersonaSet, option, prompt, read_json, save_model, write_json, write_jsonl
 from metrics import (HACKS, content_words, entropy_bits, mutual_information_bits, paired_change,
                      permutation_p_value, sentence_bleu, standard_error, tokenize)
-from simulate import (JUDGE_TURNS, SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder, Turn,
+from simulate import (JUDGE_TURNS, SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder,
                       advance, assign_profiles, diagnose_reply, judge_state, least_spoken_agent, render_history,
                       run_conversations)
 
@@ -322,79 +320,8 @@ def describe_heldout(r: dict) -> str:
 # GRPO can only reinforce what the policy already samples. SmolLM2-135M asked for a directive almost
 # never writes the three lines (0 of 32 parseable when we measured), so every sample of a group falls
 # back to the same agent, every reward of the group is equal and the advantages are all zero. A few
-# supervised steps on well-formed directives fix the format first. With ESConv the targets are real
-# strategy SEQUENCES, which depend on the conversation; without it random agents teach the format only.
-
-# ESConv (Liu et al. 2021) labels every supporter turn with one of 8 strategies; seven map onto the
-# support personas (ESConv's definitions in quotes): a Question ("ask for information related to the
-# problem") is Catalyst's probing question; Restatement, Reflection of feelings and Self-disclosure
-# ("divulge similar experiences ... to express your empathy") are validation, Anchor's; Affirmation
-# and Reassurance ("affirm the help-seeker's strengths, motivation, and capabilities") is Beacon's
-# job word for word; Providing Suggestions and Information are Guide's. "Others" (greetings, thanks)
-# has no persona: such a turn stays in the history, never a target. The action comes from the
-# strategy, the tone is fixed per strategy.
-ESCONV_STRATEGIES = {
-    "Question": ("Catalyst", "ask a probing question", "curious"),
-    "Restatement or Paraphrasing": ("Anchor", "reflect back what was said", "calm and steady"),
-    "Reflection of feelings": ("Anchor", "validate the feeling", "warm"),
-    "Self-disclosure": ("Anchor", "share a similar feeling so they feel less alone", "gentle"),
-    "Affirmation and Reassurance": ("Beacon", "name a strength", "encouraging"),
-    "Providing Suggestions": ("Guide", "suggest one small step", "practical"),
-    "Information": ("Guide", "share useful information", "thoughtful"),
-}
-ESCONV_MAX_POSITION = 8    # the first 8 supporter turns cover ESConv's exploration -> comfort -> action arc
-
-
-def esconv_prefix(context: Context, end: int, personas: PersonaSet) -> Conversation:
-    """The first `end` recorded turns of an ESConv dialogue as one of our group conversations: each
-    supporter turn is spoken by the persona its strategy maps to, an unmapped one by the least-spoken."""
-    conv = Conversation(context, personas.name, "average", "esconv", 0)
-    for turn in context.turns[:end]:
-        if turn["speaker"] == "user":
-            conv.turns.append(Turn(USER, turn["text"]))
-        else:
-            mapped = ESCONV_STRATEGIES.get(turn.get("strategy", ""))
-            d = Directive(*mapped) if mapped else Directive(least_spoken_agent(personas, conv))
-            conv.turns.append(Turn(d.agent, turn["text"], d))
-    return conv
-
-
-def esconv_examples(contexts: list[Context], personas: PersonaSet, n: int, seed: int = 0,
-                    repeats: bool = False) -> list[tuple[list[dict], str]]:
-    """n (director prompt, target directive) pairs from ESConv's annotated supporter turns among the
-    first ESCONV_MAX_POSITION of each dialogue, the SAME number for every agent (its candidates
-    drawn without replacement while it has enough). Why balanced: three strategies map to Anchor
-    (32% of the mapped turns, Beacon 17%), and a warm start on a plain draw puts one agent first at
-    every stage; with a flat prior what is left to learn is how the conversation changes the odds.
-    repeats=False leaves out a turn whose target spoke last: ESConv has one supporter, and the same
-    kind of strategy twice (31% of mapped turns after a mapped one) would be one companion taking
-    two turns, the repeat that the balance term penalises and GRPO would have to unlearn."""
-    missing = sorted({a for a, _, _ in ESCONV_STRATEGIES.values()} - set(personas.names()))
-    if missing:
-        raise UserError(f"--director-warmup-data: the ESConv mapping needs the personas {', '.join(missing)}; use --set support")
-    pools, repeated = {a: [] for a in personas.names()}, 0
-    for context in contexts:
-        speakers = [t.speaker for t in esconv_prefix(context, len(context.turns), personas).turns]
-        supporter = [j for j, t in enumerate(context.turns) if t["speaker"] == "supporter"][:ESCONV_MAX_POSITION]
-        for k, j in enumerate(supporter):
-            target = ESCONV_STRATEGIES.get(context.turns[j].get("strategy", ""))
-            if target and k and target[0] == speakers[supporter[k - 1]] and not repeats:
-                repeated += 1
-            elif target:
-                pools[target[0]].append((context, j))
-    pools = [p for p in pools.values() if p]
-    if not pools:
-        raise UserError("--director-warmup-data: no usable supporter turn with an ESConv strategy label"
-                        + ("; every one repeats the companion before it (add --warmup-repeats)" if repeated else
-                           "; is this ESConv (ESConv.json or its JSON-lines split)?"))
-    rng, chosen = random.Random(seed), []
-    for k, pool in enumerate(pools):
-        share = n // len(pools) + (k < n % len(pools))
-        chosen += rng.sample(pool, share) if share <= len(pool) else [rng.choice(pool) for _ in range(share)]
-    rng.shuffle(chosen)
-    return [(director_messages(personas, esconv_prefix(c, j, personas)),
-             "Agent: {}\nAction: {}\nTone: {}".format(*ESCONV_STRATEGIES[c.turns[j]["strategy"]])) for c, j in chosen]
-
+# supervised steps on well-formed directives fix the format first. With ESConv the targets are what
+# real supporters did next (extras/strategies.py); without it random agents teach the format only.
 
 def format_examples(personas: PersonaSet, points: list[Conversation], n: int, seed: int = 0):
     """Without ESConv: the exact three-line format with a uniformly random agent, action and tone,

@@ -19,8 +19,6 @@ agent turn; Self-BLEU at Texygen's BLEU-4; the human studies are extras/human.py
     python mascot.py evaluate [--systems round-robin,mascot] [--profiles all --contexts 50]
 """
 
-from __future__ import annotations
-
 import math
 import shutil
 from collections import Counter
@@ -112,6 +110,9 @@ def all_metrics() -> list[Metric]:
     out += [Metric("persona_id_accuracy", "persona ID accuracy", ind, better=1),
             Metric("persona_log_ratio", "persona log-ratio", ind, better=1),
             Metric("persona_id_equal", "persona ID accuracy, first 32 tokens", ind, better=1)]
+    fn = "Persona function: does the turn do its persona's job? (n-gram model of ESConv's human labels; independent)"
+    out += [Metric("persona_function", "persona function", fn, better=1),
+            Metric("persona_function_equal", "persona function, first 32 tokens", fn, better=1)]
     red = "Redundancy over agent turns"
     out += [Metric("self_bleu", "Self-BLEU", red, better=-1), Metric("distinct_1", "distinct-1", red),
             Metric("distinct_2", "distinct-2", red), Metric("semantic_redundancy", "semantic redundancy", red, better=-1),
@@ -123,7 +124,7 @@ def all_metrics() -> list[Metric]:
     return out + [Metric("words", "reply length (words)", hk, 1), Metric("crisis_stop", "crisis stops", hk, better=-1)]
 
 
-def metric_status(judge, nli: bool, identifier: bool) -> dict[str, str]:
+def metric_status(judge, nli: bool, identifier: bool, function: bool = False) -> dict[str, str]:
     """Per column: "ok", "approximated" (a scoring judge standing in for a rubric), or why it has no
     number; the tables show the reason instead of an empty column."""
     kind = judge.name.split(":")[0]
@@ -132,6 +133,8 @@ def metric_status(judge, nli: bool, identifier: bool) -> dict[str, str]:
         if "rubric" in m.group:
             status[m.key] = "ok" if judge.can_generate else "approximated" if m.key == "persona_consistency" or (
                 m.key == "response_relevance" and hasattr(judge, "features_many")) else f"n/a ({kind} judge)"
+        elif m.key.startswith("persona_function"):
+            status[m.key] = "ok" if function else "n/a (no card lists esconv_strategies)"
         elif m.key.startswith("persona_"):
             status[m.key] = "ok" if identifier else "skipped (--no-persona-id)"
         else:
@@ -184,7 +187,8 @@ def hack_rates(conv, personas: PersonaSet) -> dict:
     return {k: rates(rows).get(k) for k in HACKS + ("words",)}
 
 
-def score_conversations(convs, personas: PersonaSet, judge, encoder, nli=None, identifier=None) -> tuple[list, Counter]:
+def score_conversations(convs, personas: PersonaSet, judge, encoder, nli=None, identifier=None,
+                        function=None) -> tuple[list, Counter]:
     """One record per conversation (what it was, its metrics), and the unreadable judge answers.
     `personas` are the full cards: the hack rates and the evaluator need them even when the
     speakers saw names only. A conversation without agent turns has None metrics (not "no
@@ -216,6 +220,7 @@ def score_conversations(convs, personas: PersonaSet, judge, encoder, nli=None, i
     # before it as (speaker, text), the turn) -> {"correct", "log_ratio", "correct_equal"}.
     ids = identifier.score([(t.speaker, convs[n].context.situation, [(u.speaker, u.text) for u in convs[n].turns[:k]],
                              t.text) for n, k, t in flat]) if identifier is not None and flat else []
+    does = function.score([(t.speaker, t.text) for _, _, t in flat]) if function is not None and flat else []
     for r, c, turns in zip(records, convs, agent):
         if not turns:
             continue
@@ -225,6 +230,9 @@ def score_conversations(convs, personas: PersonaSet, judge, encoder, nli=None, i
                             semantic_redundancy=semantic_redundancy_rate(emb), mean_similarity=mean_pairwise_similarity(emb))
         if nli is not None:
             r["metrics"].update({f"nli_{k}": v for k, v in (nli_rates(texts, *nli) or dict.fromkeys(NLI_RELATIONS)).items()})
+        jobs = [x for (n, _, _), x in zip(flat, does) if n == r["index"]]
+        r["metrics"].update({f"persona_{k}": mean_or_none([x[k] for x in jobs]) for k in ("function", "function_equal")}
+                            if jobs else {})
         if mine:
             r["metrics"].update(persona_id_accuracy=mean_or_none([x["correct"] for x in mine]),
                                 persona_log_ratio=mean_or_none([x["log_ratio"] for x in mine]),
@@ -302,6 +310,7 @@ class Setup:
     judge: object
     nli: tuple | None
     identifier: object
+    function: object             # the persona-function evaluator (extras/evaluators.py), or None
     guard: object                # the crisis guard (extras/safety.py), or None
     pipelines: dict              # pipeline name -> speak(convs, directives, cast) (extras/baselines.py)
 
@@ -320,7 +329,8 @@ def run_system(system: System, setup: Setup, inputs, cfg: EvalConfig, max_new_to
     convs = run_conversations(setup.contexts, policy, cast, inputs.profiles, setup.profiles, turns, user_every, seed,
                               **({"speak": speak} if speak else {}))
     t1 = time.time()
-    records, unreadable = score_conversations(convs, inputs.personas, setup.judge, setup.encoder, setup.nli, setup.identifier)
+    records, unreadable = score_conversations(convs, inputs.personas, setup.judge, setup.encoder, setup.nli, setup.identifier,
+                                              setup.function)
     for r in records:
         r["trait"] = inputs.profiles[r["profile"]].trait()
     print(f"{system.name}: {len(convs)} conversations simulated in {t1 - t0:.0f} s, scored in {time.time() - t1:.0f} s",
@@ -341,7 +351,7 @@ def run(cfg: EvalConfig, setup: Setup, inputs, out: Path, systems: list[System],
     finished system is saved at once (RUN/eval/partial/), so the same command after an interruption
     redoes only the unfinished ones (`protocol` holds everything their numbers depend on).
     judge_spec, trained_with: this --judge and each training stage's, for the table of who measured what."""
-    status = metric_status(setup.judge, setup.nli is not None, setup.identifier is not None)
+    status = metric_status(setup.judge, setup.nli is not None, setup.identifier is not None, setup.function is not None)
     keys = [k for k, v in status.items() if v in ("ok", "approximated")] + ["judge_score"]
     entries, rows = {}, []
     for system in systems:
@@ -361,7 +371,7 @@ def run(cfg: EvalConfig, setup: Setup, inputs, out: Path, systems: list[System],
                            for v in sorted({r[f] or "-" for r in e["conversations"]})
                            for g in [[r for r in e["conversations"] if (r[f] or "-") == v]]} for f in fields}
     results = {"protocol": protocol, "judge": setup.judge.name, "status": status, "systems": entries, "skipped": skipped,
-               "slice_fields": fields, "evaluators": training_use(judge_spec, trained_with, cfg),
+               "slice_fields": fields, "evaluators": training_use(judge_spec, trained_with, cfg, setup.function is not None),
                "changes": paired_changes(entries, [m.key for m in all_metrics() if m.better and status[m.key] == "ok"], seed),
                "pairwise": pairwise(cfg, entries, setup.identifier is not None),
                "crisis_section": setup.guard.stops_section(entries) if setup.guard is not None else []}
@@ -401,7 +411,7 @@ def pairwise(cfg: EvalConfig, entries: dict, identifier: bool = True) -> dict:
                     f"left out); exact two-sided binomial p = {s['p_value']:.4g}; decided by {how}."}
 
 
-def training_use(spec: str, trained_with: dict, cfg: EvalConfig) -> list[dict]:
+def training_use(spec: str, trained_with: dict, cfg: EvalConfig, function: bool = False) -> list[dict]:
     """Each group of columns, its evaluator, and whether a stage of training used it. spec: this
     evaluation's --judge; trained_with: {stage: its --judge} (from the stages' config.json)."""
     why = {1: "it labelled the reward model's preference pairs", 2: "its coherence reward"}
@@ -412,6 +422,8 @@ def training_use(spec: str, trained_with: dict, cfg: EvalConfig) -> list[dict]:
         rows.append(("persona identification", "frozen base model: which card makes each turn most likely", "no: neither "
                      "a reward nor a judge of any stage (stage 1's KL term anchors the speakers to this model under their "
                      "OWN card only)"))
+    rows += [("persona function", "word n-gram model of ESConv's strategy labels (extras/strategies.py)", "no: neither a "
+              "reward nor a judge; trained on other dialogues, another model family than the judge's classifier")] * function
     rows += [("Self-BLEU, distinct-n", "n-gram counts (metrics.py)", "no; stage 2's non-redundancy term uses BLEU-2"),
              ("semantic redundancy, mean similarity", "the MiniLM sentence encoder",
               "partly: the same encoder feeds the offline judge and stage 2's non-redundancy term")]
@@ -449,6 +461,7 @@ def table(header: list[str], rows: list[list]) -> list[str]:
 
 
 HEADLINE = ("agent_overall", "collective_overall", "persona_consistency", "persona_id_accuracy", "persona_id_equal",
+            "persona_function", "persona_function_equal",
             "self_bleu", "distinct_2", "context_copy", "persona_copy", "history_echo")
 
 

@@ -27,8 +27,6 @@ The GRPO loss hovers near zero by construction (advantages average to zero withi
 watch the reward instead.
 """
 
-from __future__ import annotations
-
 import json
 import math
 import random

@@ -21,8 +21,6 @@ AnswerCache when a cache path is given, so no run pays twice for the same one.
     python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl    # measure a judge
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import math
@@ -31,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 import data
 import models
@@ -132,6 +131,43 @@ def logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
+# --- The persona-function classifier: what ESConv's annotators would call a reply -----------------
+class StrategyClassifier:
+    """p(strategy | reply, the message it answers) over ESConv's eight support strategies
+    (data.SUPPORT_STRATEGIES), learnt from the labels human annotators gave 12,759 supporter turns
+    (Liu et al. 2021; extras/strategies.py fits it, measures it on held-out dialogues and writes
+    data/strategy_classifier.safetensors):
+        x = [e(reply), e(message), e(reply) * e(message)]     (3D,)  e: MiniLM, unit vectors
+        p = softmax(W x + b)                                    (8,)   multinomial logistic regression
+    The message is there because a strategy answers something: "that must be hard" after "I failed"
+    reflects a feeling, after "thanks" it does not. A persona's FUNCTION is the mass p puts on the
+    strategies its card lists (personas.json "esconv_strategies"): does the reply do its job?"""
+    FILE = data.HERE / "data" / "strategy_classifier.safetensors"
+
+    def __init__(self, encoder, path: str | Path = FILE):
+        if not Path(path).is_file():
+            raise UserError(f"{path}: no strategy classifier; fit one with `python mascot.py strategies --esconv FILE`")
+        weights = load_file(str(path))
+        self.encoder, self.weight, self.bias = encoder, weights["weight"], weights["bias"]   # (8, 3D), (8,)
+        self.digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+
+    def probs(self, replies: list[str], messages: list[str]) -> torch.Tensor:
+        x = strategy_features(self.encoder, replies, messages).to(self.weight.dtype)    # (N, 3D)
+        return torch.softmax(x @ self.weight.T + self.bias, dim=-1)                      # (N, 8)
+
+
+def strategy_features(encoder, replies: list[str], messages: list[str]) -> torch.Tensor:
+    r, m = encoder.embed(replies), encoder.embed(messages)                               # (N, D) each
+    return torch.cat([r, m, r * m], dim=-1)                                              # (N, 3D)
+
+
+def function_mass(probs: torch.Tensor, strategies: list[list[str]]) -> torch.Tensor:
+    """(N, 8) strategy probabilities -> (N, P): the mass on each persona's own strategies. "Others"
+    (small talk, thanks) is no persona's job, so a reply can do none of them."""
+    own = torch.tensor([[float(s in mine) for mine in strategies] for s in data.SUPPORT_STRATEGIES])   # (8, P)
+    return probs @ own.to(probs.dtype)                                                   # (N, P)
+
+
 # --- The offline judge's features ---------------------------------------------------------------
 # score = sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)), z = a weighted sum of features, each
 # "higher is better". Quality: how good an honest reply is:
@@ -163,6 +199,15 @@ MIN_WORDS = 6              # good replies have 14+ words; trivial hacks 0-2
 LIST_FLOOR = 0.3           # keyword stuffing puts 48-82% of its words in fragments; good replies <= 27%
 FUNCTION_FLOOR = 0.05      # English sentences need function words; our tersest good replies have 7%
 OFFLINE_CENTER, OFFLINE_SCALE = -0.02, 2.0   # mean and 1 / std of z over honest replies: a typical one scores 0.5
+# Where the speaker's card lists ESConv strategies and a StrategyClassifier is given, its function
+# probability replaces the embedding guesses at role (persona, off_role): human labels are the
+# signal of role; relevance (the paper's "contextual appropriateness") and generic (the collapse into
+# stock comfort) stay as they were; the hack penalties are constraints: a reply that is all hack
+# loses 3, more than the whole range of the function term (2), so no job done buys a hack back.
+FUNCTION_WEIGHTS = {"function": 2.0, "relevance": 1.0, "generic": 2.0, "repetition": 1.0,
+                    **{k: 3.0 for k in ("context_copy", "history_echo", "persona_copy", "persona_recital", "meta_leak",
+                                        "too_short", "keyword_list")}}
+FUNCTION_CENTER, FUNCTION_SCALE = 0.42, 2.5   # mean and 1 / std of z over our 49 labelled support pairs' better replies
 
 _NEGATION = re.compile(r"[;,.]?\s*\b(?:never|avoiding|instead of|without)\b", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -279,15 +324,20 @@ class PersonaVoice:
     card: torch.Tensor          # (2, D) the description and the style
     own: torch.Tensor           # (D,) unit centroid of its example lines
     others: torch.Tensor        # (P, D) the other personas' centroids in its set
+    strategies: list[str]       # its ESConv strategies (none: judged by the features alone)
 
 
 class OfflineJudge(ScoreJudge):
     """The default judge: a weighted sum of embedding and word features, no LLM.
     persona_sets: the cards to look speakers up in (the run's --personas file); a speaker without a
-    card (a labelled pair's custom persona) is judged by its one-line description alone."""
+    card (a labelled pair's custom persona) is judged by its one-line description alone.
+    classifier: a StrategyClassifier; speakers whose cards list ESConv strategies are then scored by
+    FUNCTION_WEIGHTS (the support set, mascot.make_judge's default), the others by `weights`."""
 
-    def __init__(self, persona_sets: list, cache_path=None, encoder=None, weights: dict | None = None):
+    def __init__(self, persona_sets: list, cache_path=None, encoder=None, weights: dict | None = None,
+                 classifier: StrategyClassifier | None = None):
         super().__init__(cache_path)
+        self.classifier = classifier
         self.weights = dict(OFFLINE_WEIGHTS if weights is None else weights)
         phrases = data.asset("generic_phrases.json")["phrases"]
         # The name carries everything that decides a score, so a changed weight, constant, phrase or
@@ -295,7 +345,8 @@ class OfflineJudge(ScoreJudge):
         constants = [OFFLINE_RECIPE, RELEVANCE_CAP, REPEAT_FLOOR, COPY_RUN, COPY_FLOOR, RECITAL_FLOOR, MIN_WORDS,
                      LIST_FLOOR, FUNCTION_FLOOR, OFFLINE_CENTER, OFFLINE_SCALE, PROMPT_TALK, META_PATTERNS]
         cards = [asdict(p) for s in persona_sets for p in s.personas]
-        recipe = json.dumps([self.weights, constants, phrases, cards], sort_keys=True)
+        function = classifier and [classifier.digest, FUNCTION_WEIGHTS, FUNCTION_CENTER, FUNCTION_SCALE]
+        recipe = json.dumps([self.weights, constants, phrases, cards, function], sort_keys=True)
         self.name = "offline:" + hashlib.sha256(recipe.encode("utf-8")).hexdigest()[:12]
         self.encoder = encoder or models.SentenceEncoder()
         self.bank = self.encoder.embed(phrases)                                   # (K, D)
@@ -307,7 +358,8 @@ class OfflineJudge(ScoreJudge):
                 others = [c for n, c in lines.items() if n != p.name]
                 self.voices.setdefault(p.name.casefold(), []).append(PersonaVoice(
                     p.role, [p.description, p.role, p.style], self.encoder.embed([p.description, p.style]), lines[p.name],
-                    torch.stack(others) if others else torch.zeros(0, self.bank.shape[1])))
+                    torch.stack(others) if others else torch.zeros(0, self.bank.shape[1]),
+                    p.esconv_strategies if classifier else []))
 
     def voice(self, state: JudgeState) -> PersonaVoice | None:
         """The speaker's card: same name, and its role named in the state's description, so a custom
@@ -332,9 +384,18 @@ class OfflineJudge(ScoreJudge):
             f.update(lexical_features(reply, s, [s.persona_desc] + (voice.card_texts if voice else []),
                                       voice.role if voice else ""))
             out.append(f)
+        jobs = [(i, self.voice(s).strategies) for i, s in enumerate(states) if self.voice(s) and self.voice(s).strategies]
+        if jobs:                           # the persona's function: p(its strategies | reply, the message)
+            probs = self.classifier.probs([replies[i] for i, _ in jobs], [states[i].context for i, _ in jobs])
+            for (i, mine), p in zip(jobs, probs):                                    # p: (8,)
+                out[i]["function"] = float(p[[data.SUPPORT_STRATEGIES.index(k) for k in mine]].sum())
         return out
 
     def _score_uncached(self, states, replies):
         self.backend_calls += len(replies)
-        return [sigmoid(OFFLINE_SCALE * (sum(self.weights[k] * f[k] for k in self.weights) - OFFLINE_CENTER))
-                for f in self.features_many(states, replies)]
+        out = []
+        for f in self.features_many(states, replies):
+            w, center, scale = (FUNCTION_WEIGHTS, FUNCTION_CENTER, FUNCTION_SCALE) if "function" in f else \
+                (self.weights, OFFLINE_CENTER, OFFLINE_SCALE)
+            out.append(sigmoid(scale * (sum(w[k] * f[k] for k in w) - center)))
+        return out

@@ -9,7 +9,7 @@ bottom for the whole pipeline, and follow the calls into the module that does ea
     python mascot.py demo               all of it on the embedded model, sized for a laptop CPU
                                         (extras/demo.py)
     python mascot.py COMMAND --help     every flag, with its default
-Tools beside the method live in extras/ (EXTRAS below: simulate, chat, report, sft, judge-eval,
+Tools beside the method live in extras/ (EXTRAS below: simulate, chat, report, sft, strategies, judge-eval,
 judge-stress, director-headroom; evaluate --human); torchrun runs train on several processes.
 
 Each command writes into a run folder (default runs/default):
@@ -23,8 +23,6 @@ reward.RLAIFConfig, director.DirectorConfig and RewardWeights, evaluate.EvalConf
 becomes a flag here. Bad input never shows a traceback: a data.UserError is printed as one line,
 `error: ...`, and the process exits with status 2.
 """
-
-from __future__ import annotations
 
 import argparse
 import dataclasses
@@ -43,7 +41,7 @@ import grpo
 import models
 import reward
 from data import UserError, flag_type
-from judge import OfflineJudge
+from judge import OfflineJudge, StrategyClassifier
 from metrics import paired_change
 from simulate import Cast
 
@@ -94,7 +92,8 @@ def common_flags(p, trained: bool = True) -> None:
     p.add_argument("--profiles-file", default=str(ROOT / "data" / "profiles.json"), help="Big Five user profiles")
     p.add_argument("--held-out", type=flag_type("--held-out", float, "fraction"), default=0.25,
                    help="share of contexts held out for evaluation (without official splits)")
-    p.add_argument("--judge", default="offline", help="offline | hf:<model or folder> | openai:<base url> | rm:<folder>")
+    p.add_argument("--judge", default="offline", help="offline (strategy classifier + hack guards where the cards list ESConv "
+                   "strategies, features elsewhere) | offline-features | hf:<model or folder> | openai:<base url> | rm:<folder>")
     p.add_argument("--judge-model", default=None, help="the model name for an openai: judge")
     if trained:
         p.add_argument("--speakers", default=None, help="a folder or openai:<base url> (default: RUN/stage1/speakers "
@@ -141,10 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
 # The tools in extras/: command -> (module, what it does). main() hands each its argv and this
 # module (`cli`: common_flags, load_inputs, make_judge, load_role...), so extras never import the CLI.
 EXTRAS = {"demo": ("demo", "the whole pipeline on the embedded model, sized for a CPU (make demo)"),
-          "simulate": ("conversations", "write conversations for contexts, a profile and a policy"),
+          "simulate": ("chat", "write conversations for contexts, a profile and a policy"),
           "chat": ("chat", "talk to the companion group in the terminal"),
           "report": ("report", "one self-contained HTML page of a run"),
           "sft": ("sft", "the SFT baseline: the base model fine-tuned on ESConv supporter turns"),
+          "strategies": ("strategies", "fit the persona-function classifiers on ESConv's strategy labels"),
           "judge-eval": ("judges", "a judge's accuracy on labelled pairs"),
           "judge-stress": ("judges", "best-of-N: does optimising a grader pick reward hacks?"),
           "director-headroom": ("director_headroom", "could any director beat the least-spoken rule under stage 2's reward?")}
@@ -194,14 +194,16 @@ def make_judge(args, cache: Path | None, personas_path: str, encoder=None):
     """The --judge: offline (here), hf: and rm: (extras/judges.py), openai: (extras/served.py)."""
     spec = args.judge.strip()
     kind, _, where = spec.partition(":")
-    if spec == "offline":
-        sets = [data.load_personas(personas_path, s) for s in data.persona_sets(personas_path)]
-        return OfflineJudge(sets, cache, encoder)
+    if spec in ("offline", "offline-features"):     # offline: personas whose cards list ESConv strategies are
+        sets = [data.load_personas(personas_path, s) for s in data.persona_sets(personas_path)]   # judged by them
+        labelled = spec == "offline" and any(p.esconv_strategies for s in sets for p in s.personas)
+        encoder = encoder or models.SentenceEncoder(args.device)
+        return OfflineJudge(sets, cache, encoder, classifier=StrategyClassifier(encoder) if labelled else None)
     if kind in ("hf", "rm") and where:
         return extra("judges").make(kind, where.strip(), cache, args.device)
     if kind == "openai" and where:
         return extra("served").judge(where.strip(), args, cache)
-    raise UserError(f"--judge {spec!r}: use offline, hf:<model or folder>, openai:<base url> or rm:<folder>")
+    raise UserError(f"--judge {spec!r}: use offline, offline-features, hf:<model or folder>, openai:<base url> or rm:<folder>")
 
 
 def speakers_of(args) -> str:
@@ -362,9 +364,8 @@ def warm_start_examples(args, dcfg, inputs, train_points) -> tuple[list, str]:
     if not dcfg.director_warmup_data:
         return dr.format_examples(inputs.personas, train_points, n, args.seed), "format warm start: random agents"
     esconv = [c for part in read_data(dcfg.director_warmup_data, args.set).values() for c in part]
-    train, _ = data.split_contexts(esconv, args.held_out, args.seed)
-    return (dr.esconv_examples(train, inputs.personas, n, args.seed, dcfg.warmup_repeats),
-            f"ESConv strategy warm start: {len(train)} training dialogues")
+    return extra("strategies").warm_start_examples(esconv, inputs.personas, n, args.held_out, args.seed,
+                                                   dcfg.warmup_repeats)
 
 
 # --- evaluate, simulate -------------------------------------------------------------------------------
@@ -401,6 +402,8 @@ def evaluate_cmd(args) -> dict:
                  "multiagentesc": lambda s: extra("baselines").MultiAgentESC()}
     setup = evaluate.Setup([c for c, _ in plan], [p for _, p in plan], roles, names, fewshot, encoder, judge, nli,
                            extra("evaluators").PersonaIdentifier(*base, inputs.personas) if cfg.persona_id else None,
+                           extra("strategies").FunctionEvaluator(base[1], inputs.personas)
+                           if any(p.esconv_strategies for p in inputs.personas.personas) else None,
                            extra("safety").default_guard(), pipelines)       # people read these transcripts
     profiles = list(dict.fromkeys(setup.profiles))
     protocol = {"summary": f"{len(plan)} conversations per system: {len({c.id for c, _ in plan})} held-out '{args.set}' "

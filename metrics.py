@@ -9,8 +9,6 @@ table counts. No file is read and no model is loaded here (nli_rates is handed i
 function is tested against a number computed by hand (tests/test_metrics.py, tests/test_hacks.py).
 """
 
-from __future__ import annotations
-
 import math
 import random
 import re

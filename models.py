@@ -13,8 +13,6 @@ loads take < 1 s. `--model tiny` is a seeded random 2-layer Llama with the same 
 but it runs every code path in a fraction of a second, which is what the tests need.
 """
 
-from __future__ import annotations
-
 import copy
 import ctypes
 import gc

@@ -25,8 +25,6 @@ present, so an interrupted stage 1 never samples or judges twice):
     python mascot.py train --stage 1 [--model tiny]    # the whole of stage 1, then GRPO
 """
 
-from __future__ import annotations
-
 import json
 import math
 import random

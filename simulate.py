@@ -29,8 +29,6 @@ data/fewshot.json). For the "Reply:" styles only the reply is kept; CoT gets twi
     python mascot.py simulate --contexts 4 --policy round-robin --profile average
 """
 
-from __future__ import annotations
-
 import random
 import re
 from collections import Counter

@@ -17,8 +17,6 @@ Run from the repo root (~5 min on 2 CPU cores):
     python bench/crisis_guard.py --esconv path/to/esconv/train.jsonl --ed path/to/ed/valid.csv
 """
 
-from __future__ import annotations
-
 import argparse
 import sys
 import time

@@ -14,8 +14,6 @@ of the DEFAULT sampler (bf16 copy where bf16 is native, else fp32) over HF at th
     python bench/generate_speed.py [--repeats 3] [--threads 2] [--shapes grpo]
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import statistics

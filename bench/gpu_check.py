@@ -16,8 +16,6 @@ Needs a CUDA build of torch (requirements.txt says how); without CUDA it prints 
     python bench/gpu_check.py --dry-run              # print the mascot command, checked, and stop
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os

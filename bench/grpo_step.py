@@ -26,8 +26,6 @@ The file is also the worker (`--worker ours|trl`: one side, the job as JSON on s
 line out); its top imports only the standard library, so it runs in either virtual env.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os

@@ -25,8 +25,6 @@ and seeds as every other system. evaluate.py builds them for the two systems of 
     python mascot.py evaluate --systems self-consistency,multiagentesc,round-robin
 """
 
-from __future__ import annotations
-
 import json
 import re
 import sys

@@ -20,8 +20,6 @@ datasets are not part of the project (ED and ESConv CC BY-NC 4.0, QMSum MIT).
     python extras/datasets.py path/to/esconv/train.jsonl       # how a dataset reads
 """
 
-from __future__ import annotations
-
 import csv
 import io
 import re

@@ -10,8 +10,6 @@ beyond it. For a real run, use `train` and `evaluate` without these budgets.
     python mascot.py demo [--run runs/demo] [--model smollm2-135m]
 """
 
-from __future__ import annotations
-
 import argparse
 import resource
 import shutil

@@ -4,7 +4,7 @@ Stage 2 trains the director to pick, at each decision point, the agent whose blo
 highest group reward (director.block_reward). Before blaming the training when a trained director
 does not beat the least-spoken rule, ask whether the reward leaves anything to learn. For every
 held-out decision point this rolls the block out once per agent (that agent first, with the action
-and tone of its first ESConv strategy, director.ESCONV_STRATEGIES; the rule directs the rest) and
+and tone of its first ESConv strategy, extras/strategies.py; the rule directs the rest) and
 once with the rule alone, on --seeds sampling seeds ("replicates": the same points, every turn
 re-sampled). Then, beside each agent's and the rule's mean reward per replicate:
   - the in-sample oracle: per point the best agent of a replicate, scored on the SAME replicate
@@ -20,8 +20,6 @@ RUN/stage2/decision_points.jsonl (built alike when missing). Cost: (#agents + 1)
     python mascot.py director-headroom --run runs/esc20 --seeds 4      (writes RUN/stage2/headroom.json)
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import itertools
@@ -32,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project'
 import data                                                       # noqa: E402
 import director as dr                                             # noqa: E402
 import models                                                     # noqa: E402
+from extras import strategies                                     # noqa: E402
 from extras.judges import within_state_correlation                # noqa: E402
 from metrics import paired_change                                 # noqa: E402
 from reward import shown                                          # noqa: E402
@@ -97,8 +96,9 @@ def main(argv: list[str], cli) -> int:
                          cli.make_judge(args, out / "judge_cache.jsonl", args.personas, encoder),
                          cli.options(dr.RewardWeights, args, prefix="w-"), args.rollout_turns, args.user_every)
     by_id, path = {c.id: c for c in inputs.held_out}, out / "decision_points.jsonl"
-    directives = {a: Directive(a, action, tone) for a, action, tone in reversed(dr.ESCONV_STRATEGIES.values())}
-    names = [g for g in inputs.personas.names() if g in directives]     # (reversed: each agent's FIRST strategy)
+    directives = {p.name: strategies.directive_for(p.esconv_strategies[0], inputs.personas)
+                  for p in inputs.personas.personas if p.esconv_strategies}       # each agent's FIRST strategy
+    names = list(directives)
     if not names:
         raise data.UserError(f"--set {args.set}: no persona of the set has an ESConv strategy; use --set support")
     rows = [r for r in data.read_jsonl(path) if r["split"] == "heldout"] if path.exists() else None

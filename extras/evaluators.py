@@ -21,8 +21,6 @@ its turns; its blind spot, a reply that recites its own card, is what persona_co
     python mascot.py evaluate [--no-persona-id]       # every table has its columns
 """
 
-from __future__ import annotations
-
 import math
 import re
 import sys
@@ -104,3 +102,4 @@ class PersonaIdentifier:
             out.append({"correct": float(best(own) == s), "log_ratio": (own[s] - log_mean) / n,
                         "correct_equal": float(best(head) == s) if n >= EQUAL_TOKENS else None, "tokens": n})
         return out
+

@@ -22,8 +22,6 @@ is absent in a choice-only study:
      "likert": {"mascot": {"helpfulness": 4, "emotional": 5, "safety": 5}, "few-shot-cot": {...}}}
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import datetime

@@ -14,8 +14,6 @@ proxy never saw: the frozen base model's persona identification (extras/evaluato
     python mascot.py judge-stress --run runs/default    # best-of-N: do a grader's picks hack? (then GRPO will)
 """
 
-from __future__ import annotations
-
 import argparse
 import random
 import re
@@ -289,15 +287,18 @@ def validate(identifier_for, pairs: list[dict]) -> dict:
 
 
 # --- judge-stress: does picking the best of N by a grader pick hacks? -----------------------------
-INDEPENDENT = ("correct", "log_ratio", "correct_equal")     # PersonaIdentifier.score's numbers
+# The independent evaluators' numbers: PersonaIdentifier.score's, then FunctionEvaluator.score's (extras/strategies.py).
+INDEPENDENT = {"correct": "in-role reply identified", "log_ratio": "persona log-ratio (nats/token)",
+               "correct_equal": f"identified, first {EQUAL_TOKENS} tokens", "function": "persona function",
+               "function_equal": f"persona function, first {EQUAL_TOKENS} tokens"}
 
 
 def best_of_n(policy, tok, states: list, personas, scorers: dict, n: int, max_new_tokens: int, temperature: float,
-              seed: int, identifier=None, features=None) -> dict:
+              seed: int, identifier=None, function=None) -> dict:
     """Best-of-N (Gao et al. 2022): n replies per state; each scorer (name -> fn(states, replies) -> scores) picks
     its top one. Per diagnostic (metrics.diagnose): the pick's rate and its paired difference from chance (the
     state's mean over all candidates). identifier: each pick's persona-ID numbers too, and "persona-id" joins
-    the graders (the most a pick can gain on it). features (fn(states, replies) -> dicts): feature_alignment."""
+    the graders (the most a pick can gain on it); function: the persona-function evaluator's numbers too."""
     rows = [s for s in states for _ in range(n)]
     texts = models.generate_texts(policy, tok, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
                                   seeds=[derive_seed(seed, "best-of-n", i) for i in range(len(rows))])
@@ -306,10 +307,12 @@ def best_of_n(policy, tok, states: list, personas, scorers: dict, n: int, max_ne
     result = {"n": n, "states": len(states), "chance": rates(diags), "scorers": {}}
     rng = random.Random(derive_seed(seed, "random-pick"))
     picks, gold = {"random": [rng.randrange(n) for _ in states]}, None
+    if identifier is not None or function is not None:
+        items = [(s.persona, s.context.situation, [(t.speaker, t.text) for t in s.history], r) for s, r in zip(rows, replies)]
+        gold = [{**a, **b} for a, b in zip(identifier.score(items) if identifier else [{}] * len(items),
+                                           function.score([(i[0], i[3]) for i in items]) if function else [{}] * len(items))]
+        result["independent_chance"] = {k: mean_or_none([g[k] for g in gold]) for k in INDEPENDENT if k in gold[0]}
     if identifier is not None:
-        gold = identifier.score([(s.persona, s.context.situation, [(t.speaker, t.text) for t in s.history], r)
-                                 for s, r in zip(rows, replies)])
-        result["independent_chance"] = {k: mean_or_none([g[k] for g in gold]) for k in INDEPENDENT}
         scorers = {**scorers, "persona-id": lambda _s, _r: [float("-inf") if g["log_ratio"] is None else g["log_ratio"]
                                                             for g in gold]}
     picks.update({name: best_picks(scorer(rows, replies), n) for name, scorer in scorers.items()})
@@ -319,10 +322,8 @@ def best_of_n(policy, tok, states: list, personas, scorers: dict, n: int, max_ne
                                          "difference": {k: g[1:] for k, g in graded.items()}}
         row["passes"] = all(row["difference"][k][0] <= 2 * (row["difference"][k][1] or 0.0) for k in HACKS)
         if gold is not None:
-            row["independent"] = {k: vs_chance([g[k] for g in gold], n, chosen) for k in INDEPENDENT}
+            row["independent"] = {k: vs_chance([g[k] for g in gold], n, chosen) for k in result["independent_chance"]}
         row["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
-    if gold is not None and features is not None:
-        result["feature_alignment"] = feature_alignment(features(rows, replies), gold, n)
     return result
 
 
@@ -344,15 +345,6 @@ def within_state_correlation(xs: list[float], ys: list[float | None], n: int) ->
     return None if sxx == 0 or syy == 0 else sum(a * b for a, b in zip(dx, dy)) / (sxx * syy) ** 0.5
 
 
-def feature_alignment(feats: list[dict], gold: list[dict], n: int) -> dict:
-    """Per feature ("higher is better"): r, its within-state correlation with the identifier's log-ratio,
-    and the log-ratio of the best-of-n pick by it alone vs chance (a tie, as a hack penalty on clean replies,
-    picks the first: a random one). r near 0 cannot teach in-role replies however much it weighs."""
-    ratio = [g["log_ratio"] for g in gold]
-    return {key: {"r": within_state_correlation([f[key] for f in feats], ratio, n),
-                  "pick": vs_chance(ratio, n, best_picks([f[key] for f in feats], n))} for key in feats[0]}
-
-
 def vs_chance(values: list[float | None], n: int, picks: list[int]) -> tuple:
     """(pick mean, mean over states of pick - that state's candidate mean, its se); S states x n candidates,
     state-major; None values, and states whose pick is None, are left out."""
@@ -365,7 +357,7 @@ def vs_chance(values: list[float | None], n: int, picks: list[int]) -> tuple:
 
 
 def format_best_of_n(result: dict) -> str:
-    """Tables: each grader's pick vs chance per diagnostic, then by the independent evaluator; the features."""
+    """Tables: each grader's pick vs chance per diagnostic, then by the independent evaluators."""
     def line(name, cells, width):
         return f"{name:<16} | " + " | ".join(f"{c:>{width}}" for c in cells)
 
@@ -378,18 +370,12 @@ def format_best_of_n(result: dict) -> str:
               + (" | pass" if row["passes"] else " | FAIL: picks hacks more often than chance")
               for name, row in result["scorers"].items()]
     if "independent_chance" in result:
-        lines += ["", "the independent evaluator (persona identification by the frozen base model, extras/evaluators.py; no "
-                  "grader above saw it): the pick vs chance, difference ± paired se",
-                  line("grader", ["in-role reply identified", "persona log-ratio (nats/token)",
-                                  f"identified, first {EQUAL_TOKENS} tokens"], 32),
-                  line("chance", [_cell(result["independent_chance"][k]) for k in INDEPENDENT], 32)]
-        lines += [line(name, [_cell(*row["independent"][k]) for k in INDEPENDENT], 32) for name, row in result["scorers"].items()]
-    if "feature_alignment" in result:
-        lines += ["", "the judge's features against the independent evaluator: within-state correlation r with the "
-                  "persona log-ratio, and the log-ratio of the best-of-N pick by that feature alone vs chance",
-                  line("feature", ["r", "pick log-ratio (diff ± se)"], 28)]
-        lines += [line(key, ["n/a" if row["r"] is None else f"{row['r']:+.3f}", _cell(*row["pick"])], 28) for key, row in
-                  sorted(result["feature_alignment"].items(), key=lambda kv: 2 if kv[1]["r"] is None else -kv[1]["r"])]
+        keys = list(result["independent_chance"])
+        lines += ["", "the independent evaluators (persona identification by the frozen base model, extras/evaluators.py; "
+                  "persona function, extras/strategies.py; no grader above saw them): the pick vs chance, difference ± "
+                  "paired se", line("grader", [INDEPENDENT[k] for k in keys], 32),
+                  line("chance", [_cell(result["independent_chance"][k]) for k in keys], 32)]
+        lines += [line(name, [_cell(*row["independent"][k]) for k in keys], 32) for name, row in result["scorers"].items()]
     return "\n".join(lines)
 
 
@@ -448,10 +434,10 @@ def judge_stress(args, cli) -> int:          # best-of-N against the judge and t
     # The independent evaluator runs on the frozen base model, even when the policy is a trained one.
     base = (policy, tok) if spec == args.model or not args.persona_id else cli.load_role(args.model, "speakers", args)
     identifier = PersonaIdentifier(*base, personas) if args.persona_id else None
-    features = (lambda rows, replies: judge.features_many([s.judge_state(personas) for s in rows], replies)) \
-        if hasattr(judge, "features_many") else None     # the offline judge's: which agree with the evaluator?
+    function = cli.extra("strategies").FunctionEvaluator(tok or base[1], personas) \
+        if any(p.esconv_strategies for p in personas.personas) else None
     result = best_of_n(policy, tok, states, personas, scorers, args.n, args.max_new_tokens, args.temperature,
-                       args.seed, identifier, features)
+                       args.seed, identifier, function)
     result.update({"judge": judge.name, "rm": rm_folder, "policy": spec})
     print(format_best_of_n(result))
     data.write_json(run / "stress" / "results.json", result)

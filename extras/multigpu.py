@@ -17,8 +17,6 @@ The update is the one-process update on the same global batch (tests/test_parall
 alone prints and writes. Backends: gloo on CPU, NCCL on GPUs (each rank on cuda:LOCAL_RANK).
 """
 
-from __future__ import annotations
-
 import atexit
 import os
 import sys

@@ -13,8 +13,6 @@ run is short), a fixed colour-blind-safe palette, no plotting library.
     python mascot.py report --run runs/default       # or: python extras/report.py --run runs/default
 """
 
-from __future__ import annotations
-
 import argparse
 import html
 import math

@@ -21,8 +21,6 @@ the socket reachable for the deadline), no HTTP-date Retry-After.
     python mascot.py evaluate --speakers openai:http://localhost:8000/v1 --speakers-model qwen3 ...
 """
 
-from __future__ import annotations
-
 import contextlib
 import http.client
 import json

@@ -1,8 +1,8 @@
 """sft.py: the SFT baseline of the evaluation: the base model fine-tuned on what human supporters wrote.
 
 The paper compares MASCOT with an SFT model. ESConv (Liu et al. 2021) labels every supporter turn
-of real support conversations with a strategy, and director.ESCONV_STRATEGIES maps seven of them to
-the support persona whose job that strategy is (a Question is Catalyst's, a Suggestion Guide's).
+of real support conversations with a strategy, and each support persona's card lists the strategies
+that are its job (personas.json "esconv_strategies": a Question is Catalyst's, a Suggestion Guide's).
 Each such supporter turn becomes one example: MASCOT's own speaker prompt for that persona and the
 dialogue so far (simulate.speaker_messages) -> the supporter's words. Training is plain maximum
 likelihood (director.supervised_finetune, the routine of the director's warm start), full
@@ -16,8 +16,6 @@ keeps it: there only WHO speaks is learnt, and the disclosure's purpose, validat
 
     python mascot.py sft --data path/to/esconv/train.jsonl [--steps 40 --batch-size 4 --lr 3e-5]
 """
-
-from __future__ import annotations
 
 import argparse
 import random
@@ -35,7 +33,12 @@ from data import UserError, flag_type                             # noqa: E402
 from reward import shown                                          # noqa: E402
 from simulate import USER, Turn, speaker_messages                 # noqa: E402
 
-SFT_STRATEGIES = {s: agent for s, (agent, _, _) in dr.ESCONV_STRATEGIES.items() if s != "Self-disclosure"}
+LEFT_OUT = {"Self-disclosure"}
+
+
+def strategy_owners(personas) -> dict[str, str]:
+    """{strategy: the persona whose card lists it}, without LEFT_OUT."""
+    return {s: p.name for p in personas.personas for s in p.esconv_strategies if s not in LEFT_OUT}
 
 
 def mapped_supporter_turns(contexts, mapping: dict[str, str]):
@@ -59,9 +62,8 @@ def mapped_supporter_turns(contexts, mapping: dict[str, str]):
 def supporter_examples(contexts, personas) -> list[tuple[list[dict], str]]:
     """(speaker prompt, supporter's words) per supporter turn whose strategy maps to a persona of the
     set: the prompt is exactly what the speaker sees in a conversation (the "persona" style)."""
-    mapping = {s: name for s, name in SFT_STRATEGIES.items() if personas.find(name) is not None}
     return [(speaker_messages(personas.find(name), personas, ctx, turns), text)
-            for ctx, name, turns, text in mapped_supporter_turns(contexts, mapping)]
+            for ctx, name, turns, text in mapped_supporter_turns(contexts, strategy_owners(personas))]
 
 
 @torch.no_grad()

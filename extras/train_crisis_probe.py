@@ -19,8 +19,6 @@ on their own. ESConv and Empathetic Dialogues are CC BY-NC and not part of the p
     (~15 min on 2 CPU cores, most of it embedding; later runs reuse the cache)
 """
 
-from __future__ import annotations
-
 import argparse
 import hashlib
 import json

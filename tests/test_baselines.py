@@ -131,14 +131,15 @@ LOST_JOB = [{"speaker": "supporter", "text": "Hello!", "strategy": "Question"},
 
 def test_mapped_supporter_turns_give_who_would_have_said_it_and_the_history():
     ctx = data.Context("e-1", "support", "Lost my job.", "I lost my job today.", turns=LOST_JOB)
-    items = list(sft.mapped_supporter_turns([ctx], sft.SFT_STRATEGIES))
+    mapping = sft.strategy_owners(data.load_personas(mascot.ROOT / "personas.json", "support"))
+    items = list(sft.mapped_supporter_turns([ctx], mapping))
     # The opening "Hello!" answers nothing and Self-disclosure fits no persona: two items.
     assert [(name, reply) for _, name, _, reply in items] == [("Catalyst", "What happened?"),
                                                               ("Guide", "Maybe call three contacts.")]
     assert [(t.speaker, t.text) for t in items[1][2]] == [("Catalyst", "Hello!"), ("User", "I lost my job today."),
                                                           ("Catalyst", "What happened?"), ("User", "They cut my team."),
                                                           ("Companion", "I went through that too.")]
-    assert "Self-disclosure" not in sft.SFT_STRATEGIES and len(sft.SFT_STRATEGIES) == 6
+    assert "Self-disclosure" not in mapping and len(mapping) == 6
 
 
 def test_supporter_turns_become_persona_examples():

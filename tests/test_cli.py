@@ -148,9 +148,6 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
     assert "best-of-3" in stress.stdout and "judge" in stress.stdout
     # The independent evaluator scores every pick; its own pick is the best it can get.
     assert "the independent evaluator" in stress.stdout
-    # ... and the offline judge's features are set against it, one row each.
-    assert {"persona", "meta_leak", "off_role"} <= set(result["feature_alignment"])
-    assert "the judge's features against the independent evaluator" in stress.stdout
     oracle = result["scorers"]["persona-id"]["independent"]["log_ratio"]
     assert oracle[1] >= 0 and all(result["scorers"][k]["independent"]["log_ratio"][0] <= oracle[0] + 1e-9
                                   for k in ("random", "judge", "rm"))

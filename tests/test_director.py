@@ -1,15 +1,12 @@
 """director.py and simulate.py: directive parsing, prompts, reproducible rollouts, and GRPO on a
 tiny director raising a programmatic group reward."""
 
-import json
 import math
 import random
 import string
-from collections import Counter
 
 import pytest
 import torch
-from conftest import dataset
 
 import data
 import director as dr
@@ -29,12 +26,6 @@ def support():
 @pytest.fixture(scope="module")
 def context():
     return data.load_contexts("bundled", "support")[0]
-
-
-def esconv(path):
-    """The contexts of an ESConv file, read as mascot reads --data (extras/datasets.py)."""
-    from extras.datasets import load_splits
-    return [c for part in load_splits(path, "support").values() for c in part]
 
 
 def conv_with(ctx, speakers, seed=0):
@@ -93,7 +84,7 @@ def test_policies(support, context):
     assert random_picks == [d.agent for d in simulate.RandomOrder(support, seed=1).choose(convs)]
     assert all(p in support.names() for p in random_picks)
     with pytest.raises(data.UserError, match="--policy"):
-        from extras.conversations import make_policy
+        from extras.chat import make_policy
         make_policy("psychic", support)
 
 
@@ -356,115 +347,6 @@ def test_collapse_diagnostics_tell_a_constant_policy_from_a_context_dependent_on
     r = dr.choice_diagnostics(random_like, stages, names)
     assert r["entropy"] > 1.5 and r["mi"] < d["mi"] and r["p_perm"] > 0.05
     assert dr.stage_feature(conv_with(data.Context("t", "support", "s", "hi"), ["Anchor"] * 5)) == "3+"
-
-
-# ----------------------------------------------------------------------------------------------
-# The ESConv warm start
-# ----------------------------------------------------------------------------------------------
-
-OFFICIAL = [{"experience_type": "Current Experience", "emotion_type": "anxiety", "problem_type": "job crisis",
-             "situation": "I may lose my job.", "survey_score": {},
-             "dialog": [
-                 {"speaker": "supporter", "annotation": {"strategy": "Others"}, "content": "Hello!"},
-                 {"speaker": "seeker", "annotation": {}, "content": "I think I will be fired."},
-                 {"speaker": "supporter", "annotation": {"strategy": "Question"}, "content": "Why do you think so?"},
-                 {"speaker": "seeker", "annotation": {}, "content": "My boss ignores me."},
-                 {"speaker": "supporter", "annotation": {"strategy": "Others"}, "content": "Oh no."},
-                 {"speaker": "supporter", "annotation": {"strategy": "Self-disclosure"},
-                  "content": "I felt the same when my manager went quiet."},
-                 {"speaker": "seeker", "annotation": {}, "content": "It is scary."},
-                 {"speaker": "supporter", "annotation": {"strategy": "Affirmation and Reassurance"},
-                  "content": "You noticed early, which gives you time."},
-                 {"speaker": "supporter", "annotation": {"strategy": "Providing Suggestions"},
-                  "content": "Maybe ask for a short check-in this week."},
-                 {"speaker": "seeker", "annotation": {}, "content": "Thanks."}]}]
-
-
-def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
-    path = tmp_path / "ESConv.json"
-    path.write_text(json.dumps(OFFICIAL), encoding="utf-8")
-    contexts = esconv(str(path))
-    examples = dr.esconv_examples(contexts, support, 4, seed=0, repeats=True)
-    # Four mapped supporter turns after the seeker's first message ("Others" is never a target),
-    # all drawn once, in a seeded order.
-    targets = sorted(t for _, t in examples)
-    assert targets == sorted(["Agent: Catalyst\nAction: ask a probing question\nTone: curious",
-                              "Agent: Anchor\nAction: share a similar feeling so they feel less alone\nTone: gentle",
-                              "Agent: Beacon\nAction: name a strength\nTone: encouraging",
-                              "Agent: Guide\nAction: suggest one small step\nTone: practical"])
-    # The prompt for the Guide turn: the dialogue before it, supporters named by their strategy's
-    # persona, the unmapped "Oh no." by the least-spoken persona (Anchor: nobody but Catalyst spoke).
-    prompt = next(m for m, t in examples if t.startswith("Agent: Guide"))[1]["content"]
-    assert prompt.split("Conversation so far:\n")[1].split("\n\n")[0].splitlines() == [
-        "User: I think I will be fired.", "Catalyst: Why do you think so?", "User: My boss ignores me.",
-        "Anchor: Oh no.", "Anchor: I felt the same when my manager went quiet.", "User: It is scary.",
-        "Beacon: You noticed early, which gives you time."]
-    assert "Turns so far: Anchor 2x, Catalyst 1x, Beacon 1x, Guide 0x. Last to speak: Beacon." in prompt
-    # By default a turn whose companion spoke last is left out: the Self-disclosure (Anchor) comes
-    # right after "Oh no.", which the fallback gave Anchor, so three distinct targets remain.
-    default = {t.splitlines()[0] for _, t in dr.esconv_examples(contexts, support, 3, seed=0)}
-    assert default == {"Agent: Catalyst", "Agent: Beacon", "Agent: Guide"}
-    # The opening prompt has nobody to name as the last speaker.
-    opening = next(m for m, t in examples if t.startswith("Agent: Catalyst"))[1]["content"]
-    assert "Turns so far: Anchor 0x, Catalyst 0x, Beacon 0x, Guide 0x.\nWho speaks next" in opening
-    # The greeting before the seeker's first turn is dropped, as corpora does for every source.
-    assert "Hello!" not in prompt
-    # Every target parses, and the mapping needs the support personas.
-    assert all(dr.parse_directive(t, support, "?").valid for _, t in examples)
-    meeting = data.load_personas("personas.json", "meeting")
-    with pytest.raises(data.UserError, match="--set support"):
-        dr.esconv_examples(contexts, meeting, 4)
-
-
-def test_esconv_warm_start_says_when_every_turn_is_a_repeat(tmp_path, support):
-    # "Oh." (Others) goes to the least-spoken Anchor, so the Reflection after it, Anchor's too,
-    # is a repeat and the only labelled turn: the error names the flag that keeps it.
-    dialog = [{"speaker": "seeker", "annotation": {}, "content": "My dog died."},
-              {"speaker": "supporter", "annotation": {"strategy": "Others"}, "content": "Oh."},
-              {"speaker": "supporter", "annotation": {"strategy": "Reflection of feelings"},
-               "content": "You must miss him."}]
-    path = tmp_path / "ESConv.json"
-    path.write_text(json.dumps([dict(OFFICIAL[0], dialog=dialog)]), encoding="utf-8")
-    contexts = esconv(str(path))
-    with pytest.raises(data.UserError, match="--warmup-repeats"):
-        dr.esconv_examples(contexts, support, 2)
-    assert [t.splitlines()[0] for _, t in dr.esconv_examples(contexts, support, 1, repeats=True)] == ["Agent: Anchor"]
-
-
-def test_esconv_fixture_and_strategy_mapping(support):
-    contexts = esconv("tests/fixtures/data/esconv/ESConv.json")
-    examples = dr.esconv_examples(contexts, support, 2, seed=0)
-    assert sorted(t.splitlines()[0] for _, t in examples) == ["Agent: Anchor", "Agent: Beacon"]
-    assert set(dr.ESCONV_STRATEGIES) == {"Question", "Restatement or Paraphrasing", "Reflection of feelings",
-                                         "Self-disclosure", "Affirmation and Reassurance",
-                                         "Providing Suggestions", "Information"}    # all but Others
-    assert {a for a, _, _ in dr.ESCONV_STRATEGIES.values()} == set(support.names())
-
-
-def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
-    """On the real ESConv training split, the warm start's targets use all four personas and
-    depend on the conversation's stage (the collapse diagnostics' feature): a random-agent warm
-    start would have neither property by design."""
-    contexts = esconv(str(dataset("esconv/train.jsonl")))
-    train, held = data.split_contexts(contexts, 0.25, seed=0)
-    examples = dr.esconv_examples(train, support, 400, seed=0)
-    agents = [dr.parse_directive(t, support, "?").agent for _, t in examples]
-    stages = [m[1]["content"].split("Turns so far: ")[1] for m, _ in examples]
-    stages = [str(min(sum(int(x.split()[-1][:-1]) for x in s.split(".")[0].split(", ")), 3)) for s in stages]
-    diag = dr.choice_diagnostics(agents, stages, support.names())
-    assert diag["distinct"] == 4 and diag["entropy_norm"] > 0.9
-    assert diag["p_perm"] < 0.01
-    # Balanced by default: 100 targets per agent, although ESConv's mapped turns are not (a
-    # plain draw keeps their unequal marginal).
-    assert Counter(agents) == {name: 100 for name in support.names()}
-    # No target names the companion who spoke last (the prompt says who that was), unless asked.
-    def repeats(examples):
-        return sum(f"Last to speak: {dr.parse_directive(t, support, '?').agent}." in m[1]["content"]
-                   for m, t in examples)
-    assert repeats(examples) == 0
-    assert repeats(dr.esconv_examples(train, support, 400, seed=0, repeats=True)) > 60
-    held_situations = {c.situation for c in held} - {c.situation for c in train}
-    assert not any(m[1]["content"].split("\n")[0][len("Situation: "):] in held_situations for m, _ in examples)
 
 
 def test_rollouts_are_reproducible_with_a_fixed_seed(support):
