@@ -440,9 +440,12 @@ def log_line(row: dict, steps: int) -> str:
     """One line per step: the reward (the curve to watch), KL, clipping, length and the rest."""
     opt = lambda k, d=".4f": "-" if row.get(k) is None else format(row[k], d)    # noqa: E731
     hacks = " ".join(f"{k[5:]} {v:.2f}" for k, v in row.items() if k.startswith("hack_") and k != "hack_words" and v)
+    # Stage 1: the share of replies each hack diagnostic flags; stage 2: its reward's share of clean block turns.
+    shown = f"hacks [{hacks or 'none'}] " if any(k.startswith("hack_") for k in row) else \
+        f"clean {row['r_clean']:.2f} " if "r_clean" in row else ""
     return (f"step {row['step']:4d}/{steps} reward {row['reward_mean']:+.3f} ±{row['reward_std']:.3f} kl {opt('kl')} "
             f"clip {row['clip_frac']:.3f} len {row['length']:.1f} zero-std {row['frac_zero_std']:.2f} gnorm "
-            f"{row['grad_norm']:.2f} mismatch {opt('logp_mismatch')} hacks [{hacks or 'none'}] "
+            f"{row['grad_norm']:.2f} mismatch {opt('logp_mismatch')} {shown}"
             f"{'SKIPPED (non-finite) ' if row['skipped'] else ''}{row['seconds']:.1f}s")
 
 

@@ -450,8 +450,8 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: checkpoints and the judge cache are on disk; run the same command with --resume",
-              file=sys.stderr)
+        print("interrupted: checkpoints and the judge cache are on disk; run the same command" +
+              (" with --resume" if argv[:1] == ["train"] else " (it picks up what is done)"), file=sys.stderr)
         return 130
     return 0
 

@@ -151,3 +151,27 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
     for k, v in model.state_dict().items():            # no NaN update was ever applied
         assert torch.equal(v, before[k]), k
     assert grpo.checkpoints(tmp_path / "checkpoints") != []
+
+
+def test_the_step_line_shows_hacking_in_either_stage():
+    row = {"step": 3, "reward_mean": 0.5, "reward_std": 0.1, "kl": None, "clip_frac": 0.0, "length": 20.0,
+           "frac_zero_std": 0.0, "grad_norm": 1.0, "logp_mismatch": 0.01, "skipped": False, "seconds": 2.0}
+    stage1 = grpo.log_line({**row, "hack_context_copy": 0.25, "hack_meta_leak": 0.0, "hack_words": 12.0}, 10)
+    assert "hacks [context_copy 0.25] " in stage1 and "clean" not in stage1
+    assert "hacks [none] " in grpo.log_line({**row, "hack_context_copy": 0.0}, 10)   # measured, none found
+    stage2 = grpo.log_line({**row, "r_clean": 0.875}, 10)                             # the director's block turns
+    assert "clean 0.88 " in stage2 and "hacks" not in stage2
+    assert "hacks" not in grpo.log_line(row, 10) and "clean" not in grpo.log_line(row, 10)
+
+
+def test_an_interrupt_says_how_to_go_on(monkeypatch, capsys):
+    import mascot
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(mascot, "evaluate_cmd", interrupted)
+    monkeypatch.setattr(mascot, "train_stage1", interrupted)
+    assert mascot.main(["evaluate", "--model", "tiny"]) == 130
+    assert capsys.readouterr().err.strip().endswith("run the same command (it picks up what is done)")
+    assert mascot.main(["train", "--stage", "1", "--model", "tiny"]) == 130
+    assert capsys.readouterr().err.strip().endswith("run the same command with --resume")
