@@ -331,13 +331,15 @@ class OfflineJudge(ScoreJudge):
     """The default judge: a weighted sum of embedding and word features, no LLM.
     persona_sets: the cards to look speakers up in (the run's --personas file); a speaker without a
     card (a labelled pair's custom persona) is judged by its one-line description alone.
-    classifier: a StrategyClassifier; speakers whose cards list ESConv strategies are then scored by
-    FUNCTION_WEIGHTS (the support set, mascot.make_judge's default), the others by `weights`."""
+    classifier: a StrategyClassifier (True: the shipped one); speakers whose cards list ESConv strategies
+    are then scored by FUNCTION_WEIGHTS (the support set, mascot.make_judge's default), others by `weights`."""
 
     def __init__(self, persona_sets: list, cache_path=None, encoder=None, weights: dict | None = None,
-                 classifier: StrategyClassifier | None = None):
+                 classifier: StrategyClassifier | bool | None = None):
         super().__init__(cache_path)
-        self.classifier = classifier
+        self.encoder = encoder or models.SentenceEncoder()
+        labelled = any(p.esconv_strategies for s in persona_sets for p in s.personas)
+        self.classifier = (StrategyClassifier(self.encoder) if labelled else None) if classifier is True else classifier
         self.weights = dict(OFFLINE_WEIGHTS if weights is None else weights)
         phrases = data.asset("generic_phrases.json")["phrases"]
         # The name carries everything that decides a score, so a changed weight, constant, phrase or
@@ -345,10 +347,9 @@ class OfflineJudge(ScoreJudge):
         constants = [OFFLINE_RECIPE, RELEVANCE_CAP, REPEAT_FLOOR, COPY_RUN, COPY_FLOOR, RECITAL_FLOOR, MIN_WORDS,
                      LIST_FLOOR, FUNCTION_FLOOR, OFFLINE_CENTER, OFFLINE_SCALE, PROMPT_TALK, META_PATTERNS]
         cards = [asdict(p) for s in persona_sets for p in s.personas]
-        function = classifier and [classifier.digest, FUNCTION_WEIGHTS, FUNCTION_CENTER, FUNCTION_SCALE]
+        function = self.classifier and [self.classifier.digest, FUNCTION_WEIGHTS, FUNCTION_CENTER, FUNCTION_SCALE]
         recipe = json.dumps([self.weights, constants, phrases, cards, function], sort_keys=True)
         self.name = "offline:" + hashlib.sha256(recipe.encode("utf-8")).hexdigest()[:12]
-        self.encoder = encoder or models.SentenceEncoder()
         self.bank = self.encoder.embed(phrases)                                   # (K, D)
         self.voices: dict[str, list[PersonaVoice]] = {}
         for s in persona_sets:

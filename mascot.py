@@ -41,7 +41,7 @@ import grpo
 import models
 import reward
 from data import UserError, flag_type
-from judge import OfflineJudge, StrategyClassifier
+from judge import OfflineJudge
 from metrics import paired_change
 from simulate import Cast
 
@@ -194,11 +194,9 @@ def make_judge(args, cache: Path | None, personas_path: str, encoder=None):
     """The --judge: offline (here), hf: and rm: (extras/judges.py), openai: (extras/served.py)."""
     spec = args.judge.strip()
     kind, _, where = spec.partition(":")
-    if spec in ("offline", "offline-features"):     # offline: personas whose cards list ESConv strategies are
-        sets = [data.load_personas(personas_path, s) for s in data.persona_sets(personas_path)]   # judged by them
-        labelled = spec == "offline" and any(p.esconv_strategies for s in sets for p in s.personas)
-        encoder = encoder or models.SentenceEncoder(args.device)
-        return OfflineJudge(sets, cache, encoder, classifier=StrategyClassifier(encoder) if labelled else None)
+    if spec in ("offline", "offline-features"):     # offline: cards listing ESConv strategies are judged by them
+        sets = [data.load_personas(personas_path, s) for s in data.persona_sets(personas_path)]
+        return OfflineJudge(sets, cache, encoder, classifier=spec == "offline")
     if kind in ("hf", "rm") and where:
         return extra("judges").make(kind, where.strip(), cache, args.device)
     if kind == "openai" and where:

@@ -177,7 +177,8 @@ def simulate(argv: list[str], cli) -> int:
     """`mascot.py simulate`: the conversation engine (simulate.py) outside training and evaluation, with
     the crisis guard on (people read these transcripts); the director is RUN/stage2/director when
     stage 2 has run, else --model prompted."""
-    p = argparse.ArgumentParser(prog="mascot.py simulate", description="write conversations for contexts, a profile and a policy", formatter_class=cli.Formatter)
+    p = argparse.ArgumentParser(prog="mascot.py simulate", formatter_class=cli.Formatter,
+                                description="write conversations for contexts, a profile and a policy")
     cli.common_flags(p)
     p.add_argument("--turns", type=flag_type("--turns", int, "positive"), default=4, help="agent turns per conversation")
     p.add_argument("--contexts", type=flag_type("--contexts", int, "positive"), default=4, help="how many contexts")

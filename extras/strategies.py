@@ -93,8 +93,7 @@ class FunctionEvaluator:
     def probs(self, texts: list[str]) -> torch.Tensor:
         return torch.softmax(self.features(texts) @ self.weight.T + self.bias, dim=-1)     # (N, 8)
 
-    def predicted(self, texts: list[str]) -> list[str]:
-        """Per text, the persona whose strategies get the most mass."""
+    def predicted(self, texts: list[str]) -> list[str]:                              # the persona doing the most
         mass = function_mass(self.probs(texts), [p.esconv_strategies for p in self.personas.personas])   # (N, P)
         return [self.personas.names()[k] for k in mass.argmax(-1).tolist()]
 
@@ -226,13 +225,10 @@ def main(argv: list[str], cli) -> int:
 
 
 # --- The director's warm start on what real supporters did next (train --director-warmup-data) --------
-# personas.json says whose job each strategy is (ESConv's definitions, quoted: a Question "ask[s] for
-# information related to the problem", Catalyst's probing question; Restatement, Reflection of feelings
-# and Self-disclosure, "divulge similar experiences ... to express your empathy", are validation,
-# Anchor's; Affirmation and Reassurance, "affirm the help-seeker's strengths, motivation, and
-# capabilities", is Beacon's word for word; Providing Suggestions and Information are Guide's). Here:
-# the Action and Tone a directive for each strategy takes. "Others" (greetings, thanks) is nobody's
-# job: such a turn stays in the history, never a target.
+# personas.json says whose job each strategy is (in ESConv's words, Affirmation and Reassurance "affirm[s]
+# the help-seeker's strengths", Beacon's job; Self-disclosure, "divulge similar experiences ... to express
+# your empathy", is validation, Anchor's); here, the Action and Tone of a directive for each. "Others"
+# (greetings, thanks) is nobody's job: such a turn stays in the history, never a target.
 STRATEGY_DIRECTIVES = {
     "Question": ("ask a probing question", "curious"),
     "Restatement or Paraphrasing": ("reflect back what was said", "calm and steady"),
