@@ -12,6 +12,7 @@ the judge), and an evaluate whose trained speakers and simulated user are served
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -82,20 +83,26 @@ def test_judge_eval_stage_1_and_evaluate_through_a_llama_cpp_server(server, tmp_
     mascot("judge-eval", "--pairs", str(pairs), *judge, "--cache", str(tmp_path / "judge.jsonl"))
     assert len((tmp_path / "judge.jsonl").read_text().splitlines()) == answered      # all from the cache
 
-    # Stage 1 with SmolLM2-135M as its judge: it rates every reply "Your response is 5 stars." and
-    # answers every comparison "A", so there is no score gap to confirm, and stage 1 stops before
-    # the reward model, naming the judge (a 135M model cannot judge; a served 7B one can). What
-    # runs through the server here: the preflight, the concurrent pointwise scores, their cache.
+    # Stage 1 with SmolLM2-135M as its judge: it often rates a reply "Your response is 5 stars.", but
+    # as often answers a numbered list ("1. 3\n2. 5"), which is unreadable, and picks "A" in every
+    # comparison, so there is no verdict and stage 1 stops before the reward model, naming the judge
+    # (a 135M model cannot judge; a served 7B one can). Which replies it can read depends on the
+    # sampled candidates (they differ between CPUs), so the test counts: the cache holds exactly the
+    # readable scores and the verdict-less but readable comparisons, and a re-run adds nothing.
     run = str(tmp_path / "run")
     stage1 = ["train", "--stage", "1", "--model", "smollm2-135m", "--run", run, *judge, "--states", "2",
               "--heldout-states", "1", "--candidates", "3", "--max-new-tokens", "16"]
     out = mascot(*stage1, expect=2)
-    assert f"judge openai:{server}:smollm2: " in out.stdout and " of 6 scores unreadable" in out.stdout
+    counts = re.search(rf"judge openai:{re.escape(server)}:smollm2: (\d+) of 6 scores unreadable; "
+                       r"(\d+) of (\d+) comparisons without a verdict \((\d+) unreadable\)", out.stdout)
+    assert counts, out.stdout
+    unreadable, _, compared, unreadable_verdicts = map(int, counts.groups())
     assert "error: stage 1: the judge" in out.stderr and "confirmed no preference pair" in out.stderr
-    scores = (tmp_path / "run" / "stage1" / "judge_cache.jsonl").read_text().splitlines()
-    assert len(scores) >= 4                                             # readable ones are cached
-    again = mascot(*stage1, expect=2)                                   # the same questions: all cached
-    assert (tmp_path / "run" / "stage1" / "judge_cache.jsonl").read_text().splitlines() == scores
+    cache = tmp_path / "run" / "stage1" / "judge_cache.jsonl"
+    scores = cache.read_text().splitlines() if cache.exists() else []
+    assert len(scores) == (6 - unreadable) + (compared - unreadable_verdicts)    # readable answers only
+    again = mascot(*stage1, expect=2)                                   # the same questions: cached ones not asked
+    assert (cache.read_text().splitlines() if cache.exists() else []) == scores
     assert "confirmed no preference pair" in again.stderr
 
     served = ["--speakers", f"openai:{server}", "--speakers-model", "smollm2",
