@@ -1,15 +1,14 @@
 """bench/crisis_guard.py: how often the crisis guard interrupts ordinary talk, and what it catches.
 
 The one place the guard's headline numbers come from (docs/SAFETY.md quotes its output):
-    1. ESConv: the flag rate on the seeker messages of the HELD-OUT dialogues, the ones
-       extras/train_crisis_probe.py keeps out of training. The few real risk messages in them
-       (hand labels, data/safety_esconv_labels.jsonl) are counted apart: "risky" ones the guard
-       should catch, "context" ones (risky only given the earlier turns) neither way. Every other
-       flag is a false alarm and is listed.
+    1. ESConv: the flag rate on the seeker messages of the HELD-OUT dialogues, the ones extras/train_crisis_probe.py
+       keeps out of training. The few real risk messages in them (hand labels, data/safety_esconv_labels.jsonl) are
+       counted apart: "risky" ones the guard should catch, "context" ones (risky only given the earlier turns) neither
+       way. Every other flag is a false alarm and is listed.
     2. Empathetic Dialogues (with --ed): the flag rate on the held-out conversations' messages.
-    3. Each blind list (tests/fixtures/safety_blind_v*.jsonl, written by people who never saw the
-       guard): recall on the risky messages, overall and per kind, and the flag rate on the
-       near-misses; every miss and every false alarm is listed.
+    3. Each blind list (tests/fixtures/safety_blind_v*.jsonl, written by people who never saw the guard): recall on
+       the risky messages, overall and per kind, and the flag rate on the near-misses; every miss and every false
+       alarm is listed.
     4. Timing: the first check (model load) and a batch.
 ESConv and Empathetic Dialogues are not part of the project (CC BY-NC): give your own copies.
 
@@ -51,9 +50,8 @@ def bench_esconv(guard: safety.CrisisGuard, path: str) -> None:
             print(("  caught" if flagged[i] else "  missed") + show(flags[i], messages[i]["text"]))
     false = [i for i, m in enumerate(messages) if flagged[i] and not m["label"]]
     ordinary = sum(not m["label"] for m in messages)
-    print(f"  false alarms: {len(false)} of {ordinary} unlabelled messages "
-          f"({len(false) / ordinary:.2%}); stopped dialogues: "
-          f"{len({messages[i]['group'] for i in false})} of {len(dialogues)}")
+    print(f"  false alarms: {len(false)} of {ordinary} unlabelled messages ({len(false) / ordinary:.2%}); "
+          f"stopped dialogues: {len({messages[i]['group'] for i in false})} of {len(dialogues)}")
     for i in false:
         print(show(flags[i], messages[i]["text"]))
 
@@ -73,8 +71,7 @@ def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
     flags = guard.check_many([r["text"] for r in rows])
     risky = [i for i, r in enumerate(rows) if r["risky"]]
     near = [i for i, r in enumerate(rows) if not r["risky"]]
-    caught = sum(flags[i].flagged for i in risky)
-    alarms = sum(flags[i].flagged for i in near)
+    caught, alarms = (sum(flags[i].flagged for i in group) for group in (risky, near))
     print(f"{path.name}: recall {caught}/{len(risky)} = {caught / len(risky):.3f}; near-miss "
           f"flag rate {alarms}/{len(near)} = {alarms / len(near):.3f}")
     by_kind = defaultdict(list)
@@ -87,31 +84,25 @@ def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
         if len(members) > 1:
             by_kind[f"{group}_* (all)"] = [f for kind in members for f in by_kind[kind]]
     for kind, got in sorted(by_kind.items()):
-        print(f"    risky kind {kind or '(none)':28s} {sum(got)}/{len(got)} "
-              f"= {sum(got) / len(got):.2f}")
-    for i in risky:
-        if not flags[i].flagged:
-            print("  missed" + show(flags[i], rows[i]["text"]))
-    for i in near:
-        if flags[i].flagged:
-            print("  false alarm" + show(flags[i], rows[i]["text"]))
+        print(f"    risky kind {kind or '(none)':28s} {sum(got)}/{len(got)} = {sum(got) / len(got):.2f}")
+    for i in risky + near:                      # every miss, then every false alarm
+        if flags[i].flagged != rows[i]["risky"]:
+            print(("  false alarm" if flags[i].flagged else "  missed") + show(flags[i], rows[i]["text"]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--esconv", help="ESConv train.jsonl (or the official ESConv.json)")
     parser.add_argument("--ed", help="Empathetic Dialogues valid.csv (or valid_contexts.jsonl)")
-    parser.add_argument("--blind", nargs="*", type=Path,
-                        default=sorted((ROOT / "tests" / "fixtures").glob("safety_blind_v*.jsonl")),
-                        help="blind lists (JSON lines with text, risky, kind)")
+    parser.add_argument("--blind", nargs="*", type=Path, help="blind lists (JSON lines with text, risky, kind)",
+                        default=sorted((ROOT / "tests" / "fixtures").glob("safety_blind_v*.jsonl")))
     args = parser.parse_args()
     guard = safety.CrisisGuard()
     started = time.time()
     guard.check("hello")
     print(f"guard: {guard.describe()}; first check {time.time() - started:.1f} s (model load)")
     started = time.time()
-    guard.check_many([f"Day {i} of the course went fine, my sister called me after class"
-                      for i in range(64)])
+    guard.check_many([f"Day {i} of the course went fine, my sister called me after class" for i in range(64)])
     print(f"a batch of 64 short messages: {time.time() - started:.2f} s\n")
     for bench, source in [(bench_esconv, args.esconv), (bench_ed, args.ed)] + [(bench_blind, p) for p in args.blind]:
         if source:                                 # --esconv and --ed are optional

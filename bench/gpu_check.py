@@ -1,11 +1,10 @@
 """bench/gpu_check.py: a short, real stage 1 on one CUDA GPU: GRPO step time, tokens/s, peak memory.
 
-Runs `mascot.py train --stage 1` in this process with --device cuda at a GPU-sized batch (16 prompts
-x G 8 = 128 completions a GRPO step, micro-batches of 32), --dtype bfloat16 (frozen roles, reference
-and sampling copy in bf16) and --autocast-bf16 (training matmuls in bf16; weights, gradients and
-AdamW fp32): every phase of stage 1 (states, candidates, judge, reward model, GRPO, held-out reward)
-runs for real, in a few minutes. Only the GRPO steps are timed (grpo.grpo_step and models.generate
-wrapped; behaviour unchanged), per step and overall:
+Runs `mascot.py train --stage 1` in this process with --device cuda at a GPU-sized batch (16 prompts x G 8 = 128
+completions a GRPO step, micro-batches of 32), --dtype bfloat16 (frozen roles, reference and sampling copy in bf16)
+and --autocast-bf16 (training matmuls in bf16; weights, gradients and AdamW fp32): every phase of stage 1 (states,
+candidates, judge, reward model, GRPO, held-out reward) runs for real, in a few minutes. Only the GRPO steps are timed
+(grpo.grpo_step and models.generate wrapped; behaviour unchanged), per step and overall:
     s/step       wall seconds of one grpo_step (the first is warm-up, not counted);
     tokens/s     B x (P + C) tokens through the training forward/backward per second of step;
     generate     the share of the step spent sampling;
@@ -37,8 +36,8 @@ def mascot_argv(args, run: str) -> list[str]:
             "--autocast-bf16" if args.autocast else "--no-autocast-bf16",
             "--gradient-checkpointing" if args.checkpointing else "--no-gradient-checkpointing",
             "--states", str(2 * args.prompts_per_step), "--heldout-states", "8", "--candidates", "4",
-            "--max-new-tokens", str(args.max_new_tokens), "--rm-epochs", "1",
-            "--save-every", str(args.steps), "--dump-every", str(args.steps)]
+            "--max-new-tokens", str(args.max_new_tokens), "--rm-epochs", "1", "--save-every", str(args.steps),
+            "--dump-every", str(args.steps)]
 
 
 def main() -> None:

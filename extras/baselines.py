@@ -57,7 +57,6 @@ def _clean(cast, raw: str, persona, style: str = "persona") -> str:
 
 
 # --- Self-consistency ---------------------------------------------------------------------------
-
 def consensus_pick(texts: list[str]) -> int:
     """Index of the text that agrees most with the others: the highest sentence BLEU-2 with the
     other texts as references (ties: the first). A free-text majority vote.
@@ -74,7 +73,6 @@ def consensus_pick(texts: list[str]) -> int:
 
 class SelfConsistency:
     """k zero-shot-CoT samples per turn; the consensus (or the judge) picks the one kept."""
-
     def __init__(self, k: int, pick: str = "majority", judge=None, style: str = "zero-shot-cot"):
         self.k, self.pick, self.judge, self.style = k, pick, judge, style
 
@@ -98,7 +96,6 @@ class SelfConsistency:
 
 
 # --- MultiAgentESC: analysis -> strategy proposals -> one response per strategy -> vote -> refine ---
-
 def parse_number(text: str, n: int) -> int | None:
     """The first whole number 1..n in the text, as a 0-based index; None if there is none."""
     return next((int(m.group()) - 1 for m in re.finditer(r"\d+", text) if 1 <= int(m.group()) <= n), None)
@@ -106,7 +103,6 @@ def parse_number(text: str, n: int) -> int | None:
 
 class MultiAgentESC:
     """The five-step pipeline above; counts unparseable proposals and votes (results notes)."""
-
     def __init__(self):
         self.unparseable, self.asked = Counter(), Counter()      # "proposal" | "vote" -> count
 

@@ -11,11 +11,10 @@ knows the source; mascot.py calls it whenever --data is not in our own contexts 
     a QMSum folder or meeting file   one Context per meeting, its first speaker as the user
     QMSum openings JSON lines        {id, domain, topic_list, first_turns}
 
-A folder whose files or sub-folders are named by split (train.csv / valid.csv / test.csv,
-train_*.jsonl, QMSum's data/ALL/{train,val,test}/) gives {"train": ..., "test": ...}, used as the
-paper uses it: training reads train, evaluation test (else valid). Anything else gives {"all": ...}
-and mascot.py splits it at random. Malformed rows are skipped with a warning and a count; the
-datasets are not part of the project (ED and ESConv CC BY-NC 4.0, QMSum MIT).
+A folder whose files or sub-folders are named by split (train.csv / valid.csv / test.csv, train_*.jsonl, QMSum's
+data/ALL/{train,val,test}/) gives {"train": ..., "test": ...}, used as the paper uses it: training reads train,
+evaluation test (else valid). Anything else gives {"all": ...} and mascot.py splits it at random. Malformed rows are
+skipped with a warning and a count; the datasets are not part of the project (ED and ESConv CC BY-NC 4.0, QMSum MIT).
 
     python extras/datasets.py path/to/esconv/train.jsonl       # how a dataset reads
 """

@@ -1,11 +1,10 @@
 """director_headroom.py: how much could ANY director gain over the least-spoken rule under stage 2's reward?
 
-Stage 2 trains the director to pick, at each decision point, the agent whose block of turns gets the
-highest group reward (director.block_reward). Before blaming the training when a trained director
-does not beat the least-spoken rule, ask whether the reward leaves anything to learn. For every
-held-out decision point this rolls the block out once per agent (that agent first, with the action
-and tone of its first ESConv strategy, extras/strategies.py; the rule directs the rest) and
-once with the rule alone, on --seeds sampling seeds ("replicates": the same points, every turn
+Stage 2 trains the director to pick, at each decision point, the agent whose block of turns gets the highest group
+reward (director.block_reward). Before blaming the training when a trained director does not beat the least-spoken
+rule, ask whether the reward leaves anything to learn. For every held-out decision point this rolls the block out once
+per agent (that agent first, with the action and tone of its first ESConv strategy, extras/strategies.py; the rule
+directs the rest) and once with the rule alone, on --seeds sampling seeds ("replicates": the same points, every turn
 re-sampled). Then, beside each agent's and the rule's mean reward per replicate:
   - the in-sample oracle: per point the best agent of a replicate, scored on the SAME replicate
     (optimistic: the max of noisy numbers is high even when the agents are equally good);

@@ -1,13 +1,12 @@
 """extras/judges.py: the LLM judges beside the offline one, and how good any grader is.
 
-mascot.make_judge builds `--judge hf:<model>` (HFJudge: a local chat LLM's next-token probabilities of
-"A"/"B" and "1".."5") and `rm:<folder>` (RMJudge: stage 1's reward model) here; the openai: judge of
-extras/served.py uses this file's prompts (data/prompts/judge_*.txt: ours, as the paper's GPT-4o, Gemma and
-Phi-4 prompts are unpublished). LLM judges prefer the reply they read first (Zheng et al. 2023), so a pairwise
-question is asked in both orders and counts only when they agree (combine_orders). A grader is worth
-optimising only if it prefers good replies and keeps doing so when a policy searches for what it
-over-rewards; as Gao et al. 2022 we test that with best-of-N instead of RL, against a "gold" grader the
-proxy never saw: the frozen base model's persona identification (extras/evaluators.py).
+mascot.make_judge builds `--judge hf:<model>` (HFJudge: a local chat LLM's next-token probabilities of "A"/"B" and
+"1".."5") and `rm:<folder>` (RMJudge: stage 1's reward model) here; the openai: judge of extras/served.py uses this
+file's prompts (data/prompts/judge_*.txt: ours, as the paper's GPT-4o, Gemma and Phi-4 prompts are unpublished). LLM
+judges prefer the reply they read first (Zheng et al. 2023), so a pairwise question is asked in both orders and counts
+only when they agree (combine_orders). A grader is worth optimising only if it prefers good replies and keeps doing so
+when a policy searches for what it over-rewards; as Gao et al. 2022 we test that with best-of-N instead of RL, against
+a "gold" grader the proxy never saw: the frozen base model's persona identification (extras/evaluators.py).
 
     python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl    # accuracy on labelled pairs
     python mascot.py judge-eval --pairs ... --persona-id    # is the independent evaluator valid on them?
@@ -78,13 +77,12 @@ def _score_value(number: str, lo: int, hi: int) -> int | None:
 
 
 def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
-    """An integer rubric score in [lo, hi] read from free text, or None. Judges are asked to end with
-    "Score: N", but models wander, so every statement that LOOKS like a score is read (ASCII digits only):
-    labelled ("Score: 4", "**Score:** 4", "rating is 4", '{"score": 4}', "score: 4/5"), a fraction over the
-    scale's top ("4/5", "4 out of 5"), a bold number, "4 stars", or an answer that is only the number; scale
-    descriptions ("(1-5)", "1 to 5") are removed first. All must agree: "5/5 ... no, 2/5" is None, since a
-    self-correction cannot be told from a quotation and a silently wrong score is worse than a missing one,
-    which the caller counts."""
+    """An integer rubric score in [lo, hi] read from free text, or None. Judges are asked to end with "Score: N", but
+    models wander, so every statement that LOOKS like a score is read (ASCII digits only): labelled ("Score: 4",
+    "**Score:** 4", "rating is 4", '{"score": 4}', "score: 4/5"), a fraction over the scale's top ("4/5", "4 out of 5"),
+    a bold number, "4 stars", or an answer that is only the number; scale descriptions ("(1-5)", "1 to 5") are removed
+    first. All must agree: "5/5 ... no, 2/5" is None, since a self-correction cannot be told from a quotation and a
+    silently wrong score is worse than a missing one, which the caller counts."""
     if not isinstance(text, str):
         return None
     text = re.sub(rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?", " ", text, flags=re.IGNORECASE)
@@ -189,7 +187,6 @@ class HFJudge(Judge):
 
 class RMJudge(ScoreJudge):
     """A trained reward model as a judge: score = sigmoid(r), compared by the scores (ScoreJudge)."""
-
     def __init__(self, folder: str | Path, cache_path=None, device: str = "cpu"):
         super().__init__(cache_path)
         self.rm, self.tok = reward.RewardModel.load(folder, device=device)
@@ -236,19 +233,15 @@ def load_pairs(path: str | Path) -> list[dict]:
     return [pair for _, pair in records]
 
 
-def pair_state(pair: dict) -> JudgeState:
-    """What a judge sees of one labelled pair besides the two replies."""
-    return JudgeState(pair["persona"], pair["persona_desc"], pair["context"], list(pair["history"]),
-                      pair.get("situation", ""))
-
-
 def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
     """The fraction of pairs where the judge prefers `better`. Even pairs are asked (better, worse), odd ones
     swapped, so a judge that always picks one position scores 0.5 on an even number: position bias cannot
     inflate it. No verdict counts as wrong; `unreadable`: answers that could not be read (not judgements)."""
     firsts = [p["better"] if i % 2 == 0 else p["worse"] for i, p in enumerate(pairs)]
     seconds = [p["worse"] if i % 2 == 0 else p["better"] for i, p in enumerate(pairs)]
-    verdicts = judge.compare_many([pair_state(p) for p in pairs], firsts, seconds)
+    states = [JudgeState(p["persona"], p["persona_desc"], p["context"], list(p["history"]), p.get("situation", ""))
+              for p in pairs]                                          # what the judge sees besides the two replies
+    verdicts = judge.compare_many(states, firsts, seconds)
     right = [v.preferred == i % 2 for i, v in enumerate(verdicts)]     # better: position 0 for even i, 1 for odd
     out = {"accuracy": sum(right) / len(pairs) if pairs else 0.0, "n": len(pairs),
            "no_verdict": sum(v.preferred is None for v in verdicts),
@@ -315,7 +308,9 @@ def best_of_n(policy, tok, states: list, personas, scorers: dict, n: int, max_ne
     if identifier is not None:
         scorers = {**scorers, "persona-id": lambda _s, _r: [float("-inf") if g["log_ratio"] is None else g["log_ratio"]
                                                             for g in gold]}
-    picks.update({name: best_picks(scorer(rows, replies), n) for name, scorer in scorers.items()})
+    for name, scorer in scorers.items():        # per state, the index of its top-scored candidate; the first of a tie
+        scores = scorer(rows, replies)
+        picks[name] = [max(range(n), key=lambda j: scores[i * n + j]) for i in range(len(states))]
     for name, chosen in picks.items():          # passes: no flag's difference from chance above 2 se (0 without one)
         graded = {k: vs_chance([d[k] for d in diags], n, chosen) for k in DIAGNOSTICS}
         row = result["scorers"][name] = {"rates": {k: g[0] for k, g in graded.items()},
@@ -325,11 +320,6 @@ def best_of_n(policy, tok, states: list, personas, scorers: dict, n: int, max_ne
             row["independent"] = {k: vs_chance([g[k] for g in gold], n, chosen) for k in result["independent_chance"]}
         row["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
     return result
-
-
-def best_picks(scores: list[float], n: int) -> list[int]:
-    """Per state (S states x n candidates, state-major), the index of its top score; the first of a tie."""
-    return [max(range(n), key=lambda j: scores[i * n + j]) for i in range(len(scores) // n)]
 
 
 def within_state_correlation(xs: list[float], ys: list[float | None], n: int) -> float | None:

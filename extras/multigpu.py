@@ -31,7 +31,6 @@ from data import UserError                                        # noqa: E402
 
 class Ranks:
     """Joins the process group torchrun describes (once) and sets args.device to this rank's GPU."""
-
     def __init__(self, args):
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if getattr(args, "prompts_per_step", 0) % world:           # say so before any work, on every rank

@@ -1,46 +1,41 @@
 """Crisis-safety guard: spot user messages that signal suicide, self-harm or immediate danger.
 
 What it does
-    `CrisisGuard.check_many(texts)` returns a `CrisisFlag(flagged, category, score)` per user
-    message: flagged when it signals a risk of suicide or self-harm, immediate danger from
-    someone else, or someone the user knows being about to harm themselves; category and score
-    say why, for the log. `crisis_check(text)` returns (flagged, category), `detect_crisis(text)`
-    the flag. When a message is flagged, the caller shows `CRISIS_MESSAGE` instead of any reply.
+    `CrisisGuard.check_many(texts)` returns a `CrisisFlag(flagged, category, score)` per user message: flagged when it
+    signals a risk of suicide or self-harm, immediate danger from someone else, or someone the user knows being about
+    to harm themselves; category and score say why, for the log. `crisis_check(text)` returns (flagged, category),
+    `detect_crisis(text)` the flag. When a message is flagged, the caller shows `CRISIS_MESSAGE` instead of any reply.
 
 Where it sits
-    Where a person talks or reads (chat, simulate, evaluate), mascot.py hands it to the
-    conversation loop (simulate.Cast.guard), which calls it on every user message BEFORE any agent
-    replies: 135M companions cannot be trusted to notice a crisis. Training rollouts run without it.
-    The paper (arXiv 2601.14230) has no such layer.
+    Where a person talks or reads (chat, simulate, evaluate), mascot.py hands it to the conversation loop
+    (simulate.Cast.guard), which calls it on every user message BEFORE any agent replies: 135M companions cannot be
+    trusted to notice a crisis. Training rollouts run without it. The paper (arXiv 2601.14230) has no such layer.
 
 How it works
-    1. `normalise`: lower case, contractions expanded, stretched letters collapsed, chat words and
-       euphemisms made plain ("kms" -> "kill myself").
-    2. `blank`: idioms ("die of embarrassment") and plain denials ("I would never hurt myself")
-       are cut out, span by span.
-    3. `explicit_category`: regexes in seven categories ("I want to end my life", "my friend says
-       she'll kill herself") flag on their own.
-    4. The probe reads everything else: a small network on the all-MiniLM-L6-v2 sentence
-       encoder's token states flags when its logit is above a threshold. `broad_net`
-       (warning-sign words such as "pills" or "no way out") only names the category.
-    extras/train_crisis_probe.py fits the network (ordinary talk from real support conversations,
-    risk from messages we wrote) and its threshold (at most 2% of ESConv seeker messages flagged
-    in cross-validation). Regexes and weights (data/) load on the first check, not at import;
-    without them or the encoder the guard warns once and falls back to patterns alone (any
-    explicit or broad-net hit flags).
+    1. `normalise`: lower case, contractions expanded, stretched letters collapsed, chat words and euphemisms made
+       plain ("kms" -> "kill myself").
+    2. `blank`: the spans of idioms ("die of embarrassment") and plain denials ("I would never hurt myself") are cut.
+    3. `explicit_category`: regexes in seven categories ("I want to end my life", "my friend says she'll kill
+       herself") flag on their own.
+    4. The probe reads everything else: a small network on the all-MiniLM-L6-v2 sentence encoder's token states flags
+       when its logit is above a threshold. `broad_net` (warning-sign words such as "pills" or "no way out") only
+       names the category.
+    extras/train_crisis_probe.py fits the network (ordinary talk from real support conversations, risk from messages
+    we wrote) and its threshold (at most 2% of ESConv seeker messages flagged in cross-validation). Regexes and
+    weights (data/) load on the first check, not at import; without them or the encoder the guard warns once and falls
+    back to patterns alone (any explicit or broad-net hit flags).
 
 Context: none, on purpose
-    Each message is judged alone; the guard never reads earlier messages. So a sad conversation
-    cannot turn "To be continued." or "Thank you" into a crisis; the price is that risk spread
-    over several messages ("I have the pills." ... "Tonight.") goes unseen.
+    Each message is judged alone; the guard never reads earlier messages. So a sad conversation cannot turn "To be
+    continued." or "Thank you" into a crisis; the price is that risk spread over several messages ("I have the pills."
+    ... "Tonight.") goes unseen.
 
 Limits, stated plainly
-    - It misses some risky messages and stops some ordinary ones: docs/SAFETY.md has the rates
-      on held-out conversations and on blind lists written by people who never saw the guard
-      (printed by bench/crisis_guard.py).
+    - It misses some risky messages and stops some ordinary ones: docs/SAFETY.md has the rates on held-out
+      conversations and on blind lists written by people who never saw the guard (printed by bench/crisis_guard.py).
     - Explicit patterns flag jokes too ("I'll kill myself if this meeting runs over lol").
-    - English only. Not a clinical screening tool, never validated on real users: a deployment
-      needs human escalation and a validated risk model on top.
+    - English only. Not a clinical screening tool, never validated on real users: a deployment needs human escalation
+      and a validated risk model on top.
 
 Run: python extras/safety.py "i dont see the point anymore"     (prints the CrisisFlag and the rule)
 """
@@ -71,20 +66,18 @@ PROBE_FILE = HERE / "data" / "safety_probe.safetensors"
 # The numbers are public services: 988 (US Suicide & Crisis Lifeline, call or text), Samaritans
 # 116 123 (UK and Ireland, free, 24/7), findahelpline.com (lists lines by country).
 CRISIS_MESSAGE = (
-    "It sounds like you might be going through something really painful, and I'm glad you said "
-    "it. I have to be honest with you: the companions here are AI programs, and we can't help "
-    "in an emergency or keep you safe.\n"
-    "If you or someone with you is in immediate danger, please call your local emergency "
-    "services now (911 in the US, 999 in the UK, 112 in the EU).\n"
-    "You can also talk to a real person right now, for free: in the US call or text 988 (the "
-    "Suicide & Crisis Lifeline); in the UK and Ireland call Samaritans on 116 123; anywhere "
-    "else, find a line near you at findahelpline.com or call your local emergency number.\n"
+    "It sounds like you might be going through something really painful, and I'm glad you said it. I have to be "
+    "honest with you: the companions here are AI programs, and we can't help in an emergency or keep you safe.\n"
+    "If you or someone with you is in immediate danger, please call your local emergency services now (911 in the "
+    "US, 999 in the UK, 112 in the EU).\n"
+    "You can also talk to a real person right now, for free: in the US call or text 988 (the Suicide & Crisis "
+    "Lifeline); in the UK and Ireland call Samaritans on 116 123; anywhere else, find a line near you at "
+    "findahelpline.com or call your local emergency number.\n"
     "You don't have to go through this alone."
 )
 
 
 # --- The patterns: read once from data/safety_patterns.json, on first use --------------------
-
 @functools.lru_cache(maxsize=None)
 def patterns() -> dict:
     """The compiled regexes of data/safety_patterns.json (its "_notes" say what each list is
@@ -105,20 +98,15 @@ def patterns() -> dict:
         "apostrophe_free": norm["apostrophe_free"], "chat_words": norm["chat_words"],
         "fillers": set(norm["fillers"]), "leet": str.maketrans(norm["leet"]),
         "blank": raw["blank"], "frame_free": set(raw["frame_free"]),
-        "risk": [(category, rx(p)) for category, plist in raw["risk_patterns"].items()
-                 for p in plist],
-        "broad": [(group, rx(r"\b(?:" + "|".join(words) + r")\b"))
-                  for group, words in raw["broad_net"].items()],
+        "risk": [(category, rx(p)) for category, plist in raw["risk_patterns"].items() for p in plist],
+        "broad": [(group, rx(r"\b(?:" + "|".join(words) + r")\b")) for group, words in raw["broad_net"].items()],
     }
 
 
 # --- Steps 1-3: normalise, blank the idioms and denials, name the category -------------------
-
 def normalise(text: str) -> str:
-    """Canonical lower-case form that every pattern is written against.
-
-    Example: "I just dont wanna be alive anymoreee!!" -> " i do not want to be alive anymore . "
-    """
+    """Canonical lower-case form that every pattern is written against. Example:
+    "I just dont wanna be alive anymoreee!!" -> " i do not want to be alive anymore . " """
     p = patterns()
     # NFKC folds full-width and "fancy font" letters (U+1D4F2 etc.) into plain ASCII letters.
     t = unicodedata.normalize("NFKC", text).lower()
@@ -144,11 +132,9 @@ def normalise(text: str) -> str:
 
 
 def blank(text: str) -> str:
-    """Replace idiom spans and undoubted denials of normalised text with a blocking token.
-
-    The token (" ~ ") is not a word, so no gap pattern can bridge across a blanked span.
-    Example: blank(normalise("I could die of embarrassment")) -> " i could ~ "
-    """
+    """Replace idiom spans and undoubted denials of normalised text with a blocking token (" ~ "): not a word,
+    so no gap pattern can bridge across a blanked span.
+    Example: blank(normalise("I could die of embarrassment")) -> " i could ~ " """
     p = patterns()
     for pattern in p["exemptions"]:
         text = pattern.sub(p["blank"], text)
@@ -165,10 +151,7 @@ def blank(text: str) -> str:
 
 def explicit_category(searchable: str) -> str:
     """The category of the first explicit risk pattern found in `blank(normalise(text))`, or ""."""
-    for category, pattern in patterns()["risk"]:
-        if pattern.search(searchable):
-            return category
-    return ""
+    return next((category for category, pattern in patterns()["risk"] if pattern.search(searchable)), "")
 
 
 def broad_net(searchable: str) -> str:
@@ -180,10 +163,8 @@ def broad_net(searchable: str) -> str:
     about_the_writer = bool(p["self_frame"].search(searchable))
 
     def first_group(text: str) -> str:
-        for group, pattern in p["broad"]:
-            if (about_the_writer or group in p["frame_free"]) and pattern.search(text):
-                return group
-        return ""
+        return next((group for group, pattern in p["broad"]
+                     if (about_the_writer or group in p["frame_free"]) and pattern.search(text)), "")
 
     if not first_group(searchable) or p["story_frame"].search(searchable):
         return ""
@@ -193,7 +174,6 @@ def broad_net(searchable: str) -> str:
 
 
 # --- Step 4: the probe ----------------------------------------------------------------------
-
 # Averaging over a long text dilutes one risky sentence, so a message is read in windows of
 # WINDOW_WORDS words overlapping by half (longer windows missed a plan told at the end).
 WINDOW_WORDS, WINDOW_STRIDE = 60, 30
@@ -201,9 +181,8 @@ _REPEATS = re.compile(r"\b((?:\w+ ){1,8}?)\1{2,}")
 
 
 def probe_windows(searchable: str) -> list[str]:
-    """The text(s) the probe reads: the normalised message with the blanked spans cut out (MiniLM
-    barely registers negation). probe_windows(" i could ~ . i want to die ") -> ["i could . i
-    want to die"]"""
+    """The text(s) the probe reads: the normalised message with the blanked spans cut out (MiniLM barely registers
+    negation). probe_windows(" i could ~ . i want to die ") -> ["i could . i want to die"]"""
     # Repetition is read once: a repeated sentence is dropped, a phrase of <= 8 words said 3+ times
     # in a row is kept twice. The network, never trained on such text, misread it as risk.
     sentences = dict.fromkeys(_REPEATS.sub(r"\1\1", s.strip() + " ").strip() for s in searchable
@@ -272,13 +251,12 @@ def load_probe(path: Path = PROBE_FILE) -> dict:
 
 
 # --- The guard: the steps put together -------------------------------------------------------
-
 @dataclass(frozen=True)
 class CrisisFlag:
-    """The guard's verdict on one message, as transcripts and the chat log record it. flagged:
-    show CRISIS_MESSAGE instead of a reply. category: the explicit-pattern category, else
-    "broad_<word group>", else "probe" ("" if not flagged). score: probe logit minus threshold
-    (> 0: the probe alone flags; a pattern flags at any score); None if no probe read it."""
+    """The guard's verdict on one message, as transcripts and the chat log record it. flagged: show CRISIS_MESSAGE
+    instead of a reply. category: the explicit-pattern category, else "broad_<word group>", else "probe" ("" if not
+    flagged). score: probe logit minus threshold (> 0: the probe alone flags; a pattern flags at any score); None if
+    no probe read it."""
     flagged: bool
     category: str = ""
     score: float | None = None
@@ -287,12 +265,9 @@ class CrisisFlag:
 class CrisisGuard:
     """The four steps plus the lazily loaded sentence encoder and probe weights.
 
-    encoder: "default" loads `models.SentenceEncoder()` on the first check; None runs the
-    patterns only; or any object with a Hugging Face `.tokenizer` and a BERT-like `.model`.
-    probe: "default" loads PROBE_FILE on the first check; another path; or a dict like
-    `load_probe`'s. Example: CrisisGuard().check("kms").flagged -> True
-    """
-
+    encoder: "default" loads `models.SentenceEncoder()` on the first check; None runs the patterns only; or any object
+    with a Hugging Face `.tokenizer` and a BERT-like `.model`. probe: "default" loads PROBE_FILE on the first check;
+    another path; or a dict like `load_probe`'s. Example: CrisisGuard().check("kms").flagged -> True"""
     message = CRISIS_MESSAGE
 
     def __init__(self, encoder="default", probe="default"):
@@ -313,9 +288,8 @@ class CrisisGuard:
                 import models                       # imports torch + transformers: slow, so here
                 self._encoder = models.SentenceEncoder()
         except (ImportError, UserError) as err:
-            warnings.warn(f"extras/safety.py: the probe is unavailable ({err}); the crisis guard is "
-                          "running on patterns only, which misses more indirect messages",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(f"extras/safety.py: the probe is unavailable ({err}); the crisis guard is running on "
+                          "patterns only, which misses more indirect messages", RuntimeWarning, stacklevel=2)
             self._encoder = self._probe = None
 
     def describe(self) -> str:
@@ -339,9 +313,9 @@ class CrisisGuard:
 
     @staticmethod
     def stops_section(systems: dict) -> list[str]:
-        """results.md's table of every message the guard flagged in an evaluation (evaluate.run),
-        once, with the systems it stopped, so a reader can judge each stop: a real risk, or ordinary
-        talk the guard misread (docs/SAFETY.md). systems: name -> entry with "crisis_flags"."""
+        """results.md's table of every message the guard flagged in an evaluation (evaluate.run), once, with the
+        systems it stopped, so a reader can judge each stop: a real risk, or ordinary talk the guard misread
+        (docs/SAFETY.md). systems: name -> entry with "crisis_flags"."""
         from evaluate import table
         seen: dict[tuple, dict] = {}
         for name, e in systems.items():

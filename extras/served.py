@@ -61,7 +61,6 @@ class ChatClient:
     """Chat completions from one model on one server, as the module docstring promises. Thread-safe: the only
     shared state is the request counter, under a lock. `flag` is how errors name the endpoint ("--judge
     openai:..."); `api_key_env` the NAME of the variable holding the key; `max_retries` after the first try."""
-
     def __init__(self, base_url: str, model: str, flag: str, api_key_env: str = "MASCOT_JUDGE_API_KEY",
                  timeout: float = 60, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0):
         self.base_url, self.model, self.flag, self.api_key_env = base_url.rstrip("/"), model, flag, api_key_env
@@ -195,7 +194,6 @@ class ServedModel:
     """A frozen chat model on a server in place of a local one: one request per conversation with the same
     settings and row seed (greedy: temperature 0; the server applies its chat template), `concurrency` at a
     time, each reply cached as it arrives. No token tensors: it fills every frozen role, not GRPO's policy."""
-
     def __init__(self, base_url: str, model: str | None, flag: str, model_flag: str, timeout: float = 60,
                  retries: int = 5, concurrency: int = 8, cache_path: str | Path | None = None,
                  api_key_env: str = "MASCOT_API_KEY"):

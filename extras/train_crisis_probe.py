@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -43,7 +44,6 @@ WEIGHTS = {"risky": 1.0, "near_miss": 1.0, "ordinary": 1.0, "conversation": 1.0,
 
 
 # --- the labelled messages ---------------------------------------------------------------------
-
 def load_training_rows(path: Path = TRAIN_FILE) -> list[dict]:
     """Rows {"text", "risky", "source", "kind"} of the labelled training file (JSON lines)."""
     if not Path(path).exists():
@@ -71,10 +71,8 @@ def conversation_rows(path: str, labels_path: Path, name: str, side: int = 0) ->
     a file without official splits; any splits of the file are pooled in file order. Rows {"text", "risky",
     "source": name, "kind", "group": the dialogue id, "label"}: the hand label matched by (dialogue, text hash),
     "risky", "context" (risky only given the earlier turns, which the guard never reads) or ""."""
-    labels = {}
-    for label in data.read_jsonl(labels_path):
-        dialogue = f"esconv-{label['line']}" if "line" in label else label["conv_id"]
-        labels[(dialogue, label["sha256"])] = label
+    labels = {(f"esconv-{label['line']}" if "line" in label else label["conv_id"], label["sha256"]): label
+              for label in data.read_jsonl(labels_path)}                # (dialogue id, text hash) -> hand label
     contexts = [c for part in datasets.load_splits(path, "support").values() for c in part]
     rows = []
     for context in data.split_contexts(contexts, 0.25, seed=0)[side]:
@@ -95,7 +93,6 @@ def row_type(row: dict) -> str:
 
 
 # --- features, the network, the folds --------------------------------------------------------
-
 def window_features(encoder, rows: list[dict], cache: Path) -> tuple[torch.Tensor, list[list[int]]]:
     """(W, 5376) features of every distinct probe window, and each row's window indices. Features already in
     `cache` (a torch file {"texts", "X"}) are reused; new ones are added."""
@@ -152,10 +149,9 @@ def group_folds(groups: list, k: int, seed: int = 0) -> list[int]:
 
 
 def threshold_for_rate(logits: torch.Tensor, forced: torch.Tensor, max_rate: float) -> float:
-    """The lowest threshold t at which (logit > t) or forced flags at most max_rate of the rows. `forced` marks
-    rows an explicit pattern flags whatever the probe says; they use part of the budget first. Example:
-    logits [3, 2, 1, 0], forced [F, F, F, T], max_rate 0.5 -> 2 rows allowed, 1 already forced, so 1
-    more: t = 2 (only the 3 is above it)."""
+    """The lowest threshold t at which (logit > t) or forced flags at most max_rate of the rows. `forced` marks rows an
+    explicit pattern flags whatever the probe says; they use part of the budget first. Example: logits [3, 2, 1, 0],
+    forced [F, F, F, T], max_rate 0.5 -> 2 rows allowed, 1 already forced, so 1 more: t = 2 (only the 3 is above it)."""
     allowed = int(max_rate * len(logits)) - int(forced.sum())
     free = logits[~forced].sort(descending=True).values
     if allowed < 0:
@@ -165,7 +161,6 @@ def threshold_for_rate(logits: torch.Tensor, forced: torch.Tensor, max_rate: flo
 
 
 # --- cross-validation, report, save ---------------------------------------------------------------
-
 def cross_validate(rows, X, windows, args) -> torch.Tensor:
     """(N,) out-of-fold logits: each message's highest window logit under a network fitted without its fold.
     With --hold-out-lists each written list (source and kind) stays in one fold too, so every written message
@@ -199,20 +194,16 @@ def training_set(rows, windows, X, indices):
 def report(rows, logits, forced, threshold) -> dict:
     """Flag rates at the threshold, per row type, per kind of risky message, per source."""
     flagged = (logits > threshold) | forced
-    out = {"threshold": threshold, "by_type": {}, "risky_by_kind": {}, "by_source": {}}
 
-    def rate(select) -> list:
+    def rate(select) -> list:                                            # [flagged, rows] of the rows selected
         chosen = [i for i, r in enumerate(rows) if select(r)]
         return [sum(bool(flagged[i]) for i in chosen), len(chosen)]
 
-    for kind in WEIGHTS:                                                 # one entry per row type
-        out["by_type"][kind] = rate(lambda r, kind=kind: row_type(r) == kind)
-    for kind in sorted({r["kind"] for r in rows if r["risky"]}):
-        out["risky_by_kind"][kind] = rate(lambda r, kind=kind: r["risky"] and r["kind"] == kind)
-    for source in sorted({r["source"] for r in rows}):
-        out["by_source"][source + " risky"] = rate(lambda r, source=source: r["source"] == source and r["risky"])
-        out["by_source"][source + " other"] = rate(lambda r, source=source: r["source"] == source and not r["risky"])
-    return out
+    return {"threshold": threshold, "by_type": {kind: rate(lambda r: row_type(r) == kind) for kind in WEIGHTS},
+            "risky_by_kind": {kind: rate(lambda r: r["risky"] and r["kind"] == kind)
+                              for kind in sorted({r["kind"] for r in rows if r["risky"]})},
+            "by_source": {f"{source} {name}": rate(lambda r: r["source"] == source and r["risky"] == (name == "risky"))
+                          for source in sorted({r["source"] for r in rows}) for name in ("risky", "other")}}
 
 
 def print_report(out: dict) -> None:
@@ -233,20 +224,15 @@ def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.
     """Record [sha256(text)[:16], flagged, category] of the shipped guard and of the patterns-only fallback for
     every row of every snapshot list, one row a line."""
     guards = {"probe": safety.CrisisGuard(), "patterns_only": safety.CrisisGuard(encoder=None)}
-    lines = ["{", ' "about": "Decisions of the shipped crisis guard (probe) and of its '
-             'patterns-only fallback: per fixture list, per row in file order, '
-             '[sha256(text)[:16], flagged, category]. Rewritten by `python '
-             'extras/train_crisis_probe.py --snapshot` after a deliberate change.",']
-    for m, (mode, guard) in enumerate(guards.items()):
-        lines.append(f' "{mode}": {{')
-        lists = snapshot_lists()
-        for n, (name, list_path) in enumerate(lists.items()):
-            texts = [r["text"] for r in data.read_jsonl(list_path)]
-            rows = [json.dumps([text_hash(t, 16), f.flagged, f.category])
-                    for t, f in zip(texts, guard.check_many(texts))]
-            lines.append(f'  "{name}": [\n   ' + ",\n   ".join(rows) + "\n  ]" + ("," if n < len(lists) - 1 else ""))
-        lines.append(" }" + ("," if m < len(guards) - 1 else ""))
-    path.write_text("\n".join(lines + ["}"]) + "\n", encoding="utf-8")
+    texts = {name: [r["text"] for r in data.read_jsonl(list_path)] for name, list_path in snapshot_lists().items()}
+    snapshot = {"about": "Decisions of the shipped crisis guard (probe) and of its patterns-only fallback: per fixture "
+                "list, per row in file order, [sha256(text)[:16], flagged, category]. Rewritten by `python "
+                "extras/train_crisis_probe.py --snapshot` after a deliberate change.",
+                **{mode: {name: [[text_hash(t, 16), f.flagged, f.category] for t, f in zip(ts, guard.check_many(ts))]
+                          for name, ts in texts.items()} for mode, guard in guards.items()}}
+    # json.dumps(indent=1) puts each of a row's three values on a line of its own: fold them back onto one.
+    text = re.sub(r'\[\n +(".*"),\n +(true|false),\n +(".*")\n +\]', r"[\1, \2, \3]", json.dumps(snapshot, indent=1))
+    path.write_text(text + "\n", encoding="utf-8")
     print(f"wrote {path}")
 
 
