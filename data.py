@@ -13,6 +13,7 @@ Bad input raises `UserError`: one line naming the file, row or field and the fix
 """
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -112,9 +113,8 @@ def read_jsonl(path: str | Path, on_damage=None, numbered: bool = False) -> list
 
 
 def append_jsonl(path: str | Path, record: dict) -> None:
-    """Append one record as one line, then flush and fsync, so it survives a crash right after.
-    A half-written last line left by an earlier crash is cut off first, or the new line would be
-    glued to it."""
+    """Append one record as one line, then flush and fsync, so it survives a crash right after. A half-written
+    last line left by an earlier crash is cut off first, or the new line would be glued to it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as f:
@@ -162,6 +162,29 @@ def atomic_folder(target: str | Path):
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
+
+
+@contextmanager
+def run_lock(folder: str | Path):
+    """An exclusive lock on a run folder while the block runs: a second mascot command there stops at once
+    instead of interleaving checkpoints and paid judgements. The OS drops it when the process ends (kill -9 too)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with open(Path(folder) / ".lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{folder} is in use by another mascot command; wait for it, or use another --run") from None
+        yield
+
+
+def fingerprint(*paths: str | Path) -> str:
+    """sha256 (12 hex digits) of the files' bytes, a folder's files in name order: what made a run."""
+    digest = hashlib.sha256()
+    for path in map(resolve, paths):
+        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if f.is_file():
+                digest.update(f.name.encode() + f.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def save_model(model, tok, folder: Path) -> Path:
@@ -236,14 +259,13 @@ def cached_answers(cache: AnswerCache | None, keys: list[str], compute_misses,
 
 def option(default, help: str, check: str = ""):
     """A dataclass field that is also a flag. check: "" (any value of the default's type),
-    "positive", "non-negative", "at-least-2", "fraction" ([0, 1)), "unit" ([0, 1]), or a list of
-    choices."""
+    "positive", "non-negative", "at-least-2", "fraction" ([0, 1)), or a list of choices."""
     return field(default=default, metadata={"help": help, "check": check})
 
 
 _CHECKS = {"positive": (lambda v: v > 0, "> 0"), "non-negative": (lambda v: v >= 0, ">= 0"),
            "at-least-2": (lambda v: v >= 2, ">= 2"), "fraction": (lambda v: 0 <= v < 1, "in [0, 1)"),
-           "unit": (lambda v: 0 <= v <= 1, "in [0, 1]"), "": (lambda v: True, "")}
+           "": (lambda v: True, "")}
 
 
 def flag_type(name: str, kind: type, check: str = ""):
@@ -517,8 +539,7 @@ def make_inputs(personas: PersonaSet, splits: dict[str, list[Context]], held_out
                 profiles: dict[str, Profile], config: dict, earlier: list[Path] = ()) -> Inputs:
     """The run's train / held-out contexts: `splits` {"train", "test"/"valid"} of official splits (used
     as the paper does), else {"all"} (split at random here). `earlier`: the config.json of the stages
-    this builds on; made on the same data (the same resolved path, not spelling), they must agree
-    with `config` on SPLIT_SETTINGS, or contexts one stage trained on would be held out by the next."""
+    this builds on; made on the same data (resolved paths), they must agree on SPLIT_SETTINGS."""
     source = lambda spec: (HERE / "data" / "contexts.jsonl" if spec == "bundled"     # noqa: E731
                            else Path(spec).expanduser()).resolve()
     for path in earlier:

@@ -6,12 +6,6 @@ The director reads the conversation and writes a directive in the format of the 
     Action: validate the feeling of guilt and make them feel safe
     Tone: calm and empathetic
 
-In reading order: (1) its prompt and a parser that never fails; (2) the LLM director, a turn-taking
-policy with the interface of simulate.py's fixed rules; (3) the group reward of a rolled-out block
-(coherence, non-redundancy, contribution, hack-free turns, and our balance and format terms) and
-the diagnostics of collapse onto one agent; (4) stage 2: decision points, rollouts and the reward
-GRPO optimises; (5) the supervised warm start that comes first (our addition).
-
 Stage 2, as grpo.py runs it: at a decision point sample G directives; roll each out N agent turns
 with the FROZEN speakers and simulated user (the same seeds, so only the directive differs), the
 director itself (greedy, its current weights) directing turns 2..N; score each block; update the
@@ -34,7 +28,7 @@ import torch
 
 import grpo
 import models
-from data import PersonaSet, option, prompt, read_json, save_model, write_json, write_jsonl
+from data import PersonaSet, option, prompt, read_json, save_model, write_json
 from metrics import (HACKS, content_words, entropy_bits, mutual_information_bits, paired_change,
                      permutation_p_value, sentence_bleu, standard_error, tokenize)
 from simulate import (JUDGE_TURNS, SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder,
@@ -225,9 +219,8 @@ def build_decision_points(contexts, n: int, cast, profiles, user_every: int, see
     Big Five profile and is cut after i mod (max_prefix + 1) agent turns (and the user's answer),
     so openings and mid-conversation choices are both learnt. Generated once, in random speaking
     order (varied histories), by the frozen speakers and user."""
-    ids = sorted(profiles)
     convs = run_conversations([contexts[i % len(contexts)] for i in range(n)], RandomOrder(cast.personas, seed), cast,
-                              profiles, assign_profiles(n, ids, seed), max_prefix, user_every, seed)
+                              profiles, assign_profiles(n, sorted(profiles), seed), max_prefix, user_every, seed)
     points = []
     for i, conv in enumerate(convs):
         agent_idx = [j for j, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
@@ -382,21 +375,18 @@ def supervised_finetune(model, tok, examples, steps: int, batch_size: int = 4, l
     return losses
 
 
-def warm_start(cfg: DirectorConfig, out: Path, policy, tok, personas: PersonaSet, examples, source: str, held_points,
-               rollout: Rollout, seed: int, resume: bool) -> dict | None:
-    """The warm start, once per run: its losses and held-out group reward to out/warm_start.json, its
-    weights to out/director_warm (GRPO's KL anchor). A resumed run with GRPO checkpoints skips it
-    (they were trained from the warm-started weights)."""
+def warm_start(cfg: DirectorConfig, out: Path, policy, tok, personas: PersonaSet, examples, source: str, held_out,
+               resume: bool) -> dict | None:
+    """The warm start, once per run: its losses and held-out group reward (held_out(label, director, when):
+    the caller's check) to out/warm_start.json, its weights to out/director_warm (GRPO's KL anchor). A
+    resumed run with GRPO checkpoints skips it (they were trained from the warm-started weights)."""
     if cfg.director_warmup == 0:
         return None
     if resume and grpo.checkpoints(out / "checkpoints") and (out / "warm_start.json").exists():
         return read_json(out / "warm_start.json")
     losses = supervised_finetune(policy, tok, examples, cfg.director_warmup, lr=cfg.warmup_lr,
                                  first_line_weight=cfg.warmup_agent_weight, decay=True)
-    held = rollout.evaluate(LLMDirector(policy, tok, personas), held_points, seed)
-    write_jsonl(out / "heldout_warm-start.jsonl", held.pop("rollouts"))
-    print(f"held-out mean group reward after the {source.split(' warm start')[0]} warm start: {describe_heldout(held)}",
-          flush=True)
+    held = held_out("warm-start", LLMDirector(policy, tok, personas), f"after the {source.split(' warm start')[0]} warm start")
     save_model(policy, tok, out / "director_warm")
     warm = {"steps": cfg.director_warmup, "lr": cfg.warmup_lr, "source": source, "losses": losses, "heldout": held,
             "targets": dict(Counter(parse_directive(t, personas, "?").agent for _, t in examples))}

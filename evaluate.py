@@ -5,10 +5,8 @@ contexts with the same simulated users and seeds; every conversation is scored; 
 means with 95% bootstrap intervals per system and slice, and paired changes against round-robin.
 The formulas are metrics.py's; this file decides what is measured on what, and by whom.
 
-Systems (SYSTEMS): the paper's baselines, our round-robin and prompted-director reference points,
-the ablations MASCOT-P (base speakers) and MASCOT-C (no director: random order), and MASCOT; all
-with the same persona cards, simulated user, contexts, profiles and seeds, so a difference is the
-system's.
+Systems (SYSTEMS): the paper's baselines, our reference points, the ablations MASCOT-P (base speakers)
+and MASCOT-C (no director: random order), and MASCOT; a difference between two is the system's.
 
 Measured (results.md says by whom, and whether training used it): judge rubrics (0-100; Overall =
 the mean of the criteria, as the paper), persona identification by the FROZEN base model,

@@ -39,7 +39,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file
 
 import models
-from data import UserError, append_jsonl, atomic_folder, derive_seed, option, read_jsonl, warn, write_jsonl
+from data import UserError, append_jsonl, atomic_folder, derive_seed, option, read_jsonl, save_model, warn, write_jsonl
 
 # --- The core math: pure functions -------------------------------------------------------------
 # Shapes: B = completions in the (micro-)batch, C = completion width (right-padded), P = prompt
@@ -86,10 +86,10 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, eps_low=0.2, eps_hi
     stops it, which keeps entropy from collapsing.
 
     The denominator is a real choice: "grpo" averages each sequence's tokens, then the sequences
-    (DeepSeekMath; length-biased: a token of a short reply weighs more); "dapo" sums every real
-    token and divides by their number (DAPO, TRL's default). With gradient accumulation, pass
-    `normalizer` = the whole optimiser step's total (real tokens for "dapo", sequences for "grpo"),
-    so the summed micro-batch gradients are exactly the full batch's.
+    (DeepSeekMath; length-biased: a token of a short reply weighs more); "dapo" sums every real token and
+    divides by their number (DAPO, TRL's default). With gradient accumulation, pass `normalizer` = the whole
+    optimiser step's total (real tokens for "dapo", sequences for "grpo"), so the summed micro-batch gradients
+    are exactly the full batch's.
 
     With one update per sampled batch (old_logps None), pi_old = pi_theta: r = 1 and the clip
     never binds, but d r / d logp = 1, so the gradient is exactly -A grad(logp) / denominator.
@@ -131,15 +131,14 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, eps_low=0.2, eps_hi
 
 # --- Log-probs of completions under a causal LM -------------------------------------------------
 def completion_hidden(model, ids, mask, positions, P: int):
-    """The final hidden states that predict the completion tokens, (B, C, H).
+    """The final hidden states that predict the completion tokens, (B, C, H); ids, mask, positions: (B, P + C).
 
-    GRPO's G completions of a group share their prompt, so each DISTINCT prompt runs through the
-    body once with its completions packed after it in ONE sequence, [prompt, reply 1, ..., reply G]:
-    a reply's positions continue from the prompt's end, and a mask lets its tokens see the prompt
-    and the earlier tokens of their own reply only, exactly what they would see in their own row.
-    So states and gradients are the plain path's (up to float summation order), while the prompt's
-    activations exist once per group: 2 x (300 + 4 x 32) tokens instead of 8 x 332 at our shapes,
-    the sampler's shared prefill for training. ids, mask, positions: (B, P + C)."""
+    GRPO's G completions of a group share their prompt, so each DISTINCT prompt runs through the body once
+    with its completions packed after it in ONE sequence, [prompt, reply 1, ..., reply G]: a reply's positions
+    continue from the prompt's end, and a mask lets its tokens see the prompt and the earlier tokens of their
+    own reply only, exactly what they would see in their own row. So states and gradients are the plain path's
+    (up to float summation order), while the prompt's activations exist once per group: 2 x (300 + 4 x 32)
+    tokens instead of 8 x 332 at our shapes: the sampler's shared prefill, for training."""
     B, C = len(ids), ids.shape[1] - P
     first, index = models.distinct_rows(torch.cat([ids[:, :P], mask[:, :P]], 1).tolist())
     seqs, pos, owner, rows = [], [], [], []      # per distinct prompt: tokens, positions, reply of each token
@@ -227,7 +226,7 @@ class GRPOConfig:
     group_size: int = option(4, "G completions per prompt; the group mean is the baseline", "at-least-2")
     lr: float = option(5e-6, "AdamW learning rate (full fine-tuning: keep it small)", "positive")
     beta: float = option(0.02, "KL weight to the frozen reference; 0 skips the reference pass", "non-negative")
-    eps_low: float = option(0.2, "lower clip range: the ratio may fall to 1 - eps_low", "unit")
+    eps_low: float = option(0.2, "lower clip range: the ratio may fall to 1 - eps_low", "fraction")
     eps_high: float = option(0.28, "upper clip range (DAPO clip-higher): up to 1 + eps_high", "non-negative")
     loss_type: str = option("dapo", "dapo: token mean over the step; grpo: per-sequence mean", ["dapo", "grpo"])
     scale_rewards: bool = option(True, "divide advantages by the group std (--no-scale-rewards: Dr. GRPO)")
@@ -275,11 +274,8 @@ class OneProcess:
     def all_sum(self, value: float) -> float:
         return value
 
-    def nothing(self, *model) -> None:
-        pass
-
     # sum_gradients(model), broadcast(model) and barrier(): nothing to do in one process.
-    sum_gradients = broadcast = barrier = nothing
+    sum_gradients = broadcast = barrier = staticmethod(lambda *model: None)
 
 
 def autocast(cfg: GRPOConfig, device: torch.device):
@@ -349,8 +345,7 @@ def save_checkpoint(folder: Path, step: int, policy, tok, optimizer) -> Path:
     so a crash mid-write leaves no half checkpoint. The two newest are kept."""
     final = folder / f"ckpt-{step:06d}"
     with atomic_folder(final) as tmp:
-        policy.save_pretrained(tmp / "model")
-        tok.save_pretrained(tmp / "model")
+        save_model(policy, tok, tmp / "model")
         opt = optimizer.state_dict()
         tensors = {f"{i}.{k}": (v if torch.is_tensor(v) else torch.tensor(v)).contiguous()
                    for i, st in opt["state"].items() for k, v in st.items()}      # "<param>.<exp_avg|...>"

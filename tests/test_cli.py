@@ -234,3 +234,52 @@ def test_demo_verdict_shows_groups_of_two_or_more_and_says_whether_a_change_is_b
     # Six pairs but an interval over 0: still noise.
     noise = {"mascot": {"self_bleu": s(-0.1, -0.2, 0.05)}}
     assert "no change" in demo.verdict({"status": status, "systems": systems(6), "changes": noise})[-1]
+
+
+TINY_STAGE1 = ("train", "--stage", "1", "--model", "tiny", "--states", "4", "--heldout-states", "2", "--candidates", "2",
+               "--steps", "1", "--prompts-per-step", "1", "--group-size", "2", "--max-new-tokens", "4", "--rm-epochs", "1")
+
+
+def test_a_run_folder_refuses_other_settings_and_other_files(tmp_path, capsys, monkeypatch):
+    """config.json records what made a stage folder (flags, a fingerprint of the data and persona files);
+    a later command that differs in anything but how, where and how long is refused, naming what
+    differs, with or without --resume, before any work: two runs' artifacts never mix."""
+    personas = tmp_path / "personas.json"
+    personas.write_text((ROOT / "personas.json").read_text())
+    run = ["--run", str(tmp_path / "run"), "--personas", str(personas)]
+    code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *run)
+    assert code == 0, err
+    config = (tmp_path / "run" / "stage1" / "config.json").read_text()
+    assert json.loads(config)["fingerprint"]
+    for extra, named in ((["--lr", "1e-4"], "--lr 0.0001"), (["--group-size", "3", "--resume"], "--group-size 3"),
+                         (["--candidates", "3"], "--candidates 3")):
+        code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *run, *extra)
+        assert code == 2 and named in err and "use its settings" in err and "--run" in err, err
+    # The same settings, another spelling of the persona file's path: accepted (what counts is its content);
+    # a changed card is refused, and --steps (how long) may grow under --resume.
+    monkeypatch.chdir(tmp_path)
+    code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *run[:2], "--personas", "personas.json", "--resume",
+                            "--steps", "2")
+    assert code == 0, err
+    personas.write_text(personas.read_text().replace("Listens closely", "Listens very closely"))
+    code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *run, "--resume", "--steps", "2")
+    assert code == 2 and "--personas" in err and "differ from those that made" in err, err
+    assert json.loads((tmp_path / "run" / "stage1" / "config.json").read_text())["steps"] == 2    # not overwritten
+
+
+def test_a_second_command_on_a_locked_run_folder_stops_at_once(tmp_path, capsys, monkeypatch):
+    """Another process holding the folder's lock (a running train or evaluate): one line, nothing written."""
+    (tmp_path / "run").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)",
+                               str(tmp_path / "run" / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, "--run", str(tmp_path / "run"))
+        assert code == 2 and "in use by another mascot command" in err, err
+        assert not (tmp_path / "run" / "stage1").exists()
+    finally:
+        holder.kill()
+    code, err = mascot_here(capsys, monkeypatch, "evaluate", "--model", "tiny", "--run", str(tmp_path / "run"),
+                            "--systems", "no-such-system")
+    assert "in use" not in err                                   # the lock went with the process

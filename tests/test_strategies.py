@@ -58,7 +58,7 @@ def test_a_card_naming_a_strategy_esconv_does_not_have_is_refused(tmp_path):
 
 def test_function_mass_adds_each_personas_own_strategies_by_hand():
     p = torch.tensor([[0.1, 0.2, 0.1, 0.0, 0.3, 0.0, 0.1, 0.2]])            # (1, 8); 0.2 on "Others"
-    got = judge.function_mass(p, [["Restatement or Paraphrasing", "Reflection of feelings"], ["Question"],
+    got = st.function_mass(p, [["Restatement or Paraphrasing", "Reflection of feelings"], ["Question"],
                                   ["Providing Suggestions", "Information"]])
     assert got[0].tolist() == pytest.approx([0.3, 0.1, 0.1])                  # "Others" is nobody's
 
