@@ -447,10 +447,14 @@ def is_contexts_file(spec: str) -> bool:
     return spec == "bundled" or {"first_message", "set"} <= set(first)
 
 
+def contexts_path(spec: str) -> Path:
+    return HERE / "data" / "contexts.jsonl" if spec == "bundled" else Path(spec).expanduser()    # --data's file
+
+
 def load_contexts(spec: str = "bundled", persona_set: str = "support") -> list[Context]:
     """The contexts of one persona set from a file in our format; a malformed row is skipped with
     a warning naming its line, a file without any usable row is an error."""
-    path = HERE / "data" / "contexts.jsonl" if spec == "bundled" else Path(spec).expanduser()
+    path = contexts_path(spec)
     contexts, skipped = [], 0
     for number, row, error in jsonl_lines(path):
         try:
@@ -540,11 +544,9 @@ def make_inputs(personas: PersonaSet, splits: dict[str, list[Context]], held_out
     """The run's train / held-out contexts: `splits` {"train", "test"/"valid"} of official splits (used
     as the paper does), else {"all"} (split at random here). `earlier`: the config.json of the stages
     this builds on; made on the same data (resolved paths), they must agree on SPLIT_SETTINGS."""
-    source = lambda spec: (HERE / "data" / "contexts.jsonl" if spec == "bundled"     # noqa: E731
-                           else Path(spec).expanduser()).resolve()
     for path in earlier:
         old = read_json(path) if Path(path).is_file() else {}
-        if old and old.get("data") is not None and source(old["data"]) == source(config["data"]):
+        if old.get("data") is not None and contexts_path(old["data"]).resolve() == contexts_path(config["data"]).resolve():
             for key in SPLIT_SETTINGS:
                 if key in old and old[key] != config[key]:
                     flag = "--" + key.replace("_", "-")

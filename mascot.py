@@ -212,13 +212,11 @@ OPERATIONAL = {"resume", "device", "steps", "save_every", "dump_every", "micro_b
 
 
 def start_stage(args, out: Path, ranks) -> None:
-    """Checks before any work (the device; the settings and files that made the folder's work, if any,
-    recorded in its config.json, are these), then the config, written once."""
+    """Checks before any work (the device; that the folder's record, config.json, matches), then the config."""
     check_device(args)
     if args.resume and not grpo.checkpoints(out / "checkpoints"):
         raise UserError(f"--resume: no GRPO checkpoint in {out / 'checkpoints'} yet; run without --resume")
-    config = {**vars(args), "fingerprint": data.fingerprint(data.HERE / "data" / "contexts.jsonl" if args.data ==
-                                                            "bundled" else args.data, args.personas, args.profiles_file)}
+    config = {**vars(args), "fingerprint": data.fingerprint(data.contexts_path(args.data), args.personas, args.profiles_file)}
     made = data.read_json(out / "config.json") if any(f.name != "config.json" for f in out.glob("*")) else {}
     for key in [k for k in config if k in made and k not in OPERATIONAL and made[k] != config[k]]:
         what = "--data, --personas or --profiles-file: their files differ from those that" if key == "fingerprint" \
