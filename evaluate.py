@@ -308,7 +308,7 @@ class Setup:
     judge: object
     nli: tuple | None
     identifier: object
-    function: object             # the persona-function evaluator (extras/evaluators.py), or None
+    function: object             # the persona-function evaluator (extras/strategies.py), or None
     guard: object                # the crisis guard (extras/safety.py), or None
     pipelines: dict              # pipeline name -> speak(convs, directives, cast) (extras/baselines.py)
 
