@@ -13,6 +13,7 @@ Bad input raises `UserError`: one line naming the file, row or field and the fix
 """
 
 import argparse
+import errno
 import fcntl
 import hashlib
 import json
@@ -158,7 +159,11 @@ def atomic_folder(target: str | Path):
     if tmp.exists():
         shutil.rmtree(tmp)                       # left over from a crashed save
     tmp.mkdir(parents=True)
-    yield tmp
+    try:
+        yield tmp
+    except Exception as err:                     # a half-written folder only takes space; safetensors and torch
+        shutil.rmtree(tmp, ignore_errors=True)   # wrap a full disk's OSError in their own errors: unwrap it
+        raise OSError(errno.ENOSPC, "No space left on device", str(target)) if "No space left" in str(err) else err
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
@@ -356,12 +361,12 @@ class PersonaSet:
 
 
 def _need(obj: dict, key: str, where: str, many: bool = False, limit: int = 2000):
-    """A non-empty string field (or a non-empty list of them), at most `limit` characters each:
+    """A non-empty string field (or a non-empty list of at most 20), at most `limit` characters each:
     a runaway field would crowd out the rest of every prompt it goes into."""
     value = obj.get(key)
     items = (value if isinstance(value, list) else [None]) if many else [value]
-    if not items or not all(isinstance(v, str) and v.strip() and len(v) <= limit for v in items):
-        what = "a list of non-empty strings" if many else "a non-empty string"
+    if not items or len(items) > 20 or not all(isinstance(v, str) and v.strip() and len(v) <= limit for v in items):
+        what = "a list of at most 20 non-empty strings" if many else "a non-empty string"
         raise UserError(f"{where}: field '{key}' must be {what} of at most {limit} characters (got "
                         f"{'nothing' if key not in obj else json_type(value)})")
     return [v.strip() for v in items] if many else value.strip()
@@ -423,9 +428,8 @@ class Context:
 
 
 def context_row(row: dict) -> Context:
-    """One line of a contexts file in our format (data/contexts.jsonl; extras/datasets.py writes
-    the public datasets in it too): id, set, situation, first_message, optional emotion, valence,
-    domain, source and turns."""
+    """One line of a contexts file in our format (data/contexts.jsonl; extras/datasets.py writes the public datasets
+    in it too): id, set, situation, first_message, optional emotion, valence, domain, source and turns."""
     if row.get("set") not in ("support", "meeting"):
         raise UserError("'set' must be \"support\" or \"meeting\"")
     if (row.get("valence") or "") not in ("", "positive", "negative", "ambiguous"):

@@ -38,11 +38,10 @@ from simulate import (JUDGE_TURNS, SAFETY, USER, Conversation, Directive, LeastS
 
 # --- 1. The prompt, and a parser for the answer -------------------------------------------------
 def director_messages(personas: PersonaSet, conv: Conversation) -> list[dict]:
-    """The chat asking for the next `Agent / Action / Tone`. The roster gives names and roles only
-    (the speakers' prompts carry the descriptions): a third shorter, so every director generation and
-    GRPO pass is cheaper. Who spoke last is said outright: a small director reads a named field far
-    more easily than a speaker line above the user's message, and the same companion twice in a row
-    is what the balance term penalises."""
+    """The chat asking for the next `Agent / Action / Tone`. The roster gives names and roles only (the speakers'
+    prompts carry the descriptions): a third shorter, so every director generation and GRPO pass is cheaper. Who spoke
+    last is said outright: a small director reads a named field far more easily than a speaker line above the user's
+    message, and the same companion twice in a row is what the balance term penalises."""
     spoken = conv.agent_turns()
     counts = Counter(t.speaker for t in spoken)
     last = f" Last to speak: {spoken[-1].speaker}." if spoken else ""
@@ -166,11 +165,9 @@ def block_reward(conv: Conversation, start: int, personas: PersonaSet, encoder, 
                                                  t.text, names)[k] for k in HACKS) for i, t in new) / len(new)
     comp["format"] = sum(t.directive is None or t.directive.valid for _, t in new) / len(new)
     speakers = [t.speaker for t in conv.agent_turns()]
-    counts_by = Counter(speakers)
-    entropy = -sum(c / len(speakers) * math.log(c / len(speakers)) for c in counts_by.values())
     repeats = sum(speakers[j] == speakers[j - 1] for j in range(max(len(speakers) - len(new), 1), len(speakers)))
     # With one persona nobody else could have spoken: perfect balance (and no log(1) = 0 to divide by).
-    comp["balance"] = entropy / math.log(len(names)) * (1 - repeats / len(new)) if len(names) > 1 else 1.0
+    comp["balance"] = entropy_bits(speakers) / math.log2(len(names)) * (1 - repeats / len(new)) if len(names) > 1 else 1.0
     return sum(getattr(weights, k) * v for k, v in comp.items()), comp
 
 
@@ -338,13 +335,12 @@ def token_rows(tok, examples: list[tuple[list[dict], str]]) -> list[tuple[list[i
 
 def supervised_finetune(model, tok, examples, steps: int, batch_size: int = 4, lr: float = 2e-5, log=print,
                         first_line_weight: float = 1.0, decay: bool = False) -> list[float]:
-    """Maximum likelihood of each target given its prompt: `steps` AdamW steps of `batch_size`
-    examples (cycling), one example per forward/backward (director prompts run to ~700 tokens),
-    the step's weighted target-token count the one denominator, so the step is the full batch's.
-    first_line_weight: the loss weight of the target's first line (the `Agent:` line decides who
-    speaks; Action and Tone follow from it and would dominate an unweighted loss). decay: the rate
-    falls linearly to lr / steps, so the last few batches do not decide whom it favours.
-    Returns the per-step loss (mean negative log-probability per target token), which should fall."""
+    """Maximum likelihood of each target given its prompt: `steps` AdamW steps of `batch_size` examples (cycling), one
+    example per forward/backward (director prompts run to ~700 tokens), the step's weighted target-token count the one
+    denominator, so the step is the full batch's. first_line_weight: the loss weight of the target's first line (the
+    `Agent:` line decides who speaks; Action and Tone follow from it and would dominate an unweighted loss). decay:
+    the rate falls linearly to lr / steps, so the last few batches do not decide whom it favours. Returns the per-step
+    loss (mean negative log-probability per target token), which should fall."""
     rows, losses, weights = token_rows(tok, examples), [], []
     for _, target in rows:
         k = next((i + 1 for i in range(len(target)) if "\n" in tok.decode(target[:i + 1])), len(target))

@@ -60,6 +60,7 @@ SYSTEMS = (
     System("prompted-director", "base", "prompted-director", "persona", "the untrained LLM director + base speakers"),
     System("mascot-p", "base", "trained-director", "persona", "trained director + base speakers (ablation: no "
            "persona alignment)"),
+    System("trained-speakers", "trained", "round-robin", "persona", "stage 1 alone: round-robin's order, trained speakers"),
     System("mascot-c", "trained", "random", "persona", "trained speakers in random order (ablation: no director)"),
     System("mascot", "trained", "trained-director", "persona", "trained director + trained speakers"),
 )
@@ -386,10 +387,9 @@ def slice_fields(records: list[dict]) -> list[str]:
 
 
 def pairwise(cfg: EvalConfig, entries: dict, identifier: bool = True) -> dict:
-    """A vs B per conversation (same context, profile and seeds), with an exact two-sided sign test: the
-    higher persona log-ratio wins (the independent evaluator), or with --pairwise-by judge (also without
-    the evaluator) the judge's mean score of the agent turns, an LLM judge's agent overall; None or
-    equal is a tie."""
+    """A vs B per conversation (same context, profile and seeds), with an exact two-sided sign test: the higher
+    persona log-ratio wins (the independent evaluator), or with --pairwise-by judge (also without the evaluator) the
+    judge's mean score of the agent turns, an LLM judge's agent overall; None or equal is a tie."""
     names = [s.strip() for s in cfg.pairwise.split(",")]
     if len(names) != 2 or names[0] == names[1] or any(n not in SYSTEM_NAMES for n in names):
         raise UserError(f"--pairwise {cfg.pairwise}: give two different systems as A,B from " + ", ".join(SYSTEM_NAMES))

@@ -85,19 +85,17 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, eps_low=0.2, eps_hi
     eps_high > eps_low is DAPO's clip-higher: a rare good token may grow further before the clip
     stops it, which keeps entropy from collapsing.
 
-    The denominator is a real choice: "grpo" averages each sequence's tokens, then the sequences
-    (DeepSeekMath; length-biased: a token of a short reply weighs more); "dapo" sums every real token and
-    divides by their number (DAPO, TRL's default). With gradient accumulation, pass `normalizer` = the whole
-    optimiser step's total (real tokens for "dapo", sequences for "grpo"), so the summed micro-batch gradients
-    are exactly the full batch's.
+    The denominator is a real choice: "grpo" averages each sequence's tokens, then the sequences (DeepSeekMath;
+    length-biased: a token of a short reply weighs more); "dapo" sums every real token and divides by their number
+    (DAPO, TRL's default). With gradient accumulation, pass `normalizer` = the whole optimiser step's total (real
+    tokens for "dapo", sequences for "grpo"), so the summed micro-batch gradients are exactly the full batch's.
 
     With one update per sampled batch (old_logps None), pi_old = pi_theta: r = 1 and the clip
     never binds, but d r / d logp = 1, so the gradient is exactly -A grad(logp) / denominator.
 
-    logps: (B, C) under the policy (with grad); old_logps, ref_logps: (B, C) or None (beta must
-    then be 0); advantages: (B,); mask: (B, C) 1 for real completion tokens. Returns (loss,
-    stats) with "kl" (NaN without a reference), "clip_frac", "ratio_mean", "n_tokens".
-    """
+    logps: (B, C) under the policy (with grad); old_logps, ref_logps: (B, C) or None (beta must then be 0);
+    advantages: (B,); mask: (B, C) 1 for real completion tokens. Returns (loss, stats) with "kl" (NaN without a
+    reference), "clip_frac", "ratio_mean", "n_tokens"."""
     if loss_type not in ("dapo", "grpo"):
         raise ValueError(f"loss_type must be 'dapo' or 'grpo', got {loss_type!r}")
     if beta != 0.0 and ref_logps is None:
@@ -200,10 +198,9 @@ def completion_logprobs(model, input_ids, attention_mask, n_prompt: int, tempera
 
 
 def target_logprobs(model, pad_id: int, rows: list[tuple[list[int], list[int]]]):
-    """((B, C) log-probs of each row's target tokens given its prompt, (B, C) mask): prompts
-    left-padded, targets right-padded, so column t is the target's t-th token. For supervised
-    targets (the director's warm start) and a fixed reply under several cards (the persona-ID
-    evaluator)."""
+    """((B, C) log-probs of each row's target tokens given its prompt, (B, C) mask): prompts left-padded, targets
+    right-padded, so column t is the target's t-th token. For supervised targets (the director's warm start) and a
+    fixed reply under several cards (the persona-ID evaluator)."""
     p_ids, p_mask = models.left_pad([p for p, _ in rows], pad_id)                  # (B, P)
     c_ids = torch.full((len(rows), max(len(c) for _, c in rows)), pad_id, dtype=torch.long)
     c_mask = torch.zeros_like(c_ids)
@@ -448,12 +445,10 @@ def train_grpo(policy, tok, sample_prompts, reward_fn, cfg: GRPOConfig, out: Pat
                resume: bool = False, describe=None, diagnose=None, ranks=OneProcess(), log=print) -> list[dict]:
     """Train `policy` with GRPO; used by stage 1 (speakers) and stage 2 (director).
 
-    sample_prompts(step) -> (prompts, meta): cfg.prompts_per_step chat prompts (deterministic in
-    step) and per-prompt metadata; reward_fn(meta, texts, gen) -> (rewards, components): one
-    reward per completion (prompt-major) and named lists, logged as r_<name>; diagnose: grpo_step's;
-    describe(meta, texts, rewards) -> rows for the sample dumps. Writes
-    out/metrics.jsonl (a line per step), out/samples/ and out/checkpoints/ (rank 0 only).
-    """
+    sample_prompts(step) -> (prompts, meta): cfg.prompts_per_step chat prompts (deterministic in step) and per-prompt
+    metadata; reward_fn(meta, texts, gen) -> (rewards, components): one reward per completion (prompt-major) and named
+    lists, logged as r_<name>; diagnose: grpo_step's; describe(meta, texts, rewards) -> rows for the sample dumps.
+    Writes out/metrics.jsonl (a line per step), out/samples/ and out/checkpoints/ (rank 0 only)."""
     if cfg.prompts_per_step % ranks.world:
         raise UserError(f"--prompts-per-step {cfg.prompts_per_step}: must be a multiple of the {ranks.world} processes")
     ckpt_dir, metrics_path = out / "checkpoints", out / "metrics.jsonl"

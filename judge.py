@@ -90,9 +90,6 @@ class Judge:
                               compute, keep=lambda v: not v["detail"].get("unparseable"))
         return [Verdict(**v) for v in values]
 
-    def complete(self, prompt: str, max_new_tokens: int = 64) -> str:
-        return self.complete_many([prompt], max_new_tokens)[0]
-
     def rate_many(self, prompts: list[str], max_new_tokens: int = 32) -> list[int | None]:
         """A 1-5 score per rubric prompt from an LLM judge's greedy answers; None for an answer it cannot
         read. Each LLM backend reads its own answers (`read_score`, extras/judges.parse_rubric_score)."""

@@ -17,13 +17,14 @@ Each command writes into a run folder (default runs/default):
              samples/ checkpoints/ director/ summary.json
     eval/    config.json transcripts.jsonl results.md results.json (partial/ while it runs)
 The algorithms' settings are declared once, beside the code that uses them (data.option); every
-field becomes a flag here. Bad input never shows a traceback: a data.UserError is printed as one line,
-`error: ...`, and the process exits with status 2.
+field becomes a flag here. Bad input (a data.UserError) and the machine's refusals (an OSError: a read-only
+folder, a full disk) never show a traceback: main() prints one line, `error: ...`, and exits with status 2.
 """
 
 import argparse
 import contextlib
 import dataclasses
+import errno
 import importlib
 import os
 import sys
@@ -47,6 +48,11 @@ ROOT = Path(__file__).resolve().parent
 
 
 # --- Flags: each declared once, here or as an `option` field of a settings dataclass -------------
+class Parser(argparse.ArgumentParser):
+    def error(self, message):           # one line (argparse's own prints the whole usage first); main() prints it
+        raise UserError(f"{message} (python {self.prog} --help lists every flag)")
+
+
 class Formatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a flag's default once: not when its help already names it, nor for store_true."""
     def _get_help_string(self, action):
@@ -112,8 +118,8 @@ def common_flags(p, trained: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mascot.py", description="MASCOT, stage by stage (python mascot.py COMMAND --help)",
-                                     formatter_class=Formatter)
+    parser = Parser(prog="mascot.py", description="MASCOT, stage by stage (python mascot.py COMMAND --help)",
+                    formatter_class=Formatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     t = sub.add_parser("train", help="train stage 1 (speakers) or stage 2 (director)", formatter_class=Formatter)
     t.add_argument("--stage", type=int, choices=[1, 2], required=True, help="1: the speakers; 2: the director")
@@ -178,6 +184,8 @@ def frozen_dtype(args) -> torch.dtype:
 def check_device(args) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: this torch sees no CUDA device; install a CUDA build of torch or use --device cpu")
+    if args.dtype == "bfloat16" and not models.native_bf16(args.device):
+        raise UserError(f"--dtype bfloat16: {args.device} has no native bf16 here; use --dtype auto or float32")
 
 
 def load_role(spec: str, role: str, args, cache: Path | None = None):
@@ -185,7 +193,8 @@ def load_role(spec: str, role: str, args, cache: Path | None = None):
     served elsewhere (extras/served.py; tokenizer None), checked with one tiny request now."""
     if spec.startswith("openai:"):
         return extra("served").served_role(spec, role, args, cache), None
-    return models.load_model(spec, device=args.device, dtype=frozen_dtype(args), frozen=True)
+    return models.load_model(spec, device=args.device, dtype=frozen_dtype(args), frozen=True,
+                             flag=f"--{role}" if getattr(args, role, None) == spec else "--model")
 
 
 def make_judge(args, cache: Path | None, personas_path: str, encoder=None):
@@ -455,13 +464,15 @@ def main(argv=None) -> int:
                 (train_stage1 if args.stage == 1 else train_stage2)(args, ranks)
             else:
                 evaluate_cmd(args)
-    except UserError as err:
+    except (UserError, OSError, KeyboardInterrupt) as err:     # OSError: the environment (read-only, a full disk)
+        again = "run the same command" + (" with --resume" if argv[:1] == ["train"] else " (it picks up what is done)")
+        if isinstance(err, KeyboardInterrupt):
+            print(f"interrupted: checkpoints and the judge cache are on disk; {again}", file=sys.stderr)
+            return 130
+        if isinstance(err, OSError):     # every file is written whole (a temporary name, renamed), so resuming is exact
+            err = f"{err.filename or 'a file'}: {err.strerror or err}" + (f"; free space, {again}" if err.errno == errno.ENOSPC else "")
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: checkpoints and the judge cache are on disk; run the same command" +
-              (" with --resume" if argv[:1] == ["train"] else " (it picks up what is done)"), file=sys.stderr)
-        return 130
     return 0
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub.utils import logging as hub_logging
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
@@ -43,6 +44,7 @@ def package_folder(package: str) -> Path | None:
 
 def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()           # not a line per retry while an unreachable hub is retried
     hf_logging.disable_progress_bar()
 
 
@@ -80,10 +82,10 @@ def tiny_model(tokenizer, seed: int = 0):
 
 
 def load_model(name: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = torch.float32,
-               frozen: bool = False):
+               frozen: bool = False, flag: str = "--model"):
     """(model in eval mode on `device`, tokenizer padding on the left) for a --model value:
     "smollm2-135m", "tiny", a folder written by save_pretrained, or a hub id (needs internet).
-    frozen: a model that only runs (a frozen role, a reference): no gradients."""
+    frozen: a model that only runs (a frozen role, a reference): no gradients. flag: the option errors name."""
     quiet_transformers()
     if name == TINY:
         tok = AutoTokenizer.from_pretrained(embedded_model_folder())
@@ -91,13 +93,13 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = t
     else:
         source = embedded_model_folder() if name == EMBEDDED else name
         if name != EMBEDDED and Path(source).exists() and not (Path(source) / "config.json").exists():
-            raise UserError(f"--model {name}: the folder has no config.json, so it is not a saved model")
+            raise UserError(f"{flag} {name}: the folder has no config.json, so it is not a saved model")
         try:
             tok = AutoTokenizer.from_pretrained(source)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         except (OSError, ValueError) as err:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise UserError(f"--model {name}: not a local model folder, and loading it as a hub id failed ({first}); "
+            raise UserError(f"{flag} {name}: not a local model folder, and loading it as a hub id failed ({first}); "
                             "pass 'smollm2-135m', 'tiny', a folder written by save_pretrained, or a hub id") from None
     # Batched generation pads on the LEFT, so every row's last prompt token sits in the same column.
     tok.padding_side, tok.pad_token = "left", tok.pad_token or tok.eos_token
@@ -293,10 +295,9 @@ def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: 
              on_token=None) -> Generation:
     """One reply per conversation, all rows in one batch (the steps above).
 
-    seeds: None -> greedy; an int or a list (row_generators). min_new_tokens: stop tokens are
-    forbidden for the first steps (the benchmarks fix the length with it). on_token(tokens): called
-    with the (B,) tokens of every step (the chat shows a reply as it is written).
-    """
+    seeds: None -> greedy; an int or a list (row_generators). min_new_tokens: stop tokens are forbidden for the first
+    steps (the benchmarks fix the length with it). on_token(tokens): called with the (B,) tokens of every step (the
+    chat shows a reply as it is written)."""
     device = next(model.parameters()).device
     pad_id, stops = tokenizer.pad_token_id, torch.tensor(stop_token_ids(tokenizer), device=device)
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(chat_prompt_ids(tokenizer, conversations), pad_id))
@@ -350,13 +351,12 @@ def generate_texts(model, tokenizer, conversations, max_new_tokens: int = 64, te
 
 
 class SamplingCopy:
-    """A bf16 copy of the policy that only samples; the fp32 policy is the one trained (bf16's 8
-    significant bits would lose AdamW's small updates). Where bf16 is native (native_bf16) a
-    decode step, which reads every weight to make one token per row, runs ~2x faster. The price is
-    a slightly different sampling distribution, which GRPO logs as `logp_mismatch` (mean
-    |logp_sampler - logp_trainer| per token). Buffers such as RoPE's frequencies stay fp32.
-    Usage: copy = SamplingCopy(policy); copy.refresh() before sampling; generate(copy.model, ...);
-    copy.release() while the policy trains, so the copy's memory is free for the update."""
+    """A bf16 copy of the policy that only samples; the fp32 policy is the one trained (bf16's 8 significant bits
+    would lose AdamW's small updates). Where bf16 is native (native_bf16) a decode step, which reads every weight to
+    make one token per row, runs ~2x faster. The price is a slightly different sampling distribution, which GRPO logs
+    as `logp_mismatch` (mean |logp_sampler - logp_trainer| per token). Buffers such as RoPE's frequencies stay fp32.
+    Usage: copy = SamplingCopy(policy); copy.refresh() before sampling; generate(copy.model, ...); copy.release()
+    while the policy trains, so the copy's memory is free for the update."""
 
     def __init__(self, policy):
         self.policy, self.model = policy, copy.deepcopy(policy).eval().requires_grad_(False)

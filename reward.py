@@ -434,9 +434,8 @@ def speaker_reward_fn(rm: RewardModel, rm_tok, personas: PersonaSet, format_weig
 
 def heldout_reward(policy, tok, states: list[State], personas: PersonaSet, reward_fn, max_new_tokens: int,
                    temperature: float, seed: int, samples: int = 2) -> dict:
-    """The composite reward of `samples` replies per held-out state, with fixed seeds (the same
-    randomness before and after GRPO). The se is over states: two replies of one state are not
-    independent evidence."""
+    """The composite reward of `samples` replies per held-out state, with fixed seeds (the same randomness before and
+    after GRPO). The se is over states: two replies of one state are not independent evidence."""
     rows = [s for s in states for _ in range(samples)]
     gen = models.generate(policy, tok, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
                           seeds=[derive_seed(seed, "held-out", i) for i in range(len(rows))])

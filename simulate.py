@@ -172,14 +172,12 @@ def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, t
                      directive: Directive | None = None, style: str = "persona", examples: list[dict] = ()) -> list[dict]:
     """The chat prompt for one agent's next reply.
 
-    The system message opens with the persona card (one shared model, a different card per
-    agent), then what the style asks, then the situation; the director's instruction, when it gave
-    one, is its last sentence in plain words ("In your next message, name a strength, in an
-    encouraging tone."). The conversation follows as chat turns seen from this agent. Why this
-    layout: a small model copies whatever labels its prompt holds into its reply ("Situation: ...",
-    "(Your director asks you to: ...)"), and chat roles need the fewest labels; the one left,
-    "(Beacon, another companion):", is still echoed sometimes, and counted as a meta leak.
-    """
+    The system message opens with the persona card (one shared model, a different card per agent), then what the style
+    asks, then the situation; the director's instruction, when it gave one, is its last sentence in plain words ("In
+    your next message, name a strength, in an encouraging tone."). The conversation follows as chat turns seen from
+    this agent. Why this layout: a small model copies whatever labels its prompt holds into its reply ("Situation:
+    ...", "(Your director asks you to: ...)"), and chat roles need the fewest labels; the one left, "(Beacon, another
+    companion):", is still echoed sometimes, and counted as a meta leak."""
     card = persona_card(persona)
     if style in EXAMPLE_STYLES and not examples:
         raise ValueError(f"speaker_messages: style {style!r} needs examples (data/fewshot.json)")

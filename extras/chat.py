@@ -17,9 +17,9 @@ message is checked again. Inside: /who /reset /save FILE /quit (Ctrl-D and Ctrl-
     python mascot.py simulate --policy director --contexts 4 --profile all
 """
 
-import argparse
 import functools
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -50,7 +50,7 @@ def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
 
 
 def parse_args(argv: list[str], cli):
-    p = argparse.ArgumentParser(prog="mascot.py chat", description="talk to the companion group in the terminal",
+    p = cli.Parser(prog="mascot.py chat", description="talk to the companion group in the terminal",
                                 formatter_class=cli.Formatter)
     cli.common_flags(p)
     p.add_argument("--policy", choices=["director", "round-robin", "random", "least-spoken"], default="director",
@@ -177,7 +177,7 @@ def simulate(argv: list[str], cli) -> int:
     """`mascot.py simulate`: the conversation engine (simulate.py) outside training and evaluation, with
     the crisis guard on (people read these transcripts); the director is RUN/stage2/director when
     stage 2 has run, else --model prompted."""
-    p = argparse.ArgumentParser(prog="mascot.py simulate", formatter_class=cli.Formatter,
+    p = cli.Parser(prog="mascot.py simulate", formatter_class=cli.Formatter,
                                 description="write conversations for contexts, a profile and a policy")
     cli.common_flags(p)
     p.add_argument("--turns", type=flag_type("--turns", int, "positive"), default=4, help="agent turns per conversation")
@@ -188,6 +188,17 @@ def simulate(argv: list[str], cli) -> int:
     args = p.parse_args(argv[1:])
     inputs = cli.load_inputs(args)
     cli.check_device(args)
+    path = Path(args.out) if args.out else Path(args.run) / "simulate" / f"{args.policy}.jsonl"
+    with data.run_lock(args.run):                        # not while train or evaluate writes the run
+        try:                                             # a folder we cannot write fails now, not after the work
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=path.parent).close()
+        except OSError as err:
+            raise UserError(f"--out {path}: cannot write in {path.parent} ({err.strerror})") from None
+        return simulate_into(path, inputs, args, cli)
+
+
+def simulate_into(path: Path, inputs, args, cli) -> int:
     cache = Path(args.run) / "simulate" / "served_cache.jsonl"
     speaker = cli.load_role(cli.speakers_of(args), "speakers", args, cache)
     user = cli.load_role(args.user or args.model, "user", args, cache)
@@ -199,7 +210,6 @@ def simulate(argv: list[str], cli) -> int:
                               Cast(inputs.personas, *speaker, *user, args.max_new_tokens, guard=default_guard()),
                               inputs.profiles, assign_profiles(len(contexts), ids, args.seed), args.turns,
                               args.user_every, args.seed)
-    path = Path(args.out) if args.out else Path(args.run) / "simulate" / f"{args.policy}.jsonl"
     data.write_jsonl(path, [c.to_json() for c in convs])
     for c in convs[:2]:
         print(f"--- {c.context.id} ({c.profile}, {c.policy})\n" + "\n".join(f"{t.speaker}: {t.text}" for t in c.turns))

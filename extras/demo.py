@@ -10,7 +10,6 @@ beyond it. For a real run, use `train` and `evaluate` without these budgets.
     python mascot.py demo [--run runs/demo] [--model smollm2-135m]
 """
 
-import argparse
 import resource
 import shutil
 import textwrap
@@ -41,7 +40,7 @@ EVAL = ["--contexts", "3", "--turns", "3", "--max-new-tokens", "24",
 
 
 def main(argv: list[str], cli) -> int:
-    p = argparse.ArgumentParser(prog="mascot.py demo", formatter_class=cli.Formatter,
+    p = cli.Parser(prog="mascot.py demo", formatter_class=cli.Formatter,
                                 description="every stage on the embedded model, sized for a 2-core CPU, then a summary")
     p.add_argument("--run", default="runs/demo", help="run folder")
     p.add_argument("--model", default=models.EMBEDDED, help="base model")

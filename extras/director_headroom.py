@@ -19,7 +19,6 @@ RUN/stage2/decision_points.jsonl (built alike when missing). Cost: (#agents + 1)
     python mascot.py director-headroom --run runs/esc20 --seeds 4      (writes RUN/stage2/headroom.json)
 """
 
-import argparse
 import dataclasses
 import itertools
 import sys
@@ -68,7 +67,7 @@ def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:
 
 def parse_args(argv: list[str], cli):
     """train --stage 2's flags (the run's own command line works as it is), defaulting to its config, and --seeds."""
-    p = argparse.ArgumentParser(prog="mascot.py director-headroom", description=__doc__.split("\n")[0],
+    p = cli.Parser(prog="mascot.py director-headroom", description=__doc__.split("\n")[0],
                                 formatter_class=cli.Formatter)
     cli.common_flags(p)
     cli.add_options(p, dr.DirectorConfig)

@@ -318,7 +318,8 @@ def best_of_n(policy, tok, states: list, personas, scorers: dict, n: int, max_ne
         row["passes"] = all(row["difference"][k][0] <= 2 * (row["difference"][k][1] or 0.0) for k in HACKS)
         if gold is not None:
             row["independent"] = {k: vs_chance([g[k] for g in gold], n, chosen) for k in result["independent_chance"]}
-        row["examples"] = [replies[i * n + j] for i, j in list(enumerate(chosen))[:3]]
+        row["picks"] = [{"state": states[i].id, "persona": states[i].persona, "reply": replies[i * n + j]}
+                        for i, j in enumerate(chosen)]                # every pick, to read beside the random one
     return result
 
 
@@ -373,7 +374,7 @@ def format_best_of_n(result: dict) -> str:
 def main(argv: list[str], cli) -> int:
     """`mascot.py judge-eval ...` and `mascot.py judge-stress ...` (argv[0] is the command)."""
     stress = argv[0] == "judge-stress"
-    p = argparse.ArgumentParser(prog=f"mascot.py {argv[0]}", formatter_class=cli.Formatter)
+    p = cli.Parser(prog=f"mascot.py {argv[0]}", formatter_class=cli.Formatter)
     cli.common_flags(p, trained=stress)
     if stress:
         p.add_argument("--rm", default=None, help="reward model folder to test too (default: RUN/stage1/reward_model if any)")
@@ -389,7 +390,8 @@ def main(argv: list[str], cli) -> int:
     args = p.parse_args(argv[1:])
     cli.check_device(args)
     if stress:
-        return judge_stress(args, cli)
+        with data.run_lock(args.run):         # it writes RUN/stress/: not while train or evaluate writes the run
+            return judge_stress(args, cli)
     judge = cli.make_judge(args, args.cache, args.personas)
     pairs, t0 = [p for path in args.pairs for p in load_pairs(path)], time.time()
     result = evaluate_pairs(judge, pairs)

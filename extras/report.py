@@ -23,7 +23,7 @@ from itertools import groupby
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-from data import UserError, read_json, read_jsonl, write_text_atomic   # noqa: E402
+from data import UserError, read_json, read_jsonl, run_lock, write_text_atomic   # noqa: E402
 
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999"]
@@ -404,11 +404,15 @@ SECTIONS = [("stage1", "Stage 1", lambda run: stage_section(run, 1)), ("stage2",
     run, 2)), ("eval", "Evaluation", eval_section), ("conversations", "Conversations", conversations_section)]
 
 
+def check_run(run_dir) -> Path:
+    if not Path(run_dir).is_dir():
+        raise UserError(f"--run {run_dir}: no such run folder; pass the folder given to `mascot.py train --run`")
+    return Path(run_dir)
+
+
 def build_report(run_dir) -> Path:
     """Write RUN/report.html from whatever the run folder holds; return its path."""
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise UserError(f"--run {run}: no such run folder; pass the folder given to `mascot.py train --run`")
+    run = check_run(run_dir)
     body = [f'<h1>MASCOT run report</h1><p class="src">Run folder <code>{esc(run.resolve())}</code>, written '
             f"{time.strftime('%Y-%m-%d %H:%M')} by <code>extras/report.py</code>.</p>",
             "<nav>" + " · ".join(f'<a href="#{key}">{label}</a>' for key, label, _ in SECTIONS) + "</nav>",
@@ -422,10 +426,12 @@ def build_report(run_dir) -> Path:
 
 def main(argv: list[str], cli=None) -> int:
     """`python mascot.py report --run RUN` (mascot.main passes its argv: argv[0] is "report")."""
-    parser = argparse.ArgumentParser(prog="mascot.py report", description="Write RUN/report.html, one page of a run.",
-                                     formatter_class=cli.Formatter if cli else argparse.ArgumentDefaultsHelpFormatter)
+    parser = (cli.Parser if cli else argparse.ArgumentParser)(prog="mascot.py report", description="Write "
+                                                              "RUN/report.html, one page of a run.")
     parser.add_argument("--run", default="runs/default", help="the run folder (as given to train and evaluate)")
-    print(f"report written to {build_report(parser.parse_args(argv[1:]).run)}")
+    run = check_run(parser.parse_args(argv[1:]).run)
+    with run_lock(run):                  # not while train or evaluate writes there
+        print(f"report written to {build_report(run)}")
     return 0
 
 

@@ -17,7 +17,6 @@ keeps it: there only WHO speaks is learnt, and the disclosure's purpose, validat
     python mascot.py sft --data path/to/esconv/train.jsonl [--steps 40 --batch-size 4 --lr 3e-5]
 """
 
-import argparse
 import random
 import sys
 from pathlib import Path
@@ -78,7 +77,7 @@ def mean_nll(model, tok, examples: list[tuple[list[dict], str]], batch_size: int
 
 
 def parse_args(argv: list[str], cli):
-    p = argparse.ArgumentParser(prog="mascot.py sft", formatter_class=cli.Formatter,
+    p = cli.Parser(prog="mascot.py sft", formatter_class=cli.Formatter,
                                 description="the SFT baseline: the base model fine-tuned on ESConv supporter turns")
     cli.common_flags(p, trained=False)
     p.add_argument("--steps", type=flag_type("--steps", int, "positive"), default=40, help="AdamW steps")

@@ -19,7 +19,6 @@ job), precision and recall per class, and calibration (expected calibration erro
     python mascot.py strategies --esconv path/to/esconv/train.jsonl     (~3 min on 2 CPU cores)
 """
 
-import argparse
 import json
 import random
 import sys
@@ -183,7 +182,7 @@ def print_report(title: str, r: dict) -> None:
 
 
 def main(argv: list[str], cli) -> int:
-    p = argparse.ArgumentParser(prog="mascot.py strategies", formatter_class=cli.Formatter,
+    p = cli.Parser(prog="mascot.py strategies", formatter_class=cli.Formatter,
                                 description="fit the judge's and the evaluator's persona-function classifiers on ESConv")
     p.add_argument("--esconv", required=True, help="ESConv: the official ESConv.json or a JSON-lines file of dialogues")
     p.add_argument("--personas", default=str(HERE / "personas.json"), help="persona file (its support set maps strategies)")

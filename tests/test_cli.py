@@ -278,8 +278,104 @@ def test_a_second_command_on_a_locked_run_folder_stops_at_once(tmp_path, capsys,
         code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, "--run", str(tmp_path / "run"))
         assert code == 2 and "in use by another mascot command" in err, err
         assert not (tmp_path / "run" / "stage1").exists()
+        for tool in (("report",), ("simulate", "--model", "tiny"), ("judge-stress", "--model", "tiny")):  # extras too
+            code, err = mascot_here(capsys, monkeypatch, *tool, "--run", str(tmp_path / "run"))
+            assert code == 2 and "in use by another mascot command" in err, (tool, err)
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock"]
     finally:
         holder.kill()
     code, err = mascot_here(capsys, monkeypatch, "evaluate", "--model", "tiny", "--run", str(tmp_path / "run"),
                             "--systems", "no-such-system")
     assert "in use" not in err                                   # the lock went with the process
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "--stage", "1", "--device", "tpu"], "--device"),
+    (["train", "--stage", "1", "--no-such-flag"], "--no-such-flag"),
+    (["train"], "--stage"),
+    (["evaluate", "--contexts", "many"], "--contexts"),
+    (["simulate", "--device", "tpu"], "--device"),                  # a tool in extras/, with its own parser
+])
+def test_a_flag_argparse_refuses_is_one_line_not_the_usage(args, needle, capsys, monkeypatch):
+    code, err = mascot_here(capsys, monkeypatch, *args)
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0] and "--help" in lines[0], err
+
+
+def test_bf16_on_a_device_without_it_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    import models
+    monkeypatch.setattr(models, "native_bf16", lambda device: False)      # a CPU without AVX512-BF16 or AMX
+    code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, "--run", str(tmp_path / "run"), "--dtype", "bfloat16")
+    assert code == 2 and "--dtype bfloat16" in err and len(error_lines(err)) == 1, err
+    assert not (tmp_path / "run" / "stage1").exists()
+
+
+def test_a_role_folder_that_is_not_a_model_names_its_own_flag(tmp_path, capsys, monkeypatch):
+    (tmp_path / "not-a-model").mkdir()
+    code, err = mascot_here(capsys, monkeypatch, "simulate", "--model", "tiny", "--run", str(tmp_path / "run"),
+                            "--contexts", "1", "--speakers", str(tmp_path / "not-a-model"))
+    assert code == 2 and "--speakers" in err and "--model" not in err, err
+
+
+def test_a_read_only_folder_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    """train, evaluate, report and simulate on a read-only run folder (simulated: every write under it fails as
+    on a read-only mount; as root a chmod would not stop us), and simulate's --out in one: one line, no work."""
+    import builtins
+    import errno
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_open, real_os_open = builtins.open, os.open
+
+    def refuse(path, writing):
+        if writing and str(Path(path).resolve()).startswith(str(ro.resolve())):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+    monkeypatch.setattr(builtins, "open", lambda f, mode="r", *a, **k: refuse(f, any(c in mode for c in "wax+"))
+                        or real_open(f, mode, *a, **k))
+    monkeypatch.setattr(os, "open", lambda f, flags, *a, **k: refuse(f, flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+                        or real_os_open(f, flags, *a, **k))
+    for args in (TINY_STAGE1, ("evaluate", "--model", "tiny"), ("report",), ("simulate", "--model", "tiny")):
+        code, err = mascot_here(capsys, monkeypatch, *args, "--run", str(ro))
+        assert code == 2 and "Read-only file system" in err and ".lock" in err and len(error_lines(err)) == 1, (args, err)
+    assert list(ro.iterdir()) == []
+    code, err = mascot_here(capsys, monkeypatch, "simulate", "--model", "tiny", "--run", str(tmp_path / "run"),
+                            "--out", str(ro / "conversations.jsonl"))
+    assert code == 2 and "--out" in err and "Read-only file system" in err, err
+    assert not (tmp_path / "run" / "simulate").exists()               # refused before any conversation
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_resume_goes_on_exactly(tmp_path, capsys, monkeypatch):
+    """ENOSPC while the second checkpoint is written (safetensors wraps the OS error in its own, as here): one
+    line that says to free space and --resume; no half checkpoint left; the resumed run ends where an
+    uninterrupted one does."""
+    import grpo
+    real, calls = grpo.save_file, []
+
+    def full_disk(tensors, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                               '"No space left on device" })')
+        return real(tensors, path)
+    monkeypatch.setattr(grpo, "save_file", full_disk)
+    run, whole = tmp_path / "run", tmp_path / "whole"
+    steps = ("--steps", "3", "--save-every", "1")
+    code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *steps, "--run", str(run))
+    assert code == 2 and "No space left on device" in err and "--resume" in err and len(error_lines(err)) == 1, err
+    assert sorted(p.name for p in (run / "stage1" / "checkpoints").iterdir()) == ["ckpt-000001"]
+    monkeypatch.setattr(grpo, "save_file", real)
+    code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *steps, "--run", str(run), "--resume")
+    assert code == 0, err
+    code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *steps, "--run", str(whole))
+    assert code == 0, err
+    rows = [[json.loads(l) for l in (r / "stage1" / "metrics.jsonl").read_text().splitlines()] for r in (run, whole)]
+    assert [r["step"] for r in rows[0]] == [1, 2, 3]
+    assert [(r["reward_mean"], r["loss"]) for r in rows[0]] == [(r["reward_mean"], r["loss"]) for r in rows[1]]
+
+
+def test_cuda_on_a_machine_without_it_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for args in (TINY_STAGE1, ("evaluate", "--model", "tiny"), ("simulate", "--model", "tiny")):
+        code, err = mascot_here(capsys, monkeypatch, *args, "--run", str(tmp_path / "run"), "--device", "cuda")
+        assert code == 2 and "--device cuda" in err and len(error_lines(err)) == 1, (args, err)
+    assert not (tmp_path / "run" / "stage1").exists() and not (tmp_path / "run" / "eval").exists()

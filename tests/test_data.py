@@ -72,9 +72,9 @@ def drop(d, key):
     (lambda r: r["support"]["personas"][0].update(role="  "),
      ["set 'support' persona #1:", "field 'role' must be a non-empty string", "(got text)"]),
     (lambda r: r["support"]["personas"][2].update(examples="Be brave."),
-     ["set 'support' persona #3:", "field 'examples' must be a list of non-empty strings", "(got text)"]),
+     ["set 'support' persona #3:", "field 'examples' must be a list of at most 20 non-empty strings", "(got text)"]),
     (lambda r: r["support"]["personas"][3].update(examples=["ok", 7]),
-     ["set 'support' persona #4:", "field 'examples' must be a list of non-empty strings"]),
+     ["set 'support' persona #4:", "field 'examples' must be a list of at most 20 non-empty strings"]),
     (lambda r: r["support"]["personas"][0].update(name=5), ["persona #1:", "field 'name'", "(got a number)"]),
     (lambda r: r["support"]["personas"][0].update(name="Anchor\nDirector"), ["persona #1:", "must be one line"]),
     (lambda r: r["support"]["personas"][3].update(name="anchor"), ["#1 and #4", "'anchor'"]),
@@ -82,6 +82,11 @@ def drop(d, key):
     (lambda r: r["support"].update(strategies=[]), ["set 'support':", "field 'strategies' must be a list"]),
     (lambda r: drop(r["support"], "tones"), ["set 'support':", "field 'tones'", "(got nothing)"]),
     (lambda r: r["support"].update(description=""), ["set 'support':", "field 'description' must be a non-empty"]),
+    # A runaway card would fill every prompt (a 2 MB description once ran for minutes with no output).
+    (lambda r: r["support"]["personas"][1].update(description="I listen. " * 210_000),
+     ["persona #2:", "field 'description'", "at most 2000 characters"]),
+    (lambda r: r["support"]["personas"][0].update(examples=["Tell me more."] * 21),
+     ["persona #1:", "field 'examples'", "at most 20 non-empty strings"]),
 ])
 def test_persona_validation_errors_name_the_problem(tmp_path, mutate, fragments):
     message = persona_error(tmp_path, mutate)

@@ -175,3 +175,20 @@ def test_an_interrupt_says_how_to_go_on(monkeypatch, capsys):
     assert capsys.readouterr().err.strip().endswith("run the same command (it picks up what is done)")
     assert mascot.main(["train", "--stage", "1", "--model", "tiny"]) == 130
     assert capsys.readouterr().err.strip().endswith("run the same command with --resume")
+
+
+@pytest.mark.parametrize("damage", ["optimizer.safetensors", "model/model.safetensors", "state.json"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, damage, capsys):
+    """A truncated safetensors file or garbage state.json in the newest checkpoint: resume warns and
+    continues from the previous complete checkpoint (no traceback), then runs to the end."""
+    model, tok = models.load_model("tiny")
+    sample_prompts, reward_fn = low_id_task(tok)
+    grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=2, save_every=1), tmp_path, log=lambda s: None)
+    broken = tmp_path / "checkpoints" / "ckpt-000002" / damage
+    broken.write_bytes(b"{not json" if damage == "state.json" else broken.read_bytes()[:100])
+    model, tok = models.load_model("tiny")
+    lines = []
+    rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=3, save_every=1), tmp_path, resume=True,
+                           log=lines.append)
+    assert "ckpt-000002 cannot be loaded" in capsys.readouterr().err
+    assert any("ckpt-000001" in line for line in lines) and [r["step"] for r in rows][-2:] == [2, 3]

@@ -173,7 +173,7 @@ def test_openai_retries_429_with_retry_after_then_500_then_succeeds(tmp_path):
     with FakeServer([(429, {"Retry-After": "7"}, "slow down"), (500, {}, "oops"),
                      completion("Hello.")]) as server:
         j = make_openai(server.url, backoff=0.5)
-        assert j.complete("Say hello.") == "Hello."
+        assert j.complete_many(["Say hello."])[0] == "Hello."
         assert len(server.requests) == 3
         assert j.waits[0] == 7.0                               # Retry-After honoured
         assert 0.5 * 2 * 0.5 <= j.waits[1] <= 0.5 * 2 * 1.5    # 2nd retry: base * 2^1 * jitter
@@ -205,12 +205,12 @@ def test_openai_timeout_is_retried(tmp_path):
         return completion("too late")
     with FakeServer([slow, completion("B")]) as server:
         j = make_openai(server.url, timeout=0.2, max_retries=2)
-        assert j.complete("hi") == "B"
+        assert j.complete_many(["hi"])[0] == "B"
         assert len(server.requests) == 2 and len(j.waits) == 1
     with FakeServer([slow]) as server:
         j = make_openai(server.url, timeout=0.2, max_retries=0)
         with pytest.raises(UserError, match="1 attempts"):
-            j.complete("hi")
+            j.complete_many(["hi"])[0]
 
 
 def test_the_key_never_reaches_the_cache_file(api_key, tmp_path):
@@ -300,7 +300,7 @@ def test_each_client_error_has_its_hint(status, hint):
 def test_retry_after_is_capped_at_the_maximum_backoff():
     with FakeServer([(429, {"Retry-After": "86400"}, "come back tomorrow"), completion("Hi.")]) as server:
         j = make_openai(server.url, max_backoff=30.0)
-        assert j.complete("Say hi.") == "Hi."
+        assert j.complete_many(["Say hi."])[0] == "Hi."
     assert j.waits == [30.0]                                                 # not 86400
 
 
@@ -311,7 +311,7 @@ def test_a_trickling_reply_hits_the_total_deadline():
         j = make_openai(server.url, timeout=0.5, max_retries=0)
         started = time.monotonic()
         with pytest.raises(UserError, match="within 0.5 s.*raise --served-timeout"):
-            j.complete("hi")
+            j.complete_many(["hi"])[0]
         assert time.monotonic() - started < 1.5                              # the whole body: ~9 s
 
 
@@ -389,7 +389,7 @@ def test_hf_judge_on_the_tiny_model(tmp_path):
     assert 0.0 <= v.detail["p_ab"] <= 1.0 and 0.0 <= v.detail["p_ba"] <= 1.0
     scores = j.score_many([STATE, STATE], ["You sound exhausted.", "Book a lesson."])
     assert all(0.0 <= s <= 1.0 for s in scores)
-    assert isinstance(j.complete("Hello", max_new_tokens=4), str)
+    assert isinstance(j.complete_many(["Hello"], max_new_tokens=4)[0], str)
     calls = j.backend_calls
     assert calls == 2 + 2 + 1                                  # two orders, two scores, one text
     j.compare(STATE, "You sound exhausted.", "Book a lesson.")
@@ -560,7 +560,7 @@ def test_offline_compare_is_symmetric_and_scores_are_in_range(offline):
     s = offline.score_many([STATE, STATE], [good, bland])
     assert 0.0 < s[1] < s[0] < 1.0
     with pytest.raises(UserError, match="cannot generate"):
-        offline.complete("hi")
+        offline.complete_many(["hi"])[0]
 
 
 def generated_cases():
