@@ -93,8 +93,8 @@ def test_confidence_intervals_contain_the_means(full_results):
                 assert summary["lo"] - 1e-9 <= summary["mean"] <= summary["hi"] + 1e-9, key
                 checked += 1
     # 2 approximated, 2 persona-ID (the equal-length one has n 0: the tiny model's turns are
-    # shorter than 32 tokens), 2 persona function, 5 redundancy, 8 hack and crisis columns
-    assert checked == 12 * 19
+    # shorter than 32 tokens), 2 persona function, 5 redundancy, 8 hack and crisis columns; 13 systems
+    assert checked == len(full_results["systems"]) * 19 and len(full_results["systems"]) == 13
 
 
 def test_summaries_match_a_hand_computed_interval():
