@@ -379,3 +379,25 @@ def test_cuda_on_a_machine_without_it_is_refused_before_any_work(tmp_path, capsy
         code, err = mascot_here(capsys, monkeypatch, *args, "--run", str(tmp_path / "run"), "--device", "cuda")
         assert code == 2 and "--device cuda" in err and len(error_lines(err)) == 1, (args, err)
     assert not (tmp_path / "run" / "stage1").exists() and not (tmp_path / "run" / "eval").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "demo", "simulate", "chat", "report", "sft", "strategies",
+                                     "judge-eval", "judge-stress", "director-headroom"])
+def test_help_gives_every_flag_a_help_text_and_one_default(command, capsys, monkeypatch):
+    import mascot as cli
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as stop:
+        cli.main([command, "--help"])
+    text = capsys.readouterr().out
+    assert stop.value.code == 0 and "usage:" in text
+    entries = []                                  # one per flag: its line and the indented lines under it
+    for line in text.splitlines():
+        if line.startswith("  -"):
+            entries.append(line)
+        elif entries and line.startswith("    ") and line.strip():
+            entries[-1] += "  " + line.strip()
+    assert len(entries) >= 2 and entries[0].strip().startswith("-h, --help")
+    for entry in entries:
+        flag, _, help_text = entry.strip().partition("  ")
+        assert help_text.strip(), f"{command} {flag}: no help"
+        assert entry.count("(default:") <= 1, entry
