@@ -172,15 +172,13 @@ def completion_logprobs(model, input_ids, attention_mask, n_prompt: int, tempera
                         chunk_size: int = 512) -> torch.Tensor:
     """Log-probs (B, C) of the completion tokens, float32, with gradient, without a (B, T, V) tensor.
 
-    The usual recipe, log_softmax(model(ids).logits), builds logits for every prompt AND completion
-    position and a log-softmax copy of the same size (SmolLM2's V = 49,152: 3.2 GB per copy at
-    B 16, T 1024). Here: the body's final states at the C positions that predict the completion
-    (completion_hidden), then the LM head `chunk_size` rows at a time, each reduced at once to
-    logit[target] - logsumexp(logits). Logits are divided by the sampling temperature (as TRL), so
-    these are log-probs of the distribution the tokens were drawn from. Position ids count real
-    tokens only, as the sampler did, so a left-padded row gets the log-probs it has unpadded.
-    Works where logits are exactly lm_head(final state) (Llama, SmolLM2, Qwen). Values at padding
-    are finite but meaningless: mask them.
+    The usual recipe, log_softmax(model(ids).logits), builds logits for every prompt AND completion position and a
+    log-softmax copy of the same size (SmolLM2's V = 49,152: 3.2 GB per copy at B 16, T 1024). Here: the body's final
+    states at the C positions that predict the completion (completion_hidden), then the LM head `chunk_size` rows at a
+    time, each reduced at once to logit[target] - logsumexp(logits). Logits are divided by the sampling temperature
+    (as TRL), so these are log-probs of the distribution the tokens were drawn from. Position ids count real tokens
+    only, as the sampler did, so a left-padded row gets the log-probs it has unpadded. Works where logits are exactly
+    lm_head(final state) (Llama, SmolLM2, Qwen). Values at padding are finite but meaningless: mask them.
     input_ids, attention_mask: (B, P + C), the prompt left-padded and the completion right-padded.
     """
     B, T = input_ids.shape

@@ -130,10 +130,9 @@ def logit(p: float) -> float:
 
 # --- The persona-function classifier: what ESConv's annotators would call a reply -----------------
 class StrategyClassifier:
-    """p(strategy | reply, the message it answers) over ESConv's eight support strategies
-    (data.SUPPORT_STRATEGIES), learnt from the labels human annotators gave 12,759 supporter turns
-    (Liu et al. 2021; extras/strategies.py fits it, measures it on held-out dialogues and writes
-    data/strategy_classifier.safetensors):
+    """p(strategy | reply, the message it answers) over ESConv's eight support strategies (data.SUPPORT_STRATEGIES),
+    learnt from the labels human annotators gave 12,759 supporter turns (Liu et al. 2021; extras/strategies.py fits
+    it, measures it on held-out dialogues and writes data/strategy_classifier.safetensors):
         x = [e(reply), e(message), e(reply) * e(message)]     (3D,)  e: MiniLM, unit vectors
         p = softmax(W x + b)                                    (8,)   multinomial logistic regression
     The message is there because a strategy answers something: "that must be hard" after "I failed"
