@@ -257,10 +257,9 @@ class Rollout:
         return [block_reward(c, s, self.personas, self.encoder, self.judge, self.weights, self.counts)
                 for c, s in zip(copies, starts)], copies
 
-    def score_directives(self, meta: list[Conversation], texts: list[str], group_size: int):
-        """GRPO's reward for stage 2: the group reward of each sampled directive's block, with the
-        components, how often each agent was picked and this step's collapse diagnostics."""
-        points = [m for m in meta for _ in range(group_size)]
+    def score_directives(self, points: list[Conversation], texts: list[str]):
+        """GRPO's reward for stage 2: the group reward of each sampled directive's block (its decision point in
+        `points`), with the components, how often each agent was picked and this step's collapse diagnostics."""
         directives = parse_many(texts, points, self.personas)
         self.total, self.invalid = self.total + len(directives), self.invalid + sum(not d.valid for d in directives)
         scored, _ = self.run(points, self.follow or LeastSpoken(self.personas), first=directives)

@@ -390,7 +390,7 @@ def grpo_step(policy, tok, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig,
     diagnose(meta, texts) -> {name: [0/1 per row]}: the reward-hack diagnostics, logged as hack_<name>
     beside the reward (not part of it), so a reward that rises by copying shows in the same line."""
     G, mine = cfg.group_size, ranks.shard(len(prompts))              # this rank's share of the prompts
-    meta = meta[mine]
+    meta = [m for m in meta[mine] for _ in range(G)]                 # one per completion, as texts and rewards
     # Each row keeps the seed it has in a one-process run: row r of the global batch, seed (run, step, r).
     seeds = [derive_seed(cfg.seed, step, r) for r in range(mine.start * G, mine.stop * G)]
     policy.eval()
@@ -444,8 +444,9 @@ def train_grpo(policy, tok, sample_prompts, reward_fn, cfg: GRPOConfig, out: Pat
     """Train `policy` with GRPO; used by stage 1 (speakers) and stage 2 (director).
 
     sample_prompts(step) -> (prompts, meta): cfg.prompts_per_step chat prompts (deterministic in step) and per-prompt
-    metadata; reward_fn(meta, texts, gen) -> (rewards, components): one reward per completion (prompt-major) and named
-    lists, logged as r_<name>; diagnose: grpo_step's; describe(meta, texts, rewards) -> rows for the sample dumps.
+    metadata; reward_fn(meta, texts, gen) -> (rewards, components): one reward per completion (prompt-major: meta holds
+    each prompt's item G times, one per completion) and named lists, logged as r_<name>; diagnose: grpo_step's;
+    describe(meta, texts, rewards) -> rows for the sample dumps.
     Writes out/metrics.jsonl (a line per step), out/samples/ and out/checkpoints/ (rank 0 only)."""
     if cfg.prompts_per_step % ranks.world:
         raise UserError(f"--prompts-per-step {cfg.prompts_per_step}: must be a multiple of the {ranks.world} processes")
@@ -480,8 +481,9 @@ def train_grpo(policy, tok, sample_prompts, reward_fn, cfg: GRPOConfig, out: Pat
         if ranks.is_main:
             append_jsonl(metrics_path, row)
             log(log_line(row, cfg.steps))
-            if texts is not None:
-                write_jsonl(out / "samples" / f"step-{step:06d}.jsonl", describe(meta, texts, rewards))
+            if texts is not None:                # describe, like reward_fn, gets each prompt's meta once per completion
+                dump = describe([m for m in meta for _ in range(cfg.group_size)], texts, rewards)
+                write_jsonl(out / "samples" / f"step-{step:06d}.jsonl", dump)
         if bad >= cfg.max_bad_steps:    # skipped steps left the weights as they were: the last good state
             path = save_checkpoint(ckpt_dir, step, policy, tok, optimizer) if ranks.is_main else ckpt_dir
             raise UserError(f"training stopped: {bad} non-finite steps in a row at step {step} (lower --lr?); "

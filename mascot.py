@@ -272,14 +272,12 @@ def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
         chosen = grpo.sample_batch(rlaif.train_states, cfg, step)
         return [s.prompt(personas) for s in chosen], chosen
 
-    def per_reply(states):                     # GRPO's rows are prompt-major: G replies per state
-        return [s for s in states for _ in range(cfg.group_size)]
-
-    grpo.train_grpo(policy, tok, prompts, lambda meta, texts, gen: rlaif.reward_fn(per_reply(meta), texts, gen.finished),
+    # GRPO hands each callback the states one per reply (prompt-major: G replies per state).
+    grpo.train_grpo(policy, tok, prompts, lambda states, texts, gen: rlaif.reward_fn(states, texts, gen.finished),
                     cfg, out, ref_model=ref, resume=args.resume, ranks=ranks,
-                    describe=lambda meta, texts, rewards: [{"state": s.id, "reply": t, "reward": r}
-                                                           for s, t, r in zip(per_reply(meta), texts, rewards)],
-                    diagnose=lambda meta, texts: diagnostics(per_reply(meta), texts, personas))
+                    describe=lambda states, texts, rewards: [{"state": s.id, "reply": t, "reward": r}
+                                                             for s, t, r in zip(states, texts, rewards)],
+                    diagnose=lambda states, texts: diagnostics(states, texts, personas))
     if not ranks.is_main:
         return {}
     after = held_out("after GRPO ")
@@ -351,11 +349,10 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
         chosen = grpo.sample_batch(train_points, cfg, step)
         return [dr.director_messages(inputs.personas, c) for c in chosen], chosen
 
-    grpo.train_grpo(policy, tok, prompts, lambda meta, texts, gen: rollout.score_directives(meta, texts, cfg.group_size),
+    grpo.train_grpo(policy, tok, prompts, lambda points, texts, gen: rollout.score_directives(points, texts),
                     cfg, out, ref_model=ref, resume=args.resume, ranks=ranks,
-                    describe=lambda meta, texts, rewards: [{"context": meta[i // cfg.group_size].context.id,
-                                                            "directive": t, "reward": r}
-                                                           for i, (t, r) in enumerate(zip(texts, rewards))])
+                    describe=lambda points, texts, rewards: [{"context": p.context.id, "directive": t, "reward": r}
+                                                             for p, t, r in zip(points, texts, rewards)])
     if not main:
         return {}
     after = held_out("trained", director, "after training")

@@ -283,7 +283,7 @@ def test_a_rollout_has_a_directive_at_every_turn(support, context):
     assert follow.calls == 2                                # asked at turns 2 and 3, not at turn 1
     assert [(t.speaker, t.text) for t in copies[0].turns] == [(t.speaker, t.text) for t in copies[2].turns]
     # GRPO's reward function: the same rollouts, plus this step's collapse diagnostics.
-    rewards, comps = rollout.score_directives([point], texts, group_size=3)
+    rewards, comps = rollout.score_directives([point] * 3, texts)
     assert len(rewards) == 3 and rewards[0] == pytest.approx(rewards[2])
     assert comps["pick_Beacon"] == [1.0, 0.0, 1.0]
     assert comps["choice_entropy"] == [pytest.approx(-(2 / 3) * math.log2(2 / 3) - (1 / 3) * math.log2(1 / 3))] * 3
@@ -395,7 +395,7 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
 
     def reward_fn(meta, texts, gen):
         picks = [dr.parse_directive(t, personas, "Amy") for t in texts]
-        wanted = [simulate.least_spoken_agent(personas, m) for m in meta for _ in range(8)]
+        wanted = [simulate.least_spoken_agent(personas, m) for m in meta]      # meta: one per completion
         r = [float(d.valid and d.agent == w) for d, w in zip(picks, wanted)]
         return r, {"least_spoken": r}
 

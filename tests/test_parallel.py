@@ -35,7 +35,7 @@ cfg = grpo.GRPOConfig(seed=3, max_new_tokens=6, prompts_per_step=4, group_size=2
 # Four prompts of the same length (equal left padding everywhere), four groups of two.
 prompts = [[{"role": "user", "content": f"Say a word about the number {n}."}] for n in (2, 3, 4, 5)]
 def reward_fn(meta, texts, gen):
-    rewards = [float(len(t) % 5) + 0.1 * m for t, m in zip(texts, [m for m in meta for _ in range(2)])]
+    rewards = [float(len(t) % 5) + 0.1 * m for t, m in zip(texts, meta)]         # meta: one per completion
     return rewards, {"len": rewards}
 optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
 ranks.broadcast(model)
