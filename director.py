@@ -171,11 +171,10 @@ def block_reward(conv: Conversation, start: int, personas: PersonaSet, encoder, 
     return sum(getattr(weights, k) * v for k, v in comp.items()), comp
 
 
-# A collapsed director names one agent everywhere (entropy 0); one that rolls a die has maximal
-# entropy and reads nothing. So we also measure how much the choice tells about the conversation's
-# STAGE (companion turns so far: 0, 1, 2, 3+), fixed before looking at any result: ESConv's
-# annotations show that the right support depends on it (a Question opens most dialogues, a
-# Suggestion comes later), and the decision points cover the stages evenly.
+# A collapsed director names one agent everywhere (entropy 0); one that rolls a die has maximal entropy and reads
+# nothing. So we also measure how much the choice tells about the conversation's STAGE (companion turns so far: 0, 1,
+# 2, 3+), fixed before looking at any result: ESConv's annotations show that the right support depends on it (a
+# Question opens most dialogues, a Suggestion comes later), and the decision points cover the stages evenly.
 
 def stage_feature(conv: Conversation) -> str:
     n = len(conv.agent_turns())
