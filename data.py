@@ -53,8 +53,6 @@ def read_text(path: str | Path) -> str:
         return path.read_bytes().decode("utf-8-sig")       # -sig: accept an editor's byte-order mark
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not UTF-8 text (bad byte at offset {e.start}); re-save it as UTF-8") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read it ({e.strerror}); check its permissions") from None
 
 
 def read_json(path: str | Path) -> object:

@@ -6,12 +6,11 @@ The director reads the conversation and writes a directive in the format of the 
     Action: validate the feeling of guilt and make them feel safe
     Tone: calm and empathetic
 
-Stage 2, as grpo.py runs it: at a decision point sample G directives; roll each out N agent turns
-with the FROZEN speakers and simulated user (the same seeds, so only the directive differs), the
-director itself (greedy, its current weights) directing turns 2..N; score each block; update the
-director on the sampled directive's tokens. Simplifications (the paper publishes none of this): the
-horizon N, the weights and the block judge are flags; with an LLM judge the block gets one
-holistic judgement, with the offline judge the mean score of its turns.
+Stage 2, as grpo.py runs it: at a decision point sample G directives; roll each out N agent turns with the FROZEN
+speakers and simulated user (the same seeds, so only the directive differs), the director itself (greedy, its current
+weights) directing turns 2..N; score each block; update the director on the sampled directive's tokens.
+Simplifications (the paper publishes none of this): the horizon N, the weights and the block judge are flags; with an
+LLM judge the block gets one holistic judgement, with the offline judge the mean score of its turns.
 
     python mascot.py train --stage 2 --director-warmup-data path/to/esconv/train.jsonl
 """

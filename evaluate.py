@@ -8,11 +8,10 @@ The formulas are metrics.py's; this file decides what is measured on what, and b
 Systems (SYSTEMS): the paper's baselines, our reference points, the ablations MASCOT-P (base speakers)
 and MASCOT-C (no director: random order), and MASCOT; a difference between two is the system's.
 
-Measured (results.md says by whom, and whether training used it): judge rubrics (0-100; Overall =
-the mean of the criteria, as the paper), persona identification by the FROZEN base model,
-redundancy (Self-BLEU, distinct-n, embedding similarity, NLI rates), reward-hack rates and crisis
-stops. Simplified: our own rubrics (data/rubrics.json) on a 1-5 scale, agent criteria judged per
-agent turn; Self-BLEU at Texygen's BLEU-4; the human studies are extras/human.py.
+Measured (results.md says by whom, and whether training used it): judge rubrics (0-100; Overall = the mean of the
+criteria, as the paper), persona identification by the FROZEN base model, redundancy (Self-BLEU, distinct-n, embedding
+similarity, NLI rates), reward-hack rates and crisis stops. Simplified: our own rubrics (data/rubrics.json) on a 1-5
+scale, agent criteria judged per agent turn; Self-BLEU at Texygen's BLEU-4; the human studies are extras/human.py.
 
     python mascot.py evaluate [--systems round-robin,mascot] [--profiles all --contexts 50]
 """

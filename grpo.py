@@ -9,11 +9,10 @@ What GRPO is (DeepSeekMath, Shao et al. 2024), in eight lines:
   5. per token, the ratio r = pi_theta / pi_old is clipped to [1 - eps_low, 1 + eps_high] and the
      objective is min(r A, clip(r) A), minus beta * KL(pi_theta || pi_ref) to stay near the start;
   6. average the per-token objective (which average matters: `grpo_loss`) and take a gradient step.
-Stage 1 (the speakers): the prompt is a persona's card and the conversation so far, a completion is
-that persona's reply, the reward comes from reward.py. Stage 2 (the director): the prompt is the
-conversation, a completion is a directive ("Agent: ... / Action: ... / Tone: ..."), the reward
-comes from rolling the conversation forward under it (director.py). Both hand this file token ids
-and one reward per completion, so one implementation serves both.
+Stage 1 (the speakers): the prompt is a persona's card and the conversation so far, a completion is that persona's
+reply, the reward comes from reward.py. Stage 2 (the director): the prompt is the conversation, a completion is a
+directive ("Agent: ... / Action: ... / Tone: ..."), the reward comes from rolling the conversation forward under it
+(director.py). Both hand this file token ids and one reward per completion, so one implementation serves both.
 
 Simplified relative to DeepSeekMath and TRL's GRPOTrainer: token-level ratios only; two loss
 normalisations ("dapo", the default, and "grpo"; Dr. GRPO's unscaled advantage is

@@ -10,13 +10,12 @@ director's reward, and the evaluation asks an LLM judge its rubrics.
                   score_many / compare_many                   the same, batched and cached
                   complete(prompt) -> str                     greedy text (LLM judges only)
 
-This file holds the interface and its offline default, OfflineJudge: no LLM (a 135M chat model
-answers "A" whatever the replies say) but, for the support personas, a classifier of the strategies
-human annotators labelled in ESConv (StrategyClassifier), else features over MiniLM embeddings and
-words, each with one penalty per reward hack a policy found (docs/JUDGE.md): a stand-in that runs on
-a laptop, not a replacement for a strong judge. LLM backends plug in from extras/judges.py (hf:, rm:) and
-extras/served.py (openai:); mascot.make_judge picks one. Every judgement goes through an
-AnswerCache when a cache path is given, so no run pays twice for the same one.
+This file holds the interface and its offline default, OfflineJudge: no LLM (a 135M chat model answers "A" whatever
+the replies say) but, for the support personas, a classifier of the strategies human annotators labelled in ESConv
+(StrategyClassifier), else features over MiniLM embeddings and words, each with one penalty per reward hack a policy
+found (docs/JUDGE.md): a stand-in that runs on a laptop, not a replacement for a strong judge. LLM backends plug in
+from extras/judges.py (hf:, rm:) and extras/served.py (openai:); mascot.make_judge picks one. Every judgement goes
+through an AnswerCache when a cache path is given, so no run pays twice for the same one.
 
     python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl    # measure a judge
 """

@@ -1,11 +1,10 @@
 """metrics.py: every number the rewards and the evaluation compute, as small pure functions.
 
-The paper (arXiv 2601.14230) measures redundancy between the agent turns of one conversation
-(Self-BLEU and NLI relation rates), reports judge rubrics rescaled to 0-100 and tests pairwise
-preferences with an exact sign test. Those formulas live here, with the statistics the logs print
-(bootstrap intervals, standard errors, paired changes, the entropy and mutual information of the
-director's choices) and the reward-hack diagnostics that every GRPO step and every evaluation
-table counts. No file is read and no model is loaded here (nli_rates is handed its model), so each
+The paper (arXiv 2601.14230) measures redundancy between the agent turns of one conversation (Self-BLEU and NLI
+relation rates), reports judge rubrics rescaled to 0-100 and tests pairwise preferences with an exact sign test. Those
+formulas live here, with the statistics the logs print (bootstrap intervals, standard errors, paired changes, the
+entropy and mutual information of the director's choices) and the reward-hack diagnostics that every GRPO step and
+every evaluation table counts. No file is read and no model is loaded here (nli_rates is handed its model), so each
 function is tested against a number computed by hand (tests/test_metrics.py, tests/test_hacks.py).
 """
 

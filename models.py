@@ -19,11 +19,14 @@ import gc
 import importlib.util
 import os
 import re
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
+from huggingface_hub import constants as hub_constants
 from huggingface_hub.utils import logging as hub_logging
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
@@ -94,9 +97,10 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = t
         source = embedded_model_folder() if name == EMBEDDED else name
         if name != EMBEDDED and Path(source).exists() and not (Path(source) / "config.json").exists():
             raise UserError(f"{flag} {name}: the folder has no config.json, so it is not a saved model")
-        try:
-            tok = AutoTokenizer.from_pretrained(source)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        try:                                    # a hub id: offline, the hub's client would retry for ~50 s
+            offline = name != EMBEDDED and not Path(source).exists() and not hub_answers()
+            tok = AutoTokenizer.from_pretrained(source, local_files_only=offline)       # then only its cache
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=offline)
         except (OSError, ValueError) as err:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise UserError(f"{flag} {name}: not a local model folder, and loading it as a hub id failed ({first}); "
@@ -105,6 +109,16 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = t
     tok.padding_side, tok.pad_token = "left", tok.pad_token or tok.eos_token
     model.to(device=device, dtype=dtype).eval()
     return model.requires_grad_(not frozen), tok
+
+
+def hub_answers(timeout: float = 3.0) -> bool:
+    """Does the hub (HF_ENDPOINT, a mirror too) take one TCP connection?"""
+    url = urlparse(hub_constants.ENDPOINT)
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        return socket.create_connection((url.hostname, port), timeout).close() or True
+    except OSError:
+        return False
 
 
 def native_bf16(device: str | torch.device) -> bool:

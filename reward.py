@@ -13,12 +13,11 @@ Why a reward model, when the judge could score GRPO's samples directly? GRPO sco
 prompt every step, thousands of judgements a run; the reward model is one forward pass, and it
 learns from comparisons, which judges make more reliably than absolute scores (InstructGPT, 3.5).
 
-Our decisions where the paper is silent: a causal LM's body (the embedded SmolLM2-135M by default)
-with a linear head read at the last real token, fully fine-tuned, one model for all personas of a
-set (the persona is in the system message); `rm_messages` lays out every input, for training pairs
-and GRPO's samples alike; AdamW for one epoch (reward models over-fit fast, as InstructGPT found);
-the held-out split is by state; the format reward is our own four rules; no reward normalisation
-(GRPO compares the G replies to one prompt, so an offset cancels).
+Our decisions where the paper is silent: a causal LM's body (the embedded SmolLM2-135M by default) with a linear head
+read at the last real token, fully fine-tuned, one model for all personas of a set (the persona is in the system
+message); `rm_messages` lays out every input, for training pairs and GRPO's samples alike; AdamW for one epoch (reward
+models over-fit fast, as InstructGPT found); the held-out split is by state; the format reward is our own four rules;
+no reward normalisation (GRPO compares the G replies to one prompt, so an offset cancels).
 
 `build_reward_fn` runs steps 1-4 for a run folder (each step's output a file there, reused when
 present, so an interrupted stage 1 never samples or judges twice):

@@ -10,12 +10,11 @@ A MASCOT conversation is one person talking with a small group of companion agen
     3. after every `user_every` agent turns the simulated user answers: an LLM given the situation
        and a Big Five personality profile (`user_messages`).
 
-Everything is batched ACROSS conversations: all advance one turn together, so a turn is one call
-of models.generate for the speakers and one for the user. That is what makes evaluation and the
-rollouts of stage 2 affordable on a CPU. Where a person reads the conversation (chat, simulate,
-evaluate), a crisis guard (extras/safety.py) can be handed in: it reads every user message before
-any agent answers and ends the conversation with its fixed message when one signals danger.
-Training rollouts run without it.
+Everything is batched ACROSS conversations: all advance one turn together, so a turn is one call of models.generate
+for the speakers and one for the user. That is what makes evaluation and the rollouts of stage 2 affordable on a CPU.
+Where a person reads the conversation (chat, simulate, evaluate), a crisis guard (extras/safety.py) can be handed in:
+it reads every user message before any agent answers and ends the conversation with its fixed message when one signals
+danger. Training rollouts run without it.
 
 Simplifications vs the paper: one speaker model plays every agent, conditioned on the persona (the
 paper also shares a backbone); the simulated user is a small LLM, not GPT-4o.

@@ -112,3 +112,23 @@ def test_bf16_is_native_only_where_pytorch_dispatches_avx512_kernels(monkeypatch
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     assert not models.native_bf16("cpu")            # AVX-512 without BF16 or AMX: bf16 is emulated
+
+
+def test_a_hub_id_without_a_network_fails_at_once_from_the_cache_only(monkeypatch):
+    """Offline, the hub's client retries a hub id for ~50 s; one refused connection sends the load to the
+    local cache (local_files_only) and the error comes at once, naming the flag."""
+    import socket
+    from data import UserError
+    seen = []
+
+    def unreachable(*a, **k):
+        raise OSError("Network is unreachable")
+
+    def from_pretrained(source, **kw):
+        seen.append(kw.get("local_files_only"))
+        raise OSError(f"{source} is not in the cache")
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", from_pretrained)
+    with pytest.raises(UserError, match="--speakers someone/no-such-model: not a local model folder"):
+        models.load_model("someone/no-such-model", flag="--speakers")
+    assert seen == [True]
