@@ -98,7 +98,7 @@ def load_model(name: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = t
         if name != EMBEDDED and Path(source).exists() and not (Path(source) / "config.json").exists():
             raise UserError(f"{flag} {name}: the folder has no config.json, so it is not a saved model")
         try:                                    # a hub id: offline, the hub's client would retry for ~50 s
-            offline = name != EMBEDDED and not Path(source).exists() and not hub_answers()
+            offline = not Path(source).exists() and not hub_answers()          # the embedded folder exists
             tok = AutoTokenizer.from_pretrained(source, local_files_only=offline)       # then only its cache
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=offline)
         except (OSError, ValueError) as err:
