@@ -77,8 +77,7 @@ def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
     by_kind = defaultdict(list)
     for i in risky:
         by_kind[rows[i].get("kind", "")].append(flags[i].flagged)
-    # The guard's two weak spots, pooled over every kind named for them (a list may split
-    # "indirect" into indirect_burden, indirect_goodbye, ...).
+    # The guard's two weak spots, pooled over every kind named for them (indirect_burden, indirect_goodbye, ...).
     for group in ("third_party", "indirect"):
         members = [kind for kind in by_kind if kind.startswith(group)]
         if len(members) > 1:

@@ -70,8 +70,7 @@ def main() -> None:
     batch = [simulate.speaker_messages(personas.personas[i % 4], personas, c,
                                        [simulate.Turn(simulate.USER, c.first_message)])
              for i, c in enumerate(data.load_contexts("bundled", "support")[:8])]
-    shapes = {"grpo": [c for c in batch[:2] for _ in range(4)], "distinct": batch}
-    shapes = {s: shapes[s] for s in args.shapes}
+    shapes = {s: batch if s == "distinct" else [c for c in batch[:2] for _ in range(4)] for s in args.shapes}
     n = args.new_tokens
     rows = {"hf generate fp32": lambda r: hf_generate(model, tok, r, n), "ours fp32": lambda r: ours(model, tok, r, n),
             "ours bf16 copy": lambda r: (copy.refresh(), ours(copy.model, tok, r, n))}

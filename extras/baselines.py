@@ -78,11 +78,9 @@ class SelfConsistency:
 
     def __call__(self, convs, directives, cast) -> None:
         live = _live(convs, directives, cast)
-        prompts, seeds = [], []
-        for conv, persona in live:
-            messages = speaker_messages(persona, cast.personas, conv.context, conv.turns, style=self.style)
-            prompts += [messages] * self.k
-            seeds += [data.derive_seed(turn_seed(conv), j) for j in range(self.k)]
+        prompts = [speaker_messages(persona, cast.personas, conv.context, conv.turns, style=self.style)
+                   for conv, persona in live for _ in range(self.k)]
+        seeds = [data.derive_seed(turn_seed(conv), j) for conv, _ in live for j in range(self.k)]
         raw = _generate(cast, prompts, cast.max_new_tokens * 2, seeds)   # CoT: twice the tokens
         for n, (conv, persona) in enumerate(live):
             samples = [_clean(cast, r, persona, self.style) for r in raw[n * self.k:(n + 1) * self.k]]
@@ -133,23 +131,19 @@ class MultiAgentESC:
         prompts = [speaker_messages(live[n][1], personas, live[n][0].context, live[n][0].turns,
                                     Directive(live[n][1].name, action=s)) for n, s in rows]
         raw = _generate(cast, prompts, cast.max_new_tokens, [data.derive_seed(seed[n], 3, j) for j, (n, _) in enumerate(rows)])
-        candidates = [[] for _ in live]
-        for (n, _), r in zip(rows, raw):
-            candidates[n].append(_clean(cast, r, live[n][1]))
+        candidates = [[_clean(cast, r, p) for (m, _), r in zip(rows, raw) if m == n] for n, (_, p) in enumerate(live)]
         # 4. every companion votes for one candidate (a single candidate needs no vote)
         ballots = [(n, p) for n in range(len(live)) if len(candidates[n]) > 1 for p in personas.personas]
         prompts = [user(data.prompt("eval_mesc_vote").format(
-            card=persona_card(p), speaker=live[n][1].name, role=live[n][1].role,
-            candidates="\n".join(f"{i + 1}. {c}" for i, c in enumerate(candidates[n])), **fields[n]))
-            for n, p in ballots]
+            card=persona_card(p), speaker=live[n][1].name, role=live[n][1].role, **fields[n],
+            candidates="\n".join(f"{i + 1}. {c}" for i, c in enumerate(candidates[n])))) for n, p in ballots]
         raw = _generate(cast, prompts, VOTE_TOKENS, [data.derive_seed(seed[n], 4, j) for j, (n, _) in enumerate(ballots)])
         votes = [Counter() for _ in live]
         for (n, _), r in zip(ballots, raw):
             choice = parse_number(r, len(candidates[n]))
             self.asked["vote"] += 1
             self.unparseable["vote"] += choice is None
-            if choice is not None:
-                votes[n][choice] += 1
+            votes[n][choice] += 1                            # an unparseable vote (None) counts for no candidate
         winner = [max(range(len(candidates[n])), key=lambda i: (votes[n][i], -i)) for n in range(len(live))]
         # 5. the speaker refines the winning candidate
         prompts = [user(data.prompt("eval_mesc_refine").format(card=persona_card(p), strategy=proposals[n][winner[n]],

@@ -67,8 +67,7 @@ def ed_text(text: str) -> str:
 
 
 def ed_row(row: dict) -> Context:
-    """Without an utterance (train_situations.jsonl) the situation, written in the first person,
-    doubles as the opening."""
+    """Without an utterance (train_situations.jsonl) the first-person situation doubles as the opening."""
     emotion, situation = field(row, "emotion"), ed_text(field(row, "situation"))
     first = row.get("first_utterance")
     return Context(str(row.get("conv_id") or ""), "support", situation,
@@ -277,10 +276,8 @@ def load_splits(spec: str, persona_set: str) -> dict[str, list[Context]]:
                 mine = [f for f, s in named.items() if s == split]
                 found[split] = load_meetings([f for f in mine if f in meetings]) + [
                     c for f in mine if f not in meetings for c in load_file(f)]
-        elif meetings:
-            found["all"] = load_meetings(meetings)
-        elif len(others) == 1:
-            found["all"] = load_file(others[0])
+        elif meetings or len(others) == 1:
+            found["all"] = load_meetings(meetings) if meetings else load_file(others[0])
         else:
             raise UserError(f"{path}: the folder holds {', '.join(f.name for f in others) or 'no data files'}; "
                             "pass one file, a folder of QMSum meetings, or a folder of official splits")

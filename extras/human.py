@@ -139,10 +139,9 @@ def load_items(transcripts: str, a: str, b: str) -> list[dict]:
         if not (isinstance(row.get("seed"), int) and isinstance(row.get("turns"), list) and "situation" in row):
             raise UserError(f"{transcripts}: line {number} lacks 'seed', 'situation' or 'turns' (evaluate writes them)")
         by_system[row.get("system")][row["seed"], row.get("context_id"), row.get("profile")] = row
-    for name in (a, b):
-        if name not in by_system:
-            raise UserError(f"{transcripts}: no conversations of system '{name}'; it holds "
-                            f"{', '.join(sorted(map(str, by_system))) or 'none'}")
+    if missing := [name for name in (a, b) if name not in by_system]:
+        raise UserError(f"{transcripts}: no conversations of system '{missing[0]}'; it holds "
+                        f"{', '.join(sorted(map(str, by_system))) or 'none'}")
     items = [{"item": str(key[0]), "context_id": key[1], "situation": by_system[a][key]["situation"],
               "systems": [a, b], "turns": {s: by_system[s][key]["turns"] for s in (a, b)}}
              for key in sorted(set(by_system[a]) & set(by_system[b]), key=lambda k: k[0])]   # (seed, context, profile)

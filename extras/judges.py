@@ -50,11 +50,8 @@ def parse_ab(text: str) -> int | None:
     "A: Reply B is better." is B; the leading label; a named label; the first standalone A/B."""
     if not isinstance(text, str):
         return None
-    for pattern in _PICKS:
-        for m in pattern.finditer(text):
-            if not _ARTICLE.match(text, m.start(1)):
-                return "AB".index(m.group(1).upper())
-    return None
+    return next(("AB".index(m.group(1).upper()) for pattern in _PICKS for m in pattern.finditer(text)
+                 if not _ARTICLE.match(text, m.start(1))), None)
 
 
 # --- Reading an LLM judge's 1-5 rubric answer ---------------------------------------------------
@@ -86,10 +83,8 @@ def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
     if not isinstance(text, str):
         return None
     text = re.sub(rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?", " ", text, flags=re.IGNORECASE)
-    found: list[int | None] = []
-    for m in _LABELLED_RE.finditer(text):
-        wrong_scale = m.group(2) is not None and _score_value(m.group(2), hi, hi) is None
-        found.append(None if wrong_scale else _score_value(m.group(1), lo, hi))
+    found = [None if m.group(2) is not None and _score_value(m.group(2), hi, hi) is None   # "4/10": another scale
+             else _score_value(m.group(1), lo, hi) for m in _LABELLED_RE.finditer(text)]
     found += [_score_value(m.group(1), lo, hi) for m in _FRACTION_RE.finditer(text)
               if _score_value(m.group(2), hi, hi) is not None]
     found += [_score_value(m.group(1), lo, hi) for r in (_BOLD_RE, _STARS_RE) for m in r.finditer(text)]
@@ -247,10 +242,9 @@ def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
            "no_verdict": sum(v.preferred is None for v in verdicts),
            "unreadable": sum(bool(v.detail.get("unparseable")) for v in verdicts), "per_persona": {}, "per_failure": {}}
     for pair, ok in zip(pairs, right):
-        for field in ("persona", "failure"):
-            if field in pair:
-                c, n = out[f"per_{field}"].get(pair[field], (0, 0))
-                out[f"per_{field}"][pair[field]] = (c + ok, n + 1)
+        for field in pair.keys() & {"persona", "failure"}:
+            c, n = out[f"per_{field}"].get(pair[field], (0, 0))
+            out[f"per_{field}"][pair[field]] = (c + ok, n + 1)
     return out
 
 
@@ -339,21 +333,16 @@ def within_state_correlation(xs: list[float], ys: list[float | None], n: int) ->
 def vs_chance(values: list[float | None], n: int, picks: list[int]) -> tuple:
     """(pick mean, mean over states of pick - that state's candidate mean, its se); S states x n candidates,
     state-major; None values, and states whose pick is None, are left out."""
-    picked, diffs = [], []
-    for i, j in enumerate(picks):
-        if values[i * n + j] is not None:
-            picked.append(values[i * n + j])
-            diffs.append(picked[-1] - mean_or_none(values[i * n:(i + 1) * n]))
-    return mean_or_none(picked), mean_or_none(diffs), standard_error(diffs)
+    picked = [(i, values[i * n + j]) for i, j in enumerate(picks) if values[i * n + j] is not None]
+    diffs = [v - mean_or_none(values[i * n:(i + 1) * n]) for i, v in picked]
+    return mean_or_none([v for _, v in picked]), mean_or_none(diffs), standard_error(diffs)
 
 
 def format_best_of_n(result: dict) -> str:
     """Tables: each grader's pick vs chance per diagnostic, then by the independent evaluators."""
-    def line(name, cells, width):
-        return f"{name:<16} | " + " | ".join(f"{c:>{width}}" for c in cells)
-
-    def _cell(mean, diff=None, se=None):          # "0.250 (+0.125±0.060)"
-        return ("n/a" if mean is None else f"{mean:.3f}") + ("" if diff is None else f" ({diff:+.3f}±{reward.shown(se)})")
+    line = lambda name, cells, width: f"{name:<16} | " + " | ".join(f"{c:>{width}}" for c in cells)  # noqa: E731
+    _cell = lambda mean, diff=None, se=None: (                  # noqa: E731  "0.250 (+0.125±0.060)"
+        ("n/a" if mean is None else f"{mean:.3f}") + ("" if diff is None else f" ({diff:+.3f}±{reward.shown(se)})"))
     lines = [f"best-of-{result['n']} on {result['states']} held-out states; rates of the pick vs chance (mean over all "
              "candidates); difference ± paired se", line("grader", DIAGNOSTICS, 22) + " | verdict",
              line("chance", [f"{result['chance'][k]:.3f}" for k in DIAGNOSTICS], 22) + " |"]

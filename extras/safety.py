@@ -62,9 +62,7 @@ HERE = Path(__file__).resolve().parents[1]
 PATTERNS_FILE = HERE / "data" / "safety_patterns.json"
 PROBE_FILE = HERE / "data" / "safety_probe.safetensors"
 
-# Shown instead of any companion reply. Short, warm, no judgement, no questions to answer first.
-# The numbers are public services: 988 (US Suicide & Crisis Lifeline, call or text), Samaritans
-# 116 123 (UK and Ireland, free, 24/7), findahelpline.com (lists lines by country).
+# Shown instead of any companion reply: short, warm, no judgement, no questions to answer first; public services only.
 CRISIS_MESSAGE = (
     "It sounds like you might be going through something really painful, and I'm glad you said it. I have to be "
     "honest with you: the companions here are AI programs, and we can't help in an emergency or keep you safe.\n"
@@ -95,9 +93,8 @@ def patterns() -> dict:
         **{key: rx(raw[key]) for key in ("doubt", "self_frame", "story_frame")},
         **{key: [(rx(p), r) for p, r in norm[key]] for key in ("contractions", "chat_phrases")},
         **{key: [rx(p) for p in raw[key]] for key in ("exemptions", "denials", "everyday_uses")},
-        "apostrophe_free": norm["apostrophe_free"], "chat_words": norm["chat_words"],
-        "fillers": set(norm["fillers"]), "leet": str.maketrans(norm["leet"]),
-        "blank": raw["blank"], "frame_free": set(raw["frame_free"]),
+        **{key: norm[key] for key in ("apostrophe_free", "chat_words")}, "blank": raw["blank"],
+        "fillers": set(norm["fillers"]), "leet": str.maketrans(norm["leet"]), "frame_free": set(raw["frame_free"]),
         "risk": [(category, rx(p)) for category, plist in raw["risk_patterns"].items() for p in plist],
         "broad": [(group, rx(r"\b(?:" + "|".join(words) + r")\b")) for group, words in raw["broad_net"].items()],
     }
@@ -114,13 +111,11 @@ def normalise(text: str) -> str:
     for pattern, repl in p["contractions"]:            # "can't" -> "can not", "I'm" -> "I am"
         t = pattern.sub(repl, t)
     t = t.replace("'", "")                              # possessives: "mum's" -> "mums"
-    # Sentence ends stay as separate tokens so that gap patterns ("(?:\w+ ){0,3}") cannot reach
-    # across a full stop; commas, dashes, emoji and other symbols become spaces.
+    # Sentence ends stay tokens, so gap patterns ("(?:\w+ ){0,3}") cannot cross them; other symbols become spaces.
     t = re.sub(r"[.!?;:\n]+", " . ", t)
     t = re.sub(r"[^a-z0-9@$. ]+", " ", t)
     t = re.sub(r"([a-z])\1{2,}", r"\1\1", t)            # "soooo" -> "soo", "killlll" -> "kill"
-    # Digits for letters ("k1ll" -> "kill") only inside words that also hold letters and are not
-    # number-words ("3am", "10mg").
+    # Digits for letters ("k1ll" -> "kill") only inside words with letters that are not number-words ("3am", "10mg").
     words = [w.translate(p["leet"]) if re.search(r"[a-z]", w) and re.search(r"[\d@$]", w)
              and not p["number_word"].match(w) else w for w in t.split()]
     words = [p["apostrophe_free"].get(w, w) for w in words]   # "dont" -> "do not"
@@ -132,20 +127,14 @@ def normalise(text: str) -> str:
 
 
 def blank(text: str) -> str:
-    """Replace idiom spans and undoubted denials of normalised text with a blocking token (" ~ "): not a word,
-    so no gap pattern can bridge across a blanked span.
-    Example: blank(normalise("I could die of embarrassment")) -> " i could ~ " """
+    """Replace idiom spans and undoubted denials of normalised text with a blocking token (" ~ "): not a word, so no
+    gap pattern can bridge it. Example: blank(normalise("I could die of embarrassment")) -> " i could ~ " """
     p = patterns()
     for pattern in p["exemptions"]:
         text = pattern.sub(p["blank"], text)
-    for pattern in p["denials"]:
-        pieces, last = [], 0
-        for m in pattern.finditer(text):
-            if p["doubt"].search(text[max(0, m.start() - 40):m.start()]):
-                continue                                # doubted denial: keep the words
-            pieces += [text[last:m.start()], p["blank"]]
-            last = m.end()
-        text = "".join(pieces) + text[last:]
+    for pattern in p["denials"]:                        # a denial with doubt in the 40 characters before it stays
+        text = pattern.sub(lambda m: m[0] if p["doubt"].search(m.string[max(0, m.start() - 40):m.start()])
+                           else p["blank"], text)
     return text
 
 
@@ -155,10 +144,9 @@ def explicit_category(searchable: str) -> str:
 
 
 def broad_net(searchable: str) -> str:
-    """Which warning-sign word group fires on `blank(normalise(text))`, or "": " i have the rope
-    ready " -> "means"; "" without risk words, when each is an everyday use (" my phone died ")
-    or in a story (" the hero dies at the end "). Most groups need the writer to talk about
-    themselves ("I/me/my"); a few ("no way out", "he has a gun") already say who is at risk."""
+    """Which warning-sign word group fires on `blank(normalise(text))`, or "": " i have the rope ready " -> "means";
+    "" for no risk word, an everyday use (" my phone died ") or a story (" the hero dies at the end "). Most groups
+    need the writer to say "I/me/my"; a few ("no way out", "he has a gun") already say who is at risk."""
     p = patterns()
     about_the_writer = bool(p["self_frame"].search(searchable))
 
@@ -174,8 +162,7 @@ def broad_net(searchable: str) -> str:
 
 
 # --- Step 4: the probe ----------------------------------------------------------------------
-# Averaging over a long text dilutes one risky sentence, so a message is read in windows of
-# WINDOW_WORDS words overlapping by half (longer windows missed a plan told at the end).
+# Averaging over a long text dilutes one risky sentence: a message is read in windows overlapping by half.
 WINDOW_WORDS, WINDOW_STRIDE = 60, 30
 _REPEATS = re.compile(r"\b((?:\w+ ){1,8}?)\1{2,}")
 
@@ -183,14 +170,12 @@ _REPEATS = re.compile(r"\b((?:\w+ ){1,8}?)\1{2,}")
 def probe_windows(searchable: str) -> list[str]:
     """The text(s) the probe reads: the normalised message with the blanked spans cut out (MiniLM barely registers
     negation). probe_windows(" i could ~ . i want to die ") -> ["i could . i want to die"]"""
-    # Repetition is read once: a repeated sentence is dropped, a phrase of <= 8 words said 3+ times
-    # in a row is kept twice. The network, never trained on such text, misread it as risk.
+    # Repetition, which the network never saw in training, is read once: a repeated sentence is dropped, a phrase
+    # of <= 8 words said 3+ times in a row is kept twice.
     sentences = dict.fromkeys(_REPEATS.sub(r"\1\1", s.strip() + " ").strip() for s in searchable
                               .replace(patterns()["blank"].strip(), " ").split(" . "))
     words = " . ".join(sentences).split()
-    if len(words) <= WINDOW_WORDS:
-        return [" ".join(words)]
-    starts = range(0, len(words) - WINDOW_WORDS + WINDOW_STRIDE, WINDOW_STRIDE)
+    starts = range(0, max(len(words) - WINDOW_WORDS, 0) + WINDOW_STRIDE, WINDOW_STRIDE)    # short: one window
     return list(dict.fromkeys(" ".join(words[i:i + WINDOW_WORDS]) for i in starts))
 
 
@@ -206,14 +191,12 @@ def pooled_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     words[:, 0] = 0                                                     # drop [CLS]
     words[torch.arange(len(mask)), mask.sum(1) - 1] = 0                 # drop [SEP]
     words = torch.where(words.sum(1, keepdim=True) > 0, words, mask)    # no words: keep both
-    hidden = states.masked_fill(words[:, None, :, None] == 0, float("-inf"))
-    top = hidden.max(dim=2).values                                      # (B, L, D)
+    top = states.masked_fill(words[:, None, :, None] == 0, -torch.inf).max(dim=2).values   # (B, L, D)
     return torch.cat([mean.flatten(1), top.flatten(1)], dim=1)          # (B, 2*L*D)
 
 
 def probe_features(encoder, texts: list[str], batch_size: int = 64) -> torch.Tensor:
-    """(N, 5376) features of probe texts from a `models.SentenceEncoder`, on one CPU thread (when
-    other processes share the CPU, OpenMP hand-offs make each message many times slower)."""
+    """(N, 5376) probe features of texts from a `models.SentenceEncoder`, on one thread (faster on a shared CPU)."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -224,8 +207,7 @@ def probe_features(encoder, texts: list[str], batch_size: int = 64) -> torch.Ten
                                       truncation=True, max_length=256, return_tensors="pt")
             with torch.no_grad():
                 out = encoder.model(**batch, output_hidden_states=True)
-            states = torch.stack(out.hidden_states, dim=1)              # (b, L, T, D)
-            chunks.append(pooled_states(states, batch["attention_mask"]))
+            chunks.append(pooled_states(torch.stack(out.hidden_states, dim=1), batch["attention_mask"]))
         return torch.cat(chunks)
     finally:
         torch.set_num_threads(threads)
@@ -271,16 +253,14 @@ class CrisisGuard:
     message = CRISIS_MESSAGE
 
     def __init__(self, encoder="default", probe="default"):
-        self._encoder, self._probe, self._loaded = encoder, probe, False
+        self._encoder, self._loaded = encoder, False
+        self._probe = probe if encoder is not None else None          # no encoder: patterns only, by request
 
     def _load(self):
         """Load the probe and the encoder once; fall back to patterns if either is missing."""
         if self._loaded:
             return
         self._loaded = True
-        if self._encoder is None:                          # patterns only, by request
-            self._probe = None
-            return
         try:
             if isinstance(self._probe, (str, Path)):       # first: a missing file fails fast
                 self._probe = load_probe(PROBE_FILE if self._probe == "default" else self._probe)
@@ -307,8 +287,7 @@ class CrisisGuard:
                             " wheel (`make setup`) and keep data/safety_probe.safetensors")
         windows = [probe_windows(blank(normalise(t))) for t in texts]
         unique = list(dict.fromkeys(w for ws in windows for w in ws))
-        scores = mlp_logits(self._probe, probe_features(self._encoder, unique))      # (U,)
-        score_of = dict(zip(unique, scores.tolist()))
+        score_of = dict(zip(unique, mlp_logits(self._probe, probe_features(self._encoder, unique)).tolist()))
         return torch.tensor([max(score_of[w] for w in ws) for ws in windows])
 
     @staticmethod
@@ -331,18 +310,14 @@ class CrisisGuard:
         return self.check_many([text])[0]                  # see check_many
 
     def check_many(self, texts: list[str]) -> list[CrisisFlag]:
-        """One CrisisFlag per message, one encoder pass for the batch: flagged when an explicit pattern
-        matches or the probe's logit is above the threshold (without a probe: any pattern hit)."""
+        """One CrisisFlag per message (see CrisisFlag for when it is flagged), one encoder pass for the batch."""
         results = [CrisisFlag(False)] * len(texts)
-        judged = []                       # (index, explicit category or "", broad group or "")
+        judged = []                       # (index, explicit category or "", "broad_<group>" or "")
         for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                continue
-            searchable = blank(normalise(text))
-            if not re.search(r"[a-z]", searchable):
-                continue                  # nothing left to read: empty, emoji, other scripts
-            group = broad_net(searchable)
-            judged.append((i, explicit_category(searchable), group and f"broad_{group}"))
+            searchable = blank(normalise(text)) if isinstance(text, str) else ""
+            if re.search(r"[a-z]", searchable):   # else nothing to read: not text, empty, emoji, other scripts
+                group = broad_net(searchable)
+                judged.append((i, explicit_category(searchable), group and f"broad_{group}"))
         if not judged:
             return results
         self._load()
@@ -350,8 +325,7 @@ class CrisisGuard:
             for i, explicit, broad in judged:
                 results[i] = CrisisFlag(bool(explicit or broad), explicit or broad)
             return results
-        logits = self.logits([texts[i] for i, _, _ in judged])
-        for (i, explicit, broad), logit in zip(judged, logits.tolist()):
+        for (i, explicit, broad), logit in zip(judged, self.logits([texts[i] for i, _, _ in judged]).tolist()):
             score = round(logit - self._probe["threshold"], 3)
             flagged = bool(explicit) or score > 0
             results[i] = CrisisFlag(flagged, (explicit or broad or "probe") if flagged else "", score)
@@ -360,8 +334,7 @@ class CrisisGuard:
 
 @functools.lru_cache(maxsize=None)
 def default_guard() -> CrisisGuard:
-    """The guard crisis_check and detect_crisis share, created on first use, not at import; build
-    your own CrisisGuard for other weights or no encoder."""
+    """The guard crisis_check and detect_crisis share, created on first use, not at import."""
     return CrisisGuard()
 
 

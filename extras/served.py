@@ -6,8 +6,7 @@ prompts, pairwise questions in both orders) or a frozen role (`--speakers / --us
 -> served_role(): a ServedModel with the prompts and sampling settings a local model gets). Both send every
 request through a ChatClient and cache each answer the moment it arrives, so a crashed run loses at most
 the requests in flight. What the client promises (tests/test_judge.py checks each on a fake server):
-  - one total deadline per request (--served-timeout, for connect, headers and body together): the body
-    is read in chunks and the deadline checked between them, so a reply trickling in fails on time;
+  - one deadline per request for connect, headers and body together (--served-timeout): a trickle fails on time;
   - HTTP 429, 5xx, connection errors and deadlines are retried (--served-retries) with exponential
     backoff plus jitter, or as long as the server's Retry-After asks, at most max_backoff;
   - any other 4xx fails at once as one line (data.UserError) quoting the server's message, with a hint
@@ -58,9 +57,8 @@ class DeadlineExceeded(TimeoutError):
 
 
 class ChatClient:
-    """Chat completions from one model on one server, as the module docstring promises. Thread-safe: the only
-    shared state is the request counter, under a lock. `flag` is how errors name the endpoint ("--judge
-    openai:..."); `api_key_env` the NAME of the variable holding the key; `max_retries` after the first try."""
+    """Chat completions from one model on one server, as the module docstring promises; thread-safe. `flag` is how
+    errors name the endpoint ("--judge openai:..."); `api_key_env` the NAME of the variable holding the key."""
     def __init__(self, base_url: str, model: str, flag: str, api_key_env: str = "MASCOT_JUDGE_API_KEY",
                  timeout: float = 60, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0):
         self.base_url, self.model, self.flag, self.api_key_env = base_url.rstrip("/"), model, flag, api_key_env
@@ -81,19 +79,17 @@ class ChatClient:
 
     def _status_hint(self, status: int) -> str:
         """What to check after an HTTP error the server will not fix by itself."""
-        model, key_env = self.model, self.api_key_env
-        return {400: "the server rejected the request (e.g. the prompt is longer than the model's context)",
-                401: f"check the API key in ${key_env}", 403: f"check the API key in ${key_env}",
-                404: f"check the base URL (it usually ends in /v1) and the model name {model!r}"}.get(
-            status, f"check the URL, the model name {model!r} and ${key_env}")
+        key = f"check the API key in ${self.api_key_env}"
+        return {400: "the server rejected the request (e.g. the prompt is longer than the model's context)", 401: key,
+                403: key, 404: f"check the base URL (it usually ends in /v1) and the model name {self.model!r}"}.get(
+            status, f"check the URL, the model name {self.model!r} and ${self.api_key_env}")
 
     def _post(self, body: bytes, headers: dict) -> tuple[int, http.client.HTTPMessage, bytes]:
         """POST once: (status, headers, body); DeadlineExceeded past `timeout` seconds in all."""
         deadline = self.clock() + self.timeout
 
         def remaining() -> float:
-            left = deadline - self.clock()
-            if left <= 0:
+            if (left := deadline - self.clock()) <= 0:
                 raise DeadlineExceeded(f"no complete answer within {self.timeout:g} s")
             return left
         kind = http.client.HTTPSConnection if self.parts.scheme == "https" else http.client.HTTPConnection
@@ -149,8 +145,7 @@ class ChatClient:
 
     def _reply_text(self, raw: bytes) -> str:
         try:
-            message = json.loads(raw.decode("utf-8"))["choices"][0]["message"]
-            content = message["content"]
+            content = (message := json.loads(raw.decode("utf-8"))["choices"][0]["message"])["content"]
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError):
             raise self._fail(f"{self.url} did not return a chat completion (no choices[0].message.content); "
                              "is the base URL right?") from None
@@ -250,12 +245,10 @@ class OpenAIJudge(Judge):
                        for x, y in ((a, b), (b, a))]
             picks = [parse_ab(t) for t in answers]
             with self._lock:
-                self.unreadable += sum(p is None for p in picks)
-            # Order (a, b): "A" means the first is better; order (b, a): "B" does.
-            verdict = combine_orders(None if picks[0] is None else float(picks[0] == 0),
-                                     None if picks[1] is None else float(picks[1] == 1))
-            verdict.detail["answers"] = answers
-            verdicts.append(verdict)
+                self.unreadable += picks.count(None)
+            # Order (a, b): "A" (0) means the first is better; order (b, a): "B" (1) does.
+            verdicts.append(combine_orders(*(None if p is None else float(p == k) for k, p in enumerate(picks))))
+            verdicts[-1].detail["answers"] = answers
         return verdicts
 
     def _score_uncached(self, states, replies):       # None (unreadable) is counted by Judge.score_many
@@ -269,8 +262,7 @@ class OpenAIJudge(Judge):
 
 # --- The hooks mascot.py calls -------------------------------------------------------------------
 def served_role(spec: str, role: str, args, cache: Path | None = None) -> ServedModel:
-    """`--<role> openai:<base url>` (role: speakers | user | director), the model named by --<role>-model,
-    checked with one tiny request before any work."""
+    """`--<role> openai:<base url>` (role: speakers | user | director), the model named by --<role>-model."""
     model = ServedModel(spec.partition(":")[2].strip(), getattr(args, f"{role}_model", None), f"--{role} {spec}",
                         f"--{role}-model", args.served_timeout, args.served_retries, args.served_concurrency, cache)
     model.client.preflight()
@@ -278,8 +270,7 @@ def served_role(spec: str, role: str, args, cache: Path | None = None) -> Served
 
 
 def judge(url: str, args, cache: Path | None = None) -> OpenAIJudge:
-    """`--judge openai:<base url>`: the model from --judge-model or $MASCOT_JUDGE_MODEL, the key from
-    $MASCOT_JUDGE_API_KEY, the --served-* flags; checked with one tiny request before any work."""
+    """`--judge openai:<base url>`: the model from --judge-model or $MASCOT_JUDGE_MODEL, the --served-* flags."""
     j = OpenAIJudge(url, args.judge_model or os.environ.get("MASCOT_JUDGE_MODEL"), timeout=args.served_timeout,
                     max_retries=args.served_retries, concurrency=args.served_concurrency, cache_path=cache)
     j.client.preflight()

@@ -11,10 +11,9 @@ sentence-encoder features); this script fits the probe and picks its threshold.
        in one fold; the threshold is the lowest at which the guard (probe above it, or an explicit pattern)
        flags at most --max-esconv of the ESConv training-side seeker messages, each scored out of fold.
     4. The final network, fitted on everything: weights (fp16), threshold and the CV report.
-Why: in cross-validation a logistic regression on the same features caught fewer risky messages at the same
-ESConv flag rate, and reading each sentence apart fewer still. The network scores real risk told in ESConv's
-long, story-like style low (its negatives taught it that this style is safe), so explicit patterns also flag
-on their own. ESConv and Empathetic Dialogues are CC BY-NC and not part of the project: pass your own copies.
+Why a network: in cross-validation it caught more risky messages than a logistic regression at the same ESConv flag
+rate. It scores real risk told in ESConv's long, story-like style low, so explicit patterns also flag on their own.
+ESConv and Empathetic Dialogues are CC BY-NC and not part of the project: pass your own copies.
     python extras/train_crisis_probe.py --esconv path/to/esconv/train.jsonl --ed path/to/ed/valid.csv
     (~15 min on 2 CPU cores, most of it embedding; later runs reuse the cache)
 """
@@ -38,8 +37,7 @@ from extras import datasets, safety                             # noqa: E402
 
 TRAIN_FILE = ROOT / "data" / "safety_train.jsonl"
 ESCONV_LABELS, ED_LABELS = ROOT / "data" / "safety_esconv_labels.jsonl", ROOT / "data" / "safety_ed_labels.jsonl"
-# Loss weight per kind of row, relative to one written message. Equal weights: the ~12,000 conversation
-# messages then outweigh the ~1,000 written near-misses, which is the point (they are what the guard meets).
+# Loss weight per kind of row. Equal: the many conversation messages (what the guard meets) outweigh the near-misses.
 WEIGHTS = {"risky": 1.0, "near_miss": 1.0, "ordinary": 1.0, "conversation": 1.0, "conversation_risky": 5.0}
 
 
@@ -120,8 +118,8 @@ def fit_mlp(X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, hidden: int 
     mu, sd = X.mean(0), X.std(0).clamp(min=1e-6)                         # (F,), (F,)
     Z = (X - mu) / sd                                                    # (N, F)
     weight = weight / weight.mean()
-    net = torch.nn.Sequential(torch.nn.Linear(X.shape[1], hidden), torch.nn.GELU(), torch.nn.Dropout(dropout),
-                              torch.nn.Linear(hidden, 1))
+    first, last = torch.nn.Linear(X.shape[1], hidden), torch.nn.Linear(hidden, 1)
+    net = torch.nn.Sequential(first, torch.nn.GELU(), torch.nn.Dropout(dropout), last)
     optimiser = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     for _ in range(epochs):
         order = torch.randperm(len(Z), generator=generator)
@@ -133,7 +131,6 @@ def fit_mlp(X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, hidden: int 
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
-    first, last = net[0], net[3]
     return {"mu": mu, "sd": sd, "w1": first.weight.detach(), "b1": first.bias.detach(),
             "w2": last.weight.detach()[0], "b2": last.bias.detach()[0]}
 
@@ -179,9 +176,8 @@ def cross_validate(rows, X, windows, args) -> torch.Tensor:
 
 
 def training_set(rows, windows, X, indices):
-    """(X, y, weight) for fitting: every window of a non-risky message is a negative (the guard
-    flags a message if ANY window is above the threshold); a risky message contributes its first
-    window only (written risky messages are short: one window)."""
+    """(X, y, weight) for fitting: every window of a non-risky message is a negative (the guard flags a message if ANY
+    window is above the threshold); a risky message contributes its first window only (written ones are short)."""
     feats, labels, weights = [], [], []
     for i in indices:
         use = windows[i][:1] if rows[i]["risky"] else windows[i]
@@ -272,9 +268,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import models
     started = time.time()
-    rows = load_training_rows(args.train) + conversation_rows(args.esconv, ESCONV_LABELS, "esconv")
-    if args.ed:
-        rows += conversation_rows(args.ed, ED_LABELS, "empathetic_dialogues")
+    rows = load_training_rows(args.train) + conversation_rows(args.esconv, ESCONV_LABELS, "esconv") + (
+        conversation_rows(args.ed, ED_LABELS, "empathetic_dialogues") if args.ed else [])
     rows = [r for r in rows if r.get("label") != "context"]      # risky only given turns the guard never reads
     X, windows = window_features(models.SentenceEncoder(), rows, args.cache)
     forced = torch.tensor([bool(safety.explicit_category(safety.blank(safety.normalise(r["text"])))) for r in rows])
@@ -290,9 +285,8 @@ def main() -> None:
         return
     probe = fit_mlp(*training_set(rows, windows, X, range(len(rows))), hidden=args.hidden, epochs=args.epochs,
                     seed=args.seed)
-    metadata = {"report": out, "config": {k: str(v) for k, v in vars(args).items()},
-                "train_sha256": rows_fingerprint(load_training_rows(args.train))}
-    save_probe(probe, threshold, metadata, args.out)
+    save_probe(probe, threshold, {"report": out, "config": {k: str(v) for k, v in vars(args).items()},
+                                  "train_sha256": rows_fingerprint(load_training_rows(args.train))}, args.out)
     print(f"wrote {args.out} in {time.time() - started:.0f} s")
 
 
