@@ -24,6 +24,7 @@ present, so an interrupted stage 1 never samples or judges twice):
     python mascot.py train --stage 1 [--model tiny]    # the whole of stage 1, then GRPO
 """
 
+import copy
 import json
 import math
 import random
@@ -34,12 +35,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
-from tqdm import tqdm
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import models
-from data import (Context, PersonaSet, UserError, append_jsonl, asset, atomic_folder, derive_seed, option,
+from data import (Context, PersonaSet, UserError, append_jsonl, asset, atomic_folder, derive_seed, option, progress,
                   read_jsonl, write_jsonl)
 from metrics import cluster_means, content_words, standard_error, words
 from simulate import USER, Cast, JudgeState, RoundRobin, Turn, diagnose_reply, judge_state, run_conversations, \
@@ -80,45 +79,40 @@ def rm_messages(state: JudgeState, reply: str) -> list[dict]:
             {"role": "user", "content": "\n".join(lines)}, {"role": "assistant", "content": reply}]
 
 
-def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) column of each row's last real token, for left or right padding: arange(T) * mask is 0
-    on padding, so its argmax is the last real column. (Padding cannot be found from the ids:
-    SmolLM2's pad token is <|im_end|>, which also closes every chat turn.)"""
-    return (torch.arange(attention_mask.shape[1], device=attention_mask.device) * attention_mask.long()).argmax(1)
-
-
-CONFIG_FILE, HEAD_FILE, FORMAT_TAG = "reward_config.json", "reward_head.safetensors", "mascot-reward-model"
+CONFIG_FILE, FORMAT_TAG = "reward_config.json", "mascot-reward-model-2"
 
 
 class RewardModel(torch.nn.Module):
-    """A transformer body and a linear head: r(chat) = w . h_last. h_last, the final hidden state at
-    the last real token, is the only position that has attended to the whole input (persona,
-    conversation AND reply): where InstructGPT and TRL's RewardTrainer read it too."""
+    """r(chat) = w . h_last, an HF `AutoModelForSequenceClassification` with one label (`pipeline` and TRL's
+    `reward_funcs=<folder>` load it). h_last, the final state at the last real token, is the only one that has seen
+    persona, conversation AND reply (where InstructGPT and TRL read it). HF pools the rightmost non-pad token; the pad
+    is <|im_end|>, which closes every turn, but a rendered chat ends "<|im_end|>\\n": that newline (tested)."""
 
-    def __init__(self, backbone: torch.nn.Module, base_model: str = "", max_length: int = 512):
+    def __init__(self, net: torch.nn.Module, base_model: str = "", max_length: int = 512, metrics: dict | None = None):
         super().__init__()
-        self.backbone, self.base_model, self.max_length = backbone, base_model, max_length
-        hidden = backbone.config.hidden_size
-        # No bias: the loss only sees r_c - r_r, where a bias cancels. std 1/sqrt(H + 1) as Ziegler
-        # et al. 2019: untrained scores start near zero but not all equal.
-        self.head = torch.nn.Linear(hidden, 1, bias=False, device=next(backbone.parameters()).device)
-        torch.nn.init.normal_(self.head.weight, std=1.0 / math.sqrt(hidden + 1))
+        self.net, self.base_model, self.max_length, self.metrics = net, base_model, max_length, metrics or {}
 
     @classmethod
     def from_base(cls, name: str = models.EMBEDDED, device: str = "cpu"):
-        """A fresh reward model on the body of a causal LM (its LM head replaced by ours)."""
+        """A fresh reward model on the body of a causal LM: its LM head replaced by a scalar `score` head."""
         lm, tok = models.load_model(name, device=device)
-        return cls(lm.get_decoder(), base_model=name), tok
+        config = copy.deepcopy(lm.config)
+        config.num_labels, config.pad_token_id, config.problem_type = 1, tok.pad_token_id, "regression"
+        net = AutoModelForSequenceClassification.from_config(config).to(device)
+        net.model.load_state_dict(lm.get_decoder().state_dict())
+        # No bias (HF's head has none either): the loss only sees r_c - r_r, where a bias cancels.
+        # std 1/sqrt(H + 1) as Ziegler et al. 2019: untrained scores start near zero but not all equal.
+        torch.nn.init.normal_(net.score.weight, std=1.0 / math.sqrt(config.hidden_size + 1))
+        return cls(net, base_model=name), tok
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, T) ids and mask, padded on either side -> (B,) float32 scores, with gradient."""
-        device = self.head.weight.device
+        """(B, T) ids and mask, padded on the left -> (B,) float32 scores, with gradient. The positions
+        count real tokens only, so a padded row scores as the row alone (as pipeline scores it)."""
+        device = self.net.score.weight.device
         ids, mask = input_ids.to(device), attention_mask.to(device)
-        positions = (mask.long().cumsum(1) - 1).clamp(min=0)                  # (B, T) a padded row = the row alone
-        hidden = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions,
-                               use_cache=False).last_hidden_state               # (B, T, H)
-        h_last = hidden[torch.arange(len(ids), device=device), last_token_index(mask)]   # (B, H)
-        return self.head(h_last.to(self.head.weight.dtype)).squeeze(-1).float()         # (B,)
+        positions = (mask.long().cumsum(1) - 1).clamp(min=0)                  # (B, T)
+        return self.net(input_ids=ids, attention_mask=mask, position_ids=positions,
+                        use_cache=False).logits.squeeze(-1).float()           # (B,)
 
     def encode(self, tok, chats: list[list[dict]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Chats -> left-padded (ids, mask). A chat longer than max_length loses its FIRST tokens: the
@@ -136,13 +130,12 @@ class RewardModel(torch.nn.Module):
         return scores
 
     def save(self, folder: str | Path, tok, metrics: dict | None = None) -> Path:
-        """The body (save_pretrained), the head and reward_config.json; no pickle, written atomically."""
+        """save_pretrained (config, weights, tokenizer) and reward_config.json; no pickle, written atomically."""
         target = Path(folder)
         if target.exists() and any(target.iterdir()) and not (target / CONFIG_FILE).exists():
             raise UserError(f"reward model: {target} exists and is not a reward model folder; choose a new one")
         with atomic_folder(target) as tmp:
-            self.backbone.save_pretrained(tmp)
-            save_file({"weight": self.head.weight.detach().float().cpu().contiguous()}, str(tmp / HEAD_FILE))
+            self.net.save_pretrained(tmp)
             tok.save_pretrained(tmp)
             (tmp / CONFIG_FILE).write_text(json.dumps({"format": FORMAT_TAG, "base_model": self.base_model,
                                                        "max_length": self.max_length, "metrics": metrics or {}}, indent=2))
@@ -155,17 +148,19 @@ class RewardModel(torch.nn.Module):
             config = json.loads((folder / CONFIG_FILE).read_text())
         except (OSError, json.JSONDecodeError):
             config = {}
-        if config.get("format") != FORMAT_TAG or not (folder / HEAD_FILE).is_file():
-            raise UserError(f"reward model: {folder} is not a complete reward model folder (no valid {CONFIG_FILE} "
-                            f"or {HEAD_FILE}); pass one written by `mascot.py train --stage 1`")
+        if config.get("format") == "mascot-reward-model":              # the first format: body + separate head
+            raise UserError(f"reward model: {folder} is in mascot's first format (reward_head.safetensors); delete it "
+                            "and rerun stage 1 with --resume: it refits from pairs.jsonl, asking the judge nothing")
+        if config.get("format") != FORMAT_TAG:
+            raise UserError(f"reward model: {folder} is not a complete reward model folder (no valid {CONFIG_FILE}); "
+                            "pass one written by `mascot.py train --stage 1`")
         models.quiet_transformers()
-        rm = cls(AutoModel.from_pretrained(folder, dtype=dtype).to(device), config.get("base_model", ""),
-                 int(config.get("max_length", 512)))
-        rm.head.load_state_dict(load_file(str(folder / HEAD_FILE), device=str(device)))
-        rm.metrics = config.get("metrics", {})
         tok = AutoTokenizer.from_pretrained(folder)
         tok.padding_side, tok.pad_token = "left", tok.pad_token or tok.eos_token
-        return rm.to(dtype).eval().requires_grad_(False), tok
+        # fp32 as saved, then cast whole (buffers too), exactly as a freshly trained one is: the same scores
+        net = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).to(device, dtype)
+        rm = cls(net, config.get("base_model", ""), int(config.get("max_length", 512)), config.get("metrics", {}))
+        return rm.eval().requires_grad_(False), tok
 
 
 # --- Training on preference pairs ---------------------------------------------------------------
@@ -203,7 +198,7 @@ def train_reward_model(rm: RewardModel, tok, pairs: list[dict], held_out: float 
     for epoch in range(1, epochs + 1):
         rm.train()
         order, loss_sum, correct = torch.randperm(len(train), generator=generator).tolist(), 0.0, 0
-        for start in tqdm(range(0, len(order), batch_size), desc=f"reward model epoch {epoch}", leave=False):
+        for start in progress(range(0, len(order), batch_size), f"reward model epoch {epoch}, batches"):
             batch = [train[i] for i in order[start:start + batch_size]]
             optimizer.zero_grad(set_to_none=True)
             # One pair at a time through forward and backward (its two chats together), each loss
@@ -324,7 +319,7 @@ def sample_candidates(model, tok, states: list[State], personas: PersonaSet, k: 
     already there (an interrupted run) are not sampled again."""
     done = {r["state_id"]: r["candidates"] for r in read_jsonl(path)} if path.exists() else {}
     todo = [s for s in states if s.id not in done]
-    for start in tqdm(range(0, len(todo), batch_states), desc="candidates", disable=not todo, leave=False):
+    for start in progress(range(0, len(todo), batch_states), "candidates, batches of states"):
         chunk = todo[start:start + batch_states]
         gen = models.generate(model, tok, [s.prompt(personas) for s in chunk for _ in range(k)], max_new_tokens,
                               temperature=1.0, seeds=[derive_seed(seed, s.id, j) for s in chunk for j in range(k)])
@@ -342,8 +337,9 @@ def judge_pairs(states: list[State], candidates: list[list[str]], personas: Pers
     could not decide (unreadable scores and verdicts, comparisons without a verdict)."""
     counts = {} if counts is None else counts
     before = judge.unreadable
-    flat = judge.score_many([s.judge_state(personas) for s, cs in zip(states, candidates) for _ in cs],
-                            [c for cs in candidates for c in cs])
+    asked = [(s.judge_state(personas), c) for s, cs in zip(states, candidates) for c in cs]
+    flat = [x for k in progress(range(0, len(asked), 64), "judging: scores, chunks of 64")
+            for x in judge.score_many(*map(list, zip(*asked[k:k + 64])))]
     counts.update(scored=len(flat), unreadable_scores=judge.unreadable - before, compared=0, no_verdict=0,
                   unreadable_verdicts=0)
     todo, pos = [], 0
@@ -354,7 +350,8 @@ def judge_pairs(states: list[State], candidates: list[list[str]], personas: Pers
     # In rounds: each round asks every state that still wants a pair for its next widest gap, all in
     # one compare_many (a served judge sends them concurrently); the same questions as state by state.
     found: list[list[dict]] = [[] for _ in states]
-    while asks := [(k, todo[k].pop(0)) for k in range(len(states)) if todo[k] and len(found[k]) < max_pairs]:
+    rounds = iter(lambda: [(k, todo[k].pop(0)) for k in range(len(states)) if todo[k] and len(found[k]) < max_pairs], [])
+    for asks in progress(rounds, "judging: comparison rounds"):          # until no state wants another pair
         verdicts = judge.compare_many([states[k].judge_state(personas) for k, _ in asks],
                                       [candidates[k][a[1]] for k, a in asks], [candidates[k][a[2]] for k, a in asks])
         for (k, (gap, i, j, si, sj)), v in zip(asks, verdicts):
@@ -468,7 +465,8 @@ def stage1_states(cfg: RLAIFConfig, inputs, base, tok, out: Path, max_new_tokens
             log(f"stage 1: generating short conversations for {len(need)} contexts (base model)")
             convs = run_conversations(need, RoundRobin(inputs.personas), Cast(inputs.personas, base, tok, base, tok,
                                                                                 max_new_tokens),
-                                      inputs.profiles, ["average"] * len(need), n_agent_turns=2, user_every=1, seed=seed)
+                                      inputs.profiles, ["average"] * len(need), n_agent_turns=2, user_every=1, seed=seed,
+                                      desc="stage 1 states, agent turns")
             generated = {c.context.id: c.turns for c in convs}
         states = (build_states(inputs.train, inputs.personas, cfg.states, seed, generated, "train")
                   + build_states(inputs.held_out, inputs.personas, cfg.heldout_states, seed + 1, generated, "heldout"))
@@ -516,7 +514,7 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
     else:
         torch.manual_seed(seed)                                     # the scalar head's initialisation
         rm, rm_tok = RewardModel.from_base(model_name, device=device)
-        models.set_gradient_checkpointing(rm.backbone, checkpointing)
+        models.set_gradient_checkpointing(rm.net, checkpointing)
         metrics = train_reward_model(rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr, seed=seed, log=log)
         rm.save(rm_dir, rm_tok, metrics)
         rm = rm.to(rm_dtype).eval().requires_grad_(False)          # from here on it only scores

@@ -2,8 +2,11 @@
 (padding, truncation, learning a synthetic preference, save/load), and the format reward."""
 
 import copy
+import json
 import math
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,11 +89,16 @@ def test_rm_messages_layout():
     assert msgs[2]["content"] == "You still passed, and you prepared for it."
 
 
-def test_last_token_index_left_and_right_padding():
-    mask = torch.tensor([[0, 0, 1, 1],     # left padded: last real column 3
-                         [1, 1, 0, 0],     # right padded: last real column 1
-                         [1, 1, 1, 1]])    # no padding
-    assert reward.last_token_index(mask).tolist() == [3, 1, 3]
+def test_hf_pools_the_last_real_token_of_our_chats(tiny_rm):
+    # SmolLM2's pad id is <|im_end|>, which closes every turn; HF's classifier pools the rightmost
+    # token that is not the pad id. Our rendered chats end with "<|im_end|>\n", so that token is
+    # the last real one, in left-padded batches too.
+    rm, tok = tiny_rm
+    ids, mask = rm.encode(tok, [chat("I got the job!", "Well done."), chat("Hi.", "Hello there, how are you?")])
+    assert (ids[:, -1] != tok.pad_token_id).all() and (ids[:, -2] == tok.pad_token_id).all()
+    non_pad = (torch.arange(ids.shape[1]) * (ids != tok.pad_token_id)).argmax(1)
+    last_real = (torch.arange(ids.shape[1]) * mask).argmax(1)
+    assert non_pad.tolist() == last_real.tolist() == [ids.shape[1] - 1] * 2
 
 
 def test_score_ignores_padding_on_either_side(tiny_rm):
@@ -251,7 +259,43 @@ def test_save_load_round_trip(tiny_rm, tmp_path):
     loaded, loaded_tok = reward.RewardModel.load(folder)
     assert loaded.score_texts(loaded_tok, chats) == pytest.approx(rm.score_texts(tok, chats), abs=1e-6)
     assert loaded.base_model == "tiny" and loaded_tok.padding_side == "left"
+    assert loaded.metrics == {"heldout_accuracy": 0.5}
     rm.save(folder, tok)                                           # overwriting a reward model is fine
+
+
+def test_saved_reward_model_loads_with_hf_classes_in_a_fresh_python(tiny_rm, tmp_path):
+    # A TRL user's path: AutoModelForSequenceClassification and pipeline, in a process that never
+    # imported mascot, give the scores our own class gives (one chat at a time: no padding).
+    rm, tok = tiny_rm
+    chats = [chat("I got the job!", "That is wonderful news, well done."), chat("Hi.", "Hello.")]
+    folder = rm.save(tmp_path / "rm", tok)
+    texts = [tok.apply_chat_template(c, tokenize=False) for c in chats]
+    script = """
+import json, sys, torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+folder, texts = sys.argv[1], json.loads(sys.argv[2])
+model = AutoModelForSequenceClassification.from_pretrained(folder)
+tok = AutoTokenizer.from_pretrained(folder)
+with torch.no_grad():
+    direct = [model(**tok(t, return_tensors="pt")).logits[0, 0].item() for t in texts]
+pipe = pipeline("text-classification", model=folder, function_to_apply="none")
+print(json.dumps({"direct": direct, "pipeline": [r["score"] for r in pipe(texts)], "labels": model.config.num_labels,
+                  "arch": model.config.architectures}))
+"""
+    out = subprocess.run([sys.executable, "-c", script, str(folder), json.dumps(texts)], capture_output=True,
+                         text=True, check=True, cwd=tmp_path)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    ours = rm.score_texts(tok, chats)
+    assert got["labels"] == 1 and got["arch"] == ["LlamaForSequenceClassification"]
+    assert got["direct"] == pytest.approx(ours, abs=1e-4) and got["pipeline"] == pytest.approx(ours, abs=1e-4)
+
+
+def test_a_first_format_reward_model_folder_says_how_to_convert(tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "reward_config.json").write_text(json.dumps({"format": "mascot-reward-model", "base_model": "tiny"}))
+    with pytest.raises(data.UserError, match="first format.*--resume.*pairs.jsonl"):
+        reward.RewardModel.load(old)
 
 
 def test_load_or_overwrite_a_wrong_folder_is_a_user_error(tiny_rm, tmp_path):
