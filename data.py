@@ -22,10 +22,13 @@ import random
 import re
 import shutil
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
+
+from tqdm import tqdm
 
 HERE = Path(__file__).resolve().parent
 
@@ -190,10 +193,32 @@ def fingerprint(*paths: str | Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def save_model(model, tok, folder: Path) -> Path:
+QUIET = False          # mascot's --quiet: no progress bars and no phase lines
+
+
+def progress(items, desc: str, total: int | None = None):
+    """A phase's progress: a tqdm bar on a terminal, a line when it ends in a log, nothing under --quiet or no desc."""
+    if QUIET or not desc:
+        return items
+    return tqdm(items, desc, total, leave=False) if sys.stderr.isatty() else _phase_line(items, desc)
+
+
+def _phase_line(items, desc: str):
+    start, n = time.time(), 0
+    try:
+        for n, item in enumerate(items, 1):
+            yield item
+    finally:                          # also when the caller stops early (every conversation ended)
+        print(f"{desc}: {n} done, {time.time() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def save_model(model, tok, folder: Path, card: str = "") -> Path:
+    """save_pretrained (config, weights, tokenizer) and, given one, the model card as README.md."""
     with atomic_folder(folder) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        if card:
+            (tmp / "README.md").write_text(card, encoding="utf-8")
     return folder
 
 
@@ -260,10 +285,10 @@ def cached_answers(cache: AnswerCache | None, keys: list[str], compute_misses,
 # reward.RLAIFConfig, director.DirectorConfig, evaluate.EvalConfig); mascot.py turns each `option`
 # field into a flag (`--group-size` for `group_size`), so every default is written exactly once.
 
-def option(default, help: str, check: str = ""):
+def option(default, help: str, check: str = "", alias: str = ""):
     """A dataclass field that is also a flag. check: "" (any value of the default's type),
-    "positive", "non-negative", "at-least-2", "fraction" ([0, 1)), or a list of choices."""
-    return field(default=default, metadata={"help": help, "check": check})
+    "positive", "non-negative", "at-least-2", "fraction" ([0, 1)), or a list of choices; alias: an old spelling."""
+    return field(default=default, metadata={"help": help, "check": check, "alias": alias})
 
 
 _CHECKS = {"positive": (lambda v: v > 0, "> 0"), "non-negative": (lambda v: v >= 0, ">= 0"),

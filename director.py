@@ -17,17 +17,12 @@ LLM judge the block gets one holistic judgement, with the offline judge the mean
 
 import copy
 import math
-import random
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import torch
-
-import grpo
 import models
-from data import PersonaSet, option, prompt, read_json, save_model, write_json
+from data import PersonaSet, option, prompt
 from metrics import (HACKS, content_words, entropy_bits, mutual_information_bits, paired_change,
                      permutation_p_value, sentence_bleu, standard_error, tokenize)
 from simulate import (JUDGE_TURNS, SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder,
@@ -215,7 +210,8 @@ def build_decision_points(contexts, n: int, cast, profiles, user_every: int, see
     so openings and mid-conversation choices are both learnt. Generated once, in random speaking
     order (varied histories), by the frozen speakers and user."""
     convs = run_conversations([contexts[i % len(contexts)] for i in range(n)], RandomOrder(cast.personas, seed), cast,
-                              profiles, assign_profiles(n, sorted(profiles), seed), max_prefix, user_every, seed)
+                              profiles, assign_profiles(n, sorted(profiles), seed), max_prefix, user_every, seed,
+                              desc="decision points, agent turns")
     points = []
     for i, conv in enumerate(convs):
         agent_idx = [j for j, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
@@ -246,12 +242,12 @@ class Rollout:
     total: int = 0
     counts: Counter = field(default_factory=Counter)   # "unreadable": block judgements an LLM judge garbled
 
-    def run(self, points: list[Conversation], policy, first: list[Directive] | None = None):
+    def run(self, points: list[Conversation], policy, first: list[Directive] | None = None, desc: str = ""):
         """Copy each point and play N agent turns (`first` replaces the policy's first choice).
         Copies of one point keep its seed, so a GRPO group's rollouts sample alike turn by turn."""
         copies = [copy.deepcopy(p) for p in points]
         starts = [len(c.turns) for c in copies]
-        advance(copies, policy, self.cast, self.profiles, self.n_turns, self.user_every, fixed_first=first)
+        advance(copies, policy, self.cast, self.profiles, self.n_turns, self.user_every, fixed_first=first, desc=desc)
         return [block_reward(c, s, self.personas, self.encoder, self.judge, self.weights, self.counts)
                 for c, s in zip(copies, starts)], copies
 
@@ -274,7 +270,7 @@ class Rollout:
         for every policy, so per-point rewards can be paired): mean reward, its se, the components,
         the first-turn choices and their diagnostics, and the rollouts themselves."""
         unreadable = self.counts["unreadable"]
-        scored, copies = self.run(points, policy)
+        scored, copies = self.run(points, policy, desc="held-out rollouts, agent turns")
         rewards, n = [r for r, _ in scored], len(scored)
         firsts = [c.turns[len(p.turns)].directive for c, p in zip(copies, points)]
         agents, stages = [d.agent for d in firsts], [stage_feature(p) for p in points]
@@ -301,87 +297,3 @@ def describe_heldout(r: dict) -> str:
             f"{d['entropy']:.2f} bits  I(choice; stage) {d['mi']:.2f} bits, permutation p {d['p_perm']:.3g}  "
             f"unparseable {r['invalid']}/{r['n']}" + (f"  unreadable judgements {r['unreadable_judgements']}"
                                                      if r["unreadable_judgements"] else ""))
-
-
-# --- 5. The warm start (our addition; the paper describes none) ----------------------------------
-# GRPO can only reinforce what the policy already samples. SmolLM2-135M asked for a directive almost
-# never writes the three lines (0 of 32 parseable when we measured), so every sample of a group falls
-# back to the same agent, every reward of the group is equal and the advantages are all zero. A few
-# supervised steps on well-formed directives fix the format first. With ESConv the targets are what
-# real supporters did next (extras/strategies.py); without it random agents teach the format only.
-
-def format_examples(personas: PersonaSet, points: list[Conversation], n: int, seed: int = 0):
-    """Without ESConv: the exact three-line format with a uniformly random agent, action and tone,
-    cycling over the decision points. It teaches how to answer, not whom to pick."""
-    rng = random.Random(seed)
-    return [(director_messages(personas, points[i % len(points)]), f"Agent: {rng.choice(personas.names())}\n"
-             f"Action: {rng.choice(personas.strategies)}\nTone: {rng.choice(personas.tones)}") for i in range(n)]
-
-
-def token_rows(tok, examples: list[tuple[list[dict], str]]) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, target ids) per example: the chat rendered with and without the assistant turn,
-    and the difference, so the target ends with the template's own end-of-turn marker."""
-    rows = []
-    for messages, target in examples:
-        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        full = tok.apply_chat_template(messages + [{"role": "assistant", "content": target}], tokenize=False)
-        completion = full[len(prompt):].rstrip("\n") if full.startswith(prompt) else target + (tok.eos_token or "")
-        rows.append((tok(prompt, add_special_tokens=False)["input_ids"], tok(completion, add_special_tokens=False)["input_ids"]))
-    return rows
-
-
-def supervised_finetune(model, tok, examples, steps: int, batch_size: int = 4, lr: float = 2e-5, log=print,
-                        first_line_weight: float = 1.0, decay: bool = False) -> list[float]:
-    """Maximum likelihood of each target given its prompt: `steps` AdamW steps of `batch_size` examples (cycling), one
-    example per forward/backward (director prompts run to ~700 tokens), the step's weighted target-token count the one
-    denominator, so the step is the full batch's. first_line_weight: the loss weight of the target's first line (the
-    `Agent:` line decides who speaks; Action and Tone follow from it and would dominate an unweighted loss). decay:
-    the rate falls linearly to lr / steps, so the last few batches do not decide whom it favours. Returns the per-step
-    loss (mean negative log-probability per target token), which should fall."""
-    rows, losses, weights = token_rows(tok, examples), [], []
-    for _, target in rows:
-        k = next((i + 1 for i in range(len(target)) if "\n" in tok.decode(target[:i + 1])), len(target))
-        weights.append([first_line_weight] * k + [1.0] * (len(target) - k))
-    opt = models.adamw(model, lr, weight_decay=0.0)
-    model.train()
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr * (steps - step) / steps if decay else lr
-        picked = [(step * batch_size + j) % len(rows) for j in range(batch_size)]
-        total = sum(sum(weights[i]) for i in picked)
-        opt.zero_grad(set_to_none=True)
-        loss_sum = 0.0                   # one example per forward/backward; the step's gradient is the batch's
-        for i in picked:
-            logps, _ = grpo.target_logprobs(model, tok.pad_token_id, [rows[i]])           # (1, C)
-            loss = -(logps[0] * torch.tensor(weights[i])).sum() / total
-            loss.backward()
-            loss_sum += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        models.release_memory()                   # the step's activations, before the next example's
-        losses.append(loss_sum)
-        log(f"warm start {step + 1}/{steps}: loss {loss_sum:.3f}")
-    model.eval()
-    del opt
-    models.release_memory()
-    return losses
-
-
-def warm_start(cfg: DirectorConfig, out: Path, policy, tok, personas: PersonaSet, examples, source: str, held_out,
-               resume: bool) -> dict | None:
-    """The warm start, once per run: its losses and held-out group reward (held_out(label, director, when):
-    the caller's check) to out/warm_start.json, its weights to out/director_warm (GRPO's KL anchor). A
-    resumed run with GRPO checkpoints skips it (they were trained from the warm-started weights)."""
-    if cfg.director_warmup == 0:
-        return None
-    if resume and grpo.checkpoints(out / "checkpoints") and (out / "warm_start.json").exists():
-        return read_json(out / "warm_start.json")
-    losses = supervised_finetune(policy, tok, examples, cfg.director_warmup, lr=cfg.warmup_lr,
-                                 first_line_weight=cfg.warmup_agent_weight, decay=True)
-    held = held_out("warm-start", LLMDirector(policy, tok, personas), f"after the {source.split(' warm start')[0]} warm start")
-    save_model(policy, tok, out / "director_warm")
-    warm = {"steps": cfg.director_warmup, "lr": cfg.warmup_lr, "source": source, "losses": losses, "heldout": held,
-            "targets": dict(Counter(parse_directive(t, personas, "?").agent for _, t in examples))}
-    write_json(out / "warm_start.json", warm)
-    return warm

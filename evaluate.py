@@ -325,7 +325,7 @@ def run_system(system: System, setup: Setup, inputs, cfg: EvalConfig, max_new_to
               "trained-director": lambda: LLMDirector(*setup.roles["trained-director"], inputs.personas)}[system.order]()
     speak = setup.pipelines[system.pipeline](system) if system.pipeline else None
     convs = run_conversations(setup.contexts, policy, cast, inputs.profiles, setup.profiles, turns, user_every, seed,
-                              **({"speak": speak} if speak else {}))
+                              **({"speak": speak} if speak else {}), desc=f"{system.name}, agent turns")
     t1 = time.time()
     records, unreadable = score_conversations(convs, inputs.personas, setup.judge, setup.encoder, setup.nli, setup.identifier,
                                               setup.function)

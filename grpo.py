@@ -14,18 +14,18 @@ reply, the reward comes from reward.py. Stage 2 (the director): the prompt is th
 directive ("Agent: ... / Action: ... / Tone: ..."), the reward comes from rolling the conversation forward under it
 (director.py). Both hand this file token ids and one reward per completion, so one implementation serves both.
 
-Simplified relative to DeepSeekMath and TRL's GRPOTrainer: token-level ratios only; two loss
-normalisations ("dapo", the default, and "grpo"; Dr. GRPO's unscaled advantage is
---no-scale-rewards); no dynamic sampling (a group whose rewards are all equal gets advantage 0 and
-no gradient; we log their share, `zero-std`); plain data parallelism (extras/multigpu.py); full
-fine-tuning of a small model instead of the paper's LoRA. We sample with models.generate from the
-policy, or from a bf16 copy where bf16 is native, and log the gap (`mismatch`).
+Settings and logged metrics carry TRL's GRPOConfig names (README: "Coming from TRL"). Simplified relative to
+DeepSeekMath and TRL's GRPOTrainer: token-level ratios only; no dynamic sampling (a group whose rewards are all equal
+gets advantage 0 and no gradient; we log their share, `zero-std`); plain data parallelism (extras/multigpu.py); full
+fine-tuning of a small model instead of the paper's LoRA. We sample with models.generate from the policy, or from a
+bf16 copy where bf16 is native, and log the gap (`mismatch`).
 
     python mascot.py train --stage 1 | 2      (train --help: every flag, with its default)
 The GRPO loss hovers near zero by construction (advantages average to zero within each group):
 watch the reward instead.
 """
 
+import contextlib
 import json
 import math
 import random
@@ -45,34 +45,37 @@ from data import UserError, append_jsonl, atomic_folder, derive_seed, option, re
 # width (left-padded), T = P + C, H = hidden size, V = vocabulary size.
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True):
-    """A_i = (R_i - mean(group)) / (std(group) + 1e-4), or R_i - mean(group) when not `scale`
-    (Dr. GRPO, Liu et al. 2025: dividing up-weights groups whose rewards barely differ).
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group"):
+    """A_i = (R_i - mean(group)) / (std + 1e-4), std the group's ("group"), the whole batch's ("batch"),
+    or no division ("none": Dr. GRPO, Liu et al. 2025: dividing up-weights groups whose rewards barely differ).
 
     std is the unbiased sample std (G - 1), as torch.std and TRL compute it. Example: rewards
     [1, 2, 3, 4], G = 2 -> groups [1, 2] and [3, 4], each +-0.5 / 0.7071: about [-0.707, 0.707, ...].
     rewards: (B,), each group's G completions contiguous. Returns (advantages (B,), stats): a
     group whose rewards are all equal gets exactly 0 (never NaN); stats hold "frac_zero_std" (such
-    groups carry no signal), "reward_mean" and "reward_std" over the batch.
+    groups carry no signal), "reward" (the mean) and "reward_std" over the batch.
     """
     if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be (n_groups * G,) with G >= 2; got {tuple(rewards.shape)}, G = {group_size}")
     rewards = rewards.detach().float()                              # (B,) constants of the loss
     grouped = rewards.view(-1, group_size)                          # (n_groups, G)
     advantages = grouped - grouped.mean(dim=1, keepdim=True)        # (n_groups, G)
-    if scale:
-        advantages = advantages / (grouped.std(dim=1, keepdim=True) + 1e-4)   # 1e-4 as TRL
+    if scale != "none":                                             # 1e-4 as TRL
+        advantages = advantages / ((grouped.std(dim=1, keepdim=True) if scale == "group" else rewards.std()) + 1e-4)
     # The mean of G equal floats can differ from them in the last bit: make equal groups exactly 0.
     zero_std = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)          # (n_groups, 1)
     advantages = advantages.masked_fill(zero_std, 0.0)
-    return advantages.view(-1), {"frac_zero_std": zero_std.float().mean().item(),
-                                 "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item()}
+    return advantages.view(-1), {"frac_reward_zero_std": zero_std.float().mean().item(),
+                                 "reward": rewards.mean().item(), "reward_std": rewards.std().item()}
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over the real tokens of (B, C) values (0 when there is none)."""
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+LOSS_TYPES, SCALINGS = ("dapo", "grpo", "dr_grpo", "bnpo"), ["group", "batch", "none"]      # TRL's choices
 
 
 def grpo_loss(logps, old_logps, ref_logps, advantages, mask, eps_low=0.2, eps_high=0.28, beta=0.0,
@@ -84,10 +87,12 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, eps_low=0.2, eps_hi
     eps_high > eps_low is DAPO's clip-higher: a rare good token may grow further before the clip
     stops it, which keeps entropy from collapsing.
 
-    The denominator is a real choice: "grpo" averages each sequence's tokens, then the sequences (DeepSeekMath;
-    length-biased: a token of a short reply weighs more); "dapo" sums every real token and divides by their number
-    (DAPO, TRL's default). With gradient accumulation, pass `normalizer` = the whole optimiser step's total (real
-    tokens for "dapo", sequences for "grpo"), so the summed micro-batch gradients are exactly the full batch's.
+    The denominator is a real choice (TRL's names): "grpo" averages each sequence's tokens, then the sequences
+    (DeepSeekMath; length-biased: a token of a short reply weighs more); "dapo" sums every real token and divides by
+    their number (DAPO, TRL's default); "bnpo" the same within each micro-batch; "dr_grpo" divides the sum by a
+    constant, sequences x the longest allowed completion (Dr. GRPO). With gradient accumulation, pass `normalizer` =
+    the whole optimiser step's total (real tokens for "dapo", sequences for "grpo", sequences x max length for
+    "dr_grpo"), so the summed micro-batch gradients are exactly the full batch's.
 
     With one update per sampled batch (old_logps None), pi_old = pi_theta: r = 1 and the clip
     never binds, but d r / d logp = 1, so the gradient is exactly -A grad(logp) / denominator.
@@ -95,8 +100,8 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, eps_low=0.2, eps_hi
     logps: (B, C) under the policy (with grad); old_logps, ref_logps: (B, C) or None (beta must then be 0);
     advantages: (B,); mask: (B, C) 1 for real completion tokens. Returns (loss, stats) with "kl" (NaN without a
     reference), "clip_frac", "ratio_mean", "n_tokens"."""
-    if loss_type not in ("dapo", "grpo"):
-        raise ValueError(f"loss_type must be 'dapo' or 'grpo', got {loss_type!r}")
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     if beta != 0.0 and ref_logps is None:
         raise ValueError("beta > 0 needs ref_logps (log-probs under the reference model)")
     old_logps = logps.detach() if old_logps is None else old_logps    # (B, C)
@@ -111,8 +116,10 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, eps_low=0.2, eps_hi
         kl = torch.exp(log_ref_over_pi) - log_ref_over_pi - 1         # (B, C) k3, >= 0
         per_token = per_token + beta * kl
     summed = per_token * mask                                         # (B, C) padding contributes 0
-    if loss_type == "dapo":
+    if loss_type in ("dapo", "bnpo"):
         loss = summed.sum() / (mask.sum().clamp(min=1) if normalizer is None else normalizer)   # ()
+    elif loss_type == "dr_grpo":
+        loss = summed.sum() / (mask.numel() if normalizer is None else normalizer)
     else:
         per_seq = summed.sum(1) / mask.sum(1).clamp(min=1)            # (B,)
         loss = per_seq.sum() / (len(per_seq) if normalizer is None else normalizer)
@@ -215,19 +222,23 @@ class GRPOConfig:
     """Every GRPO setting, declared once; each `option` is also a `train` flag (`--group-size`)."""
     seed: int                          # the run's --seed; every sampling seed derives from it
     max_new_tokens: int                # the longest completion
-    steps: int = option(20, "optimiser steps", "positive")
+    # TRL's GRPOConfig names (the old spellings still work); where our default differs, the comment says why.
+    max_steps: int = option(20, "optimiser steps", "positive", "--steps")
     prompts_per_step: int = option(4, "distinct prompts (states / decision points) per step", "positive")
-    group_size: int = option(4, "G completions per prompt; the group mean is the baseline", "at-least-2")
-    lr: float = option(5e-6, "AdamW learning rate (full fine-tuning: keep it small)", "positive")
-    beta: float = option(0.02, "KL weight to the frozen reference; 0 skips the reference pass", "non-negative")
-    eps_low: float = option(0.2, "lower clip range: the ratio may fall to 1 - eps_low", "fraction")
-    eps_high: float = option(0.28, "upper clip range (DAPO clip-higher): up to 1 + eps_high", "non-negative")
-    loss_type: str = option("dapo", "dapo: token mean over the step; grpo: per-sequence mean", ["dapo", "grpo"])
-    scale_rewards: bool = option(True, "divide advantages by the group std (--no-scale-rewards: Dr. GRPO)")
+    num_generations: int = option(4, "G completions per prompt; the group mean is the baseline", "at-least-2",
+                                  "--group-size")                 # TRL 8: 4 keeps a CPU step short
+    learning_rate: float = option(5e-6, "AdamW learning rate (full fine-tuning: keep it small)", "positive",
+                                  "--lr")                         # TRL 1e-6: our runs are tens of steps
+    beta: float = option(0.02, "KL weight to the reference; 0: no reference pass", "non-negative")  # TRL 0.0: KL anchor
+    epsilon: float = option(0.2, "lower clip range: the ratio may fall to 1 - epsilon", "fraction", "--eps-low")
+    epsilon_high: float = option(0.28, "upper clip range (DAPO clip-higher): up to 1 + epsilon_high", "non-negative",
+                                 "--eps-high")                    # TRL: = epsilon; 0.28 as DAPO
+    loss_type: str = option("dapo", "the loss denominator (grpo_loss)", list(LOSS_TYPES))
+    scale_rewards: str = option("group", "advantages / the group's std, the batch's or none (Dr GRPO)", SCALINGS)
     num_iterations: int = option(1, "optimisation passes over each sampled batch (mu)", "positive")
     micro_batch: int = option(8, "completions per forward/backward (gradient accumulation)", "positive")
     temperature: float = option(1.0, "sampling temperature while training", "positive")
-    save_every: int = option(10, "checkpoint every N steps (and at the end)", "positive")
+    save_steps: int = option(10, "checkpoint every N steps (and at the end)", "positive", "--save-every")
     dump_every: int = option(5, "write the sampled completions every N steps", "positive")
     # Memory and speed on a GPU; neither changes what is optimised (tests/test_grpo_tricks.py).
     autocast_bf16: bool = option(False, "bf16 autocast for the forward passes (GPU); weights, gradients "
@@ -245,7 +256,7 @@ class GRPOConfig:
 
 def lr_at(step: int, cfg: GRPOConfig) -> float:
     """Linear warm-up, then constant: a function of the step alone, so a resume needs no scheduler."""
-    return cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else cfg.lr
+    return cfg.learning_rate * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else cfg.learning_rate
 
 
 def sample_batch(pool: list, cfg: GRPOConfig, step: int) -> list:
@@ -253,11 +264,25 @@ def sample_batch(pool: list, cfg: GRPOConfig, step: int) -> list:
     return random.Random(derive_seed(cfg.seed, step)).sample(pool, min(cfg.prompts_per_step, len(pool)))
 
 
+class LogProbs(torch.nn.Module):
+    """completion_logprobs as a module's forward: the one thing DistributedDataParallel wraps (DDP syncs the gradients
+    of what runs through its wrapper's forward, and our forward is the body plus the chunked head, not model())."""
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, attn, n_prompt: int, temperature: float):
+        return completion_logprobs(self.model, ids, attn, n_prompt, temperature)
+
+
 class OneProcess:
     """`ranks` for one process: every operation is the identity. extras/multigpu.py supplies the
-    torchrun version (each rank samples its share of the prompts; the loss denominators and the
-    gradients are summed over ranks; rank 0 writes), with the same operations."""
+    torchrun version (each rank samples its share of the prompts; the loss denominators are summed
+    over ranks and DDP sums the gradients; rank 0 writes), with the same operations."""
     rank, world, is_main = 0, 1, True
+
+    wrap = staticmethod(lambda scorer: scorer)                  # torchrun: DistributedDataParallel(scorer)
+    barrier = staticmethod(lambda: None)                        # nothing to wait for in one process
 
     def shard(self, n: int) -> slice:
         return slice(0, n)
@@ -268,8 +293,6 @@ class OneProcess:
     def all_sum(self, value: float) -> float:
         return value
 
-    # sum_gradients(model), broadcast(model) and barrier(): nothing to do in one process.
-    sum_gradients = broadcast = barrier = staticmethod(lambda *model: None)
 
 
 def autocast(cfg: GRPOConfig, device: torch.device):
@@ -280,8 +303,10 @@ def autocast(cfg: GRPOConfig, device: torch.device):
 
 
 # --- The update ---------------------------------------------------------------------------------
-def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model=None, ranks=OneProcess()) -> dict:
-    """`num_iterations` optimiser steps on one sampled batch (a models.Generation of B rows)."""
+def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model=None, ranks=OneProcess(),
+                  scorer=None) -> dict:
+    """`num_iterations` optimiser steps on one sampled batch (a models.Generation of B rows). scorer: what the gradient
+    pass runs through, ranks.wrap(LogProbs(policy)), built once by train_grpo (None: LogProbs(policy))."""
     C = int(gen.completion_mask.sum(1).max().item())                 # trim padding after the longest reply
     device = next(policy.parameters()).device
     ids = torch.cat([gen.prompt_ids, gen.completion_ids[:, :C]], 1).to(device)       # (B, P + C)
@@ -292,32 +317,39 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
 
     def logps_of(model, grad: bool, i: int):
         with torch.set_grad_enabled(grad), autocast(cfg, device):
-            return completion_logprobs(model, ids[i:i + mb], attn[i:i + mb], P, cfg.temperature)   # (b, C)
+            run = (scorer or LogProbs(policy)) if grad else LogProbs(model)
+            return run(ids[i:i + mb], attn[i:i + mb], P, cfg.temperature)                      # (b, C)
     # The reference pass exists only for the KL term (none with beta 0). With one pass per batch
     # pi_old == pi_theta, so grpo_loss uses logps.detach() and the old-policy pass is skipped too.
     ref = torch.cat([logps_of(ref_model, False, i) for i in range(0, B, mb)]) if cfg.beta > 0 else None
     old = torch.cat([logps_of(policy, False, i) for i in range(0, B, mb)]) if cfg.num_iterations > 1 else None
-    # ONE denominator for the whole optimiser step, summed over the ranks, whose gradients are then
-    # summed too: accumulating micro-batches (and processes) gives exactly the full batch's gradient.
-    total_tokens = int(ranks.all_sum(mask.sum().item()))
-    normalizer = total_tokens if cfg.loss_type == "dapo" else int(ranks.all_sum(B))
+    # ONE denominator for the whole optimiser step, summed over the ranks here (DDP syncs gradients, not counts),
+    # so accumulating micro-batches (and processes) gives exactly the full batch's gradient. ("bnpo": each
+    # micro-batch its own token mean, averaged over the step's micro-batches.)
+    total_tokens, n_micro = int(ranks.all_sum(mask.sum().item())), ranks.all_sum(math.ceil(B / mb))
+    normalizer = {"dapo": total_tokens, "grpo": int(ranks.all_sum(B)), "bnpo": None,
+                  "dr_grpo": int(ranks.all_sum(B)) * cfg.max_new_tokens}[cfg.loss_type]
     out = {"loss": 0.0, "kl": None, "clip_frac": 0.0, "grad_norm": 0.0, "finite": True, "logp_mismatch": 0.0}
     for it in range(cfg.num_iterations):
         optimizer.zero_grad(set_to_none=True)
         loss_sum, kl, clip = 0.0, 0.0, 0.0
         for i in range(0, B, mb):
-            logps = logps_of(policy, True, i)
-            loss, st = grpo_loss(logps, None if old is None else old[i:i + mb], None if ref is None else ref[i:i + mb],
-                                 advantages[i:i + mb], mask[i:i + mb], cfg.eps_low, cfg.eps_high, cfg.beta,
-                                 cfg.loss_type, normalizer)
-            loss.backward()
+            # DDP all-reduces in the last micro-batch's backward only (no_sync before it: accumulate locally).
+            last = i + mb >= B
+            with contextlib.nullcontext() if last or not hasattr(scorer, "no_sync") else scorer.no_sync():
+                logps = logps_of(policy, True, i)
+                loss, st = grpo_loss(logps, None if old is None else old[i:i + mb], None if ref is None else
+                                     ref[i:i + mb], advantages[i:i + mb], mask[i:i + mb], cfg.epsilon,
+                                     cfg.epsilon_high, cfg.beta, cfg.loss_type, normalizer)
+                loss = loss / n_micro if cfg.loss_type == "bnpo" else loss
+                # DDP AVERAGES the ranks' gradients; the denominators are already global, so x world gives their sum.
+                (loss * ranks.world).backward()
             share = st["n_tokens"] / max(total_tokens, 1)            # token-weighted statistics
             loss_sum, clip, kl = loss_sum + loss.item(), clip + st["clip_frac"] * share, kl + st["kl"] * share
             if it == 0:   # how far the sampler's distribution is from the one trained (before this update)
                 gap = masked_mean((logps.detach() - gen.sampler_logprobs[i:i + mb, :C].to(device)).abs(), mask[i:i + mb])
                 out["logp_mismatch"] += gap.item() * share
-        ranks.sum_gradients(policy)                                  # every rank: the whole batch's gradient
-        loss_sum = ranks.all_sum(loss_sum)
+        loss_sum = ranks.all_sum(loss_sum)                           # every rank holds the whole batch's gradient
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
         finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)
         if finite:
@@ -383,12 +415,12 @@ def load_checkpoint(folder: Path, policy, optimizer) -> tuple[Path, int]:
 
 # --- The loop -----------------------------------------------------------------------------------
 def grpo_step(policy, tok, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig, step: int, ref_model=None,
-              sampling=None, ranks=OneProcess(), diagnose=None):
+              sampling=None, ranks=OneProcess(), diagnose=None, scorer=None):
     """One GRPO step: sample G completions per prompt in ONE batched generate call (prompt-major:
     rows g*G .. g*G+G-1 answer prompt g), score them, update once. Returns (stats, gen, rewards).
     diagnose(meta, texts) -> {name: [0/1 per row]}: the reward-hack diagnostics, logged as hack_<name>
     beside the reward (not part of it), so a reward that rises by copying shows in the same line."""
-    G, mine = cfg.group_size, ranks.shard(len(prompts))              # this rank's share of the prompts
+    G, mine = cfg.num_generations, ranks.shard(len(prompts))         # this rank's share of the prompts
     meta = [m for m in meta[mine] for _ in range(G)]                 # one per completion, as texts and rewards
     # Each row keeps the seed it has in a one-process run: row r of the global batch, seed (run, step, r).
     seeds = [derive_seed(cfg.seed, step, r) for r in range(mine.start * G, mine.stop * G)]
@@ -412,16 +444,20 @@ def grpo_step(policy, tok, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig,
         group["lr"] = lr_at(step - 1, cfg)
     policy.train()
     models.release_memory()         # what sampling and scoring freed, before the update's activations
-    ustats = policy_update(policy, optimizer, gen, advantages[mine.start * G:mine.stop * G], cfg, ref_model, ranks)
+    ustats = policy_update(policy, optimizer, gen, advantages[mine.start * G:mine.stop * G], cfg, ref_model, ranks,
+                           scorer)
     policy.eval()                   # callers sample next, and train mode would switch HF's KV cache off
     optimizer.zero_grad(set_to_none=True)        # the gradients' memory is free while the next batch is sampled
     models.release_memory()
     stats = {**astats, **{f"r_{k}": sum(v) / len(v) for k, v in components.items() if v},
              **{f"hack_{k}": sum(v) / len(v) for k, v in diagnostics.items() if v},
-             **{k: ustats[k] for k in ("loss", "kl", "clip_frac", "grad_norm", "logp_mismatch")},
-             "skipped": not ustats["finite"], "lr": lr_at(step - 1, cfg),
-             "length": ranks.all_sum(float(gen.completion_mask.sum())) / len(rewards),
-             "truncated": ranks.all_sum(float(len(gen.finished) - sum(gen.finished))) / len(rewards)}
+             **{k: ustats[k] for k in ("loss", "kl", "grad_norm", "logp_mismatch")}, "skipped": not ustats["finite"],
+             "clip_ratio/region_mean": ustats["clip_frac"], "learning_rate": lr_at(step - 1, cfg),
+             "completions/mean_length": ranks.all_sum(float(gen.completion_mask.sum())) / len(rewards),
+             "completions/clipped_ratio": ranks.all_sum(float(len(gen.finished) - sum(gen.finished))) / len(rewards),
+             # the mean per-token entropy of the sampling distribution: falling fast = the policy collapsing
+             "entropy": ranks.all_sum(float((gen.sampler_entropy * gen.completion_mask).sum())) /
+                        max(ranks.all_sum(float(gen.completion_mask.sum())), 1.0)}
     return stats, gen, rewards
 
 
@@ -432,8 +468,9 @@ def log_line(row: dict, steps: int) -> str:
     # Stage 1: the share of replies each hack diagnostic flags; stage 2: its reward's share of clean block turns.
     shown = f"hacks [{hacks or 'none'}] " if any(k.startswith("hack_") for k in row) else \
         f"clean {row['r_clean']:.2f} " if "r_clean" in row else ""
-    return (f"step {row['step']:4d}/{steps} reward {row['reward_mean']:+.3f} ±{row['reward_std']:.3f} kl {opt('kl')} "
-            f"clip {row['clip_frac']:.3f} len {row['length']:.1f} zero-std {row['frac_zero_std']:.2f} gnorm "
+    return (f"step {row['step']:4d}/{steps} reward {row['reward']:+.3f} ±{row['reward_std']:.3f} kl {opt('kl')} "
+            f"clip {row['clip_ratio/region_mean']:.3f} len {row['completions/mean_length']:.1f} entropy "
+            f"{row['entropy']:.2f} zero-std {row['frac_reward_zero_std']:.2f} gnorm "
             f"{row['grad_norm']:.2f} mismatch {opt('logp_mismatch')} {shown}"
             f"{'SKIPPED (non-finite) ' if row['skipped'] else ''}{row['seconds']:.1f}s")
 
@@ -450,7 +487,7 @@ def train_grpo(policy, tok, sample_prompts, reward_fn, cfg: GRPOConfig, out: Pat
     if cfg.prompts_per_step % ranks.world:
         raise UserError(f"--prompts-per-step {cfg.prompts_per_step}: must be a multiple of the {ranks.world} processes")
     ckpt_dir, metrics_path = out / "checkpoints", out / "metrics.jsonl"
-    optimizer = models.adamw(policy, cfg.lr, cfg.weight_decay)
+    optimizer = models.adamw(policy, cfg.learning_rate, cfg.weight_decay)
     start = 0
     if resume:
         path, start = load_checkpoint(ckpt_dir, policy, optimizer)
@@ -462,14 +499,14 @@ def train_grpo(policy, tok, sample_prompts, reward_fn, cfg: GRPOConfig, out: Pat
         raise UserError(f"{ckpt_dir} holds checkpoints of an earlier run; continue it with --resume, or use a new --run")
     elif ranks.is_main and metrics_path.exists():
         metrics_path.unlink()
-    ranks.broadcast(policy)                                          # every rank starts from rank 0's weights
+    scorer = ranks.wrap(LogProbs(policy))        # torchrun: DDP, which also gives every rank rank 0's weights
     sampling = models.SamplingCopy(policy) if cfg.sample_bf16 else None
     rows, bad = [], 0
-    for step in range(start + 1, cfg.steps + 1):
+    for step in range(start + 1, cfg.max_steps + 1):
         t0 = time.time()
         prompts, meta = sample_prompts(step)
         stats, gen, rewards = grpo_step(policy, tok, optimizer, prompts, meta, reward_fn, cfg, step, ref_model,
-                                        sampling, ranks, diagnose)
+                                        sampling, ranks, diagnose, scorer)
         if stats["skipped"] is False and not all(torch.isfinite(p).all() for p in policy.parameters()):
             raise UserError(f"training stopped: the weights became non-finite at step {step} (lower --lr); "
                             f"the checkpoints in {ckpt_dir} are intact")
@@ -479,15 +516,15 @@ def train_grpo(policy, tok, sample_prompts, reward_fn, cfg: GRPOConfig, out: Pat
         texts = ranks.gather(gen.texts) if describe is not None and step % cfg.dump_every == 0 else None
         if ranks.is_main:
             append_jsonl(metrics_path, row)
-            log(log_line(row, cfg.steps))
+            log(log_line(row, cfg.max_steps))
             if texts is not None:                # describe, like reward_fn, gets each prompt's meta once per completion
-                dump = describe([m for m in meta for _ in range(cfg.group_size)], texts, rewards)
+                dump = describe([m for m in meta for _ in range(cfg.num_generations)], texts, rewards)
                 write_jsonl(out / "samples" / f"step-{step:06d}.jsonl", dump)
         if bad >= cfg.max_bad_steps:    # skipped steps left the weights as they were: the last good state
             path = save_checkpoint(ckpt_dir, step, policy, tok, optimizer) if ranks.is_main else ckpt_dir
             raise UserError(f"training stopped: {bad} non-finite steps in a row at step {step} (lower --lr?); "
                             f"the last good state is saved in {path}")
-        if ranks.is_main and (step % cfg.save_every == 0 or step == cfg.steps):
+        if ranks.is_main and (step % cfg.save_steps == 0 or step == cfg.max_steps):
             save_checkpoint(ckpt_dir, step, policy, tok, optimizer)
     ranks.barrier()                                                  # the last checkpoint exists before anyone goes on
     return rows

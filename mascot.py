@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import errno
 import importlib
+import json
 import os
 import sys
 import time
@@ -62,7 +63,7 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def add_options(group, cls, prefix: str = "") -> None:
-    """One flag per `option` field of a settings dataclass (`--group-size` for group_size): the default,
+    """One flag per `option` field of a settings dataclass (`--num-generations` for num_generations): the default,
     help and valid range come from the field (data.option); a bool becomes --x / --no-x."""
     for f in dataclasses.fields(cls):
         if "help" in f.metadata:
@@ -70,7 +71,8 @@ def add_options(group, cls, prefix: str = "") -> None:
             kw = ({"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) else
                   {"choices": check} if isinstance(check, list) else
                   {} if isinstance(f.default, str) else {"type": flag_type(name, type(f.default), check)})
-            group.add_argument(name, dest=(prefix + f.name).replace("-", "_"), default=f.default, help=f.metadata["help"], **kw)
+            group.add_argument(name, *filter(None, [f.metadata["alias"]]), dest=(prefix + f.name).replace("-", "_"),
+                               default=f.default, help=f.metadata["help"], **kw)
 
 
 def options(cls, args, prefix: str = "", **given):
@@ -90,8 +92,8 @@ def common_flags(p, trained: bool = True) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="frozen roles, the reference, the reward model's scoring and the sampling copy; auto: bfloat16 "
                         "where native (CUDA, CPUs with AVX512-BF16 or AMX), else float32. Training is always float32")
-    p.add_argument("--max-new-tokens", type=flag_type("--max-new-tokens", int, "positive"), default=48,
-                   help="longest generated turn (speakers and simulated user), in tokens")
+    p.add_argument("--max-new-tokens", "--max-completion-length", type=flag_type("--max-new-tokens", int, "positive"),
+                   default=48, help="longest generated turn (speakers and simulated user), in tokens")
     p.add_argument("--data", default="bundled", help="bundled, our contexts .jsonl, or ED / ESConv / QMSum as published")
     p.add_argument("--profiles-file", default=str(ROOT / "data" / "profiles.json"), help="Big Five user profiles")
     p.add_argument("--held-out", type=flag_type("--held-out", float, "fraction"), default=0.25,
@@ -113,6 +115,7 @@ def common_flags(p, trained: bool = True) -> None:
                    help="openai: roles and judge: retries after HTTP 429/5xx, refused connections, timeouts")
     p.add_argument("--served-concurrency", type=flag_type("--served-concurrency", int, "positive"), default=8,
                    help="openai: roles and judge: requests in flight at once; each answer is cached as it arrives")
+    p.add_argument("--quiet", action="store_true", help="no progress bars (a terminal) or phase lines (a log)")
     p.add_argument("--user-every", type=flag_type("--user-every", int, "non-negative"), default=2,
                    help="the simulated user answers after every N agent turns (0: never)")
 
@@ -125,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--stage", type=int, choices=[1, 2], required=True, help="1: the speakers; 2: the director")
     common_flags(t)
     t.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    t.add_argument("--dist-timeout", type=flag_type("--dist-timeout", float, "positive"), default=180.0,
+                   help="torchrun: minutes a rank waits for the others (rank 0 alone builds stage 1's inputs)")
     add_options(t.add_argument_group("GRPO (grpo.GRPOConfig)"), grpo.GRPOConfig)
     add_options(t.add_argument_group("stage 1 (reward.RLAIFConfig)"), reward.RLAIFConfig)
     g = t.add_argument_group("stage 2 (director.DirectorConfig, director.RewardWeights)")
@@ -216,8 +221,9 @@ def speakers_of(args) -> str:
 
 
 # What may differ between commands that build one stage folder: how, where, how long (files: by content).
-OPERATIONAL = {"resume", "device", "steps", "save_every", "dump_every", "micro_batch", "gradient_checkpointing",
-               "served_timeout", "served_retries", "served_concurrency", "data", "personas", "profiles_file"}
+OPERATIONAL = {"resume", "device", "max_steps", "save_steps", "dump_every", "micro_batch", "gradient_checkpointing",
+               "served_timeout", "served_retries", "served_concurrency", "data", "personas", "profiles_file", "argv",
+               "quiet", "dist_timeout"}
 
 
 def start_stage(args, out: Path, ranks) -> None:
@@ -283,12 +289,28 @@ def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
     after = held_out("after GRPO ")
     after["change"], after["change_se"] = paired_change(before["rewards"], after["rewards"], clusters=after["states"])
     print(f"held-out change: {after['change']:+.3f} ± {reward.shown(after['change_se'])} (paired se over states)")
+    rm_card = {k: v if isinstance(v, int) else reward.shown(v) for k, v in rlaif.rm_metrics.items()}  # model cards
+    (out / "reward_model" / "README.md").write_text(model_card("reward model", args.model, args.argv, personas,
+                                                               rlaif.pairs[0]["chosen_messages"], rm_card))
+    card = model_card("speakers (stage 1)", args.model, args.argv, personas, rlaif.train_states[0].prompt(personas), {
+        "judge": judge.name, "held-out reward before / after GRPO": f"{before['reward']:.3f} / {after['reward']:.3f}",
+        "reward model held-out accuracy": rm_card["heldout_accuracy"]})
     summary = {"pairs": len(rlaif.pairs), "reward_model": rlaif.rm_metrics, "heldout_before": before,
                "heldout_after": after, "judge": judge.name, "model": args.model,
-               "speakers": str(data.save_model(policy, tok, out / "speakers"))}
+               "speakers": str(data.save_model(policy, tok, out / "speakers", card))}
     data.write_json(out / "summary.json", summary)
     print(f"stage 1 done: speakers saved to {summary['speakers']}")
     return summary
+
+
+def model_card(role: str, base: str, command: list[str], personas, prompt: list[dict], metrics: dict) -> str:
+    """A saved model's README.md: the command, key metrics, one training prompt (the layout to reproduce, as chat
+    messages for the tokenizer's template) and the persona cards."""
+    block = lambda x: "```json\n" + json.dumps(x, indent=1, ensure_ascii=False) + "\n```\n"        # noqa: E731
+    return (f"# mascot {role}\n\nTrained by mascot (MASCOT, arXiv 2601.14230) from `{base}`.\n\nCommand: `python "
+            f"mascot.py {' '.join(command)}`\n\n## Key metrics\n" + "".join(f"- {k}: {v}\n" for k, v in metrics.items())
+            + "\n## Prompt layout (one training prompt)\n" + block(prompt) + "\n## Persona cards\n"
+            + block({"set": personas.name, "personas": [vars(p) for p in personas.personas]}))
 
 
 def diagnostics(states, texts: list[str], personas) -> dict[str, list[float]]:
@@ -337,7 +359,7 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
     before = held_out("prompted", director, f"before training (the initial director {start_from}, prompted)") \
         if dcfg.eval_prompted and main else None
     rule = held_out("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule") if main else None
-    warm = dr.warm_start(dcfg, out, policy, tok, inputs.personas, *warm_start_examples(args, dcfg, inputs, train_points),
+    warm = extra("sft").warm_start(dcfg, out, policy, tok, inputs.personas, *warm_start_examples(args, dcfg, inputs, train_points),
                          held_out, args.resume) if main else None
     ranks.barrier()                            # GRPO starts every rank from rank 0's warm-started weights
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=dr.DIRECTIVE_MAX_TOKENS,
@@ -361,9 +383,13 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
     for name, c in vs.items():
         print(f"held-out group reward, trained - {name}: {c['change']:+.3f} ± {reward.shown(c['se'])} "
               f"(paired se, {c['n']} points)")
+    card = model_card("director (stage 2)", start_from, args.argv, inputs.personas, dr.director_messages(
+        inputs.personas, train_points[0]), {"judge": rollout.judge.name, "speakers": speakers, **{
+            f"held-out group reward, {k}": f"{r['reward']:.3f}" for k, r in (("trained", after), ("least-spoken rule",
+                                                                         rule), ("warm start", warm and warm["heldout"])) if r}})
     summary = {"heldout_before": before, "heldout_least_spoken": rule, "warm_start": warm, "heldout_after": after,
                "paired_vs": vs, "speakers": speakers, "judge": rollout.judge.name, "model": args.model,
-               "director": str(data.save_model(policy, tok, out / "director")), "invalid_directives": rollout.invalid,
+               "director": str(data.save_model(policy, tok, out / "director", card)), "invalid_directives": rollout.invalid,
                "directives": rollout.total, "unreadable_judgements": rollout.counts["unreadable"]}
     data.write_json(out / "summary.json", summary)
     print(f"stage 2 done: director saved to {summary['director']}")
@@ -375,7 +401,7 @@ def warm_start_examples(args, dcfg, inputs, train_points) -> tuple[list, str]:
     random agents, 4 per step; and where they came from."""
     n = dcfg.director_warmup * 4
     if not dcfg.director_warmup_data:
-        return dr.format_examples(inputs.personas, train_points, n, args.seed), "format warm start: random agents"
+        return extra("sft").format_examples(inputs.personas, train_points, n, args.seed), "format warm start: random agents"
     esconv = [c for part in read_data(dcfg.director_warmup_data, args.set).values() for c in part]
     return extra("strategies").warm_start_examples(esconv, inputs.personas, n, args.held_out, args.seed,
                                                    dcfg.warmup_repeats)
@@ -449,10 +475,11 @@ def folder_stamp(folder: str) -> list:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sys.stdout.reconfigure(line_buffering=True)                # one line per step shows as it happens
+    data.QUIET = "--quiet" in argv                             # every command's progress (data.progress)
     try:
         if argv[:1] and argv[0] in EXTRAS:                     # a tool in extras/: its own parser and code
             return extra(EXTRAS[argv[0]][0]).main(argv, sys.modules[__name__]) or 0
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(argv, argparse.Namespace(argv=argv))     # argv: for the model cards
         # One command at a time in a run folder (torchrun: rank 0 holds the lock for all its processes).
         with data.run_lock(args.run) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
             if args.command == "train":

@@ -231,6 +231,7 @@ class Generation:
     completion_mask: torch.Tensor    # (B, C)
     finished: list[bool]             # did the row end with a stop token (not the length limit)?
     sampler_logprobs: torch.Tensor | None = None   # (B, C) float32
+    sampler_entropy: torch.Tensor | None = None    # (B, C) float32, each step's distribution's entropy
 
 
 def stop_token_ids(tokenizer) -> list[int]:
@@ -328,13 +329,14 @@ def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: 
     mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, N)], dim=1)           # (B, P + N) step t reads P + t
     next_pos = prompt_mask.sum(1, keepdim=True)                                    # (B, 1)
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    tokens, logps = [], []
+    tokens, logps, entropies = [], [], []
     for t in range(N):
         if t < min_new_tokens:
             logits[:, stops] = float("-inf")
         token = torch.where(done, pad_id, sample_next(logits, temperature, top_p, generators))   # (B,)
-        logp = torch.log_softmax(logits.float() / max(temperature, 1e-5), -1).gather(1, token[:, None])[:, 0]
-        logps.append(logp.masked_fill(done, 0.0))           # the same temperature convention as GRPO's
+        logp_all = torch.log_softmax(logits.float() / max(temperature, 1e-5), -1)     # (B, V) as GRPO's temperature
+        logps.append(logp_all.gather(1, token[:, None])[:, 0].masked_fill(done, 0.0))
+        entropies.append(torch.special.entr(logp_all.exp()).sum(-1).masked_fill(done, 0.0))   # (B,) -sum p log p
         tokens.append(token)
         if on_token is not None:
             on_token(token)
@@ -350,7 +352,7 @@ def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: 
     texts = [tokenizer.decode(completion[i][completion_mask[i].bool()], skip_special_tokens=True).strip()
              for i in range(B)]
     return Generation(texts, prompt_ids.cpu(), prompt_mask.cpu(), completion.cpu(), completion_mask.cpu(),
-                      is_stop.any(1).tolist(), torch.stack(logps, 1).cpu() if logps else torch.zeros(B, 0))
+                      is_stop.any(1).tolist(), *(torch.stack(x, 1).cpu() if x else torch.zeros(B, 0) for x in (logps, entropies)))
 
 
 def generate_texts(model, tokenizer, conversations, max_new_tokens: int = 64, temperature: float = 1.0,

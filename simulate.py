@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import models
-from data import Context, Persona, PersonaSet, Profile, derive_seed
+from data import Context, Persona, PersonaSet, Profile, derive_seed, progress
 from metrics import diagnose
 
 USER, SAFETY = "User", "Safety"      # the speaker labels of the person and of the crisis message
@@ -349,12 +349,12 @@ def users_speak(convs: list[Conversation], profiles: dict[str, Profile], cast: C
 
 
 def advance(convs: list[Conversation], policy, cast: Cast, profiles: dict[str, Profile], n_agent_turns: int,
-            user_every: int, fixed_first: list[Directive] | None = None, speak=agents_speak) -> None:
+            user_every: int, fixed_first: list[Directive] | None = None, speak=agents_speak, desc: str = "") -> None:
     """Advance every conversation by n agent turns, the user answering a conversation once
     `user_every` agents have spoken since its last message (0: never). fixed_first: directives for
     the FIRST turn instead of the policy's (stage 2 rolls out a sampled directive this way).
-    speak(convs, directives, cast) writes the agent turns: agents_speak, or a multi-call baseline."""
-    for k in range(n_agent_turns):
+    speak(convs, directives, cast) writes the agent turns: agents_speak, or a baseline's. desc: data.progress's."""
+    for k in progress(range(n_agent_turns), desc):
         if all(c.ended for c in convs):
             return
         speak(convs, fixed_first if k == 0 and fixed_first is not None else policy.choose(convs), cast)
@@ -367,12 +367,12 @@ def advance(convs: list[Conversation], policy, cast: Cast, profiles: dict[str, P
 
 def run_conversations(contexts: list[Context], policy, cast: Cast, profiles: dict[str, Profile],
                       profile_ids: list[str], n_agent_turns: int = 6, user_every: int = 2, seed: int = 0,
-                      speak=agents_speak) -> list[Conversation]:
+                      speak=agents_speak, desc: str = "") -> list[Conversation]:
     """One conversation per (context, profile id), all advanced together. Conversation i gets seed
     `seed + i`, so two systems compared on one seed see the same contexts, profiles and seeds."""
     convs = [start_conversation(ctx, cast.personas.name, pid, policy.name, seed + i, cast.guard)
              for i, (ctx, pid) in enumerate(zip(contexts, profile_ids))]
-    advance(convs, policy, cast, profiles, n_agent_turns, user_every, speak=speak)
+    advance(convs, policy, cast, profiles, n_agent_turns, user_every, speak=speak, desc=desc)
     return convs
 
 

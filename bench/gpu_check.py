@@ -31,12 +31,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def mascot_argv(args, run: str) -> list[str]:
     """The `mascot.py train --stage 1` command line this check runs."""
     return ["train", "--stage", "1", "--model", args.model, "--device", "cuda", "--dtype", args.dtype,
-            "--run", run, "--steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step),
-            "--group-size", str(args.group_size), "--micro-batch", str(args.micro_batch),
+            "--run", run, "--max-steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step),
+            "--num-generations", str(args.group_size), "--micro-batch", str(args.micro_batch),
             "--autocast-bf16" if args.autocast else "--no-autocast-bf16",
             "--gradient-checkpointing" if args.checkpointing else "--no-gradient-checkpointing",
             "--states", str(2 * args.prompts_per_step), "--heldout-states", "8", "--candidates", "4",
-            "--max-new-tokens", str(args.max_new_tokens), "--rm-epochs", "1", "--save-every", str(args.steps),
+            "--max-new-tokens", str(args.max_new_tokens), "--rm-epochs", "1", "--save-steps", str(args.steps),
             "--dump-every", str(args.steps)]
 
 
@@ -72,8 +72,7 @@ def main() -> None:
     run = args.run or tempfile.mkdtemp(prefix="mascot-gpu-check-")
     argv = mascot_argv(args, run)
 
-    steps, gen_seconds = [], []
-    real_step, timed_generate = grpo.grpo_step, timed(models.generate, gen_seconds, sync=torch.cuda.synchronize)
+    steps, gen_seconds, real_step = [], [], grpo.grpo_step         # a step counts the generate calls inside it
 
     def measured_step(policy, *a, **kw):
         if not steps:
@@ -90,7 +89,7 @@ def main() -> None:
               f"{s['gen']:.2f} s), {s['tokens'] / s['seconds']:.0f} tokens/s, {s['peak']:.2f} GiB peak so far", flush=True)
         return stats, gen, rewards
 
-    grpo.grpo_step, models.generate = measured_step, timed_generate    # a step counts the generate calls inside it
+    grpo.grpo_step, models.generate = measured_step, timed(models.generate, gen_seconds, torch.cuda.synchronize)
     print(f"gpu_check: {torch.cuda.get_device_name()}; python mascot.py {' '.join(argv)}", flush=True)
     t0 = time.time()
     status = mascot.main(argv)

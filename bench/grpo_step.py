@@ -102,11 +102,11 @@ def run_ours(job: dict) -> dict:
     sampling = models.SamplingCopy(policy) if bf16 else None       # what train_grpo builds for it
     B, C = job["prompts_per_step"] * job["group_size"], job["completion_tokens"]
     cfg = grpo.GRPOConfig(
-        seed=0, max_new_tokens=C, prompts_per_step=job["prompts_per_step"], group_size=job["group_size"],
-        lr=job["lr"], warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=job["beta"], eps_low=0.2,
-        eps_high=0.28, loss_type="grpo", scale_rewards=True, num_iterations=1, micro_batch=B,
+        seed=0, max_new_tokens=C, prompts_per_step=job["prompts_per_step"], num_generations=job["group_size"],
+        learning_rate=job["lr"], warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=job["beta"], epsilon=0.2,
+        epsilon_high=0.28, loss_type="grpo", scale_rewards="group", num_iterations=1, micro_batch=B,
         temperature=1.0, top_p=1.0, sample_bf16=bf16)
-    optimizer = models.adamw(policy, cfg.lr, cfg.weight_decay)                       # train_grpo's
+    optimizer = models.adamw(policy, cfg.learning_rate, cfg.weight_decay)                       # train_grpo's
 
     # grpo_step calls models.generate: time it, and fix the length as TRL's min_new_tokens does.
     gen_seconds, plain_generate = [], models.generate
@@ -146,7 +146,6 @@ def run_trl(job: dict) -> dict:
     class StepClock(TrainerCallback):                          # the step ends, as ours records them
         def on_train_begin(self, args, state, control, **kw):
             ends.append(clock())
-
         on_step_end = on_train_begin
 
     steps = job["warmup"] + job["steps"]
@@ -165,13 +164,12 @@ def run_trl(job: dict) -> dict:
         trainer = GRPOTrainer(model=job["folder"], reward_funcs=reward_fn, args=args,
                               train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
                               processing_class=tok, callbacks=[StepClock()])
-        model = trainer.model
-        model.generate = timed(model.generate, gen_seconds)      # TRL calls model.generate
+        trainer.model.generate = timed(trainer.model.generate, gen_seconds)      # TRL calls model.generate
         trainer.train()
     if not (checks and all(checks)):
         raise SystemExit(f"trl: some step did not have {B} completions of exactly {C} tokens")
     return {"step_ends": ends, "gen_seconds": gen_seconds, "peak_rss_mib": peak_rss_mib(),
-            "params": sum(p.numel() for p in model.parameters())}
+            "params": sum(p.numel() for p in trainer.model.parameters())}
 
 
 def model_folder(name: str) -> Path:

@@ -2,13 +2,12 @@
 simulated user talk to it (`python mascot.py simulate`: conversations for contexts, a Big Five profile
 and a turn-taking policy, as JSON lines a person or extras/report.py can read).
 
-After training, this is where you meet the agents. You play the person; the rest is the machinery
-of the simulations (simulate.py, director.py). Each message you type is read first by the crisis
-guard (extras/safety.py, through simulate.add_user_turn): if it fires, the fixed crisis message is
-shown and NO companion answers it. Otherwise, `--agents-per-turn` times, the director (or a fixed
---policy) picks who answers and how, and that agent's reply streams in as it is sampled.
-The speakers are RUN/stage1/speakers once stage 1 has run, else --model; the director is
-RUN/stage2/director once stage 2 has run, else --model, prompted.
+After training, this is where you meet the agents. You play the person; the rest is the machinery of the
+simulations (simulate.py, director.py). Each message you type is read first by the crisis guard (extras/safety.py,
+through simulate.add_user_turn): if it fires, the fixed crisis message is shown and NO companion answers it.
+Otherwise, `--agents-per-turn` times, the director (or a fixed --policy) picks who answers and how, and that agent's
+reply streams in as it is sampled. The speakers are RUN/stage1/speakers once stage 1 has run, else --model; the
+director is RUN/stage2/director once stage 2 has run, else --model, prompted.
 
 Simplifications: the user is you, and the chat's situation is just "a live chat". A crisis
 message does not end the chat as it ends a simulated conversation: you may go on, and every later
@@ -39,14 +38,11 @@ POLICIES = ("round-robin", "random", "least-spoken", "director")
 
 def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
     """A --policy value: round-robin | random | least-spoken | director ((model, tok) given)."""
-    if name == "director":
-        return LLMDirector(*director, personas)
-    if name == "random":
-        return RandomOrder(personas, seed)
-    rules = {"round-robin": RoundRobin, "least-spoken": LeastSpoken}
+    rules = {"director": lambda: LLMDirector(*director, personas), "random": lambda: RandomOrder(personas, seed),
+             "round-robin": lambda: RoundRobin(personas), "least-spoken": lambda: LeastSpoken(personas)}
     if name not in rules:
         raise UserError(f"--policy {name}: use {', '.join(POLICIES)}")
-    return rules[name](personas)
+    return rules[name]()
 
 
 def parse_args(argv: list[str], cli):
@@ -87,11 +83,10 @@ def load_chat(args, cli, say):
 
 
 class StreamPrinter:
-    """Shows one agent's reply while it is sampled (models.generate calls it after every token).
-    The chat stores the CLEANED reply (models.clean_reply), so that is what is shown as it grows:
-    after each token the partial text is cleaned, its last word held back (it may still become a
-    label), and only what extends the text already shown is written. `finish` writes the rest; if
-    the clean-up changed something already on screen, the whole reply is shown again, marked."""
+    """Shows one agent's reply while it is sampled, token by token. The chat stores the CLEANED reply
+    (models.clean_reply), so that is what is shown as it grows: after each token the partial text is cleaned, its last
+    word held back (it may still become a label), and only what extends the text already shown is written. `finish`
+    writes the rest; if the clean-up changed something already on screen, the whole reply is shown again, marked."""
 
     def __init__(self, tokenizer, speaker: str, names: list[str], write):
         self.tok, self.speaker, self.names, self.write = tokenizer, speaker, names, write
@@ -112,9 +107,8 @@ class StreamPrinter:
 
 
 def respond(conv, policy, cast, args, say, write, status: bool = False) -> None:
-    """Answer the person's latest message (already added and checked by the guard): the fixed
-    crisis message if the guard fired, else `--agents-per-turn` directed replies, streamed.
-    status: a "choosing who speaks" line while the director decides (terminals only)."""
+    """Answer the person's latest message: the fixed crisis message if the guard fired, else `--agents-per-turn`
+    directed replies, streamed. status: a "choosing who speaks" line while the director decides (terminals only)."""
     if conv.ended:
         say(f"{SAFETY}: {conv.turns[-1].text}")
         conv.ended = False        # unlike a simulation, the person decides whether to go on
@@ -174,9 +168,8 @@ def run_command(line: str, conv, personas, say):
 
 
 def simulate(argv: list[str], cli) -> int:
-    """`mascot.py simulate`: the conversation engine (simulate.py) outside training and evaluation, with
-    the crisis guard on (people read these transcripts); the director is RUN/stage2/director when
-    stage 2 has run, else --model prompted."""
+    """`mascot.py simulate`: the conversation engine (simulate.py) outside training and evaluation, with the crisis
+    guard on (people read these transcripts); the director as in the chat (module docstring)."""
     p = cli.Parser(prog="mascot.py simulate", formatter_class=cli.Formatter,
                                 description="write conversations for contexts, a profile and a policy")
     cli.common_flags(p)
@@ -209,7 +202,7 @@ def simulate_into(path: Path, inputs, args, cli) -> int:
     convs = run_conversations(contexts, make_policy(args.policy, inputs.personas, director, args.seed),
                               Cast(inputs.personas, *speaker, *user, args.max_new_tokens, guard=default_guard()),
                               inputs.profiles, assign_profiles(len(contexts), ids, args.seed), args.turns,
-                              args.user_every, args.seed)
+                              args.user_every, args.seed, desc="simulate, agent turns")
     data.write_jsonl(path, [c.to_json() for c in convs])
     for c in convs[:2]:
         print(f"--- {c.context.id} ({c.profile}, {c.policy})\n" + "\n".join(f"{t.speaker}: {t.text}" for t in c.turns))
@@ -224,11 +217,7 @@ def main(argv: list[str], cli) -> int:
         return simulate(argv, cli)
     args = parse_args(argv[1:], cli)
     say, interactive = functools.partial(print, flush=True), sys.stdin.isatty()
-
-    def write(text: str) -> None:                 # streaming: no newline of its own
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
+    write = functools.partial(print, end="", flush=True)        # streaming: no newline of its own
     try:
         personas, cast, policy, banner = load_chat(args, cli, say)
         cast.guard.check("hello")                 # load the guard's encoder now, not after your first message

@@ -27,14 +27,14 @@ from metrics import binomial_two_sided_p
 # within a KL of ~0.001 of the start, where the KL term changes nothing, and without it no frozen
 # reference is held (0.54 GB in fp32), so the demo fits in 4 GB on CPUs without native bf16 too.
 STAGE1 = ["--states", "6", "--heldout-states", "3", "--candidates", "4", "--pairs-per-state", "1", "--hack-pairs", "1",
-          "--steps", "3", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "32", "--lr", "1e-5",
-          "--beta", "0", "--save-every", "3", "--dump-every", "3", "--gradient-checkpointing"]
+          "--max-steps", "3", "--prompts-per-step", "2", "--num-generations", "4", "--max-completion-length", "32",
+          "--learning-rate", "1e-5", "--beta", "0", "--save-steps", "3", "--dump-every", "3", "--gradient-checkpointing"]
 # Stage 2 starts with supervised steps that teach the 135M director the three-line format (prompted,
 # it writes no parseable directive and GRPO gets no signal).
-STAGE2 = ["--decision-points", "4", "--heldout-points", "3", "--steps", "2", "--prompts-per-step", "1",
-          "--group-size", "3", "--rollout-turns", "2", "--max-new-tokens", "32", "--lr", "1e-5", "--beta", "0",
-          "--director-warmup", "5", "--warmup-lr", "1e-4", "--no-eval-prompted", "--save-every", "2", "--dump-every", "2",
-          "--gradient-checkpointing"]
+STAGE2 = ["--decision-points", "4", "--heldout-points", "3", "--max-steps", "2", "--prompts-per-step", "1",
+          "--num-generations", "3", "--rollout-turns", "2", "--max-completion-length", "32", "--learning-rate", "1e-5",
+          "--beta", "0", "--director-warmup", "5", "--warmup-lr", "1e-4", "--no-eval-prompted", "--save-steps", "2",
+          "--dump-every", "2", "--gradient-checkpointing"]
 EVAL = ["--contexts", "3", "--turns", "3", "--max-new-tokens", "24",
         "--systems", "zero-shot,round-robin,mascot-p,mascot-c,mascot"]
 

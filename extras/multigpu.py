@@ -9,17 +9,19 @@ copy of the policy; they split the batch. In one GRPO step (grpo.grpo_step, grpo
      so the advantages need no communication; each row keeps its one-process sampling seed;
   2. the rewards are gathered (`gather`): every rank logs the whole batch's statistics;
   3. the loss denominator is the WHOLE batch's (`all_sum` of the ranks' real tokens), so the SUM
-     of the ranks' gradients is the full-batch gradient: `sum_gradients` all-reduces them after
-     backward (DDP averages during backward; micro-batch accumulation stays as it is);
-  4. every rank clips the same gradient and takes the same AdamW step from the same weights
-     (`broadcast` from rank 0 at the start), so the copies stay identical.
+     of the ranks' gradients is the full-batch gradient: PyTorch's DistributedDataParallel (`wrap`,
+     once, around grpo.LogProbs) all-reduces them in buckets during the last micro-batch's backward;
+  4. every rank clips the same gradient and takes the same AdamW step from the same weights (DDP
+     copies rank 0's at the wrap), so the copies stay identical.
 The update is the one-process update on the same global batch (tests/test_parallel.py). Rank 0
-alone prints and writes. Backends: gloo on CPU, NCCL on GPUs (each rank on cuda:LOCAL_RANK).
+alone prints and writes; alone it also builds stage 1's states, candidates, judgements and reward
+model (each judge call paid once) and stage 2's warm start while the others wait, up to
+--dist-timeout minutes. Backends: gloo on CPU, NCCL on GPUs (each rank on cuda:LOCAL_RANK).
 """
-
 import atexit
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -42,7 +44,8 @@ class Ranks:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             args.device = f"cuda:{torch.cuda.current_device()}"
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
+            dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo",
+                                    timeout=timedelta(minutes=getattr(args, "dist_timeout", 180.0)))
             atexit.register(dist.destroy_process_group)
         self.rank, self.world, self.is_main = dist.get_rank(), dist.get_world_size(), dist.get_rank() == 0
         self.device = torch.device(args.device if dist.get_backend() == "nccl" else "cpu")   # NCCL: GPU tensors only
@@ -63,15 +66,11 @@ class Ranks:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return float(t.item())
 
-    def sum_gradients(self, model) -> None:
-        for p in (p for p in model.parameters() if p.grad is not None):
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-
-    def broadcast(self, model) -> None:
-        """Every rank's weights (and buffers) become rank 0's."""
-        with torch.no_grad():
-            for t in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(t.data, src=0)
+    def wrap(self, scorer: torch.nn.Module) -> torch.nn.Module:
+        """DistributedDataParallel around grpo.LogProbs(policy): rank 0's weights to every rank now, the gradients'
+        all-reduce (bucketed, overlapped with backward) in every synced backward."""
+        local = [self.device.index] if self.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(scorer, device_ids=local)
 
     def barrier(self) -> None:
         dist.barrier()

@@ -41,8 +41,7 @@ def finite(v) -> bool:
 
 # --- 1. Axis ticks with round numbers -------------------------------------------------------------
 def nice_number(x: float, round_it: bool) -> float:
-    """The 'nice' number (1, 2 or 5 times a power of ten) closest to x (Heckbert, Graphics Gems
-    1990, "Nice numbers for graph labels"). round_it=False gives the nice number >= x."""
+    """The 'nice' number (1, 2 or 5 times a power of ten) nearest x; not round_it: the least >= x (Heckbert 1990)."""
     e = math.floor(math.log10(x))
     f = x / 10 ** e                                                # in [1, 10)
     return 10 ** e * ((1 if f < 1.5 else 2 if f < 3 else 5 if f < 7 else 10) if round_it else
@@ -59,14 +58,12 @@ def nice_ticks(lo: float, hi: float, max_ticks: int = 6, min_step: float = 0.0) 
         lo, hi = (0.0, 1.0) if lo == 0 else (lo - pad, hi + pad)
     step = max(nice_number(nice_number(hi - lo, False) / (max_ticks - 1), True), min_step)
     first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)   # 1e-9: float slack
-    # Integers times the step (adding steps up accumulates error), rounded to clear the float noise
-    # (0.6000000000000001 -> 0.6); "+ 0.0" turns -0.0 into 0.0.
+    # k * step, not a running sum (no accumulated error), rounded: 0.6000000000000001 -> 0.6; + 0.0: no -0.0.
     return [round(k * step, max(0, -math.floor(math.log10(step))) + 1) + 0.0 for k in range(first, last + 1)]
 
 
 def tick_label(value: float, step: float) -> str:
-    """Just enough decimals for the tick step: step 0.05 -> '0.15', step 5 -> '15'. Tiny steps (an
-    early KL of 1e-9) switch to short scientific notation: '2e-08'."""
+    """Just enough decimals for the tick step: step 0.05 -> '0.15', step 5 -> '15'; tiny steps: '2e-08'."""
     if 0 < step < 1e-3:
         return "0" if value == 0 else f"{value:.3g}"
     text = f"{value:.{max(0, -math.floor(math.log10(step) + 1e-9)) if step > 0 else 2}f}"
@@ -145,9 +142,8 @@ def _inline(text: str) -> str:
 
 
 def markdown_to_html(text: str) -> str:
-    """The markdown evaluate.py writes, as HTML; any other text stays escaped. A table is a line
-    with '|' over a '|--|' line (':' sets the alignment); '#' becomes <h3> (the page owns h1 and
-    h2); each other line is a list item ('- ') or a paragraph (results.md writes one per line)."""
+    """The markdown evaluate.py writes, as HTML; other text stays escaped. A table is a line with '|' over a '|--|'
+    line (':' aligns); '#' becomes <h3> (the page owns h1, h2); else a list item ('- ') or a paragraph per line."""
     lines, out, i = text.splitlines(), [], 0
     separator = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")             # a '|--|:-:|' line
     cells = lambda line: [c.strip().replace("\\|", "|") for c in re.split(   # noqa: E731  ('\\|': a '|' in a cell)
@@ -223,12 +219,11 @@ def table(blocks: list[tuple[str, dict]], keys: list[tuple[str, str]]) -> str:
 
 
 def charts(rows: list[dict], *more: str) -> str:
-    """The charts of what grpo.grpo_step logs per step (reward_mean/std, r_* but the director's r_pick_*, hack_*,
-    kl, clip_frac, frac_zero_std, truncated, length), then `more`."""
+    """The charts of what grpo.grpo_step logs per step (the metric keys below), then `more`."""
     band = [(s, m - r["reward_std"], m + r["reward_std"]) if finite(m) and finite(r.get("reward_std")) else (s, None, None)
-            for (s, m), r in zip(column(rows, "reward_mean"), rows)]
+            for (s, m), r in zip(column(rows, "reward"), rows)]
     hacks, kl = [k for k in keys_of(rows, "hack_") if k != "hack_words"], [p for p in column(rows, "kl") if p[1] is not None]
-    svgs = [svg_line_chart({"reward mean": column(rows, "reward_mean")}, "Reward per step (mean, band = ± 1 std)",
+    svgs = [svg_line_chart({"reward mean": column(rows, "reward")}, "Reward per step (mean, band = ± 1 std)",
                            "GRPO step", "reward", bands={"reward mean": band}),
             svg_line_chart({k[2:].replace("_", " "): column(rows, k) for k in keys_of(rows, "r_", ("r_pick_",))},
                            "Reward components (mean over the batch)", "GRPO step", "component"),
@@ -236,10 +231,10 @@ def charts(rows: list[dict], *more: str) -> str:
                              "the sampled replies", "GRPO step", "share of replies")] * bool(hacks),
             svg_line_chart({"KL(policy || reference)": kl}, "KL to the frozen reference", "GRPO step", "KL (k3)") if kl
             else no_data_svg("KL to the frozen reference", "no KL logged (--beta 0: no reference)"),
-            svg_line_chart({"clip fraction": column(rows, "clip_frac"), "zero-std groups": column(rows, "frac_zero_std"),
-                            "cut at max tokens": column(rows, "truncated")},
+            svg_line_chart({"clip fraction": column(rows, "clip_ratio/region_mean"), "zero-std groups": column(rows, "frac_reward_zero_std"),
+                            "cut at max tokens": column(rows, "completions/clipped_ratio")},
                            "Clipping, dead groups, truncation", "GRPO step", "share"),
-            svg_line_chart({"tokens": column(rows, "length"), "words": column(rows, "hack_words")},
+            svg_line_chart({"tokens": column(rows, "completions/mean_length"), "words": column(rows, "hack_words")},
                            "Mean length of the sampled completions", "GRPO step", "length"), *more]
     return '<div class="charts">' + "".join(f'<div class="chart">{s}</div>' for s in svgs) + "</div>"
 
@@ -276,8 +271,7 @@ def stage1_summary(summary: dict) -> list[str]:
 
 
 def stage2_summary(summary: dict) -> list[str]:
-    # The least-spoken rule is the heuristic a trained director must beat; the warm start (when it
-    # ran) sits between the prompted director (when evaluated) and the trained one.
+    # The least-spoken rule is the heuristic a trained director must beat (the warm start, if run, sits between).
     blocks = [("prompted", part(summary, "heldout_before")), ("least-spoken rule", part(summary, "heldout_least_spoken")),
               ("after warm start", part(part(summary, "warm_start"), "heldout")), ("trained", part(summary, "heldout_after"))]
     blocks = [(label, {**b, **part(b, "components"), **{f"d_{k}": v for k, v in part(b, "diagnostics").items()},
@@ -324,8 +318,7 @@ def eval_section(run: Path) -> str:
 
 # --- 6. Conversations side by side ----------------------------------------------------------------
 def pick_systems(systems: list[str]) -> tuple[str, str | None]:
-    """(base, trained) among the systems in the transcripts: base = round-robin, else the first not
-    named mascot; trained = mascot, else the first mascot variant (-c / -p), else the last other."""
+    """(base, trained): round-robin, else the first not named mascot; mascot, else a mascot variant, else the last."""
     low = {s.lower(): s for s in systems}
     base = low.get("round-robin") or next((s for s in systems if "mascot" not in s.lower()), systems[0])
     others = [s for s in systems if s != base]
@@ -366,8 +359,7 @@ def conversations_section(run: Path) -> str:
                                      "(stage2/heldout_*.jsonl). Run: python mascot.py evaluate")])
     systems = list(dict.fromkeys(str(r.get("system", "?")) for r in records))
     base, trained = pick_systems(systems)
-    # evaluate.py gives every system the same (context, profile, seed) triples, stage 2 every director
-    # the same held-out points: that key is "the same conversation" across systems.
+    # evaluate.py gives every system, stage 2 every director, the same points: this key is "the same conversation".
     by = {s: {} for s in systems}
     for r in records:
         by[str(r.get("system", "?"))].setdefault(tuple(r.get(k) for k in ("context_id", "profile", "seed", "first_turn")), r)

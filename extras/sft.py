@@ -1,11 +1,12 @@
-"""sft.py: the SFT baseline of the evaluation: the base model fine-tuned on what human supporters wrote.
+"""sft.py: supervised fine-tuning: the SFT baseline of the evaluation (the base model fine-tuned on what human
+supporters wrote), and the director's warm start before stage 2's GRPO (at the end of this file).
 
 The paper compares MASCOT with an SFT model. ESConv (Liu et al. 2021) labels every supporter turn
 of real support conversations with a strategy, and each support persona's card lists the strategies
 that are its job (personas.json "esconv_strategies": a Question is Catalyst's, a Suggestion Guide's).
 Each such supporter turn becomes one example: MASCOT's own speaker prompt for that persona and the
 dialogue so far (simulate.speaker_messages) -> the supporter's words. Training is plain maximum
-likelihood (director.supervised_finetune, the routine of the director's warm start), full
+likelihood (supervised_finetune below, the routine of the director's warm start too), full
 fine-tuning with AdamW, on the training split only; the held-out split's loss, the mean negative
 log-likelihood per target token, is printed before and after. The model goes to RUN/sft/model,
 where `mascot.py evaluate` finds it for its `sft` system.
@@ -19,6 +20,7 @@ keeps it: there only WHO speaks is learnt, and the disclosure's purpose, validat
 
 import random
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -68,7 +70,7 @@ def supporter_examples(contexts, personas) -> list[tuple[list[dict], str]]:
 @torch.no_grad()
 def mean_nll(model, tok, examples: list[tuple[list[dict], str]], batch_size: int = 8) -> float | None:
     """Mean negative log-likelihood per target token over the examples (no update); None for none."""
-    rows, total, count = dr.token_rows(tok, examples), 0.0, 0
+    rows, total, count = token_rows(tok, examples), 0.0, 0
     for start in range(0, len(rows), batch_size):
         logps, mask = grpo.target_logprobs(model, tok.pad_token_id, rows[start:start + batch_size])   # (B, C)
         total -= (logps * mask).sum().item()
@@ -111,7 +113,7 @@ def train_sft(args, cli) -> dict:
     model, tok = models.load_model(args.model, device=args.device)
     before = mean_nll(model, tok, held)
     print(f"held-out loss before: {shown(before)} nats per token")
-    losses = dr.supervised_finetune(model, tok, train, args.steps, args.batch_size, args.lr,
+    losses = supervised_finetune(model, tok, train, args.steps, args.batch_size, args.lr,
                                     log=lambda line: print(line.replace("warm start", "sft step"), flush=True))
     after = mean_nll(model, tok, held)
     print(f"held-out loss after:  {shown(after)} nats per token")
@@ -121,3 +123,87 @@ def train_sft(args, cli) -> dict:
     data.write_json(out / "summary.json", summary)
     print(f"sft done: model saved to {folder}")
     return summary
+
+
+# --- The director's warm start (our addition; the paper describes none) ----------------------------
+# GRPO can only reinforce what the policy already samples. SmolLM2-135M asked for a directive almost
+# never writes the three lines (0 of 32 parseable when we measured), so every sample of a group falls
+# back to the same agent, every reward of the group is equal and the advantages are all zero. A few
+# supervised steps on well-formed directives fix the format first. With ESConv the targets are what
+# real supporters did next (extras/strategies.py); without it random agents teach the format only.
+
+def format_examples(personas, points, n: int, seed: int = 0):
+    """Without ESConv: the exact three-line format with a uniformly random agent, action and tone,
+    cycling over the decision points. It teaches how to answer, not whom to pick."""
+    rng = random.Random(seed)
+    return [(dr.director_messages(personas, points[i % len(points)]), f"Agent: {rng.choice(personas.names())}\n"
+             f"Action: {rng.choice(personas.strategies)}\nTone: {rng.choice(personas.tones)}") for i in range(n)]
+
+
+def token_rows(tok, examples: list[tuple[list[dict], str]]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids) per example: the chat rendered with and without the assistant turn,
+    and the difference, so the target ends with the template's own end-of-turn marker."""
+    rows = []
+    for messages, target in examples:
+        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        full = tok.apply_chat_template(messages + [{"role": "assistant", "content": target}], tokenize=False)
+        completion = full[len(prompt):].rstrip("\n") if full.startswith(prompt) else target + (tok.eos_token or "")
+        rows.append((tok(prompt, add_special_tokens=False)["input_ids"], tok(completion, add_special_tokens=False)["input_ids"]))
+    return rows
+
+
+def supervised_finetune(model, tok, examples, steps: int, batch_size: int = 4, lr: float = 2e-5, log=print,
+                        first_line_weight: float = 1.0, decay: bool = False) -> list[float]:
+    """Maximum likelihood of each target given its prompt: `steps` AdamW steps of `batch_size` examples (cycling), one
+    example per forward/backward (director prompts run to ~700 tokens), the step's weighted target-token count the one
+    denominator, so the step is the full batch's. first_line_weight: the loss weight of the target's first line (the
+    `Agent:` line decides who speaks; Action and Tone follow from it and would dominate an unweighted loss). decay:
+    the rate falls linearly to lr / steps, so the last few batches do not decide whom it favours. Returns the per-step
+    loss (mean negative log-probability per target token), which should fall."""
+    rows, losses, weights = token_rows(tok, examples), [], []
+    for _, target in rows:
+        k = next((i + 1 for i in range(len(target)) if "\n" in tok.decode(target[:i + 1])), len(target))
+        weights.append([first_line_weight] * k + [1.0] * (len(target) - k))
+    opt = models.adamw(model, lr, weight_decay=0.0)
+    model.train()
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr * (steps - step) / steps if decay else lr
+        picked = [(step * batch_size + j) % len(rows) for j in range(batch_size)]
+        total = sum(sum(weights[i]) for i in picked)
+        opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0                   # one example per forward/backward; the step's gradient is the batch's
+        for i in picked:
+            logps, _ = grpo.target_logprobs(model, tok.pad_token_id, [rows[i]])           # (1, C)
+            loss = -(logps[0] * torch.tensor(weights[i])).sum() / total
+            loss.backward()
+            loss_sum += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        models.release_memory()                   # the step's activations, before the next example's
+        losses.append(loss_sum)
+        log(f"warm start {step + 1}/{steps}: loss {loss_sum:.3f}")
+    model.eval()
+    del opt
+    models.release_memory()
+    return losses
+
+
+def warm_start(cfg, out: Path, policy, tok, personas, examples, source: str, held_out,
+               resume: bool) -> dict | None:
+    """The warm start, once per run: its losses and held-out group reward (held_out(label, director, when):
+    the caller's check) to out/warm_start.json, its weights to out/director_warm (GRPO's KL anchor). A
+    resumed run with GRPO checkpoints skips it (they were trained from the warm-started weights)."""
+    if cfg.director_warmup == 0:
+        return None
+    if resume and grpo.checkpoints(out / "checkpoints") and (out / "warm_start.json").exists():
+        return data.read_json(out / "warm_start.json")
+    losses = supervised_finetune(policy, tok, examples, cfg.director_warmup, lr=cfg.warmup_lr,
+                                 first_line_weight=cfg.warmup_agent_weight, decay=True)
+    held = held_out("warm-start", dr.LLMDirector(policy, tok, personas), f"after the {source.split(' warm start')[0]} warm start")
+    data.save_model(policy, tok, out / "director_warm")
+    warm = {"steps": cfg.director_warmup, "lr": cfg.warmup_lr, "source": source, "losses": losses, "heldout": held,
+            "targets": dict(Counter(dr.parse_directive(t, personas, "?").agent for _, t in examples))}
+    data.write_json(out / "warm_start.json", warm)
+    return warm

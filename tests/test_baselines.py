@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import data
-import director as dr
 import mascot
 from extras import baselines, director_headroom, sft
 from simulate import USER, Cast, Conversation, Directive, RoundRobin, Turn, run_conversations
@@ -165,7 +164,7 @@ def test_mean_nll_is_the_mean_over_target_tokens(tiny):
     model, tok = tiny
     examples = sft.supporter_examples([data.Context("e-1", "support", "Lost my job.", "I lost my job today.",
                                                     turns=LOST_JOB)], personas())
-    rows = [dr.token_rows(tok, [e])[0] for e in examples]
+    rows = [sft.token_rows(tok, [e])[0] for e in examples]
     per_example = [sft.mean_nll(model, tok, [e]) for e in examples]
     n = [len(target) for _, target in rows]
     assert sft.mean_nll(model, tok, examples, batch_size=1) == pytest.approx(

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import grpo
+import mascot as cli
 import reward
 from evaluate import all_metrics
 
@@ -111,6 +113,9 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
                 "--save-every", "1", "--dump-every", "1")
     assert s1.returncode == 0, s1.stdout[-2000:] + s1.stderr[-2000:]
     assert "reward model held-out accuracy" in s1.stdout
+    # Not a terminal: one line on stderr as each long phase ends (a bar on a terminal).
+    assert all(f"{phase}: " in s1.stderr for phase in ("candidates, batches of states", "reward model epoch 1, batches",
+                                                       "stage 1 states, agent turns"))
     assert "held-out mean reward before GRPO" in s1.stdout and "after GRPO" in s1.stdout
     stage1 = tmp_path / "run" / "stage1"
     for name in ("states.jsonl", "candidates.jsonl", "pairs.jsonl", "metrics.jsonl", "summary.json",
@@ -130,6 +135,11 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
     assert "heldout_hack_accuracy" in rm_metrics and "heldout_accuracy" in rm_metrics
     from transformers import AutoModelForCausalLM
     AutoModelForCausalLM.from_pretrained(stage1 / "speakers")       # loadable by plain transformers
+    # Each saved model folder carries a model card: base, command, metrics, a prompt, the persona cards.
+    for folder in ("speakers", "reward_model"):
+        card = (stage1 / folder / "README.md").read_text()
+        assert "from `tiny`" in card and "Command: `python mascot.py train --stage 1 --model tiny" in card
+        assert '"role": "system"' in card and '"name": "Anchor"' in card and "heldout" in card.replace("-", "")
 
     # Re-running reuses every artifact: the judge cache answers, nothing is judged twice.
     cache_lines = len((stage1 / "judge_cache.jsonl").read_text().splitlines())
@@ -173,10 +183,12 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
     for key in ("r_coherence", "r_nonredundancy", "r_contribution", "r_balance", "r_format"):
         assert key in rows[0]
     assert (stage2 / "director" / "config.json").exists()
+    assert "held-out group reward, trained" in (stage2 / "director" / "README.md").read_text()
 
     sim = mascot("simulate", "--model", "tiny", "--run", run, "--policy", "director", "--contexts", "2",
-                 "--turns", "2", "--max-new-tokens", "6", "--profile", "all")
+                 "--turns", "2", "--max-new-tokens", "6", "--profile", "all", "--quiet")
     assert sim.returncode == 0, sim.stderr[-2000:]
+    assert " done, " not in sim.stderr                              # --quiet: no phase lines
     lines = (tmp_path / "run" / "simulate" / "director.jsonl").read_text().splitlines()
     conv = json.loads(lines[0])
     assert conv["policy"] == "director" and "seed" in conv
@@ -251,8 +263,9 @@ def test_a_run_folder_refuses_other_settings_and_other_files(tmp_path, capsys, m
     assert code == 0, err
     config = (tmp_path / "run" / "stage1" / "config.json").read_text()
     assert json.loads(config)["fingerprint"]
-    for extra, named in ((["--lr", "1e-4"], "--lr 0.0001"), (["--group-size", "3", "--resume"], "--group-size 3"),
-                         (["--candidates", "3"], "--candidates 3")):
+    # An old spelling (--lr, --group-size) is named by its TRL name in the message.
+    for extra, named in ((["--lr", "1e-4"], "--learning-rate 0.0001"), (["--candidates", "3"], "--candidates 3"),
+                         (["--group-size", "3", "--resume"], "--num-generations 3")):
         code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *run, *extra)
         assert code == 2 and named in err and "use its settings" in err and "--run" in err, err
     # The same settings, another spelling of the persona file's path: accepted (what counts is its content);
@@ -264,7 +277,7 @@ def test_a_run_folder_refuses_other_settings_and_other_files(tmp_path, capsys, m
     personas.write_text(personas.read_text().replace("Listens closely", "Listens very closely"))
     code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *run, "--resume", "--steps", "2")
     assert code == 2 and "--personas" in err and "differ from those that made" in err, err
-    assert json.loads((tmp_path / "run" / "stage1" / "config.json").read_text())["steps"] == 2    # not overwritten
+    assert json.loads((tmp_path / "run" / "stage1" / "config.json").read_text())["max_steps"] == 2  # not overwritten
 
 
 def test_a_second_command_on_a_locked_run_folder_stops_at_once(tmp_path, capsys, monkeypatch):
@@ -369,7 +382,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_resume_goes_on_exactly(tmp_
     assert code == 0, err
     rows = [[json.loads(l) for l in (r / "stage1" / "metrics.jsonl").read_text().splitlines()] for r in (run, whole)]
     assert [r["step"] for r in rows[0]] == [1, 2, 3]
-    assert [(r["reward_mean"], r["loss"]) for r in rows[0]] == [(r["reward_mean"], r["loss"]) for r in rows[1]]
+    assert [(r["reward"], r["loss"]) for r in rows[0]] == [(r["reward"], r["loss"]) for r in rows[1]]
 
 
 def test_cuda_on_a_machine_without_it_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
@@ -401,3 +414,19 @@ def test_help_gives_every_flag_a_help_text_and_one_default(command, capsys, monk
         flag, _, help_text = entry.strip().partition("  ")
         assert help_text.strip(), f"{command} {flag}: no help"
         assert entry.count("(default:") <= 1, entry
+
+
+def test_grpo_flags_carry_trl_names_and_the_old_spellings_still_work():
+    parser = cli.build_parser()
+    trl = parser.parse_args(["train", "--stage", "1", "--num-generations", "3", "--learning-rate", "2e-5",
+                             "--max-steps", "5", "--epsilon", "0.1", "--epsilon-high", "0.3", "--save-steps", "2",
+                             "--max-completion-length", "40", "--loss-type", "dr_grpo", "--scale-rewards", "batch"])
+    old = parser.parse_args(["train", "--stage", "1", "--group-size", "3", "--lr", "2e-5", "--steps", "5",
+                             "--eps-low", "0.1", "--eps-high", "0.3", "--save-every", "2", "--max-new-tokens", "40",
+                             "--loss-type", "dr_grpo", "--scale-rewards", "batch"])
+    cfg = cli.options(grpo.GRPOConfig, trl, seed=0, max_new_tokens=trl.max_new_tokens)
+    assert cfg == cli.options(grpo.GRPOConfig, old, seed=0, max_new_tokens=old.max_new_tokens)
+    assert (cfg.num_generations, cfg.learning_rate, cfg.max_steps, cfg.epsilon, cfg.epsilon_high, cfg.save_steps,
+            cfg.max_new_tokens, cfg.loss_type, cfg.scale_rewards) == (3, 2e-5, 5, 0.1, 0.3, 2, 40, "dr_grpo", "batch")
+    with pytest.raises(cli.UserError, match="--scale-rewards"):
+        parser.parse_args(["train", "--stage", "1", "--scale-rewards", "yes"])      # TRL's three choices only

@@ -8,10 +8,12 @@ Run: .venv/bin/python -m pytest -q tests/test_data.py
 import argparse
 import copy
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from tqdm import tqdm
 
 import data
 from data import Context, UserError
@@ -319,3 +321,31 @@ def test_shipped_profiles():
     for p in profiles.values():
         off_average = [t for t, level in p.levels.items() if level != "average"]
         assert len(off_average) == (0 if p.id == "average" else 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress of a phase: a bar on a terminal, one line in a log, nothing under --quiet
+# ---------------------------------------------------------------------------------------------
+
+def test_progress_prints_one_line_per_phase_in_a_log(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert list(data.progress(range(3), "candidates")) == [0, 1, 2]
+    for i in data.progress(range(5), "rollouts"):
+        if i == 1:
+            break                                      # a phase that ends early says so too
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(",")[0] for line in err] == ["candidates: 3 done", "rollouts: 2 done"]
+
+
+def test_progress_is_a_bar_on_a_terminal_and_silent_when_quiet(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    items = range(3)
+    bar = data.progress(items, "candidates")
+    assert isinstance(bar, tqdm)
+    bar.close()
+    capsys.readouterr()
+    assert data.progress(items, "") is items                       # no name: no progress (GRPO's rollouts)
+    monkeypatch.setattr(data, "QUIET", True)
+    assert data.progress(items, "candidates") is items
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert list(data.progress(items, "candidates")) == [0, 1, 2] and capsys.readouterr().err == ""

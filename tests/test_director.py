@@ -10,11 +10,12 @@ import torch
 
 import data
 import director as dr
-import metrics
 import grpo
+import metrics
 import models
 import simulate
 from data import Persona, PersonaSet
+from extras import sft
 from simulate import USER, Cast, Conversation, Turn, run_conversations, user_messages
 
 
@@ -387,7 +388,7 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
     model, tok = models.load_model("tiny")
     # Supervised warm start on the format (director.py, section 5), here with one-line targets.
     examples = [(prompts[k % 6], f"Agent: {names[random.Random(k).randrange(4)]}") for k in range(480)]
-    dr.supervised_finetune(model, tok, examples, steps=60, batch_size=8, lr=1e-2, log=lambda s: None)
+    sft.supervised_finetune(model, tok, examples, steps=60, batch_size=8, lr=1e-2, log=lambda s: None)
 
     def sample_prompts(step):
         idx = [(step * 2 + j) % 6 for j in range(2)]
@@ -399,11 +400,11 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
         r = [float(d.valid and d.agent == w) for d, w in zip(picks, wanted)]
         return r, {"least_spoken": r}
 
-    cfg = grpo.GRPOConfig(steps=10, prompts_per_step=2, group_size=8, lr=3e-3, warmup_steps=0,
-                          max_new_tokens=8, save_every=100, dump_every=1, seed=0, beta=0.0)
+    cfg = grpo.GRPOConfig(max_steps=10, prompts_per_step=2, num_generations=8, learning_rate=3e-3, warmup_steps=0,
+                          max_new_tokens=8, save_steps=100, dump_every=1, seed=0, beta=0.0)
     rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, cfg, tmp_path, log=lambda s: None)
-    first = sum(r["reward_mean"] for r in rows[:3]) / 3
-    last = sum(r["reward_mean"] for r in rows[-4:]) / 4
+    first = sum(r["reward"] for r in rows[:3]) / 3
+    last = sum(r["reward"] for r in rows[-4:]) / 4
     print(f"group reward first 3 steps {first:.3f}, last 4 steps {last:.3f}")
     assert last > first + 0.15
 
@@ -411,7 +412,7 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
 def test_token_rows_hold_the_assistant_turn_with_its_end_marker():
     tok = models.load_model("tiny")[1]
     messages = [{"role": "user", "content": "hi"}]
-    (prompt, completion), = dr.token_rows(tok, [(messages, "Agent: Anchor\nAction: validate\nTone: warm")])
+    (prompt, completion), = sft.token_rows(tok, [(messages, "Agent: Anchor\nAction: validate\nTone: warm")])
     assert tok.decode(prompt).endswith("<|im_start|>assistant\n")
     assert tok.decode(completion) == "Agent: Anchor\nAction: validate\nTone: warm<|im_end|>"
 
@@ -421,7 +422,7 @@ def test_supervised_steps_give_the_whole_batch_gradient(support, context, monkey
     # in one forward (lr 0, so the weights stay put). The step frees its gradients after the update,
     # so they are read when it clips them, just before.
     points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
-    examples = dr.format_examples(support, points, 4, seed=0)
+    examples = sft.format_examples(support, points, 4, seed=0)
     model, tok = models.load_model("tiny")
     grads, clip = {}, torch.nn.utils.clip_grad_norm_
 
@@ -430,10 +431,10 @@ def test_supervised_steps_give_the_whole_batch_gradient(support, context, monkey
         grads.update({n: p.grad.clone() for n, p in model.named_parameters()})
         return norm
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_and_read)
-    loss = dr.supervised_finetune(model, tok, examples, steps=1, batch_size=4, lr=0.0, log=lambda s: None)[0]
+    loss = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=4, lr=0.0, log=lambda s: None)[0]
     monkeypatch.undo()
     whole, _ = models.load_model("tiny")
-    logps, mask = grpo.target_logprobs(whole, tok.pad_token_id, dr.token_rows(tok, examples))   # (4, C)
+    logps, mask = grpo.target_logprobs(whole, tok.pad_token_id, sft.token_rows(tok, examples))   # (4, C)
     total = -(logps * mask).sum() / mask.sum()
     total.backward()
     torch.nn.utils.clip_grad_norm_(whole.parameters(), 1.0)   # as supervised_finetune clips before its step
@@ -450,9 +451,9 @@ def test_first_line_weight_is_a_weighted_mean_over_target_tokens(support, contex
     # log-probabilities: sum(w * -logp) / sum(w), with w = 5 on the tokens up to and including
     # the first newline and 1 after.
     points = [conv_with(context, ["Anchor"][:i % 2], seed=i) for i in range(2)]
-    examples = dr.format_examples(support, points, 2, seed=0)
+    examples = sft.format_examples(support, points, 2, seed=0)
     model, tok = models.load_model("tiny")
-    rows = dr.token_rows(tok, examples)
+    rows = sft.token_rows(tok, examples)
     with torch.no_grad():
         logps, mask = grpo.target_logprobs(model, tok.pad_token_id, rows)            # (2, C)
     num = den = 0.0
@@ -463,17 +464,17 @@ def test_first_line_weight_is_a_weighted_mean_over_target_tokens(support, contex
         w = [5.0] * k + [1.0] * (len(target) - k)
         num -= sum(wi * float(lp) for wi, lp in zip(w, logps[r, :len(target)]))
         den += sum(w)
-    loss = dr.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None,
+    loss = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None,
                                   first_line_weight=5.0)[0]
     assert loss == pytest.approx(num / den, rel=1e-5)
-    plain = dr.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None)[0]
+    plain = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None)[0]
     assert plain == pytest.approx(float(-(logps * mask).sum() / mask.sum()), rel=1e-5)
     assert loss != pytest.approx(plain, rel=1e-3)
 
 
 def test_format_examples_use_the_vocabularies_and_every_agent(support, context):
     points = [conv_with(context, [], seed=i) for i in range(3)]
-    examples = dr.format_examples(support, points, 40, seed=0)
+    examples = sft.format_examples(support, points, 40, seed=0)
     assert len(examples) == 40
     agents = set()
     for messages, target in examples:
@@ -490,11 +491,11 @@ def test_format_warm_start_teaches_a_tiny_director_the_three_lines(support, cont
     points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
     director = dr.LLMDirector(model, tok, support)
     before = sum(d.valid for d in director.choose(points))
-    examples = dr.format_examples(support, points, 800, seed=0)
+    examples = sft.format_examples(support, points, 800, seed=0)
     # lr 5e-3 settles by step ~80 at a loss of ~0.43 (the uniform agent/action/tone choices are
     # what is left). At 1e-2 the loss stays on a noisy plateau near 0.8, where whether the greedy
     # directives parse depends on the CPU's float summation order, so the test would not be stable.
-    losses = dr.supervised_finetune(model, tok, examples, steps=100, batch_size=8, lr=5e-3, log=lambda s: None)
+    losses = sft.supervised_finetune(model, tok, examples, steps=100, batch_size=8, lr=5e-3, log=lambda s: None)
     after = sum(d.valid for d in director.choose(points))
     print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f}; parseable {before}/4 -> {after}/4")
     assert losses[-1] < losses[0] / 10

@@ -38,8 +38,9 @@ def low_id_task(tok, n_prompts=8):
 
 
 def config(**kw):
-    base = dict(steps=10, prompts_per_step=2, group_size=8, lr=3e-3, warmup_steps=0, max_new_tokens=8,
-                temperature=0.1, save_every=100, dump_every=1, seed=0, beta=0.0)
+    base = dict(max_steps=10, prompts_per_step=2, num_generations=8, learning_rate=3e-3, warmup_steps=0,
+                max_new_tokens=8,
+                temperature=0.1, save_steps=100, dump_every=1, seed=0, beta=0.0)
     base.update(kw)
     return grpo.GRPOConfig(**base)
 
@@ -51,9 +52,9 @@ def test_grpo_raises_a_programmatic_reward_on_the_tiny_model(tmp_path):
     # The sampled tokens depend on the last bits of the logits, so another CPU's kernels can send a
     # run along another path (the plain kernels do, for seed 0, from step 4): the thresholds leave
     # room for any of those paths, not for one run's exact numbers.
-    rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=12), tmp_path, log=lambda s: None)
-    first = sum(r["reward_mean"] for r in rows[:2]) / 2
-    last = sum(r["reward_mean"] for r in rows[-3:]) / 3
+    rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=12), tmp_path, log=lambda s: None)
+    first = sum(r["reward"] for r in rows[:2]) / 2
+    last = sum(r["reward"] for r in rows[-3:]) / 3
     print(f"reward first 2 steps {first:.3f}, last 3 steps {last:.3f}")
     assert first < 0.7                     # starts near chance (0.5)
     assert last > 0.85 and last > first + 0.2
@@ -66,9 +67,9 @@ def test_checkpoint_round_trip_and_resume_refuses_without_one(tmp_path):
     model, tok = models.load_model("tiny")
     sample_prompts, reward_fn = low_id_task(tok)
     with pytest.raises(UserError, match="--resume"):
-        grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=2), tmp_path, resume=True,
+        grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=2), tmp_path, resume=True,
                         log=lambda s: None)
-    grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=2, save_every=1), tmp_path,
+    grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=2, save_steps=1), tmp_path,
                     log=lambda s: None)
     ckpt = grpo.checkpoints(tmp_path / "checkpoints")[0]                    # the newest complete one
     assert ckpt.name == "ckpt-000002" and not list((tmp_path / "checkpoints").glob("*.tmp"))
@@ -92,7 +93,7 @@ sample_prompts, reward_fn = low_id_task(tok)
 out = Path(sys.argv[1])
 def log(line):
     print(line, flush=True)
-grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=6, save_every=2), out,
+grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=6, save_steps=2), out,
                 resume=sys.argv[2] == "resume", log=log)
 from safetensors.torch import save_file
 save_file({{k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}},
@@ -145,7 +146,7 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
         return r, {"nan": r}
 
     with pytest.raises(UserError, match="non-finite"):
-        grpo.train_grpo(model, tok, sample_prompts, nan_reward, config(steps=5), tmp_path, log=lambda s: None)
+        grpo.train_grpo(model, tok, sample_prompts, nan_reward, config(max_steps=5), tmp_path, log=lambda s: None)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["skipped"] for r in rows)
     for k, v in model.state_dict().items():            # no NaN update was ever applied
@@ -154,8 +155,8 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
 
 
 def test_the_step_line_shows_hacking_in_either_stage():
-    row = {"step": 3, "reward_mean": 0.5, "reward_std": 0.1, "kl": None, "clip_frac": 0.0, "length": 20.0,
-           "frac_zero_std": 0.0, "grad_norm": 1.0, "logp_mismatch": 0.01, "skipped": False, "seconds": 2.0}
+    row = {"step": 3, "reward": 0.5, "reward_std": 0.1, "kl": None, "clip_ratio/region_mean": 0.0, "entropy": 1.5,
+           "completions/mean_length": 20.0, "frac_reward_zero_std": 0.0, "grad_norm": 1.0, "logp_mismatch": 0.01, "skipped": False, "seconds": 2.0}
     stage1 = grpo.log_line({**row, "hack_context_copy": 0.25, "hack_meta_leak": 0.0, "hack_words": 12.0}, 10)
     assert "hacks [context_copy 0.25] " in stage1 and "clean" not in stage1
     assert "hacks [none] " in grpo.log_line({**row, "hack_context_copy": 0.0}, 10)   # measured, none found
@@ -183,12 +184,12 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, dama
     continues from the previous complete checkpoint (no traceback), then runs to the end."""
     model, tok = models.load_model("tiny")
     sample_prompts, reward_fn = low_id_task(tok)
-    grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=2, save_every=1), tmp_path, log=lambda s: None)
+    grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=2, save_steps=1), tmp_path, log=lambda s: None)
     broken = tmp_path / "checkpoints" / "ckpt-000002" / damage
     broken.write_bytes(b"{not json" if damage == "state.json" else broken.read_bytes()[:100])
     model, tok = models.load_model("tiny")
     lines = []
-    rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(steps=3, save_every=1), tmp_path, resume=True,
+    rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=3, save_steps=1), tmp_path, resume=True,
                            log=lines.append)
     assert "ckpt-000002 cannot be loaded" in capsys.readouterr().err
     assert any("ckpt-000001" in line for line in lines) and [r["step"] for r in rows][-2:] == [2, 3]

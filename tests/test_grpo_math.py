@@ -33,8 +33,8 @@ def test_group_advantages_hand_example():
     # A = 0.5 / (0.707107 + 0.0001) = 0.707007 (the biased std 0.5 would give 0.9998 instead)
     adv, stats = grpo.group_advantages(torch.tensor([1.0, 2.0, 3.0, 4.0]), group_size=2)
     assert torch.allclose(adv, torch.tensor([-0.707007, 0.707007, -0.707007, 0.707007]), atol=1e-6)
-    assert stats["frac_zero_std"] == 0.0
-    assert stats["reward_mean"] == pytest.approx(2.5)
+    assert stats["frac_reward_zero_std"] == 0.0
+    assert stats["reward"] == pytest.approx(2.5)
     # unbiased std of [1, 2, 3, 4] = sqrt((2.25 + 0.25 + 0.25 + 2.25) / 3) = sqrt(5/3) = 1.290994
     assert stats["reward_std"] == pytest.approx(1.290994, abs=1e-6)
 
@@ -48,12 +48,20 @@ def test_group_advantages_zero_variance_group_is_exactly_zero():
     assert not torch.isnan(adv).any()
     assert torch.equal(adv[:3], torch.zeros(3))
     assert torch.allclose(adv[3:], torch.tensor([-0.99990, 0.0, 0.99990]), atol=1e-5)
-    assert stats["frac_zero_std"] == 0.5            # 1 of 2 groups
+    assert stats["frac_reward_zero_std"] == 0.5            # 1 of 2 groups
 
 
 def test_group_advantages_unscaled_dr_grpo():
-    adv, _ = grpo.group_advantages(torch.tensor([1.0, 2.0, 3.0, 4.0]), group_size=2, scale=False)
+    adv, _ = grpo.group_advantages(torch.tensor([1.0, 2.0, 3.0, 4.0]), group_size=2, scale="none")
     assert torch.allclose(adv, torch.tensor([-0.5, 0.5, -0.5, 0.5]))
+
+
+def test_batch_scaled_advantages_divide_by_the_batch_std():
+    # rewards [1, 2, 3, 5]: group-centred [-0.5, 0.5, -1, 1]; the batch's unbiased std:
+    # mean 2.75, squared deviations 3.0625 + 0.5625 + 0.0625 + 5.0625 = 8.75, / 3 -> sqrt 1.70783
+    adv, _ = grpo.group_advantages(torch.tensor([1.0, 2.0, 3.0, 5.0]), group_size=2, scale="batch")
+    expected = torch.tensor([-0.5, 0.5, -1.0, 1.0]) / (1.70783 + 1e-4)
+    assert torch.allclose(adv, expected, atol=1e-4)
 
 
 def test_group_advantages_bad_sizes_raise():
@@ -133,6 +141,10 @@ def test_grpo_loss_hand_kl(loss_type, expected):
     ("dapo", -1.0, [[-0.4, -0.4, -0.4], [0.1, 0.1, 0.0]]),
     # "grpo": -(2 + (-0.5)) / 2 = -0.75; grad -A/(n_i * B) = -2/6 = -1/3 and 0.5/4 = 0.125
     ("grpo", -0.75, [[-1 / 3, -1 / 3, -1 / 3], [0.125, 0.125, 0.0]]),
+    # "dr_grpo": -(2*3 + (-0.5)*2) / (B*C = 6) = -5/6; grad -A/6 = [-1/3]*3 and [1/12, 1/12, 0]
+    ("dr_grpo", -5 / 6, [[-1 / 3, -1 / 3, -1 / 3], [1 / 12, 1 / 12, 0.0]]),
+    # "bnpo": the token mean of this (micro-)batch: "dapo" when the batch is the whole step
+    ("bnpo", -1.0, [[-0.4, -0.4, -0.4], [0.1, 0.1, 0.0]]),
 ])
 def test_ratio_is_one_but_gradient_is_policy_gradient(loss_type, expected_loss, expected_grad):
     logps, _, _, adv, mask = hand_batch()
@@ -157,7 +169,7 @@ def test_grpo_loss_rejects_bad_arguments():
     with pytest.raises(ValueError):
         grpo.grpo_loss(logps, old, None, adv, mask, beta=0.1)      # KL without a reference
     with pytest.raises(ValueError):
-        grpo.grpo_loss(logps, old, None, adv, mask, loss_type="bnpo")
+        grpo.grpo_loss(logps, old, None, adv, mask, loss_type="ppo")
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])

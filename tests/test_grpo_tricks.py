@@ -74,7 +74,7 @@ def make_batch(vocab: int, grouped: bool = False) -> tuple[models.Generation, to
 def config(**kw) -> grpo.GRPOConfig:
     # max_grad_norm huge: clipping would rescale the gradients we compare. lr 0: the optimiser
     # step leaves the weights alone, so one model can be reused across runs.
-    base = dict(seed=0, max_new_tokens=8, lr=0.0, warmup_steps=0, max_grad_norm=1e9, beta=0.1,
+    base = dict(seed=0, max_new_tokens=8, learning_rate=0.0, warmup_steps=0, max_grad_norm=1e9, beta=0.1,
                 loss_type="dapo", micro_batch=B)
     base.update(kw)
     return grpo.GRPOConfig(**base)
@@ -83,7 +83,7 @@ def config(**kw) -> grpo.GRPOConfig:
 def run_update(policy, ref, gen, advantages, cfg):
     """policy_update on a copy of `policy`; returns (loss, {name: gradient})."""
     model = copy.deepcopy(policy).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
     stats = grpo.policy_update(model, optimizer, gen, advantages, cfg, ref_model=ref)
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return stats["loss"], grads, model
@@ -138,7 +138,7 @@ def test_gradient_checkpointing_gives_identical_loss_and_gradients(tiny):
     assert not model.is_activation_checkpointing
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])   # "bnpo" is per micro-batch by definition
 @pytest.mark.parametrize("micro_batch", [2, 4])            # 4 leaves an uneven last micro-batch of 2
 def test_micro_batching_gives_the_full_batch_gradient(tiny, loss_type, micro_batch):
     policy, ref, tok = tiny
@@ -319,10 +319,10 @@ def test_grpo_step_scores_rewards_without_autograd(tiny):
     prompts = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "hello"}]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
     stats, gen, rewards = grpo.grpo_step(model, tok, optimizer, prompts, [0, 1], reward_fn,
-                                         config(group_size=2, max_new_tokens=3, beta=0.0), step=1)
+                                         config(num_generations=2, max_new_tokens=3, beta=0.0), step=1)
     assert seen == [False]
     assert gen.completion_ids.shape[0] == 4 and rewards == [0.0, 1.0, 0.0, 1.0]
-    assert stats["reward_mean"] == pytest.approx(0.5) and stats["kl"] is None
+    assert stats["reward"] == pytest.approx(0.5) and stats["kl"] is None
 
 
 def test_several_passes_per_batch_move_the_ratio_and_the_clip_binds(tiny):
@@ -336,7 +336,7 @@ def test_several_passes_per_batch_move_the_ratio_and_the_clip_binds(tiny):
                              config(beta=0.0, num_iterations=1))
     assert one["clip_frac"] == 0.0
     model = copy.deepcopy(policy).train()
-    three = grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=5e-2), gen, adv,
-                               config(beta=0.0, lr=5e-2, num_iterations=3, eps_low=0.01, eps_high=0.01))
+    three = grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=5e-2), gen, adv, config(
+                               beta=0.0, learning_rate=5e-2, num_iterations=3, epsilon=0.01, epsilon_high=0.01))
     assert three["finite"] == 1.0
     assert three["clip_frac"] > 0.0           # averaged over the passes: only passes 2 and 3 can clip

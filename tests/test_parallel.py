@@ -30,16 +30,17 @@ from extras.multigpu import Ranks
 torch.set_num_threads(1)
 ranks = Ranks(argparse.Namespace(device="cpu")) if int(os.environ["WORLD_SIZE"]) > 1 else grpo.OneProcess()
 model, tok = models.load_model("tiny")
-cfg = grpo.GRPOConfig(seed=3, max_new_tokens=6, prompts_per_step=4, group_size=2, lr=1e-4, beta=0.0,
+cfg = grpo.GRPOConfig(seed=3, max_new_tokens=6, prompts_per_step=4, num_generations=2, learning_rate=1e-4, beta=0.0,
                       warmup_steps=0, micro_batch=3, loss_type=sys.argv[3])
 # Four prompts of the same length (equal left padding everywhere), four groups of two.
 prompts = [[{"role": "user", "content": f"Say a word about the number {n}."}] for n in (2, 3, 4, 5)]
 def reward_fn(meta, texts, gen):
     rewards = [float(len(t) % 5) + 0.1 * m for t, m in zip(texts, meta)]         # meta: one per completion
     return rewards, {"len": rewards}
-optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-ranks.broadcast(model)
-stats, gen, rewards = grpo.grpo_step(model, tok, optimizer, prompts, [0, 1, 2, 3], reward_fn, cfg, 1, ranks=ranks)
+optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
+scorer = ranks.wrap(grpo.LogProbs(model))       # torchrun: DistributedDataParallel
+stats, gen, rewards = grpo.grpo_step(model, tok, optimizer, prompts, [0, 1, 2, 3], reward_fn, cfg, 1, ranks=ranks,
+                                     scorer=scorer)
 if ranks.is_main:
     save_file({k: v.clone().contiguous() for k, v in model.state_dict().items()}, sys.argv[2])
     print(json.dumps({"stats": stats, "rewards": rewards, "rows": len(gen.texts)}))
@@ -66,7 +67,7 @@ def launch(script: Path, out: Path, loss_type: str, world: int) -> dict:
     return json.loads(outputs[0][0].strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 def test_two_processes_take_the_one_process_step(tmp_path, loss_type):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -74,7 +75,7 @@ def test_two_processes_take_the_one_process_step(tmp_path, loss_type):
     two = launch(script, tmp_path / "two.safetensors", loss_type, world=2)
     assert one["rows"] == 8 and two["rows"] == 4                  # each rank sampled half the batch
     assert two["rewards"] == one["rewards"]                       # the same samples, gathered in order
-    for key in ("reward_mean", "reward_std", "loss", "grad_norm", "length"):
+    for key in ("reward", "reward_std", "loss", "grad_norm", "completions/mean_length"):
         assert two["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-7)
     a, b = load_file(str(tmp_path / "one.safetensors")), load_file(str(tmp_path / "two.safetensors"))
     before = __import__("models").load_model("tiny")[0].state_dict()
@@ -115,3 +116,21 @@ def test_stages_1_and_2_under_torchrun_train_and_resume(tmp_path):
                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     assert odd.returncode != 0 and "--prompts-per-step 3" in odd.stdout + odd.stderr
     assert torch.distributed.is_available()
+
+
+def test_the_process_group_gets_the_explicit_timeout(monkeypatch):
+    # Rank 0 alone builds stage 1's inputs while the others wait in a barrier: the wait is --dist-timeout
+    # minutes, not the backend's default (NCCL's would stop a run with a slow judge).
+    import argparse
+    from datetime import timedelta
+    from extras import multigpu
+    seen = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name, value in {"is_initialized": lambda: False, "get_rank": lambda: 0, "get_world_size": lambda: 2,
+                        "get_backend": lambda: "gloo",
+                        "init_process_group": lambda backend, timeout: seen.update(backend=backend, timeout=timeout)
+                        }.items():
+        monkeypatch.setattr(multigpu.dist, name, value)
+    monkeypatch.setattr(multigpu.atexit, "register", lambda f: None)
+    multigpu.Ranks(argparse.Namespace(device="cpu", prompts_per_step=2, dist_timeout=7.5))
+    assert seen == {"backend": "gloo", "timeout": timedelta(minutes=7.5)}

@@ -57,9 +57,10 @@ def conversation(system, context_id, texts, directives=False, events=(), seed=0)
 
 def grpo_row(step, **extra):
     """A metrics.jsonl row as grpo.train_grpo writes it."""
-    return {"step": step, "frac_zero_std": 0.25, "reward_mean": 0.2 + 0.05 * step, "reward_std": 0.1, **extra,
-            "loss": 1e-8, "kl": None if step == 1 else 0.001 * step, "clip_frac": 0.02, "grad_norm": 0.5,
-            "logp_mismatch": 0.0, "skipped": False, "lr": 5e-6, "length": 20.0, "truncated": 0.5, "seconds": 1.0}
+    return {"step": step, "frac_reward_zero_std": 0.25, "reward": 0.2 + 0.05 * step, "reward_std": 0.1, **extra,
+            "loss": 1e-8, "kl": None if step == 1 else 0.001 * step, "clip_ratio/region_mean": 0.02, "grad_norm": 0.5,
+            "logp_mismatch": 0.0, "skipped": False, "learning_rate": 5e-6, "completions/mean_length": 20.0,
+            "completions/clipped_ratio": 0.5, "entropy": 1.2, "seconds": 1.0}
 
 
 def director_heldout(reward, choices, invalid=0):

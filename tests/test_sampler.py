@@ -203,8 +203,8 @@ def test_sampling_copies_follow_the_policy_after_refresh(tiny):
 def test_grpo_step_logs_the_sampler_trainer_logprob_gap(tiny, sampling_copy):
     model, tok = tiny
     policy = copy.deepcopy(model)
-    cfg = grpo.GRPOConfig(seed=0, prompts_per_step=2, group_size=3, max_new_tokens=8, lr=0.0, warmup_steps=0,
-                          beta=0.0, sample_bf16=sampling_copy == "bf16")
+    cfg = grpo.GRPOConfig(seed=0, prompts_per_step=2, num_generations=3, max_new_tokens=8, learning_rate=0.0,
+                          warmup_steps=0, beta=0.0, sample_bf16=sampling_copy == "bf16")
     sampling = models.SamplingCopy(policy) if cfg.sample_bf16 else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=0.0)
 
