@@ -199,6 +199,23 @@ def test_sampling_copies_follow_the_policy_after_refresh(tiny):
     assert gen.sampler_logprobs.dtype == torch.float32 and len(gen.texts) == len(ROWS)
 
 
+def test_sampler_entropy_is_that_of_the_trainers_distribution(tiny):
+    # GRPO's logged `entropy`: -sum p log p of each step's distribution at the sampling temperature, by hand from
+    # one full forward's logits at the positions that predicted the completion.
+    model, tok = tiny
+    gen = models.generate(model, tok, ROWS, max_new_tokens=6, temperature=0.7, seeds=0)
+    ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)
+    attn = torch.cat([gen.prompt_mask, gen.completion_mask], 1)
+    P, C = gen.prompt_ids.shape[1], gen.completion_ids.shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
+    logp = torch.log_softmax(logits[:, P - 1:P + C - 1].float() / 0.7, -1)                      # (B, C, V)
+    by_hand = -(logp.exp() * logp).sum(-1)                                                       # (B, C)
+    m = gen.completion_mask.bool()
+    assert gen.sampler_entropy.shape == gen.completion_ids.shape and (gen.sampler_entropy[~m] == 0).all()
+    assert (by_hand[m] - gen.sampler_entropy[m]).abs().max() < 1e-3 and (by_hand[m] > 0).all()
+
+
 @pytest.mark.parametrize("sampling_copy", ["none", "bf16"])
 def test_grpo_step_logs_the_sampler_trainer_logprob_gap(tiny, sampling_copy):
     model, tok = tiny
@@ -214,6 +231,7 @@ def test_grpo_step_logs_the_sampler_trainer_logprob_gap(tiny, sampling_copy):
 
     stats, gen, _ = grpo.grpo_step(policy, tok, optimizer, [ANCHOR, HI], [0, 1], reward_fn, cfg, 1,
                                    sampling=sampling)
+    assert stats["entropy"] > 0 and 0 <= stats["completions/clipped_ratio"] <= 1
     if sampling_copy != "bf16":
         assert stats["logp_mismatch"] < 1e-4                    # fp32: the policy's own numbers
     else:
