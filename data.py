@@ -283,7 +283,7 @@ def cached_answers(cache: AnswerCache | None, keys: list[str], compute_misses,
 # --- Settings and seeds: a hyperparameter declared once, with its default, help and valid range ---
 # The settings live in dataclasses beside the code that uses them (grpo.GRPOConfig,
 # reward.RLAIFConfig, director.DirectorConfig, evaluate.EvalConfig); mascot.py turns each `option`
-# field into a flag (`--group-size` for `group_size`), so every default is written exactly once.
+# field into a flag (`--num-generations` for `num_generations`), so every default is written exactly once.
 
 def option(default, help: str, check: str = "", alias: str = ""):
     """A dataclass field that is also a flag. check: "" (any value of the default's type),
@@ -298,7 +298,7 @@ _CHECKS = {"positive": (lambda v: v > 0, "> 0"), "non-negative": (lambda v: v >=
 
 def flag_type(name: str, kind: type, check: str = ""):
     """An argparse `type=` that parses int or float, refuses NaN and infinity, and applies `check`:
-    `error: argument --lr: --lr must be > 0, got -1.0` (exit status 2)."""
+    `error: argument --learning-rate/--lr: --learning-rate must be > 0, got -1.0` (exit status 2)."""
     ok, rule = _CHECKS[check]
 
     def parse(text: str):

@@ -219,7 +219,7 @@ def target_logprobs(model, pad_id: int, rows: list[tuple[list[int], list[int]]])
 # --- Settings, and one process or several -------------------------------------------------------
 @dataclass
 class GRPOConfig:
-    """Every GRPO setting, declared once; each `option` is also a `train` flag (`--group-size`)."""
+    """Every GRPO setting, declared once; each `option` is also a `train` flag (`--num-generations`)."""
     seed: int                          # the run's --seed; every sampling seed derives from it
     max_new_tokens: int                # the longest completion
     # TRL's GRPOConfig names (the old spellings still work); where our default differs, the comment says why.
