@@ -19,6 +19,7 @@ model (each judge call paid once) and stage 2's warm start while the others wait
 --dist-timeout minutes. Backends: gloo on CPU, NCCL on GPUs (each rank on cuda:LOCAL_RANK).
 """
 import atexit
+import gc
 import os
 import sys
 from datetime import timedelta
@@ -29,6 +30,12 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
 from data import UserError                                        # noqa: E402
+
+
+def leave() -> None:
+    """At exit: free what still holds the process group (a DDP wrapper in a reference cycle), then leave it."""
+    gc.collect()
+    dist.destroy_process_group()
 
 
 class Ranks:
@@ -46,7 +53,7 @@ class Ranks:
         if not dist.is_initialized():
             dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo",
                                     timeout=timedelta(minutes=getattr(args, "dist_timeout", 180.0)))
-            atexit.register(dist.destroy_process_group)
+            atexit.register(leave)
         self.rank, self.world, self.is_main = dist.get_rank(), dist.get_world_size(), dist.get_rank() == 0
         self.device = torch.device(args.device if dist.get_backend() == "nccl" else "cpu")   # NCCL: GPU tensors only
         if not self.is_main:

@@ -41,6 +41,7 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_d
 scorer = ranks.wrap(grpo.LogProbs(model))       # torchrun: DistributedDataParallel
 stats, gen, rewards = grpo.grpo_step(model, tok, optimizer, prompts, [0, 1, 2, 3], reward_fn, cfg, 1, ranks=ranks,
                                      scorer=scorer)
+del scorer                  # DDP's reducer goes before the process group does (atexit): no abort at exit
 if ranks.is_main:
     save_file({k: v.clone().contiguous() for k, v in model.state_dict().items()}, sys.argv[2])
     print(json.dumps({"stats": stats, "rewards": rewards, "rows": len(gen.texts)}))
