@@ -196,11 +196,11 @@ def fingerprint(*paths: str | Path) -> str:
 QUIET = False          # mascot's --quiet: no progress bars and no phase lines
 
 
-def progress(items, desc: str, total: int | None = None):
+def progress(items, desc: str):
     """A phase's progress: a tqdm bar on a terminal, a line when it ends in a log, nothing under --quiet or no desc."""
     if QUIET or not desc:
         return items
-    return tqdm(items, desc, total, leave=False) if sys.stderr.isatty() else _phase_line(items, desc)
+    return tqdm(items, desc, leave=False) if sys.stderr.isatty() else _phase_line(items, desc)
 
 
 def _phase_line(items, desc: str):

@@ -323,12 +323,12 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
     # pi_old == pi_theta, so grpo_loss uses logps.detach() and the old-policy pass is skipped too.
     ref = torch.cat([logps_of(ref_model, False, i) for i in range(0, B, mb)]) if cfg.beta > 0 else None
     old = torch.cat([logps_of(policy, False, i) for i in range(0, B, mb)]) if cfg.num_iterations > 1 else None
-    # ONE denominator for the whole optimiser step, summed over the ranks here (DDP syncs gradients, not counts),
-    # so accumulating micro-batches (and processes) gives exactly the full batch's gradient. ("bnpo": each
-    # micro-batch its own token mean, averaged over the step's micro-batches.)
-    total_tokens, n_micro = int(ranks.all_sum(mask.sum().item())), ranks.all_sum(math.ceil(B / mb))
-    normalizer = {"dapo": total_tokens, "grpo": int(ranks.all_sum(B)), "bnpo": None,
-                  "dr_grpo": int(ranks.all_sum(B)) * cfg.max_new_tokens}[cfg.loss_type]
+    # ONE denominator for the whole optimiser step, summed over the ranks here (DDP syncs gradients, not counts), so
+    # micro-batches (and processes) add up to exactly the full batch's gradient ("bnpo": a mean of micro-batch means).
+    total_tokens, sequences = int(ranks.all_sum(mask.sum().item())), int(ranks.all_sum(B))
+    n_micro = math.ceil(B / mb) * ranks.world                        # every rank holds an equal share of the batch
+    normalizer = {"dapo": total_tokens, "grpo": sequences, "bnpo": None,
+                  "dr_grpo": sequences * cfg.max_new_tokens}[cfg.loss_type]
     out = {"loss": 0.0, "kl": None, "clip_frac": 0.0, "grad_norm": 0.0, "finite": True, "logp_mismatch": 0.0}
     for it in range(cfg.num_iterations):
         optimizer.zero_grad(set_to_none=True)
