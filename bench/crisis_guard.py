@@ -1,17 +1,14 @@
 """bench/crisis_guard.py: how often the crisis guard interrupts ordinary talk, and what it catches.
 
 The one place the guard's headline numbers come from (docs/SAFETY.md quotes its output):
-    1. ESConv: the flag rate on the seeker messages of the HELD-OUT dialogues, the ones extras/train_crisis_probe.py
-       keeps out of training. The few real risk messages in them (hand labels, data/safety_esconv_labels.jsonl) are
-       counted apart: "risky" ones the guard should catch, "context" ones (risky only given the earlier turns) neither
-       way. Every other flag is a false alarm and is listed.
-    2. Empathetic Dialogues (with --ed): the flag rate on the held-out conversations' messages.
-    3. Each blind list (tests/fixtures/safety_blind_v*.jsonl, written by people who never saw the guard): recall on
-       the risky messages, overall and per kind, and the flag rate on the near-misses; every miss and every false
-       alarm is listed.
-    4. Timing: the first check (model load) and a batch.
+  1. ESConv: the flag rate on the seeker messages of the HELD-OUT dialogues (the probe never trained on them); their few
+     real risk messages (hand labels, data/safety_esconv_labels.jsonl) count apart: "risky" ones the guard should catch,
+     "context" ones (risky only given earlier turns) neither way; every other flag is a false alarm and is listed.
+  2. Empathetic Dialogues (with --ed): the flag rate on the held-out conversations' messages.
+  3. Each blind list (tests/fixtures/safety_blind_v*.jsonl, written by people who never saw the guard): recall on the
+     risky messages, overall and per kind, and the flag rate on the near-misses; every miss and false alarm is listed.
+  4. Timing: the first check (model load) and a batch.
 ESConv and Empathetic Dialogues are not part of the project (CC BY-NC): give your own copies.
-
 Run from the repo root (~5 min on 2 CPU cores):
     python bench/crisis_guard.py --esconv path/to/esconv/train.jsonl --ed path/to/ed/valid.csv
 """
@@ -96,8 +93,7 @@ def main() -> None:
     parser.add_argument("--blind", nargs="*", type=Path, help="blind lists (JSON lines with text, risky, kind)",
                         default=sorted((ROOT / "tests" / "fixtures").glob("safety_blind_v*.jsonl")))
     args = parser.parse_args()
-    guard = safety.CrisisGuard()
-    started = time.time()
+    guard, started = safety.CrisisGuard(), time.time()
     guard.check("hello")
     print(f"guard: {guard.describe()}; first check {time.time() - started:.1f} s (model load)")
     started = time.time()

@@ -1,16 +1,12 @@
 """bench/generate_speed.py: our sampler (models.generate) against HF's `model.generate`, on the CPU.
 
-Every GRPO step and every simulated turn spends most of its time sampling, so this times the sampler
-alone on the embedded SmolLM2-135M at two shapes, each row `--repeats` times (median), interleaved
-so that a change of machine load hits every row alike, after one untimed warm-up call each:
+Sampling dominates GRPO steps and simulated turns, so this times the sampler alone on SmolLM2-135M at two shapes, each
+row `--repeats` times (median), interleaved so load changes hit every row alike, after an untimed warm-up:
   grpo      2 distinct prompts x G 4 = 8 rows, ~310-token speaker prompts, 48 new tokens;
   distinct  8 distinct prompts, 48 new tokens (a simulated turn: nothing to share).
-Rows: HF generate (fp32, do_sample, temperature 1, top-k off); ours on the fp32 policy; ours on the
-bf16 sampling copy (models.SamplingCopy, its refresh timed too, as GRPO pays it every step); each
-makes exactly 48 tokens (min_new_tokens), so all do the same work. Then each sampler's log-prob
-mismatch against the fp32 trainer (grpo.completion_logprobs: GRPO's `mismatch`); last, the speedup
-of the DEFAULT sampler (bf16 copy where bf16 is native, else fp32) over HF at the grpo shape.
-
+Rows: HF generate (fp32, do_sample, temperature 1, top-k off); ours on the fp32 policy; ours on the bf16 sampling copy
+(its refresh timed too: GRPO pays it every step); each makes exactly 48 tokens, so all do the same work. Then each
+sampler's log-prob mismatch against the fp32 trainer (GRPO's `mismatch`); last, the DEFAULT sampler's speedup over HF.
     python bench/generate_speed.py [--repeats 3] [--threads 2] [--shapes grpo]
 """
 

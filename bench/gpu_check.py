@@ -1,16 +1,13 @@
 """bench/gpu_check.py: a short, real stage 1 on one CUDA GPU: GRPO step time, tokens/s, peak memory.
 
 Runs `mascot.py train --stage 1` in this process with --device cuda at a GPU-sized batch (16 prompts x G 8 = 128
-completions a GRPO step, micro-batches of 32), --dtype bfloat16 (frozen roles, reference and sampling copy in bf16)
-and --autocast-bf16 (training matmuls in bf16; weights, gradients and AdamW fp32): every phase of stage 1 (states,
-candidates, judge, reward model, GRPO, held-out reward) runs for real, in a few minutes. Only the GRPO steps are timed
-(grpo.grpo_step and models.generate wrapped; behaviour unchanged), per step and overall:
+completions a GRPO step, micro-batches of 32), --dtype bfloat16 and --autocast-bf16: every phase runs for real, in a few
+minutes. Only the GRPO steps are timed (grpo.grpo_step and models.generate wrapped; behaviour unchanged):
     s/step       wall seconds of one grpo_step (the first is warm-up, not counted);
     tokens/s     B x (P + C) tokens through the training forward/backward per second of step;
     generate     the share of the step spent sampling;
     peak memory  torch.cuda.max_memory_allocated() over the GRPO phase.
 Needs a CUDA build of torch (requirements.txt says how); without CUDA it prints one line, exits 0.
-
     python bench/gpu_check.py [--checkpointing]      # embedded SmolLM2-135M [+ --gradient-checkpointing]
     python bench/gpu_check.py --dry-run              # print the mascot command, checked, and stop
 """
@@ -55,7 +52,6 @@ def main() -> None:
     p.add_argument("--dry-run", action="store_true", help="print the mascot command (checked by its parser) and stop")
     args = p.parse_args()
     import torch
-
     import grpo
     import mascot
     import models

@@ -2,21 +2,17 @@
 
 Both sides do the same work per step, each in its own process: the same model folder, tokenizer and chat template, no
 gradient checkpointing; the same prompts_per_step prompts of exactly P tokens after the chat template, G completions
-each, sampled in one batch at temperature 1, top-p 1, top-k off; every completion exactly C tokens (min_new_tokens =
-max_new_tokens = C, stops masked until C as in HF), checked every step; the same reward (share of completion token ids
-in the lower half of the vocabulary: cheap, deterministic, different within a group); the same beta, so both run a
-frozen reference; loss "grpo", eps 0.2 / 0.28, one pass and one forward/backward of all B rows per batch, fused AdamW
-(weight decay 0) at a constant learning rate, gradient clipping at 1.0. TRL's defaults that would change the work are
-overridden (bf16, gradient checkpointing and vLLM off; no logging, saving, evaluation or shuffling). Ours runs with
-`mascot.py train`'s defaults: policy, gradients and AdamW fp32; the reference and the sampling copy
-(models.SamplingCopy, refreshed inside every timed step) in --dtype (`auto`: bf16 where the CPU has it natively, else
-fp32; `float32` gives ours exactly TRL's fp32 arithmetic).
+each, sampled in one batch at temperature 1, top-p 1, top-k off; every completion exactly C tokens (min_new_tokens = C,
+stops masked until C as in HF), checked every step; the same reward (low_half_share: cheap, deterministic, different
+within a group); the same beta, so both run a frozen reference; loss "grpo", eps 0.2 / 0.28, one pass and one
+forward/backward of all B rows per batch, fused AdamW (weight decay 0) at a constant learning rate, gradient clipping at
+1.0; TRL's defaults that would change the work are overridden (run_trl). Ours runs with mascot's train defaults: policy,
+gradients and AdamW fp32; the reference and the sampling copy (models.SamplingCopy, refreshed inside every timed step)
+in --dtype (`auto`: bf16 where the CPU has it natively, else fp32; `float32` gives ours exactly TRL's fp32 arithmetic).
 
-Measured per side: seconds per step (wall time between consecutive step ends, warm-up dropped); the CPU seconds over the
-same interval (steadier on a shared machine: they do not grow while the process waits for a core; hence one thread a
-side by default, so that none spins waiting for another); tokens/s (B x (P + C) through the training pass); the share of
-the step inside `generate`; peak resident memory (ru_maxrss, model load included). The sides alternate A B B A.
-
+Measured per side: seconds per step (between step ends, warm-up dropped); the CPU seconds over the same interval
+(steadier on a shared machine: they do not grow while the process waits for a core, hence one thread a side by
+default); tokens/s (B x (P + C) trained); the share inside `generate`; peak RSS (ru_maxrss). Sides alternate A B B A.
     make bench                  # builds .venv-bench (TRL) on first use, then runs this file with it
     python bench/grpo_step.py --models tiny --rounds 2 --steps 1     # a quick check
 The file is also the worker (`--worker ours|trl`: one side, the job as JSON on stdin, one JSON line out); its top
@@ -40,8 +36,7 @@ WORDS = ("today I feel tired and proud of my small garden but work was hard agai
 
 
 def build_prompts(tokenizer, n: int, n_tokens: int) -> list[list[dict]]:
-    """n different chat prompts of exactly `n_tokens` tokens after the chat template: a system line
-    plus a user message grown word by word (words that overshoot are skipped)."""
+    """n different chat prompts of exactly `n_tokens` tokens: a system line and a user message grown word by word."""
     def length(conv):
         return len(tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=True,
                                                  return_dict=True)["input_ids"])
@@ -91,7 +86,6 @@ def peak_rss_mib() -> float:
 def run_ours(job: dict) -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
-
     import grpo
     import models
 

@@ -1,27 +1,20 @@
 """baselines.py: the two prompting baselines that make several model calls per turn.
 
-Where it sits in MASCOT (arXiv 2601.14230): evaluation. The paper compares MASCOT with prompting
-baselines, and two of them are procedures rather than prompts:
-
-  self-consistency (Wang et al. 2023): sample k chains of thought, keep the answer most of them
-      agree on. A reply is free text, so "the majority" is the sample that agrees most with the
-      other k - 1 (`consensus_pick`: highest BLEU-2 against them, the free-text analogue of a
-      vote); `--sc-pick judge` lets the evaluation judge pick instead (labelled in the results).
-  MultiAgentESC (Xu et al., EMNLP 2025): a training-free team for emotional support (dialogue
-      analysis, strategy deliberation, response generation). Per agent turn here:
+The paper (arXiv 2601.14230) compares MASCOT in evaluation with prompting baselines; two of them are procedures:
+  self-consistency (Wang et al. 2023): sample k chains of thought, keep the answer most of them agree on; for free
+      text, the sample that agrees most with the others (`consensus_pick`), or the judge's pick (`--sc-pick judge`).
+  MultiAgentESC (Xu et al., EMNLP 2025): a training-free team for emotional support (dialogue analysis, strategy
+      deliberation, response generation). Per agent turn (speakers in roster order: the paper's fixed round-robin):
         1. analysis:  one call describes what the person feels, why, and what they need;
         2. proposals: every companion proposes one strategy of the persona set's vocabulary;
         3. responses: the speaker writes one candidate per distinct proposed strategy;
         4. vote:      every companion votes for one; the plurality wins (ties: the earliest);
         5. refine:    the speaker revises the winning candidate, which is the turn.
-      Speakers take turns in roster order (the paper: fixed round-robin turns).
-What we simplify: one round of each stage (the original iterates discussion within a stage), one
-shared base model plays every role, and our strategy vocabulary replaces ESConv's eight.
+What we simplify: one round of each stage (the original iterates discussion within a stage), one shared base model
+plays every role, and our strategy vocabulary replaces ESConv's eight.
 
-Both are `speak(convs, directives, cast)` callables, which simulate.advance(..., speak=...) calls
-in place of simulate.agents_speak: the same persona cards, simulated user, crisis guard, contexts
-and seeds as every other system. evaluate.py builds them for the two systems of these names.
-
+Both are `speak(convs, directives, cast)` callables (evaluate.py builds them) that simulate.advance(..., speak=...)
+calls in place of simulate.agents_speak: the persona cards, user, guard, contexts and seeds of every other system.
     python mascot.py evaluate --systems self-consistency,multiagentesc,round-robin
 """
 
@@ -58,9 +51,7 @@ def _clean(cast, raw: str, persona, style: str = "persona") -> str:
 
 # --- Self-consistency ---------------------------------------------------------------------------
 def consensus_pick(texts: list[str]) -> int:
-    """Index of the text that agrees most with the others: the highest sentence BLEU-2 with the
-    other texts as references (ties: the first). A free-text majority vote.
-
+    """Index of the text agreeing most with the others (highest sentence BLEU-2 against them; ties: the first): a vote.
     >>> consensus_pick(["take a short walk tonight", "take a walk tonight", "call your sister tonight"])
     1
     """

@@ -1,17 +1,13 @@
-"""chat.py: talk to the companion group yourself, in the terminal (`python mascot.py chat`), or let a
-simulated user talk to it (`python mascot.py simulate`: conversations for contexts, a Big Five profile
-and a turn-taking policy, as JSON lines a person or extras/report.py can read).
+"""chat.py: talk to the companion group yourself in the terminal (`python mascot.py chat`), or let a simulated user talk
+to it (`python mascot.py simulate`: JSON-lines conversations for contexts, a Big Five profile and a policy).
 
-After training, this is where you meet the agents. You play the person; the rest is the machinery of the
-simulations (simulate.py, director.py). Each message you type is read first by the crisis guard (extras/safety.py,
-through simulate.add_user_turn): if it fires, the fixed crisis message is shown and NO companion answers it.
-Otherwise, `--agents-per-turn` times, the director (or a fixed --policy) picks who answers and how, and that agent's
-reply streams in as it is sampled. The speakers are RUN/stage1/speakers once stage 1 has run, else --model; the
-director is RUN/stage2/director once stage 2 has run, else --model, prompted.
+After training, this is where you meet the agents, playing the person. The crisis guard (extras/safety.py) reads each
+message first: if it fires, the fixed crisis message is shown and NO companion answers. Otherwise, `--agents-per-turn`
+times, the director (or a fixed --policy) picks who answers and how, and the reply streams in as it is sampled. Speakers
+and director: the run's trained ones (RUN/stage1/speakers, RUN/stage2/director) if any, else --model (prompted).
 
-Simplifications: the user is you, and the chat's situation is just "a live chat". A crisis
-message does not end the chat as it ends a simulated conversation: you may go on, and every later
-message is checked again. Inside: /who /reset /save FILE /quit (Ctrl-D and Ctrl-C leave too).
+Simplifications: the chat's situation is just "a live chat", and a crisis message does not end it as it ends a simulated
+conversation: you may go on, and every later message is checked again. Inside: /who /reset /save FILE /quit.
     python mascot.py chat --set meeting --show-directives
     python mascot.py simulate --policy director --contexts 4 --profile all
 """
@@ -47,7 +43,7 @@ def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
 
 def parse_args(argv: list[str], cli):
     p = cli.Parser(prog="mascot.py chat", description="talk to the companion group in the terminal",
-                                formatter_class=cli.Formatter)
+                   formatter_class=cli.Formatter)
     cli.common_flags(p)
     p.add_argument("--policy", choices=["director", "round-robin", "random", "least-spoken"], default="director",
                    help="who answers: the LLM director, or a fixed rule")
@@ -83,10 +79,9 @@ def load_chat(args, cli, say):
 
 
 class StreamPrinter:
-    """Shows one agent's reply while it is sampled, token by token. The chat stores the CLEANED reply
-    (models.clean_reply), so that is what is shown as it grows: after each token the partial text is cleaned, its last
-    word held back (it may still become a label), and only what extends the text already shown is written. `finish`
-    writes the rest; if the clean-up changed something already on screen, the whole reply is shown again, marked."""
+    """Shows one agent's reply token by token as it is sampled. The chat stores the CLEANED reply, so after each token
+    the partial text is cleaned (models.clean_reply), its last word held back (it may still become a label), and only
+    new text is written; `finish` writes the rest, or the whole reply again, marked, if clean-up changed shown text."""
 
     def __init__(self, tokenizer, speaker: str, names: list[str], write):
         self.tok, self.speaker, self.names, self.write = tokenizer, speaker, names, write
@@ -168,10 +163,9 @@ def run_command(line: str, conv, personas, say):
 
 
 def simulate(argv: list[str], cli) -> int:
-    """`mascot.py simulate`: the conversation engine (simulate.py) outside training and evaluation, with the crisis
-    guard on (people read these transcripts); the director as in the chat (module docstring)."""
+    """`mascot.py simulate`: the conversation engine outside training and evaluation, guard on (people read these)."""
     p = cli.Parser(prog="mascot.py simulate", formatter_class=cli.Formatter,
-                                description="write conversations for contexts, a profile and a policy")
+                   description="write conversations for contexts, a profile and a policy")
     cli.common_flags(p)
     p.add_argument("--turns", type=flag_type("--turns", int, "positive"), default=4, help="agent turns per conversation")
     p.add_argument("--contexts", type=flag_type("--contexts", int, "positive"), default=4, help="how many contexts")
@@ -211,8 +205,7 @@ def simulate_into(path: Path, inputs, args, cli) -> int:
 
 
 def main(argv: list[str], cli) -> int:
-    """`mascot.py chat ...` (argv[0] is "chat"; cli is mascot.py), or `simulate` above. Returns 0 however
-    the person leaves; bad flags or files raise data.UserError (mascot.py prints it as one line)."""
+    """`mascot.py chat|simulate ...`: returns 0 however the person leaves; bad flags or files raise data.UserError."""
     if argv[0] == "simulate":
         return simulate(argv, cli)
     args = parse_args(argv[1:], cli)

@@ -1,9 +1,8 @@
 """extras/datasets.py: the public datasets the paper uses, read in their official release formats.
 
-MASCOT (arXiv 2601.14230) trains and evaluates on Empathetic Dialogues (split by valence), QMSum
-meetings (Academic / Committee / Product) and ESConv (held-out transfer). `load_splits(spec, set)`
-reads any of them and returns the same data.Context the bundled file gives, so nothing downstream
-knows the source; mascot.py calls it whenever --data is not in our own contexts format:
+MASCOT (arXiv 2601.14230) trains and evaluates on Empathetic Dialogues (split by valence), QMSum meetings (Academic,
+Committee, Product) and ESConv (held-out transfer). `load_splits(spec, set)` reads any of them into the bundled file's
+data.Context, so nothing downstream knows the source; mascot.py calls it for any --data not in our format:
 
     ED train/valid/test.csv          one Context per conv_id, with its turns
     ED JSON lines                    {conv_id, emotion, polarity, situation, first_utterance}
@@ -11,11 +10,9 @@ knows the source; mascot.py calls it whenever --data is not in our own contexts 
     a QMSum folder or meeting file   one Context per meeting, its first speaker as the user
     QMSum openings JSON lines        {id, domain, topic_list, first_turns}
 
-A folder whose files or sub-folders are named by split (train.csv / valid.csv / test.csv, train_*.jsonl, QMSum's
-data/ALL/{train,val,test}/) gives {"train": ..., "test": ...}, used as the paper uses it: training reads train,
-evaluation test (else valid). Anything else gives {"all": ...} and mascot.py splits it at random. Malformed rows are
-skipped with a warning and a count; the datasets are not part of the project (ED and ESConv CC BY-NC 4.0, QMSum MIT).
-
+A folder whose files or sub-folders are named by split (train.csv, valid.csv, train_*.jsonl, QMSum's data/ALL/test/)
+gives {"train": ..., "test": ...}: training reads train, evaluation test (else valid); anything else gives {"all": ...}
+for mascot.py to split at random. ED and ESConv (CC BY-NC 4.0) and QMSum (MIT) are not part of the project.
     python extras/datasets.py path/to/esconv/train.jsonl       # how a dataset reads
 """
 
@@ -76,9 +73,8 @@ def ed_row(row: dict) -> Context:
 
 
 def esconv_row(row: dict) -> Context:
-    """ESConv.json turns {speaker: seeker|supporter, content, annotation: {strategy}}; its JSON-lines
-    split {speaker: usr|sys, text, strategy}. Over half the dialogues open with a supporter greeting;
-    we start at the seeker's first turn so that turns[0] is the opening, as for every source."""
+    """ESConv.json turns {speaker: seeker|supporter, content, annotation: {strategy}} or JSON-lines {speaker: usr|sys,
+    text, strategy}. Over half the dialogues open with a supporter greeting: turns[0] is the seeker's first turn."""
     situation, emotion, dialog = field(row, "situation"), field(row, "emotion_type"), row.get("dialog")
     if not isinstance(dialog, list) or not dialog:
         raise BadRow("'dialog' is missing or empty")
@@ -103,16 +99,14 @@ def esconv_row(row: dict) -> Context:
 
 
 def clean_transcript(text: str) -> str:
-    """QMSum's markup: `{disfmarker}` where a speaker breaks off becomes "...", other tags go, and
-    tokenised spacing ("I 'll get it .") is re-joined; a turn of pure markup becomes ""."""
+    """QMSum's markup: {disfmarker} -> "...", other tags dropped, "I 'll get it ." re-joined; pure markup -> ""."""
     text = " ".join(re.sub(r"\{\w+\}", " ", text.replace("{disfmarker}", " ... ")).split())
     text = re.sub(r" '(s|re|m|ll|ve|d)\b", r"'\1", re.sub(r" ([.,?!;:]+)", r"\1", text))
     return text if re.search(r"\w", text) else ""
 
 
 def meeting_row(meeting_id: str, topics: object, transcript: object, domain: str) -> Context:
-    """A meeting's topics ({topic, relevant_text_span} or text) and turns ({speaker, content});
-    whoever speaks first plays the user (the chair)."""
+    """A meeting's topics ({topic, ...} or text) and turns ({speaker, content}); the first speaker plays the user."""
     names = [t.get("topic") if isinstance(t, dict) else t for t in (topics if isinstance(topics, list) else [])]
     names = [n.strip() for n in names if isinstance(n, str) and n.strip()]
     if not names or not isinstance(transcript, list):
@@ -154,8 +148,7 @@ def row_kind(row: object):
 
 
 def parse_rows(path: Path, rows: list[tuple[int, object]], parse=None) -> list[Context]:
-    """Parse numbered rows, skipping (and counting) the malformed ones. Without `parse` the format is
-    the one most rows have, so a damaged first row cannot decide how the whole file is read."""
+    """Parse numbered rows, skipping and counting bad ones, in `parse`'s format, else most rows' (not just row 1's)."""
     if parse is None:
         kinds = Counter(filter(None, (row_kind(r) for _, r in rows)))
         if not kinds:
@@ -209,8 +202,7 @@ def load_ed_csv(path: Path) -> list[Context]:
 
 
 def load_meetings(files: list[Path]) -> list[Context]:
-    """QMSum meeting files; the official data/ALL/ and per-domain folders hold the same meetings, so
-    one copy per id, its domain from a folder name or a `*domains.json` near it."""
+    """QMSum meeting files, one per id (ALL/ and domain folders repeat them); domain: folder name or `*domains.json`."""
     by_id, mappings = {}, {}
     for file in files:
         if file.parent not in mappings:
@@ -247,8 +239,7 @@ def load_file(path: Path) -> list[Context]:
 
 
 def split_of(path: Path, root: Path) -> str | None:
-    """The official split a file belongs to, by its name (train_*.jsonl, valid.csv) or a folder name
-    on the way from `root` (QMSum's data/ALL/test/)."""
+    """The official split of a file by its name (train_*.jsonl, valid.csv) or a folder under `root` (data/ALL/test/)."""
     if m := re.match(r"(train|validation|valid|val|dev|test)(?:[_.\-]|$)", path.name.lower()):
         return SPLITS[m.group(1)]
     return next((SPLITS[p.lower()] for p in reversed(path.relative_to(root).parent.parts) if p.lower() in SPLITS), None)

@@ -1,12 +1,10 @@
-"""extras/demo.py: `python mascot.py demo` (make demo): every stage on the embedded model, sized for
-a 2-core CPU, then a short summary a newcomer can read.
+"""extras/demo.py: `python mascot.py demo` (make demo): every stage on the embedded model, sized for a 2-core CPU, then
+a short summary a newcomer can read.
 
-Stage 1, stage 2, the evaluation and the HTML report, each through mascot.py's own commands, each
-skipped when already complete and resumed from its newest checkpoint when interrupted (run `make
-demo` again to continue). Small on purpose: the point is to see every stage run and print real
-numbers; at this size they are noise, and the closing verdict line says whether any change is
-beyond it. For a real run, use `train` and `evaluate` without these budgets.
-
+Stage 1, stage 2, the evaluation and the HTML report, each through mascot.py's own commands, each skipped when already
+complete and resumed from its newest checkpoint when interrupted (run `make demo` again to continue). Small on purpose:
+the point is to see every stage run and print real numbers; at this size they are noise, and the closing verdict line
+says whether any change is beyond it. For a real run, use `train` and `evaluate` without these budgets.
     python mascot.py demo [--run runs/demo] [--model smollm2-135m]
 """
 
@@ -22,15 +20,13 @@ import models
 from evaluate import REFERENCE, all_metrics, cell
 from metrics import binomial_two_sided_p
 
-# Activation checkpointing keeps every training pass (reward model, warm start, GRPO) near one
-# layer's activations, for ~1/5 more compute in those passes. --beta 0: three steps at lr 1e-5 stay
-# within a KL of ~0.001 of the start, where the KL term changes nothing, and without it no frozen
-# reference is held (0.54 GB in fp32), so the demo fits in 4 GB on CPUs without native bf16 too.
+# Activation checkpointing keeps every training pass near one layer's activations, for ~1/5 more compute in those
+# passes. --beta 0: three steps at lr 1e-5 stay within a KL of ~0.001 of the start, where the KL term changes nothing,
+# and without it no frozen reference is held (0.54 GB in fp32): the demo fits in 4 GB even without native bf16.
 STAGE1 = ["--states", "6", "--heldout-states", "3", "--candidates", "4", "--pairs-per-state", "1", "--hack-pairs", "1",
           "--max-steps", "3", "--prompts-per-step", "2", "--num-generations", "4", "--max-completion-length", "32",
           "--learning-rate", "1e-5", "--beta", "0", "--save-steps", "3", "--dump-every", "3", "--gradient-checkpointing"]
-# Stage 2 starts with supervised steps that teach the 135M director the three-line format (prompted,
-# it writes no parseable directive and GRPO gets no signal).
+# Supervised steps first teach the 135M director the format (prompted, it writes nothing parseable: no GRPO signal).
 STAGE2 = ["--decision-points", "4", "--heldout-points", "3", "--max-steps", "2", "--prompts-per-step", "1",
           "--num-generations", "3", "--rollout-turns", "2", "--max-completion-length", "32", "--learning-rate", "1e-5",
           "--beta", "0", "--director-warmup", "5", "--warmup-lr", "1e-4", "--no-eval-prompted", "--save-steps", "2",
@@ -46,8 +42,7 @@ def main(argv: list[str], cli) -> int:
     p.add_argument("--model", default=models.EMBEDDED, help="base model")
     args = p.parse_args(argv[1:])
     run, common, t0 = Path(args.run), ["--model", args.model, "--run", args.run], time.time()
-    # Linux's ru_maxrss is in KiB.
-    so_far = lambda: (f"{time.time() - t0:.0f} s so far, peak memory "                # noqa: E731
+    so_far = lambda: (f"{time.time() - t0:.0f} s so far, peak memory "    # noqa: E731 (Linux's ru_maxrss: KiB)
                       f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9:.1f} GB")
     with data.run_lock(run):                       # one command at a time in a run folder, as train's
         for stage, budget in ((1, STAGE1), (2, STAGE2)):
@@ -71,8 +66,7 @@ def main(argv: list[str], cli) -> int:
 
 
 def drop_resume_checkpoints(folder: Path) -> None:
-    """A finished stage's resume checkpoints (weights + AdamW moments, ~1.6 GB each for SmolLM2-135M)
-    are read by nothing once summary.json and the final model exist: `train` keeps them, the demo not."""
+    """Delete a done stage's resume checkpoints (~1.6 GB each, SmolLM2-135M): nothing reads them; `train` keeps them."""
     if (folder / "summary.json").exists() and (folder / "checkpoints").is_dir():
         size = sum(f.stat().st_size for f in (folder / "checkpoints").rglob("*") if f.is_file())
         shutil.rmtree(folder / "checkpoints")
@@ -80,8 +74,7 @@ def drop_resume_checkpoints(folder: Path) -> None:
 
 
 def print_side_by_side(path: Path, width: int = 60) -> None:
-    """One held-out conversation of round-robin with the base speakers beside the same context,
-    profile and seeds under the full trained system."""
+    """Round-robin with base speakers beside the full trained system on one held-out context, profile and seeds."""
     rows = {}
     for r in data.read_jsonl(path) if path.exists() else []:
         rows.setdefault(r["system"], []).append(r)
@@ -97,11 +90,9 @@ def print_side_by_side(path: Path, width: int = 60) -> None:
 
 
 def verdict(r: dict) -> list[str]:
-    """A short summary of an evaluation's results: a few columns, systems with n >= 2 only, and one
-    plain line saying whether any change against round-robin is beyond noise. A change counts only
-    when its 95% bootstrap interval excludes 0 AND the sign test of its paired differences gives
-    p < 0.05: a percentile bootstrap over three pairs excludes 0 whenever all three point the same
-    way, which happens by chance one time in four; the sign test needs six pairs for that."""
+    """A few columns (systems with n >= 2) and one line on whether any change against round-robin is beyond noise: its
+    95% bootstrap interval excludes 0 AND its paired differences' sign test gives p < 0.05 (a bootstrap over three pairs
+    excludes 0 whenever all three agree, by chance one time in four; the sign test needs six pairs)."""
     cols = [m for m in all_metrics() if m.key in ("persona_id_accuracy", "persona_consistency", "self_bleu", "context_copy")
             and r["status"][m.key] in ("ok", "approximated")]
     lines = [f"{'system':<15} {'n':>2}   " + "  ".join(f"{m.title[:24]:>24}" for m in cols)]

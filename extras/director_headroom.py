@@ -1,20 +1,16 @@
 """director_headroom.py: how much could ANY director gain over the least-spoken rule under stage 2's reward?
 
 Stage 2 trains the director to pick, at each decision point, the agent whose block of turns gets the highest group
-reward (director.block_reward). Before blaming the training when a trained director does not beat the least-spoken
-rule, ask whether the reward leaves anything to learn. For every held-out decision point this rolls the block out once
-per agent (that agent first, with the action and tone of its first ESConv strategy, extras/strategies.py; the rule
-directs the rest) and once with the rule alone, on --seeds sampling seeds ("replicates": the same points, every turn
-re-sampled). Then, beside each agent's and the rule's mean reward per replicate:
-  - the in-sample oracle: per point the best agent of a replicate, scored on the SAME replicate
-    (optimistic: the max of noisy numbers is high even when the agents are equally good);
-  - the cross-validated oracle: per point the agent best on the other replicates, scored on the one
-    left out, paired against the rule there: what a director that had learnt each point's best
-    first agent perfectly from this reward could gain (not above the rule: nothing to learn);
-  - how often two replicates agree on a point's best agent (chance ~1/#agents), and the correlation
-    across replicates of each (point, agent) reward minus its point's mean (0: whom to pick is noise),
-    for the reward and for each of its components.
-Every flag defaults to the stage-2 run's own (RUN/stage2/config.json), its held-out points come from
+reward (director.block_reward). When a trained director does not beat the least-spoken rule, first ask whether the
+reward leaves anything to learn: this rolls every held-out decision point's block out once per agent (that agent first,
+with its first ESConv strategy's action and tone; the rule directs the rest) and once with the rule alone, on --seeds
+sampling seeds ("replicates": same points, every turn re-sampled). Beside each policy's mean reward per replicate:
+  - the in-sample oracle: per point the best agent of a replicate, scored on the SAME one (optimistic: noise helps);
+  - the cross-validated oracle: per point the agent best on the other replicates, scored against the rule on the one
+    left out: what learning each point's best first agent from this reward could gain (<= 0: nothing to learn);
+  - how often two replicates agree on a point's best agent (chance ~1/#agents), and the correlation across replicates of
+    each (point, agent) reward minus its point's mean (0: whom to pick is noise), for the reward and each component.
+Every flag defaults to the stage-2 run's own (RUN/stage2/config.json); the held-out points come from
 RUN/stage2/decision_points.jsonl (built alike when missing). Cost: (#agents + 1) x --seeds evaluations.
     python mascot.py director-headroom --run runs/esc20 --seeds 4      (writes RUN/stage2/headroom.json)
 """
@@ -47,8 +43,7 @@ def conversation_from_json(row: dict, context: data.Context) -> Conversation:
 
 
 def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:
-    """From per-replicate rewards {policy: [reward per point]} (policies: each agent and "rule"), the
-    in-sample and cross-validated oracles, best-agent agreement and the deviation correlation."""
+    """The module docstring's oracles and agreement, from per-replicate rewards {policy: [reward per point]}."""
     n, pairs = len(rewards[0]["rule"]), list(itertools.combinations(range(len(rewards)), 2))
     best = [[max(names, key=lambda g: r[g][i]) for i in range(n)] for r in rewards]
     out = {"n": n, "per_policy": [{k: sum(v) / n for k, v in r.items()} for r in rewards],

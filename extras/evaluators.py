@@ -1,23 +1,18 @@
-"""extras/evaluators.py: an evaluator that training cannot game. Which persona does the FROZEN base
-model think wrote this turn?
+"""extras/evaluators.py: an evaluator training cannot game: which persona does the FROZEN base model think wrote a turn?
 
-The paper measures persona consistency with LLM judges that took no part in training. Our default
-judge cannot do that: it labelled the pairs the reward model learned from, so "its persona score went
-up" may only mean "the speakers learned its blind spots". mascot.py hands this evaluator to the
-evaluation (evaluate.score_conversations: the persona ID columns of every table) and to judge-stress.
+The paper measures persona consistency with LLM judges that took no part in training. Our default judge cannot: it
+labelled the pairs the reward model learned from, so "its persona score went up" may only mean "the speakers learned its
+blind spots". mascot.py hands this evaluator to evaluate.score_conversations (persona ID columns) and judge-stress.
 
 For an agent turn y of persona s after conversation c and every persona k of the set,
     lp_k = log p_base(y | card_k, c)    (the frozen --model, teacher-forced)
   persona ID   = 1 if argmax_k lp_k == s (chance 1 / #personas)
-  log-ratio    = (lp_s - log mean_{k != s} exp lp_k) / tokens(y): the log Bayes factor "own card vs
-                 the others" per token; fluency and length cancel out of it
-  persona ID, first 32 tokens: from the first EQUAL_TOKENS tokens only, so longer turns cannot
-                 gain by length (the summed log-probs grow with it)
-Independent of training: it is not the reward, not the judge that labelled the pairs, and reads
-no embedding; the one link is stage 1's KL term, which anchors the speakers to this model under
-their OWN card only. Persona names in the turn are masked, so a speaker cannot win by signing
-its turns; its blind spot, a reply that recites its own card, is what persona_copy counts.
-
+  log-ratio    = (lp_s - log mean_{k != s} exp lp_k) / tokens(y): the log Bayes factor "own card vs the others"
+                 per token; fluency and length cancel out of it
+  persona ID, first 32 tokens: the same on the first EQUAL_TOKENS tokens only, so longer turns cannot gain by length
+Independent of training: not the reward, not the judge that labelled the pairs, no embedding; the one link is stage 1's
+KL term, which anchors the speakers to this model under their OWN card only. Persona names in the turn are masked, so a
+speaker cannot win by signing its turns; its blind spot, a reply that recites its own card, is what persona_copy counts.
     python mascot.py evaluate [--no-persona-id]       # every table has its columns
 """
 
@@ -45,8 +40,7 @@ class Item(NamedTuple):
 
 
 def mask_names(reply: str, names: list[str]) -> str:
-    """Every persona name, as a whole word spelt as the name is, replaced by NEUTRAL_NAME (only
-    capitalised names: "I can guide you" is an ordinary verb, a role's own)."""
+    """Persona names (whole words, capitalised as the name) replaced by NEUTRAL_NAME: "I can guide you" stays."""
     return re.sub(r"(?<!\w)(" + "|".join(map(re.escape, names)) + r")(?!\w)", NEUTRAL_NAME, reply) if names else reply
 
 

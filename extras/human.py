@@ -1,22 +1,18 @@
 """extras/human.py: the paper's two human studies: the annotation page, the record, the statistics.
 
-Where it sits in MASCOT (arXiv 2601.14230): after `evaluate` has written RUN/eval/transcripts.jsonl. People see
-a situation and two conversations (MASCOT and a baseline, names hidden, sides random), two raters per pair, at
-most 10 pairs per rater, and are asked (1) "which provides better socio-collaborative support?" (a forced choice)
-and (2) the same plus three 5-point Likert items per conversation (LIKERT). The statistics (analyse) add Fleiss'
-and Cohen's kappa, which the paper does not report.
+As in the paper, raters see a situation and two conversations of RUN/eval/transcripts.jsonl (MASCOT vs a baseline,
+names hidden, sides random; two raters a pair, <= 10 each) and answer (1) "which provides better socio-collaborative
+support?" (forced choice) or (2) that plus three 5-point Likert items each (LIKERT). The kappas (analyse) are ours.
 
     python extras/human.py serve --transcripts runs/default/eval/transcripts.jsonl --a mascot \
         --b few-shot-cot --out runs/default/human/annotations.jsonl   # then open http://127.0.0.1:8765/
     python mascot.py evaluate --run runs/default --human runs/default/human/annotations.jsonl
 
-`serve` shows speakers and texts only (directives and crisis events would give a system away) and appends each
-answer at once (flush + fsync): a study survives a crash and resumes. Several annotators work at once under their
-own names. Plain HTML forms, no JavaScript (the browser's `required` check stops half-filled forms, the server
-checks again); a page, not a terminal UI: raters read two conversations side by side.
+`serve` shows speakers and texts only (directives and crisis events would give a system away) and appends each answer at
+once (flush + fsync), so a study survives a crash and resumes; annotators work at once under their own names. Plain HTML
+forms (`required` fields, checked again by the server), no JavaScript; a page, so raters see both conversations at once.
 
-One record per judgement (one line); "systems" is [A, B], A the system under test; "item" is the seed; "likert"
-is absent in a choice-only study:
+One record (line) per judgement; "systems": [A, B], A under test; "item": the seed; no "likert" in a choice-only study:
     {"annotator": "a1", "item": "3", "context_id": "esconv-12", "systems": ["mascot", "few-shot-cot"],
      "left": "few-shot-cot", "choice": "mascot", "time": "2026-11-30T14:00:00",
      "likert": {"mascot": {"helpfulness": 4, "emotional": 5, "safety": 5}, "few-shot-cot": {...}}}
@@ -58,9 +54,8 @@ def average_ranks(values: list[float]) -> list[float]:
 
 
 def mann_whitney_counts(m: int, n: int) -> list[int]:
-    """How many of the C(m+n, m) orderings of two samples without ties give U = 0, 1, ..., m*n. Recursion on the
-    largest observation: it belongs to the first sample (then it beats all n of the second: U drops by n) or to the
-    second (U unchanged): c(m, n, u) = c(m-1, n, u-n) + c(m, n-1, u)."""
+    """How many of the C(m+n, m) orderings of two tie-free samples give U = 0, 1, ..., m*n, by recursion on the largest
+    value: in the first sample it beats all n of the second (c(m-1, n, u-n)), else U is unchanged (c(m, n-1, u))."""
     prev = [[1]] * (n + 1)                     # sizes (0, j): U = 0, one way; prev[j] = the counts of (i - 1, j)
     for i in range(1, m + 1):
         row = [[1]]                            # sizes (i, 0)
@@ -71,8 +66,7 @@ def mann_whitney_counts(m: int, n: int) -> list[int]:
 
 
 def mann_whitney_u(x: list[float], y: list[float], method: str = "auto") -> dict:
-    """Two-sided Mann-Whitney U test (Wilcoxon rank-sum) of two independent samples.
-
+    """Two-sided Mann-Whitney U test (Wilcoxon rank-sum) of two independent samples:
         U_x = R_x - n_x (n_x + 1) / 2      R_x = sum of x's ranks in the pooled sample (ties averaged)
         U_y = n_x n_y - U_x                U_x counts the (x, y) pairs with x > y, ties as 1/2
     "exact": p = 2 P(U >= max(U_x, U_y)) under the null, from mann_whitney_counts (no ties only); "asymptotic":
@@ -102,9 +96,8 @@ def mann_whitney_u(x: list[float], y: list[float], method: str = "auto") -> dict
 
 
 def cohen_kappa(a: list, b: list) -> float:
-    """Cohen's kappa of two raters' labels on the same items: (p_o - p_e) / (1 - p_e), p_o the share of items where
-    they agree, p_e = sum over labels of the product of the two raters' shares of that label (chance agreement).
-    1 = perfect, 0 = chance level; nan (undefined) for no items or p_e = 1 (both gave one label to everything)."""
+    """Cohen's kappa of two raters' labels on the same items: (p_o - p_e) / (1 - p_e), p_o their agreement rate, p_e =
+    sum over labels of the product of their shares (chance). 1 = perfect, 0 = chance; nan for no items or p_e = 1."""
     if len(a) != len(b):
         raise ValueError(f"cohen_kappa needs one label per item from each rater, got {len(a)} and {len(b)}")
     n, ca, cb = len(a), Counter(a), Counter(b)
@@ -131,8 +124,7 @@ def fleiss_kappa(counts: list[list[int]]) -> float:
 
 # --- items, records, analysis -----------------------------------------------------------------------
 def load_items(transcripts: str, a: str, b: str) -> list[dict]:
-    """One item per conversation that both systems have in RUN/eval/transcripts.jsonl, paired by seed, context and
-    profile (evaluate gives conversation i the same ones in every system):
+    """One item per conversation both systems have in RUN/eval/transcripts.jsonl, paired by (seed, context, profile):
     {"item", "context_id", "situation", "systems": [a, b], "turns": {system: [{speaker, text, ...}]}}."""
     by_system = defaultdict(dict)
     for number, row in data.read_jsonl(transcripts, numbered=True):
@@ -171,11 +163,10 @@ def load_records(path) -> list[dict]:
 
 
 def analyse(records: list[dict]) -> dict:
-    """Every statistic, per compared pair of systems (A = the system under test). choice: rater-level wins of A,
-    exact two-sided sign test (metrics.win_rate; a forced choice: no ties); how many conversations every rater gave
-    to A (or B). likert: per item and rating stream (stream k = the k-th judgement of each conversation, in file
-    order), the means of A and B and a two-sided Mann-Whitney U test. agreement: Fleiss' kappa of the choices over
-    the items with the most common number (>= 2) of ratings; Cohen's kappa between the first and second ratings."""
+    """Every statistic per compared pair of systems (A under test). choice: rater-level wins of A, exact two-sided sign
+    test (metrics.win_rate); conversations every rater gave to A (or B). likert: per item and rating stream (stream k:
+    each conversation's k-th judgement), the means of A and B, a two-sided Mann-Whitney U test. agreement: Fleiss' kappa
+    of the choices over items with the commonest rating count (>= 2); Cohen's kappa of first vs second ratings."""
     out, by_pair = {}, defaultdict(lambda: defaultdict(list))        # (A, B) -> item -> its judgements
     for r in records:
         by_pair[tuple(r["systems"])][r["item"]].append(r)

@@ -1,13 +1,11 @@
 """extras/judges.py: the LLM judges beside the offline one, and how good any grader is.
 
-mascot.make_judge builds `--judge hf:<model>` (HFJudge: a local chat LLM's next-token probabilities of "A"/"B" and
-"1".."5") and `rm:<folder>` (RMJudge: stage 1's reward model) here; the openai: judge of extras/served.py uses this
-file's prompts (data/prompts/judge_*.txt: ours, as the paper's GPT-4o, Gemma and Phi-4 prompts are unpublished). LLM
-judges prefer the reply they read first (Zheng et al. 2023), so a pairwise question is asked in both orders and counts
-only when they agree (combine_orders). A grader is worth optimising only if it prefers good replies and keeps doing so
-when a policy searches for what it over-rewards; as Gao et al. 2022 we test that with best-of-N instead of RL, against
-a "gold" grader the proxy never saw: the frozen base model's persona identification (extras/evaluators.py).
-
+mascot.make_judge builds `--judge hf:<model>` (HFJudge: a local LLM's probabilities of "A"/"B" and "1".."5") and
+`rm:<folder>` (RMJudge: stage 1's reward model) here; extras/served.py's openai: judge uses this file's prompts
+(data/prompts/judge_*.txt, ours: the paper's are unpublished). LLM judges prefer the reply they read first (Zheng et al.
+2023), so a pairwise question is asked in both orders and counts only when they agree (combine_orders). A grader is
+worth optimising only if it prefers good replies and keeps doing so when a policy searches for what it over-rewards; we
+test that with best-of-N instead of RL (Gao et al. 2022), against a "gold" grader it never saw (extras/evaluators.py).
     python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl    # accuracy on labelled pairs
     python mascot.py judge-eval --pairs ... --persona-id    # is the independent evaluator valid on them?
     python mascot.py judge-stress --run runs/default    # best-of-N: do a grader's picks hack? (then GRPO will)
@@ -75,11 +73,10 @@ def _score_value(number: str, lo: int, hi: int) -> int | None:
 
 def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
     """An integer rubric score in [lo, hi] read from free text, or None. Judges are asked to end with "Score: N", but
-    models wander, so every statement that LOOKS like a score is read (ASCII digits only): labelled ("Score: 4",
-    "**Score:** 4", "rating is 4", '{"score": 4}', "score: 4/5"), a fraction over the scale's top ("4/5", "4 out of 5"),
-    a bold number, "4 stars", or an answer that is only the number; scale descriptions ("(1-5)", "1 to 5") are removed
-    first. All must agree: "5/5 ... no, 2/5" is None, since a self-correction cannot be told from a quotation and a
-    silently wrong score is worse than a missing one, which the caller counts."""
+    models wander, so every statement that LOOKS like a score is read: labelled ("Score: 4", "rating is 4", "4/5"),
+    a fraction over the scale's top ("4 out of 5"), a bold number, "4 stars", or an answer that is only the number,
+    after scale descriptions ("(1-5)", "1 to 5") are removed. All must agree ("5/5 ... no, 2/5" is None): a
+    self-correction cannot be told from a quotation, and a silently wrong score is worse than a missing one."""
     if not isinstance(text, str):
         return None
     text = re.sub(rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?", " ", text, flags=re.IGNORECASE)
@@ -134,8 +131,7 @@ def label_token_ids(tokenizer, label: str) -> list[int]:
 
 
 class HFJudge(Judge):
-    """A local causal LM as judge, at temperature 0. score(): the expected rubric score sum_k k P("k")
-    mapped to [0, 1], smoother than the single most likely digit."""
+    """A local causal LM as judge at temperature 0; score() maps sum_k k P("k") to [0, 1] (smoother than one digit)."""
     can_generate = True
     read_score = staticmethod(parse_rubric_score)
 
@@ -229,9 +225,8 @@ def load_pairs(path: str | Path) -> list[dict]:
 
 
 def evaluate_pairs(judge: Judge, pairs: list[dict]) -> dict:
-    """The fraction of pairs where the judge prefers `better`. Even pairs are asked (better, worse), odd ones
-    swapped, so a judge that always picks one position scores 0.5 on an even number: position bias cannot
-    inflate it. No verdict counts as wrong; `unreadable`: answers that could not be read (not judgements)."""
+    """The share of pairs where the judge prefers `better`. Even pairs are asked (better, worse), odd ones swapped, so a
+    judge that always picks one position scores 0.5. No verdict counts as wrong; `unreadable`: unparsable answers."""
     firsts = [p["better"] if i % 2 == 0 else p["worse"] for i, p in enumerate(pairs)]
     seconds = [p["worse"] if i % 2 == 0 else p["better"] for i, p in enumerate(pairs)]
     states = [JudgeState(p["persona"], p["persona_desc"], p["context"], list(p["history"]), p.get("situation", ""))
@@ -282,10 +277,9 @@ INDEPENDENT = {"correct": "in-role reply identified", "log_ratio": "persona log-
 
 def best_of_n(policy, tok, states: list, personas, scorers: dict, n: int, max_new_tokens: int, temperature: float,
               seed: int, identifier=None, function=None) -> dict:
-    """Best-of-N (Gao et al. 2022): n replies per state; each scorer (name -> fn(states, replies) -> scores) picks
-    its top one. Per diagnostic (metrics.diagnose): the pick's rate and its paired difference from chance (the
-    state's mean over all candidates). identifier: each pick's persona-ID numbers too, and "persona-id" joins
-    the graders (the most a pick can gain on it); function: the persona-function evaluator's numbers too."""
+    """Best-of-N: n replies per state; each scorer (name -> fn(states, replies) -> scores) picks its top one. Per
+    diagnostic (metrics.diagnose): the pick's rate and its paired difference from chance (the state's candidate mean).
+    identifier, function: each pick's persona-ID and -function numbers too; "persona-id" also joins the graders."""
     rows = [s for s in states for _ in range(n)]
     texts = models.generate_texts(policy, tok, [s.prompt(personas) for s in rows], max_new_tokens, temperature,
                                   seeds=[derive_seed(seed, "best-of-n", i) for i in range(len(rows))])
@@ -331,8 +325,7 @@ def within_state_correlation(xs: list[float], ys: list[float | None], n: int) ->
 
 
 def vs_chance(values: list[float | None], n: int, picks: list[int]) -> tuple:
-    """(pick mean, mean over states of pick - that state's candidate mean, its se); S states x n candidates,
-    state-major; None values, and states whose pick is None, are left out."""
+    """(pick mean, mean over states of pick minus state mean, its se); state-major S x n values, None left out."""
     picked = [(i, values[i * n + j]) for i, j in enumerate(picks) if values[i * n + j] is not None]
     diffs = [v - mean_or_none(values[i * n:(i + 1) * n]) for i, v in picked]
     return mean_or_none([v for _, v in picked]), mean_or_none(diffs), standard_error(diffs)

@@ -2,21 +2,17 @@
 
     torchrun --nproc_per_node N -- mascot.py train --stage 1|2 ...     ("--" ends torchrun's flags)
 
-torchrun starts N copies of the command and tells each its rank (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR/PORT); mascot.py builds `Ranks(args)` when WORLD_SIZE > 1. Every process holds a full
-copy of the policy; they split the batch. In one GRPO step (grpo.grpo_step, grpo.policy_update):
-  1. every rank draws the SAME global batch and keeps its contiguous share (`shard`): whole groups,
-     so the advantages need no communication; each row keeps its one-process sampling seed;
+torchrun starts N copies of the command, each told its rank; mascot.py builds `Ranks(args)` when WORLD_SIZE > 1. Every
+process holds a full copy of the policy and they split the batch; in one GRPO step (grpo.grpo_step, grpo.policy_update):
+  1. every rank draws the SAME global batch and keeps its contiguous share (`shard`): whole groups, so the advantages
+     need no communication; each row keeps its one-process sampling seed;
   2. the rewards are gathered (`gather`): every rank logs the whole batch's statistics;
-  3. the loss denominator is the WHOLE batch's (`all_sum` of the ranks' real tokens), so the SUM
-     of the ranks' gradients is the full-batch gradient: PyTorch's DistributedDataParallel (`wrap`,
-     once, around grpo.LogProbs) all-reduces them in buckets during the last micro-batch's backward;
-  4. every rank clips the same gradient and takes the same AdamW step from the same weights (DDP
-     copies rank 0's at the wrap), so the copies stay identical.
-The update is the one-process update on the same global batch (tests/test_parallel.py). Rank 0
-alone prints and writes; alone it also builds stage 1's states, candidates, judgements and reward
-model (each judge call paid once) and stage 2's warm start while the others wait, up to
---dist-timeout minutes. Backends: gloo on CPU, NCCL on GPUs (each rank on cuda:LOCAL_RANK).
+  3. the loss denominator is the WHOLE batch's (`all_sum` of the ranks' real tokens), so the SUM of the ranks' gradients
+     is the full-batch gradient; DDP (`wrap`) all-reduces it in buckets in the last micro-batch's backward;
+  4. every rank clips the same gradient and takes the same AdamW step from the same weights (DDP copies rank 0's at the
+     wrap): the copies stay identical, and the update is the one-process one (tests/test_parallel.py).
+Rank 0 alone prints and writes, and builds stage 1's states, candidates, judgements and reward model (each judge call
+paid once) and stage 2's warm start while the others wait (--dist-timeout). Backends: gloo on CPU, NCCL on GPUs.
 """
 import atexit
 import gc
@@ -74,8 +70,7 @@ class Ranks:
         return float(t.item())
 
     def wrap(self, scorer: torch.nn.Module) -> torch.nn.Module:
-        """DistributedDataParallel around grpo.LogProbs(policy): rank 0's weights to every rank now, the gradients'
-        all-reduce (bucketed, overlapped with backward) in every synced backward."""
+        """DDP around grpo.LogProbs: rank 0's weights to every rank; each synced backward all-reduces the gradients."""
         local = [self.device.index] if self.device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(scorer, device_ids=local)
 

@@ -1,15 +1,11 @@
 """extras/report.py: one self-contained HTML page that shows what a MASCOT run did.
 
-The last step, after `train --stage 1`, `train --stage 2` and `evaluate` (the demo ends with it). It only READS
-the run folder and writes RUN/report.html: each stage's GRPO curves (stageN/metrics.jsonl) and held-out numbers
-before and after (stageN/summary.json), the evaluation's tables (eval/results.md) and round-robin beside MASCOT
-on the same context (eval/transcripts.jsonl; without it stage 2's held-out rollouts, stage2/heldout_*.jsonl).
-
-The page loads nothing (no scripts, fonts or style sheets; the charts are inline SVG), so the file can be mailed,
-opened offline or projected. A missing or damaged file turns its part into a note, never a traceback. All model
-text is HTML-escaped (a reply may well contain '<script>'). Simplified: no interactivity, no smoothing (a laptop
-run is short), a fixed colour-blind-safe palette, no plotting library.
-
+The last step, after `train --stage 1`, `train --stage 2` and `evaluate`. It only READS the run folder and writes
+RUN/report.html: each stage's GRPO curves (stageN/metrics.jsonl) and held-out numbers (stageN/summary.json), the
+evaluation's tables (eval/results.md) and round-robin beside MASCOT on one context (eval/transcripts.jsonl, else
+stage2/heldout_*.jsonl). The page loads nothing (no scripts, fonts or style sheets: inline SVG charts), so it can be
+mailed or opened offline. A missing or damaged file turns its part into a note, never a traceback; all model text is
+HTML-escaped. Simplified: no interactivity or smoothing (a laptop run is short), a fixed colour-blind-safe palette.
     python mascot.py report --run runs/default       # or: python extras/report.py --run runs/default
 """
 
@@ -49,9 +45,8 @@ def nice_number(x: float, round_it: bool) -> float:
 
 
 def nice_ticks(lo: float, hi: float, max_ticks: int = 6, min_step: float = 0.0) -> list[float]:
-    """Round ticks covering [lo, hi], the first and last being the axis limits: (0.13, 0.92) -> 0.0, 0.2 .. 1.0. A
-    constant is widened so a flat line sits mid-plot, but a constant 0 gets [0, 1] (a share that never moved should
-    not grow a negative axis). min_step=1 keeps ticks on whole numbers (GRPO steps)."""
+    """Round ticks covering [lo, hi], first and last the axis limits: (0.13, 0.92) -> 0.0, 0.2 .. 1.0. A constant is
+    widened to sit mid-plot, but 0 gets [0, 1] (a share that never moved); min_step=1: whole ticks (GRPO steps)."""
     lo, hi = min(lo, hi), max(lo, hi)
     if hi == lo:
         pad = 1.0 if lo == int(lo) else abs(lo) * 0.1

@@ -1,42 +1,28 @@
 """Crisis-safety guard: spot user messages that signal suicide, self-harm or immediate danger.
 
-What it does
-    `CrisisGuard.check_many(texts)` returns a `CrisisFlag(flagged, category, score)` per user message: flagged when it
-    signals a risk of suicide or self-harm, immediate danger from someone else, or someone the user knows being about
-    to harm themselves; category and score say why, for the log. `crisis_check(text)` returns (flagged, category),
-    `detect_crisis(text)` the flag. When a message is flagged, the caller shows `CRISIS_MESSAGE` instead of any reply.
+What it does: `CrisisGuard.check_many(texts)` returns a `CrisisFlag(flagged, category, score)` per user message, flagged
+when it signals a risk of suicide or self-harm, immediate danger from someone else, or someone the user knows being
+about to harm themselves; the caller then shows `CRISIS_MESSAGE` instead of any reply.
 
-Where it sits
-    Where a person talks or reads (chat, simulate, evaluate), mascot.py hands it to the conversation loop
-    (simulate.Cast.guard), which calls it on every user message BEFORE any agent replies: 135M companions cannot be
-    trusted to notice a crisis. Training rollouts run without it. The paper (arXiv 2601.14230) has no such layer.
+Where it sits: simulate.Cast.guard runs it on every user message of chat, simulate and evaluate, BEFORE any agent
+replies (135M companions cannot be trusted to notice a crisis); training rollouts run without it. Not in the paper.
 
-How it works
-    1. `normalise`: lower case, contractions expanded, stretched letters collapsed, chat words and euphemisms made
-       plain ("kms" -> "kill myself").
-    2. `blank`: the spans of idioms ("die of embarrassment") and plain denials ("I would never hurt myself") are cut.
-    3. `explicit_category`: regexes in seven categories ("I want to end my life", "my friend says she'll kill
-       herself") flag on their own.
-    4. The probe reads everything else: a small network on the all-MiniLM-L6-v2 sentence encoder's token states flags
-       when its logit is above a threshold. `broad_net` (warning-sign words such as "pills" or "no way out") only
-       names the category.
-    extras/train_crisis_probe.py fits the network (ordinary talk from real support conversations, risk from messages
-    we wrote) and its threshold (at most 2% of ESConv seeker messages flagged in cross-validation). Regexes and
-    weights (data/) load on the first check, not at import; without them or the encoder the guard warns once and falls
-    back to patterns alone (any explicit or broad-net hit flags).
+How it works:
+  1. `normalise`: lower case, contractions expanded, chat words and euphemisms made plain ("kms" -> "kill myself").
+  2. `blank`: cuts idioms ("die of embarrassment") and plain denials ("I would never hurt myself").
+  3. `explicit_category`: regexes in seven categories ("my friend says she'll kill herself") flag on their own.
+  4. The probe reads the rest: a small network on the all-MiniLM-L6-v2 encoder's token states flags above a threshold;
+     `broad_net` (warning words: "pills", "no way out") only names the category.
+extras/train_crisis_probe.py fits the network and its threshold (at most 2% of ESConv seeker messages flagged in CV).
+Regexes and weights (data/) load lazily; without them or the encoder the guard warns once, and any pattern hit flags.
 
-Context: none, on purpose
-    Each message is judged alone; the guard never reads earlier messages. So a sad conversation cannot turn "To be
-    continued." or "Thank you" into a crisis; the price is that risk spread over several messages ("I have the pills."
-    ... "Tonight.") goes unseen.
+Context: none, on purpose. Each message is judged alone, so a sad conversation cannot turn "Thank you" into a crisis;
+the price is that risk spread over several messages ("I have the pills." ... "Tonight.") goes unseen.
 
-Limits, stated plainly
-    - It misses some risky messages and stops some ordinary ones: docs/SAFETY.md has the rates on held-out
-      conversations and on blind lists written by people who never saw the guard (printed by bench/crisis_guard.py).
-    - Explicit patterns flag jokes too ("I'll kill myself if this meeting runs over lol").
-    - English only. Not a clinical screening tool, never validated on real users: a deployment needs human escalation
-      and a validated risk model on top.
-
+Limits, stated plainly: it misses some risky messages and stops some ordinary ones (docs/SAFETY.md has the rates on
+held-out conversations and on blind lists by people who never saw the guard, from bench/crisis_guard.py); explicit
+patterns flag jokes too ("I'll kill myself if this meeting runs over lol"); English only. Not a clinical screening tool,
+never validated on real users: a deployment needs human escalation and a validated risk model on top.
 Run: python extras/safety.py "i dont see the point anymore"     (prints the CrisisFlag and the rule)
 """
 
@@ -78,8 +64,7 @@ CRISIS_MESSAGE = (
 # --- The patterns: read once from data/safety_patterns.json, on first use --------------------
 @functools.lru_cache(maxsize=None)
 def patterns() -> dict:
-    """The compiled regexes of data/safety_patterns.json (its "_notes" say what each list is
-    for), read once, on the first check. '{NAME}' in a pattern stands for blocks[NAME]."""
+    """The regexes of data/safety_patterns.json (see its "_notes"), compiled on first use; '{NAME}' = blocks[NAME]."""
     raw = json.loads(PATTERNS_FILE.read_text(encoding="utf-8"))
     norm = raw["normalise"]
 
@@ -170,8 +155,7 @@ _REPEATS = re.compile(r"\b((?:\w+ ){1,8}?)\1{2,}")
 def probe_windows(searchable: str) -> list[str]:
     """The text(s) the probe reads: the normalised message with the blanked spans cut out (MiniLM barely registers
     negation). probe_windows(" i could ~ . i want to die ") -> ["i could . i want to die"]"""
-    # Repetition, which the network never saw in training, is read once: a repeated sentence is dropped, a phrase
-    # of <= 8 words said 3+ times in a row is kept twice.
+    # Repetition, unseen in training, is read once: repeated sentences go, a <=8-word phrase said 3+ times stays twice.
     sentences = dict.fromkeys(_REPEATS.sub(r"\1\1", s.strip() + " ").strip() for s in searchable
                               .replace(patterns()["blank"].strip(), " ").split(" . "))
     words = " . ".join(sentences).split()
@@ -180,10 +164,9 @@ def probe_windows(searchable: str) -> list[str]:
 
 
 def pooled_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over tokens and max over words of every layer's states, flattened into features.
-    Lower layers keep the words ("cut myself" vs "cut my hair"); the max keeps one strong word
-    ("pills") from being averaged away. states: (B, L, T, D), all L layers (7 x 384 for MiniLM);
-    mask: (B, T), [CLS] first, [SEP] last. Returns (B, 2*L*D): all means, then all maxima."""
+    """Mean over tokens and max over words of every layer's states, flattened. Lower layers keep the words ("cut myself"
+    vs "cut my hair"); the max keeps one strong word ("pills") from being averaged away. states: (B, L, T, D), all L
+    layers (7 x 384 for MiniLM); mask: (B, T), [CLS] first, [SEP] last. Returns (B, 2*L*D): means, then maxima."""
     import torch
     real = mask[:, None, :, None].to(states.dtype)                      # (B, 1, T, 1)
     mean = (states * real).sum(2) / real.sum(2).clamp(min=1)            # (B, L, D)
@@ -235,21 +218,16 @@ def load_probe(path: Path = PROBE_FILE) -> dict:
 # --- The guard: the steps put together -------------------------------------------------------
 @dataclass(frozen=True)
 class CrisisFlag:
-    """The guard's verdict on one message, as transcripts and the chat log record it. flagged: show CRISIS_MESSAGE
-    instead of a reply. category: the explicit-pattern category, else "broad_<word group>", else "probe" ("" if not
-    flagged). score: probe logit minus threshold (> 0: the probe alone flags; a pattern flags at any score); None if
-    no probe read it."""
+    """One message's verdict. flagged: show CRISIS_MESSAGE. category: the explicit pattern's, else "broad_<word group>",
+    else "probe" ("" if not flagged). score: the probe's logit minus threshold (> 0: it flags alone), None if unread."""
     flagged: bool
     category: str = ""
     score: float | None = None
 
 
 class CrisisGuard:
-    """The four steps plus the lazily loaded sentence encoder and probe weights.
-
-    encoder: "default" loads `models.SentenceEncoder()` on the first check; None runs the patterns only; or any object
-    with a Hugging Face `.tokenizer` and a BERT-like `.model`. probe: "default" loads PROBE_FILE on the first check;
-    another path; or a dict like `load_probe`'s. Example: CrisisGuard().check("kms").flagged -> True"""
+    """The four steps; encoder and probe load on the first check. encoder: "default" (models.SentenceEncoder()), None
+    (patterns only) or any object with a HF `.tokenizer` and BERT `.model`; probe: "default", a path, or a dict."""
     message = CRISIS_MESSAGE
 
     def __init__(self, encoder="default", probe="default"):
@@ -292,9 +270,8 @@ class CrisisGuard:
 
     @staticmethod
     def stops_section(systems: dict) -> list[str]:
-        """results.md's table of every message the guard flagged in an evaluation (evaluate.run), once, with the
-        systems it stopped, so a reader can judge each stop: a real risk, or ordinary talk the guard misread
-        (docs/SAFETY.md). systems: name -> entry with "crisis_flags"."""
+        """results.md's table of each flagged message of an evaluation and the systems it stopped, so a reader can
+        judge each stop (a real risk, or ordinary talk misread). systems: name -> entry with "crisis_flags"."""
         from evaluate import table
         seen: dict[tuple, dict] = {}
         for name, e in systems.items():
@@ -339,8 +316,7 @@ def default_guard() -> CrisisGuard:
 
 
 def crisis_check(text: str) -> tuple[bool, str]:
-    """(flagged, category or "") for one message: (True, "passive_death_wish") for "I want to go
-    to sleep and never wake up". `default_guard().check(text)` gives the CrisisFlag with score."""
+    """(flagged, category or ""): (True, "passive_death_wish") for "I want to go to sleep and never wake up"."""
     flag = default_guard().check(text)
     return flag.flagged, flag.category
 

@@ -1,21 +1,16 @@
 """extras/served.py: models served elsewhere, through one OpenAI-compatible /chat/completions client.
 
-This is how MASCOT scales out: any server speaking the OpenAI chat API (vLLM, llama.cpp, Ollama, a hosted
-API) can be the judge (`--judge openai:<base url>` -> judge(): an OpenAIJudge with extras/judges.py's
-prompts, pairwise questions in both orders) or a frozen role (`--speakers / --user / --director openai:...`
--> served_role(): a ServedModel with the prompts and sampling settings a local model gets). Both send every
-request through a ChatClient and cache each answer the moment it arrives, so a crashed run loses at most
-the requests in flight. What the client promises (tests/test_judge.py checks each on a fake server):
+Any server speaking the OpenAI chat API (vLLM, llama.cpp, Ollama, a hosted API) can be the judge (judge(): an
+OpenAIJudge, for `--judge openai:<base url>`) or a frozen role (served_role(): a ServedModel, `--speakers openai:...`,
+--user, --director). Every request goes through a ChatClient and each answer is cached as it arrives, so a crashed
+run loses at most the requests in flight. The client promises (tests/test_judge.py checks each):
   - one deadline per request for connect, headers and body together (--served-timeout): a trickle fails on time;
-  - HTTP 429, 5xx, connection errors and deadlines are retried (--served-retries) with exponential
-    backoff plus jitter, or as long as the server's Retry-After asks, at most max_backoff;
-  - any other 4xx fails at once as one line (data.UserError) quoting the server's message, with a hint
-    and the key masked: $MASCOT_JUDGE_API_KEY (roles: $MASCOT_API_KEY), read per request, never stored;
+  - 429, 5xx, connection errors, deadlines: retried (--served-retries), jittered backoff or Retry-After, <= max_backoff;
+  - any other 4xx fails at once as one line (data.UserError) quoting the server's message, with a hint and the key
+    masked: $MASCOT_JUDGE_API_KEY (roles: $MASCOT_API_KEY), read per request, never stored;
   - `content: null` (a reasoning model that spent its tokens thinking) is its own error;
   - a preflight request (max_tokens=1) before any work, so a bad URL, key or model name fails first.
-What it simplifies: no streaming, no HTTP proxies (http.client talks to the server directly, which keeps
-the socket reachable for the deadline), no HTTP-date Retry-After.
-
+Simplified: no streaming, no HTTP proxies (the deadline needs http.client's own socket), no HTTP-date Retry-After.
     python mascot.py judge-eval --judge openai:http://localhost:8000/v1 --judge-model qwen3 --pairs ...
     python mascot.py evaluate --speakers openai:http://localhost:8000/v1 --speakers-model qwen3 ...
 """
@@ -41,8 +36,7 @@ MESSAGE_CHARS = 200        # how much of a server's error body an error message 
 
 
 def server_message(raw: bytes, secret: str) -> str:
-    """The first MESSAGE_CHARS characters of an error body, on one line, `secret` masked. OpenAI-style
-    servers answer {"error": {"message": ...}}; anything else is quoted as text."""
+    """An error body on one line, `secret` masked, cut to MESSAGE_CHARS; OpenAI-style {"error": {"message"}} if any."""
     text = raw.decode("utf-8", errors="replace")
     with contextlib.suppress(json.JSONDecodeError, AttributeError):
         error = json.loads(text).get("error")
@@ -165,9 +159,8 @@ class ChatClient:
 
 
 def run_concurrently(todo: list, compute_one, store, concurrency: int) -> None:
-    """compute_one(item) for every item, `concurrency` threads at once (the work is waiting for a server);
-    store(item, result) runs in this thread as each arrives, so it reaches the cache at once. On the first
-    failure the items not yet started are cancelled, those in flight awaited and stored, the error raised."""
+    """compute_one(item) for every item on `concurrency` threads (waiting on servers); store(item, result) runs here on
+    arrival, so it is cached at once. The first failure cancels the rest, stores what is in flight, then raises."""
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="openai")
     try:
         futures, error = {pool.submit(compute_one, item): item for item in todo}, None
@@ -186,9 +179,8 @@ def run_concurrently(todo: list, compute_one, store, concurrency: int) -> None:
 
 
 class ServedModel:
-    """A frozen chat model on a server in place of a local one: one request per conversation with the same
-    settings and row seed (greedy: temperature 0; the server applies its chat template), `concurrency` at a
-    time, each reply cached as it arrives. No token tensors: it fills every frozen role, not GRPO's policy."""
+    """A frozen chat model on a server in place of a local one (same settings and row seeds; the server applies its chat
+    template): one request per conversation, `concurrency` at a time, each cached; no tokens, so never GRPO's policy."""
     def __init__(self, base_url: str, model: str | None, flag: str, model_flag: str, timeout: float = 60,
                  retries: int = 5, concurrency: int = 8, cache_path: str | Path | None = None,
                  api_key_env: str = "MASCOT_API_KEY"):
@@ -215,9 +207,8 @@ class ServedModel:
 
 
 class OpenAIJudge(Judge):
-    """An LLM judge behind the OpenAI protocol, at temperature 0. Each missing judgement is its own request,
-    `concurrency` at a time (a batching server works on them together), cached as it arrives. An answer we
-    cannot read is not an error: it counts in `unreadable`, gives no verdict and is not cached."""
+    """An OpenAI-protocol LLM judge at temperature 0, pairwise questions in both orders: a request per missing verdict,
+    `concurrency` at a time, cached on arrival; an unreadable answer counts in `unreadable`: no verdict, not cached."""
     can_generate = True
     LABEL_MAX_TOKENS = 16    # room for "Reply A" or "**B**", not for an essay
     read_score = staticmethod(parse_rubric_score)

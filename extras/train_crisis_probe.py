@@ -1,16 +1,14 @@
 """train_crisis_probe.py: fit the crisis guard's probe (data/safety_probe.safetensors), with its cross-validation.
 
-extras/safety.py reads every user message with explicit patterns and this probe (a small network on
-sentence-encoder features); this script fits the probe and picks its threshold.
-    1. Labelled messages: data/safety_train.jsonl (risky messages, near-misses and ordinary chat we wrote),
-       and as the negative class the user messages of ESConv and Empathetic Dialogues on the TRAINING side of
-       their split (`conversation_rows`; bench/crisis_guard.py measures the held-out side), the few real risk
-       messages among them labelled by hand.
-    2. Features of every message's probe windows (safety.probe_features), cached in --cache.
-    3. Cross-validation of a one-hidden-layer network (`fit_mlp`) over 5 folds that keep each ESConv dialogue
-       in one fold; the threshold is the lowest at which the guard (probe above it, or an explicit pattern)
-       flags at most --max-esconv of the ESConv training-side seeker messages, each scored out of fold.
-    4. The final network, fitted on everything: weights (fp16), threshold and the CV report.
+extras/safety.py reads every user message with explicit patterns and a probe (a small network on sentence-encoder
+features); this script fits the probe and picks its threshold:
+  1. Labelled messages: data/safety_train.jsonl (risky messages, near-misses and ordinary chat we wrote), and as the
+     negative class the user messages of ESConv and Empathetic Dialogues on the TRAINING side of their split
+     (`conversation_rows`; bench/crisis_guard.py measures the other side), their few real risk messages hand-labelled.
+  2. Features of every message's probe windows (safety.probe_features), cached in --cache.
+  3. 5-fold cross-validation of a one-hidden-layer network (`fit_mlp`), each ESConv dialogue in one fold; threshold:
+     the lowest at which the guard (probe or explicit pattern) flags at most --max-esconv of ESConv's seeker messages.
+  4. The final network, fitted on everything: weights (fp16), threshold and the CV report.
 Why a network: in cross-validation it caught more risky messages than a logistic regression at the same ESConv flag
 rate. It scores real risk told in ESConv's long, story-like style low, so explicit patterns also flag on their own.
 ESConv and Empathetic Dialogues are CC BY-NC and not part of the project: pass your own copies.
@@ -64,11 +62,10 @@ def text_hash(text: str, digits: int = 12) -> str:
 
 
 def conversation_rows(path: str, labels_path: Path, name: str, side: int = 0) -> list[dict]:
-    """The user messages (the first message where a file has only those, as the shared ED copies) of one side of
-    `data.split_contexts(contexts, 0.25, seed=0)`, 0 training or 1 held out, the split the evaluation makes of
-    a file without official splits; any splits of the file are pooled in file order. Rows {"text", "risky",
-    "source": name, "kind", "group": the dialogue id, "label"}: the hand label matched by (dialogue, text hash),
-    "risky", "context" (risky only given the earlier turns, which the guard never reads) or ""."""
+    """The user messages (the first message where a file has only those) of one side, 0 training or 1 held out, of
+    `data.split_contexts(contexts, 0.25, seed=0)`, the split the evaluation makes of a file without official splits (any
+    splits of the file are pooled in file order). Rows {"text", "risky", "source": name, "kind", "group": the dialogue
+    id, "label"}: the hand label by (dialogue, text hash), "risky", "context" (risky only given earlier turns) or ""."""
     labels = {(f"esconv-{label['line']}" if "line" in label else label["conv_id"], label["sha256"]): label
               for label in data.read_jsonl(labels_path)}                # (dialogue id, text hash) -> hand label
     contexts = [c for part in datasets.load_splits(path, "support").values() for c in part]
@@ -92,8 +89,7 @@ def row_type(row: dict) -> str:
 
 # --- features, the network, the folds --------------------------------------------------------
 def window_features(encoder, rows: list[dict], cache: Path) -> tuple[torch.Tensor, list[list[int]]]:
-    """(W, 5376) features of every distinct probe window, and each row's window indices. Features already in
-    `cache` (a torch file {"texts", "X"}) are reused; new ones are added."""
+    """(W, 5376) features of distinct probe windows and each row's indices, cached in `cache` ({"texts", "X"})."""
     windows = [safety.probe_windows(safety.blank(safety.normalise(r["text"]))) for r in rows]
     stored = torch.load(cache) if cache.exists() else {"texts": [], "X": torch.zeros(0, 5376)}
     index = {t: i for i, t in enumerate(stored["texts"])}
@@ -136,8 +132,7 @@ def fit_mlp(X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, hidden: int 
 
 
 def group_folds(groups: list, k: int, seed: int = 0) -> list[int]:
-    """A fold number per row; rows with the same group (an ESConv dialogue) share a fold, rows
-    with group None are placed one by one. Seeded, so the folds are the same every run."""
+    """A seeded fold per row: a group's rows (an ESConv dialogue) share one; rows of group None go one by one."""
     keys = sorted({g for g in groups if g is not None}, key=str)
     random.Random(seed).shuffle(keys)
     fold_of = {g: i % k for i, g in enumerate(keys)}
@@ -159,9 +154,8 @@ def threshold_for_rate(logits: torch.Tensor, forced: torch.Tensor, max_rate: flo
 
 # --- cross-validation, report, save ---------------------------------------------------------------
 def cross_validate(rows, X, windows, args) -> torch.Tensor:
-    """(N,) out-of-fold logits: each message's highest window logit under a network fitted without its fold.
-    With --hold-out-lists each written list (source and kind) stays in one fold too, so every written message
-    is scored by a network that saw none of its list: closer to a list written by someone else."""
+    """(N,) out-of-fold logits: each message's highest window logit under a network fitted without its fold. With
+    --hold-out-lists each written list stays in one fold too: closer to a list written by someone else."""
     groups = [r.get("group") or (args.hold_out_lists and f"{r['source']}/{r['kind']}") or None for r in rows]
     folds = group_folds(groups, args.folds, args.seed)
     logits = torch.empty(len(rows))
@@ -217,8 +211,7 @@ def snapshot_lists() -> dict:
 
 
 def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.json") -> None:
-    """Record [sha256(text)[:16], flagged, category] of the shipped guard and of the patterns-only fallback for
-    every row of every snapshot list, one row a line."""
+    """Record [sha256(text)[:16], flagged, category] per row of every snapshot list, for the guard and its fallback."""
     guards = {"probe": safety.CrisisGuard(), "patterns_only": safety.CrisisGuard(encoder=None)}
     texts = {name: [r["text"] for r in data.read_jsonl(list_path)] for name, list_path in snapshot_lists().items()}
     snapshot = {"about": "Decisions of the shipped crisis guard (probe) and of its patterns-only fallback: per fixture "
@@ -291,8 +284,7 @@ def main() -> None:
 
 
 def rows_fingerprint(rows: list[dict]) -> str:
-    """SHA-256 of the written labelled rows, stored with the weights: a test tells when the training file changed
-    without the probe being refitted."""
+    """SHA-256 of the written labelled rows, stored with the weights: a test tells when they changed without a refit."""
     return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
 
 
