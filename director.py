@@ -34,11 +34,11 @@ from simulate import (JUDGE_TURNS, SAFETY, USER, Conversation, Directive, LeastS
 def director_messages(personas: PersonaSet, conv: Conversation) -> list[dict]:
     """The chat asking for the next `Agent / Action / Tone`. The roster gives names and roles only (the speakers'
     prompts carry the descriptions): a third shorter, so every director generation and GRPO pass is cheaper. Who spoke
-    last is said outright: a small director reads a named field far more easily than a speaker line above the user's
-    message, and the same companion twice in a row is what the balance term penalises."""
+    last, and what they were asked to do, is said outright: a small director reads a named field far more easily than
+    a speaker line above the user's message, and what real supporters do next depends on what was just done."""
     spoken = conv.agent_turns()
-    counts = Counter(t.speaker for t in spoken)
-    last = f" Last to speak: {spoken[-1].speaker}." if spoken else ""
+    counts, d = Counter(t.speaker for t in spoken), spoken[-1].directive if spoken else None
+    last = f" Last to speak: {spoken[-1].speaker}{f', asked to {d.action}' if d and d.action else ''}." if spoken else ""
     system = ("You direct a group chat in which several companions talk with one person. The companions:\n"
               + "\n".join(f"- {p.name}, the {p.role}" for p in personas.personas) + "\n"
               "Choose who should speak next and how, so that the group stays helpful, varied and never repeats "
@@ -111,10 +111,12 @@ class RewardWeights:
     clean: float = option(1.0, "weight of hack-free turns (share of the block's turns no hack diagnostic flags)")
     balance: float = option(0.5, "weight of balance (who spoke; our addition)")
     format: float = option(0.5, "weight of format (share of the block's directives that parsed; our addition)")
+    plausible: float = option(1.0, "weight of plausible (what real supporters do next; with ESConv, our addition)")
+    compliant: float = option(1.0, "weight of compliant (each agent did what it was asked; with ESConv, our addition)")
 
 
 def block_reward(conv: Conversation, start: int, personas: PersonaSet, encoder, judge, weights: RewardWeights,
-                 counts: Counter | None = None) -> tuple[float, dict]:
+                 counts: Counter | None = None, grounding=None) -> tuple[float, dict]:
     """The weighted sum of the block's components (turns from `start` on), each in [0, 1]:
       coherence      an LLM judge: ONE judgement of the whole block against what came before, which a
                      per-turn score cannot give (two good turns that say the same thing); our question,
@@ -126,9 +128,11 @@ def block_reward(conv: Conversation, start: int, personas: PersonaSet, encoder, 
       balance        entropy of who spoke over the conversation / log(#agents), times 1 - the share of
                      block turns whose speaker repeats the previous agent (ours);
       format         share of the block's directives that parsed; a fixed rule's always do (ours).
+    With `grounding` (ESConv's labels: extras/strategies.Grounding), plausible and compliant too (ours).
     A block without an agent turn (the conversation had ended) scores 0 on every component: it
     cannot be better than a block in which someone spoke."""
     comp = dict.fromkeys(("coherence", "nonredundancy", "contribution", "clean", "balance", "format"), 0.0)
+    comp.update(grounding(conv, start) if grounding else {})          # both 0 when no companion spoke
     new = [(i, t) for i, t in enumerate(conv.turns) if i >= start and t.speaker not in (USER, SAFETY)]
     if not new:
         return 0.0, comp
@@ -201,7 +205,7 @@ class DirectorConfig:
     warmup_agent_weight: float = option(5.0, "loss weight of the warm start's `Agent:` tokens (~5 of ~25)", "positive")
     eval_prompted: bool = option(True, "evaluate the initial director, prompted, on the held-out points first")
     director_warmup_data: str = option("", "ESConv file: its supporters' strategies, mapped onto personas, as targets")
-    warmup_repeats: bool = option(False, "keep ESConv turns whose mapped companion is the one who spoke last")
+    warmup_balanced: bool = option(False, "ESConv targets: as many per agent, none repeating the last speaker")
 
 
 def build_decision_points(contexts, n: int, cast, profiles, user_every: int, seed: int, max_prefix: int = 3):
@@ -241,6 +245,7 @@ class Rollout:
     invalid: int = 0           # sampled directives that needed the fallback
     total: int = 0
     counts: Counter = field(default_factory=Counter)   # "unreadable": block judgements an LLM judge garbled
+    grounding: object = None   # with ESConv: the plausible and compliant terms (block_reward)
 
     def run(self, points: list[Conversation], policy, first: list[Directive] | None = None, desc: str = ""):
         """Copy each point and play N agent turns (`first` replaces the policy's first choice).
@@ -248,7 +253,7 @@ class Rollout:
         copies = [copy.deepcopy(p) for p in points]
         starts = [len(c.turns) for c in copies]
         advance(copies, policy, self.cast, self.profiles, self.n_turns, self.user_every, fixed_first=first, desc=desc)
-        return [block_reward(c, s, self.personas, self.encoder, self.judge, self.weights, self.counts)
+        return [block_reward(c, s, self.personas, self.encoder, self.judge, self.weights, self.counts, self.grounding)
                 for c, s in zip(copies, starts)], copies
 
     def score_directives(self, points: list[Conversation], texts: list[str]):

@@ -348,6 +348,9 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
                          make_judge(args, out / "judge_cache.jsonl", args.personas, encoder),
                          options(dr.RewardWeights, args, prefix="w-"), dcfg.rollout_turns, args.user_every)
     director = rollout.follow = dr.LLMDirector(policy, tok, inputs.personas)   # turns 2..N: the director itself, greedy
+    esconv = [c for part in read_data(dcfg.director_warmup_data, args.set).values() for c in part] \
+        if dcfg.director_warmup_data else None     # ESConv also grounds the group reward (director.block_reward)
+    rollout.grounding = esconv and extra("strategies").Grounding(esconv, inputs.personas, encoder, args.held_out, args.seed)
 
     def held_out(label: str, who, when: str) -> dict:
         r = rollout.evaluate(who, held_points, args.seed)
@@ -359,8 +362,11 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
     before = held_out("prompted", director, f"before training (the initial director {start_from}, prompted)") \
         if dcfg.eval_prompted and main else None
     rule = held_out("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule") if main else None
-    warm = extra("sft").warm_start(dcfg, out, policy, tok, inputs.personas, *warm_start_examples(args, dcfg, inputs, train_points),
-                         held_out, args.resume) if main else None
+    n = dcfg.director_warmup * 4             # the warm start's examples: what ESConv's supporters did, or random agents
+    examples = extra("strategies").warm_start_examples(esconv, inputs.personas, n, args.held_out, args.seed,
+                                                       dcfg.warmup_balanced) if esconv else \
+        (extra("sft").format_examples(inputs.personas, train_points, n, args.seed), "format warm start: random agents", None)
+    warm = extra("sft").warm_start(dcfg, out, policy, tok, inputs.personas, *examples, held_out, args.resume) if main else None
     ranks.barrier()                            # GRPO starts every rank from rank 0's warm-started weights
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=dr.DIRECTIVE_MAX_TOKENS,
                   sample_bf16=frozen_dtype(args) == torch.bfloat16)
@@ -394,17 +400,6 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
     data.write_json(out / "summary.json", summary)
     print(f"stage 2 done: director saved to {summary['director']}")
     return summary
-
-
-def warm_start_examples(args, dcfg, inputs, train_points) -> tuple[list, str]:
-    """The warm start's (prompt, target) pairs: ESConv's strategies (its training split only) or
-    random agents, 4 per step; and where they came from."""
-    n = dcfg.director_warmup * 4
-    if not dcfg.director_warmup_data:
-        return extra("sft").format_examples(inputs.personas, train_points, n, args.seed), "format warm start: random agents"
-    esconv = [c for part in read_data(dcfg.director_warmup_data, args.set).values() for c in part]
-    return extra("strategies").warm_start_examples(esconv, inputs.personas, n, args.held_out, args.seed,
-                                                   dcfg.warmup_repeats)
 
 
 # --- evaluate, simulate -------------------------------------------------------------------------------

@@ -88,6 +88,9 @@ def main(argv: list[str], cli) -> int:
     rollout = dr.Rollout(cast, inputs.profiles, inputs.personas, encoder,
                          cli.make_judge(args, out / "judge_cache.jsonl", args.personas, encoder),
                          cli.options(dr.RewardWeights, args, prefix="w-"), args.rollout_turns, args.user_every)
+    if args.director_warmup_data:                  # the grounded terms, as train --stage 2 adds them
+        esconv = [c for part in cli.read_data(args.director_warmup_data, args.set).values() for c in part]
+        rollout.grounding = strategies.Grounding(esconv, inputs.personas, encoder, args.held_out, args.seed)
     by_id, path = {c.id: c for c in inputs.held_out}, out / "decision_points.jsonl"
     directives = {p.name: strategies.directive_for(p.esconv_strategies[0], inputs.personas)
                   for p in inputs.personas.personas if p.esconv_strategies}       # each agent's FIRST strategy

@@ -190,20 +190,28 @@ def supervised_finetune(model, tok, examples, steps: int, batch_size: int = 4, l
     return losses
 
 
-def warm_start(cfg, out: Path, policy, tok, personas, examples, source: str, held_out,
+def warm_start(cfg, out: Path, policy, tok, personas, examples, source: str, agreement, held_out,
                resume: bool) -> dict | None:
-    """The warm start, once per run: its losses and held-out group reward (held_out(label, director, when):
-    the caller's check) to out/warm_start.json, its weights to out/director_warm (GRPO's KL anchor). A
-    resumed run with GRPO checkpoints skips it (they were trained from the warm-started weights)."""
+    """The warm start, once per run: its losses, its held-out group reward (held_out(label, director, when): the
+    caller's check) and, with ESConv, the held-out next-agent agreement before and after (agreement(model, tok))
+    to out/warm_start.json, its weights to out/director_warm (GRPO's KL anchor). A resumed run with GRPO
+    checkpoints skips it (they were trained from the warm-started weights)."""
     if cfg.director_warmup == 0:
         return None
     if resume and grpo.checkpoints(out / "checkpoints") and (out / "warm_start.json").exists():
         return data.read_json(out / "warm_start.json")
+    before = agreement and agreement(policy, tok)
     losses = supervised_finetune(policy, tok, examples, cfg.director_warmup, lr=cfg.warmup_lr,
                                  first_line_weight=cfg.warmup_agent_weight, decay=True)
+    after = agreement and agreement(policy, tok)
+    if agreement:
+        print(f"held-out next-agent agreement with ESConv's supporters: {before['agreement']:.3f} before the warm start, "
+              f"{after['agreement']:.3f} ± {shown(after['se'])} after (se, {after['n']} turns; always the commonest: "
+              f"{after['majority']:.3f})", flush=True)
     held = held_out("warm-start", dr.LLMDirector(policy, tok, personas), f"after the {source.split(' warm start')[0]} warm start")
     data.save_model(policy, tok, out / "director_warm")
     warm = {"steps": cfg.director_warmup, "lr": cfg.warmup_lr, "source": source, "losses": losses, "heldout": held,
-            "targets": dict(Counter(dr.parse_directive(t, personas, "?").agent for _, t in examples))}
+            "targets": dict(Counter(dr.parse_directive(t, personas, "?").agent for _, t in examples)),
+            "agreement_before": before, "agreement": after}
     data.write_json(out / "warm_start.json", warm)
     return warm

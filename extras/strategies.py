@@ -30,13 +30,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+import grpo  # noqa: E402
 import models  # noqa: E402
 from data import HERE, SUPPORT_STRATEGIES, PersonaSet, UserError, flag_type, load_personas, split_contexts  # noqa: E402
 from director import director_messages  # noqa: E402
 from extras.evaluators import EQUAL_TOKENS  # noqa: E402
 from judge import StrategyClassifier, strategy_features  # noqa: E402
-from metrics import words  # noqa: E402
-from simulate import USER, Conversation, Directive, Turn, least_spoken_agent  # noqa: E402
+from metrics import standard_error, words  # noqa: E402
+from simulate import SAFETY, USER, Conversation, Directive, Turn, least_spoken_agent  # noqa: E402
 
 
 def labelled_turns(contexts) -> list[tuple[str, str, str, int]]:
@@ -267,46 +268,134 @@ def esconv_prefix(context, end: int, personas) -> Conversation:
     return conv
 
 
-def esconv_examples(contexts, personas, n: int, seed: int = 0, repeats: bool = False) -> list[tuple[list[dict], str]]:
-    """n (director prompt, target directive) pairs from ESConv's annotated supporter turns among the
-    first MAX_POSITION of each dialogue, the SAME number for every agent (its candidates drawn without
-    replacement while it has enough). Why balanced: three strategies map to Anchor (32% of the mapped
-    turns, Beacon 17%), and a warm start on a plain draw puts one agent first at every stage; with a
-    flat prior what is left to learn is how the conversation changes the odds. repeats=False leaves
-    out a turn whose target spoke last: ESConv has one supporter, and the same kind of strategy twice
-    (31% of mapped turns after a mapped one) would be one companion taking two turns, the repeat that
-    the balance term penalises and GRPO would have to unlearn."""
+def require_mapping(personas) -> None:
     if not any(p.esconv_strategies for p in personas.personas):
         raise UserError(f"--director-warmup-data: no persona of the '{personas.name}' set lists esconv_strategies; "
                         "use --set support")
-    pools, repeated = {a: [] for a in personas.names()}, 0
+
+
+def esconv_turns(contexts, personas, balanced: bool = False) -> list[tuple]:
+    """(dialogue, turn index, target directive) of every supporter turn with a mapped strategy among the first
+    MAX_POSITION of each dialogue; balanced=True leaves out a turn whose target spoke last (a companion
+    speaking twice running, which the balance term penalises)."""
+    require_mapping(personas)
+    turns = []
     for context in contexts:
         speakers = [t.speaker for t in esconv_prefix(context, len(context.turns), personas).turns]
         supporter = [j for j, t in enumerate(context.turns) if t["speaker"] == "supporter"][:MAX_POSITION]
         for k, j in enumerate(supporter):
             target = directive_for(context.turns[j].get("strategy", ""), personas)
-            if target and k and target.agent == speakers[supporter[k - 1]] and not repeats:
-                repeated += 1
-            elif target:
-                pools[target.agent].append((context, j, target))
-    pools = [p for p in pools.values() if p]
-    if not pools:
+            if target and not (balanced and k and target.agent == speakers[supporter[k - 1]]):
+                turns.append((context, j, target))
+    if not turns:
         raise UserError("--director-warmup-data: no usable supporter turn with an ESConv strategy label"
-                        + ("; every one repeats the companion before it (add --warmup-repeats)" if repeated else
+                        + ("; with --warmup-balanced every one repeats the companion before it" if balanced else
                            "; is this ESConv (ESConv.json or its JSON-lines split)?"))
-    rng, chosen = random.Random(seed), []
-    for k, pool in enumerate(pools):
-        share = n // len(pools) + (k < n % len(pools))
-        chosen += rng.sample(pool, share) if share <= len(pool) else [rng.choice(pool) for _ in range(share)]
-    rng.shuffle(chosen)
+    return turns
+
+
+def esconv_examples(contexts, personas, n: int, seed: int = 0, balanced: bool = False) -> list[tuple[list[dict], str]]:
+    """n (director prompt, target directive) pairs: what real supporters did next, mapped onto the companions.
+    Natural (the default): drawn uniformly from esconv_turns, so each companion is a target as often as its
+    strategies were used and the same one may speak twice running, as real supporters do (a quarter of the
+    turns); the director learns ESConv's own odds at each point of a dialogue. balanced=True: the SAME number
+    for every agent and no repeats, a flat prior that leaves the conversation as the only cue. It learns less:
+    held-out agreement 0.30 against 0.43 for natural targets (docs/RESULTS.md)."""
+    turns, rng = esconv_turns(contexts, personas, balanced), random.Random(seed)
+    if balanced:
+        pools = [[t for t in turns if t[2].agent == a] for a in personas.names()]
+        pools, chosen = [p for p in pools if p], []
+        for k, pool in enumerate(pools):
+            share = n // len(pools) + (k < n % len(pools))
+            chosen += rng.sample(pool, share) if share <= len(pool) else [rng.choice(pool) for _ in range(share)]
+        rng.shuffle(chosen)
+    else:
+        chosen = rng.sample(turns, n) if n <= len(turns) else [rng.choice(turns) for _ in range(n)]
     return [(director_messages(personas, esconv_prefix(c, j, personas)), f"Agent: {d.agent}\nAction: {d.action}\n"
              f"Tone: {d.tone}") for c, j, d in chosen]
 
 
-def warm_start_examples(contexts, personas, n: int, held_out: float, seed: int, repeats: bool) -> tuple[list, str]:
-    """mascot.py's ESConv warm start: n examples from the training split of the ESConv dialogues."""
-    train, _ = split_contexts(contexts, held_out, seed)
-    return esconv_examples(train, personas, n, seed, repeats), f"ESConv strategy warm start: {len(train)} training dialogues"
+@torch.no_grad()
+def next_agent_agreement(model, tok, personas, contexts, n: int = 300, seed: int = 0) -> dict:
+    """How often a director names the companion that a real supporter's next turn maps to, on up to n annotated
+    turns of `contexts` (dialogues it never trained on; natural targets): its pick is the name likeliest to follow
+    "Agent:", read from one forward at each name's first token (names that share one are scored whole). Beside
+    it: `majority`, what always naming the commonest target would get."""
+    turns = esconv_turns(contexts, personas)
+    turns, names = random.Random(seed).sample(turns, min(n, len(turns))), personas.names()
+    name_ids = [tok(" " + a, add_special_tokens=False)["input_ids"] for a in names]
+    firsts, dev = [ids[0] for ids in name_ids], next(model.parameters()).device
+    model.eval()
+    hits = []
+    for c, j, target in turns:
+        chat = tok.apply_chat_template(director_messages(personas, esconv_prefix(c, j, personas)), tokenize=False,
+                                       add_generation_prompt=True)
+        ids = tok(chat + "Agent:", add_special_tokens=False)["input_ids"]
+        if len(set(firsts)) == len(names):
+            scores = model(torch.tensor([ids], device=dev), logits_to_keep=1).logits[0, -1, firsts]       # (A,)
+        else:
+            logps, mask = grpo.target_logprobs(model, tok.pad_token_id, [(ids, t) for t in name_ids])    # (A, C)
+            scores = (logps * mask).sum(1)                                                                  # (A,)
+        hits.append(float(names[int(scores.argmax())] == target.agent))
+    common = Counter(t[2].agent for t in turns).most_common(1)[0][1]
+    return {"agreement": sum(hits) / len(hits), "se": standard_error(hits), "n": len(hits),
+            "majority": common / len(hits)}
+
+
+def warm_start_examples(contexts, personas, n: int, held_out: float, seed: int, balanced: bool):
+    """mascot.py's ESConv warm start: n examples from the training split of the ESConv dialogues, where they came
+    from, and the held-out next-agent agreement of a director (model, tok) on the held-out split."""
+    train, held = split_contexts(contexts, held_out, seed)
+    source = f"ESConv strategy warm start: {len(train)} training dialogues{', balanced' if balanced else ''}"
+    return (esconv_examples(train, personas, n, seed, balanced), source,
+            lambda model, tok: next_agent_agreement(model, tok, personas, held, seed=seed))
+
+
+# --- The group reward's grounded terms (train --stage 2 --director-warmup-data ESCONV) ---------------------------
+class Grounding:
+    """director.block_reward's two terms from human labels, each a mean over the block's agent turns in [0, 1]:
+      plausible  E_q[P(s | stage, previous)] / max_s P(s | stage, previous): q is the judge's strategy classifier's
+                 reading of the turn (judge.StrategyClassifier), P how often ESConv's supporters used strategy s
+                 at that stage (supporter turns so far: 0, 1, 2, 3+) after the previous one (the classifier's top
+                 reading of the agent turn before; none at the start), counted on the training dialogues with
+                 add-one smoothing. 1: the turn did what real supporters most often do at that point.
+      compliant  q's mass on what the directive asked: the strategy whose warm-start action (STRATEGY_DIRECTIVES)
+                 its Action names, else the strategies of the speaker's card (a rule's directive names no action).
+    Held-out dialogues (held_out, seed: the run's split) are left out of the counts."""
+
+    def __init__(self, contexts, personas, encoder, held_out: float, seed: int):
+        require_mapping(personas)
+        self.classifier, self.personas, start = StrategyClassifier(encoder), personas, len(SUPPORT_STRATEGIES)
+        counts = torch.ones(4, start + 1, start)                       # (stage, previous or start, strategy)
+        for context in split_contexts(contexts, held_out, seed)[0]:
+            labels = [SUPPORT_STRATEGIES.index(t["strategy"]) for t in context.turns
+                      if t["speaker"] != "user" and t.get("strategy") in SUPPORT_STRATEGIES]
+            for k, s in enumerate(labels):
+                counts[min(k, 3), labels[k - 1] if k else start, s] += 1
+        self.transition = counts / counts.sum(-1, keepdim=True)        # (4, 9, 8): P(s | stage, previous)
+
+    def __call__(self, conv: Conversation, start: int) -> dict[str, float]:
+        agent = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
+        first = next((k for k, i in enumerate(agent) if i >= start), len(agent))
+        read = agent[max(first - 1, 0):]                               # the block's turns, and the one before
+        if first == len(agent):
+            return {"plausible": 0.0, "compliant": 0.0}
+        said = [next((t.text for t in reversed(conv.turns[:i]) if t.speaker == USER), conv.context.situation)
+                for i in read]                                         # what each turn answers
+        q = self.classifier.probs([conv.turns[i].text for i in read], said)                   # (M, 8)
+        plausible, compliant = [], []
+        for m, i in enumerate(read):
+            k = first - (first > 0) + m                                # agent turns before this one
+            if k < first:
+                continue                                               # the turn before: only its strategy is used
+            p = self.transition[min(k, 3), int(q[m - 1].argmax()) if m else len(SUPPORT_STRATEGIES)]   # (8,)
+            plausible.append(float(q[m] @ p / p.max()))
+            turn = conv.turns[i]
+            action = turn.directive.action.lower() if turn.directive else ""
+            asked = [s for s, (a, _) in STRATEGY_DIRECTIVES.items() if a in action] \
+                or self.personas.find(turn.speaker).esconv_strategies
+            compliant.append(float(sum(q[m, SUPPORT_STRATEGIES.index(s)] for s in asked)))
+        return {"plausible": sum(plausible) / len(plausible), "compliant": sum(compliant) / len(compliant)}
 
 
 def save(path: str, w: torch.Tensor, b: torch.Tensor, meta: dict) -> None:

@@ -146,6 +146,10 @@ def test_block_reward_components_hand_computed(support):
     conv.turns[3].directive = dr.Directive("Beacon", "name a strength", "warm")
     total_bad, c_bad = dr.block_reward(conv, 2, support, enc, judge, dr.RewardWeights())
     assert c_bad["format"] == 0.5 and total - total_bad == pytest.approx(0.25)
+    # With grounding (ESConv) its two terms join the components, weighted 1 and 1 by default.
+    grounded, c_g = dr.block_reward(conv, 2, support, enc, judge, dr.RewardWeights(),
+                                    grounding=lambda conv, start: {"plausible": 0.25, "compliant": 0.5})
+    assert (c_g["plausible"], c_g["compliant"]) == (0.25, 0.5) and grounded - total_bad == pytest.approx(0.75)
 
 
 class FakeLLMJudge:

@@ -2,7 +2,9 @@
 the evaluator (their math by hand, that they learn, the shipped files on real held-out dialogues), the
 `strategies` command end to end, and the director's ESConv warm start (extras/strategies.py)."""
 
+import copy
 import json
+import random
 from collections import Counter
 
 import pytest
@@ -14,11 +16,12 @@ from safetensors.torch import save_file
 import data
 import director as dr
 import judge
+import metrics
 import mascot
 import models
 from data import SUPPORT_STRATEGIES, UserError, load_personas
 from extras import strategies as st
-from simulate import JudgeState
+from simulate import USER, Conversation, Directive, JudgeState, Turn
 
 
 @pytest.fixture(scope="module")
@@ -213,9 +216,9 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
     path = tmp_path / "ESConv.json"
     path.write_text(json.dumps(OFFICIAL), encoding="utf-8")
     contexts = esconv(str(path))
-    examples = st.esconv_examples(contexts, support, 4, seed=0, repeats=True)
+    examples = st.esconv_examples(contexts, support, 4, seed=0)
     # Four mapped supporter turns after the seeker's first message ("Others" is never a target),
-    # all drawn once, in a seeded order.
+    # all drawn once, in a seeded order (natural targets: as the supporter did, repeats kept).
     targets = sorted(t for _, t in examples)
     assert targets == sorted(["Agent: Catalyst\nAction: ask a probing question\nTone: curious",
                               "Agent: Anchor\nAction: share a similar feeling so they feel less alone\nTone: gentle",
@@ -228,11 +231,14 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
         "User: I think I will be fired.", "Catalyst: Why do you think so?", "User: My boss ignores me.",
         "Anchor: Oh no.", "Anchor: I felt the same when my manager went quiet.", "User: It is scary.",
         "Beacon: You noticed early, which gives you time."]
-    assert "Turns so far: Anchor 2x, Catalyst 1x, Beacon 1x, Guide 0x. Last to speak: Beacon." in prompt
-    # By default a turn whose companion spoke last is left out: the Self-disclosure (Anchor) comes
+    assert "Turns so far: Anchor 2x, Catalyst 1x, Beacon 1x, Guide 0x. Last to speak: Beacon, asked to name a strength." in prompt
+    # Before the Self-disclosure, the last turn ("Oh no.", Others) was nobody's job: no action to name.
+    disclosure = next(m for m, t in examples if "share a similar feeling" in t)[1]["content"]
+    assert "Last to speak: Anchor.\n" in disclosure
+    # Balanced, a turn whose companion spoke last is left out: the Self-disclosure (Anchor) comes
     # right after "Oh no.", which the fallback gave Anchor, so three distinct targets remain.
-    default = {t.splitlines()[0] for _, t in st.esconv_examples(contexts, support, 3, seed=0)}
-    assert default == {"Agent: Catalyst", "Agent: Beacon", "Agent: Guide"}
+    balanced = {t.splitlines()[0] for _, t in st.esconv_examples(contexts, support, 3, seed=0, balanced=True)}
+    assert balanced == {"Agent: Catalyst", "Agent: Beacon", "Agent: Guide"}
     # The opening prompt has nobody to name as the last speaker.
     opening = next(m for m, t in examples if t.startswith("Agent: Catalyst"))[1]["content"]
     assert "Turns so far: Anchor 0x, Catalyst 0x, Beacon 0x, Guide 0x.\nWho speaks next" in opening
@@ -246,7 +252,7 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
 
 def test_esconv_warm_start_says_when_every_turn_is_a_repeat(tmp_path, support):
     # "Oh." (Others) goes to the least-spoken Anchor, so the Reflection after it, Anchor's too,
-    # is a repeat and the only labelled turn: the error names the flag that keeps it.
+    # is a repeat and the only labelled turn: balanced, the error names the flag that leaves it out.
     dialog = [{"speaker": "seeker", "annotation": {}, "content": "My dog died."},
               {"speaker": "supporter", "annotation": {"strategy": "Others"}, "content": "Oh."},
               {"speaker": "supporter", "annotation": {"strategy": "Reflection of feelings"},
@@ -254,13 +260,114 @@ def test_esconv_warm_start_says_when_every_turn_is_a_repeat(tmp_path, support):
     path = tmp_path / "ESConv.json"
     path.write_text(json.dumps([dict(OFFICIAL[0], dialog=dialog)]), encoding="utf-8")
     contexts = esconv(str(path))
-    with pytest.raises(UserError, match="--warmup-repeats"):
-        st.esconv_examples(contexts, support, 2)
-    assert [t.splitlines()[0] for _, t in st.esconv_examples(contexts, support, 1, repeats=True)] == ["Agent: Anchor"]
+    with pytest.raises(UserError, match="--warmup-balanced"):
+        st.esconv_examples(contexts, support, 2, balanced=True)
+    assert [t.splitlines()[0] for _, t in st.esconv_examples(contexts, support, 1)] == ["Agent: Anchor"]
+
+
+class Favour(torch.nn.Module):
+    """A causal LM: `net`'s logits plus a large bonus at one token, so greedy it always says that token."""
+    def __init__(self, net, token: int):
+        super().__init__()
+        self.net, self.token = net, token
+
+    def forward(self, input_ids, **kw):
+        out = self.net(input_ids, **kw)
+        out.logits[..., self.token] += 1e4
+        return out
+
+
+def test_next_agent_agreement_is_the_share_of_turns_whose_target_the_director_names(tiny, support):
+    """A director that always names agent a agrees on exactly the turns whose target is a: each agent's
+    share of the targets, and the commonest share is `majority`."""
+    model, tok = tiny
+    contexts = esconv(str(ROOT / "tests/fixtures/data/esconv/ESConv.json"))
+    targets = Counter(t[2].agent for t in st.esconv_turns(contexts, support))
+    n = sum(targets.values())
+    assert len(targets) >= 2
+    for name in support.names():
+        token = tok(" " + name, add_special_tokens=False)["input_ids"][0]
+        r = st.next_agent_agreement(Favour(model, token), tok, support, contexts)
+        assert r["n"] == n and r["agreement"] == pytest.approx(targets[name] / n)
+        assert r["majority"] == pytest.approx(max(targets.values()) / n)
+
+
+def test_the_esconv_warm_start_records_held_out_agreement_before_and_after(tiny, support, tmp_path):
+    from extras import sft
+    contexts = esconv(str(ROOT / "tests/fixtures/data/esconv/ESConv.json"))
+    examples, source, agreement = st.warm_start_examples(contexts, support, 8, 0.34, 0, balanced=False)
+    model = copy.deepcopy(tiny[0])
+    warm = sft.warm_start(dr.DirectorConfig(director_warmup=2), tmp_path, model, tiny[1], support, examples, source,
+                          agreement, lambda *a: {"n": 0}, resume=False)
+    saved = json.loads((tmp_path / "warm_start.json").read_text())
+    assert saved["agreement"] == warm["agreement"] and saved["agreement"]["n"] == saved["agreement_before"]["n"] > 0
+    assert 0 <= saved["agreement"]["agreement"] <= 1 and "ESConv" in saved["source"]
+
+
+class OneHot:
+    """A stand-in strategy classifier: each reply's reading is the one-hot of a strategy chosen by hand."""
+    def __init__(self, by_reply: dict[str, str]):
+        self.by_reply = by_reply
+
+    def probs(self, replies, messages):
+        return torch.stack([torch.eye(8)[SUPPORT_STRATEGIES.index(self.by_reply[r])] for r in replies])
+
+
+def test_grounding_counts_esconv_transitions_and_scores_blocks_by_hand(tmp_path, support):
+    path = tmp_path / "ESConv.json"
+    path.write_text(json.dumps(OFFICIAL), encoding="utf-8")
+    g = st.Grounding(esconv(str(path)), support, None, held_out=0.0, seed=0)
+    # The dialogue's labels after the dropped greeting: Question, Others, Self-disclosure, Affirmation,
+    # Suggestions. Each cell counts +1 on 8 strategies, add-one: the seen transition 2/9, the rest 1/9.
+    q, others, sug = (SUPPORT_STRATEGIES.index(s) for s in ("Question", "Others", "Providing Suggestions"))
+    assert g.transition[0, 8, q] == pytest.approx(2 / 9) and g.transition[0, 8, others] == pytest.approx(1 / 9)
+    assert g.transition[1, q, others] == pytest.approx(2 / 9) and g.transition[1, q, sug] == pytest.approx(1 / 9)
+    assert g.transition.sum(-1).allclose(torch.ones(4, 9))
+    g.classifier = OneHot({"Why so?": "Question", "Try a walk.": "Providing Suggestions"})
+    ctx = data.Context(id="t", persona_set="support", situation="job", first_message="I may be fired")
+    conv = Conversation(ctx, "support", "average", "test", 0)
+    conv.turns = [Turn(USER, "I may be fired"), Turn("Catalyst", "Why so?", Directive("Catalyst", "ask a probing question")),
+                  Turn(USER, "My boss."), Turn("Anchor", "Try a walk.", Directive("Anchor"))]
+    # Block = both agent turns. The question opens as real supporters most often do: 1. The suggestion after
+    # a question at stage 1: 1/9 against the likeliest 2/9 (Others): 0.5. Compliant: the question was asked
+    # for (1); Anchor's card lists no suggestion (0).
+    assert g(conv, 1) == pytest.approx({"plausible": 0.75, "compliant": 0.5})
+    # Block = the second turn only: the turn before is read for its strategy, not scored.
+    assert g(conv, 2) == pytest.approx({"plausible": 0.5, "compliant": 0.0})
+    assert g(conv, 4) == {"plausible": 0.0, "compliant": 0.0}
+    with pytest.raises(UserError, match="--set support"):
+        st.Grounding([], load_personas(ROOT / "personas.json", "meeting"), None, 0.0, 0)
+
+
+def test_grounding_prefers_what_real_supporters_did_on_held_out_dialogues(support):
+    """On held-out ESConv dialogues read as group conversations (each supporter turn spoken by its strategy's
+    persona, asked for by that strategy's directive): the real order of the first turns is more plausible than
+    the same turns shuffled, and the real speakers more compliant than random other ones without directives."""
+    contexts = esconv(str(dataset("esconv/train.jsonl")))
+    g = st.Grounding(contexts, support, models.SentenceEncoder(), 0.25, 0)
+    rng, real, shuffled, wrong = random.Random(0), [], [], []
+    for c in data.split_contexts(contexts, 0.25, 0)[1][:80]:
+        conv = st.esconv_prefix(c, min(len(c.turns), 12), support)
+        agent = [i for i, t in enumerate(conv.turns) if t.speaker != USER]
+        if len(agent) < 4:
+            continue
+        real.append(g(conv, 1))
+        other = copy.deepcopy(conv)
+        for i, text in zip(agent, rng.sample([conv.turns[i].text for i in agent], len(agent))):
+            other.turns[i].text = text
+        shuffled.append(g(other, 1)["plausible"])
+        for i in agent:
+            other.turns[i] = Turn(rng.choice([n for n in support.names() if n != conv.turns[i].speaker]), conv.turns[i].text)
+        wrong.append(g(other, 1)["compliant"])
+    for name, corrupted in (("plausible", shuffled), ("compliant", wrong)):
+        change, se = metrics.paired_change(corrupted, [r[name] for r in real])
+        print(f"{name}: real - corrupted {change:+.3f} ± {se:.3f} ({len(real)} dialogues)")
+        assert change > 3 * se
 
 
 def test_esconv_fixture_gives_balanced_targets(support):
-    examples = st.esconv_examples(esconv(str(ROOT / "tests/fixtures/data/esconv/ESConv.json")), support, 2, seed=0)
+    examples = st.esconv_examples(esconv(str(ROOT / "tests/fixtures/data/esconv/ESConv.json")), support, 2, seed=0,
+                                  balanced=True)
     assert sorted(t.splitlines()[0] for _, t in examples) == ["Agent: Anchor", "Agent: Beacon"]
 
 
@@ -269,21 +376,42 @@ def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
     depend on the conversation's stage (the collapse diagnostics' feature): a random-agent warm
     start would have neither property by design."""
     train, held = data.split_contexts(esconv(str(dataset("esconv/train.jsonl"))), 0.25, seed=0)
-    examples = st.esconv_examples(train, support, 400, seed=0)
+    examples = st.esconv_examples(train, support, 400, seed=0, balanced=True)
     agents = [dr.parse_directive(t, support, "?").agent for _, t in examples]
     stages = [m[1]["content"].split("Turns so far: ")[1] for m, _ in examples]
     stages = [str(min(sum(int(x.split()[-1][:-1]) for x in s.split(".")[0].split(", ")), 3)) for s in stages]
     diag = dr.choice_diagnostics(agents, stages, support.names())
     assert diag["distinct"] == 4 and diag["entropy_norm"] > 0.9
     assert diag["p_perm"] < 0.01
-    # Balanced by default: 100 targets per agent, although ESConv's mapped turns are not (a
-    # plain draw keeps their unequal marginal).
+    # Balanced: 100 targets per agent, although ESConv's mapped turns are not. The natural draw, the
+    # default, keeps their unequal marginal (Anchor 32% of the turns, Beacon 17%), within ~2.5 se.
     assert Counter(agents) == {name: 100 for name in support.names()}
-    # No target names the companion who spoke last (the prompt says who that was), unless asked.
+    natural = st.esconv_examples(train, support, 400, seed=0)
+    counts = Counter(dr.parse_directive(t, support, '?').agent for _, t in natural)
+    pool = Counter(t[2].agent for t in st.esconv_turns(train, support))
+    assert all(abs(counts[a] / 400 - pool[a] / pool.total()) < 0.06 for a in support.names())
+    assert pool["Anchor"] > 1.5 * pool["Beacon"]
+    # Balanced, no target names the companion who spoke last (the prompt says who that was); natural, a fifth do.
     def repeats(examples):
-        return sum(f"Last to speak: {dr.parse_directive(t, support, '?').agent}." in m[1]["content"]
+        return sum(any(f"Last to speak: {dr.parse_directive(t, support, '?').agent}{c}" in m[1]["content"] for c in ",.")
                    for m, t in examples)
     assert repeats(examples) == 0
-    assert repeats(st.esconv_examples(train, support, 400, seed=0, repeats=True)) > 60
+    assert repeats(natural) > 60
     held_situations = {c.situation for c in held} - {c.situation for c in train}
     assert not any(m[1]["content"].split("\n")[0][len("Situation: "):] in held_situations for m, _ in examples)
+
+
+def test_stage2_with_esconv_measures_agreement_and_grounds_the_group_reward(tmp_path, capsys):
+    """train --stage 2 --director-warmup-data ESCONV on the tiny model: the warm start prints and saves its held-out
+    next-agent agreement before and after, and every GRPO step logs the grounded terms."""
+    fixture = str(ROOT / "tests/fixtures/data/esconv/ESConv.json")
+    code = mascot.main(["train", "--stage", "2", "--model", "tiny", "--run", str(tmp_path), "--data", "bundled",
+                        "--director-warmup-data", fixture, "--director-warmup", "2", "--decision-points", "2",
+                        "--heldout-points", "1", "--steps", "1", "--prompts-per-step", "1", "--group-size", "2",
+                        "--max-new-tokens", "4", "--rollout-turns", "1", "--no-eval-prompted", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0 and "held-out next-agent agreement with ESConv's supporters" in out
+    warm = json.loads((tmp_path / "stage2" / "warm_start.json").read_text())
+    assert warm["source"].startswith("ESConv strategy warm start") and warm["agreement"]["n"] >= 1
+    step = json.loads((tmp_path / "stage2" / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"r_plausible", "r_compliant"} <= set(step) and 0 <= step["r_compliant"] <= 1
