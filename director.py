@@ -171,8 +171,7 @@ def block_reward(conv: Conversation, start: int, personas: PersonaSet, encoder, 
 
 # A collapsed director names one agent everywhere (entropy 0); one that rolls a die has maximal entropy and reads
 # nothing. So we also measure how much the choice tells about the conversation's STAGE (companion turns so far: 0, 1,
-# 2, 3+), fixed before looking at any result: ESConv's annotations show that the right support depends on it (a
-# Question opens most dialogues, a Suggestion comes later), and the decision points cover the stages evenly.
+# 2, 3+): in ESConv the right support depends on it (a Question opens most dialogues, a Suggestion comes later).
 
 def stage_feature(conv: Conversation) -> str:
     n = len(conv.agent_turns())
@@ -287,7 +286,8 @@ class Rollout:
                 "diagnostics": choice_diagnostics(agents, stages, self.personas.names(), seed=seed),
                 "agree_least_spoken": sum(a == least_spoken_agent(self.personas, p) for a, p in zip(agents, points)) / n,
                 "invalid": sum(not d.valid for d in firsts), "unreadable_judgements": self.counts["unreadable"] - unreadable,
-                "rollouts": [{"stage": s, "first_turn": len(p.turns), **c.to_json()} for c, p, s in zip(copies, points, stages)]}
+                "rollouts": [{"stage": s, "first_turn": len(p.turns), "components": k, **c.to_json()}
+                             for c, p, s, (_, k) in zip(copies, points, stages, scored)]}
 
 
 def compare(after: dict, before: dict) -> dict:
