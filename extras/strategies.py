@@ -299,8 +299,8 @@ def esconv_examples(contexts, personas, n: int, seed: int = 0, balanced: bool = 
     Natural (the default): drawn uniformly from esconv_turns, so each companion is a target as often as its
     strategies were used and the same one may speak twice running, as real supporters do (a quarter of the
     turns); the director learns ESConv's own odds at each point of a dialogue. balanced=True: the SAME number
-    for every agent and no repeats, a flat prior that leaves the conversation as the only cue. It learns less:
-    held-out agreement 0.30 against 0.43 for natural targets (docs/RESULTS.md)."""
+    for every agent and no repeats, a flat prior that leaves the conversation as the only cue; it agrees less often
+    with real supporters on held-out dialogues (docs/RESULTS.md, section 4)."""
     turns, rng = esconv_turns(contexts, personas, balanced), random.Random(seed)
     if balanced:
         pools = [[t for t in turns if t[2].agent == a] for a in personas.names()]
@@ -325,13 +325,14 @@ def next_agent_agreement(model, tok, personas, contexts, n: int = 300, seed: int
     turns, names = random.Random(seed).sample(turns, min(n, len(turns))), personas.names()
     name_ids = [tok(" " + a, add_special_tokens=False)["input_ids"] for a in names]
     firsts, dev = [ids[0] for ids in name_ids], next(model.parameters()).device
+    distinct = len(set(firsts)) == len(names)
     model.eval()
     hits = []
     for c, j, target in turns:
         chat = tok.apply_chat_template(director_messages(personas, esconv_prefix(c, j, personas)), tokenize=False,
                                        add_generation_prompt=True)
         ids = tok(chat + "Agent:", add_special_tokens=False)["input_ids"]
-        if len(set(firsts)) == len(names):
+        if distinct:
             scores = model(torch.tensor([ids], device=dev), logits_to_keep=1).logits[0, -1, firsts]       # (A,)
         else:
             logps, mask = grpo.target_logprobs(model, tok.pad_token_id, [(ids, t) for t in name_ids])    # (A, C)
@@ -377,20 +378,18 @@ class Grounding:
     def __call__(self, conv: Conversation, start: int) -> dict[str, float]:
         agent = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
         first = next((k for k, i in enumerate(agent) if i >= start), len(agent))
-        read = agent[max(first - 1, 0):]                               # the block's turns, and the one before
         if first == len(agent):
             return {"plausible": 0.0, "compliant": 0.0}
+        before = min(first, 1)                     # the agent turn before the block is read for its strategy only
+        read = agent[first - before:]
         said = [next((t.text for t in reversed(conv.turns[:i]) if t.speaker == USER), conv.context.situation)
                 for i in read]                                         # what each turn answers
         q = self.classifier.probs([conv.turns[i].text for i in read], said)                   # (M, 8)
         plausible, compliant = [], []
-        for m, i in enumerate(read):
-            k = first - (first > 0) + m                                # agent turns before this one
-            if k < first:
-                continue                                               # the turn before: only its strategy is used
+        for m in range(before, len(read)):
+            k, turn = first - before + m, conv.turns[read[m]]          # k: agent turns before this one
             p = self.transition[min(k, 3), int(q[m - 1].argmax()) if m else len(SUPPORT_STRATEGIES)]   # (8,)
             plausible.append(float(q[m] @ p / p.max()))
-            turn = conv.turns[i]
             action = turn.directive.action.lower() if turn.directive else ""
             asked = [s for s, (a, _) in STRATEGY_DIRECTIVES.items() if a in action] \
                 or self.personas.find(turn.speaker).esconv_strategies
