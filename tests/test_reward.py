@@ -339,7 +339,8 @@ def test_format_reward_length():
 
 def test_format_reward_label_prefix():
     for text in ("Anchor: I hear you, truly.", "**Anchor**: I hear you, truly.",
-                 "anchor - I hear you, truly.", "Catalyst: what makes you say that?"):
+                 "anchor - I hear you, truly.", "Catalyst: what makes you say that?",
+                 "(Supporter, another companion): I hear you, truly."):    # the prompt's label for the others
         assert reward.format_reward(text, "Anchor", OTHERS, True)[1]["no_label_prefix"] == 0.0, text
     # A name inside a word or a sentence is not a label.
     for text in ("I hear you, and Anchor is here.", "User-friendly advice is rare, sadly."):
@@ -348,7 +349,7 @@ def test_format_reward_label_prefix():
 
 def test_format_reward_speaking_for_others():
     for text in ("I hear you. User: thanks, that helps.", "That is hard.\nBeacon: you did well though!",
-                 "User: I feel better now, thanks."):
+                 "User: I feel better now, thanks.", "That is hard. (Supporter, another companion): it is."):
         assert reward.format_reward(text, "Anchor", OTHERS, True)[1]["no_other_speakers"] == 0.0, text
     # Its own label is a prefix problem, not someone else's line; a name in prose is fine.
     value, parts = reward.format_reward("Anchor: I hear you. Beacon mentioned it too.", "Anchor", OTHERS, True)
