@@ -360,8 +360,11 @@ class Grounding:
                  at that stage (supporter turns so far: 0, 1, 2, 3+) after the previous one (the classifier's top
                  reading of the agent turn before; none at the start), counted on the training dialogues with
                  add-one smoothing. 1: the turn did what real supporters most often do at that point.
-      compliant  q's mass on what the directive asked: the strategy whose warm-start action (STRATEGY_DIRECTIVES)
-                 its Action names, else the strategies of the speaker's card (a rule's directive names no action).
+      compliant  q's mass on what the directive asked, chance-corrected: (q(A) - pi(A)) / (1 - pi(A)), A the strategy
+                 whose warm-start action (STRATEGY_DIRECTIVES) its Action names, else the strategies of the speaker's
+                 card (a rule's directive names no action), pi(A) the share of training turns labelled in A. 1: did
+                 what was asked, 0: as often as any supporter turn would, so one strategy asked for is not held
+                 to a lower mark than a card's three.
     Held-out dialogues (held_out, seed: the run's split) are left out of the counts."""
 
     def __init__(self, contexts, personas, encoder, held_out: float, seed: int):
@@ -374,6 +377,8 @@ class Grounding:
             for k, s in enumerate(labels):
                 counts[min(k, 3), labels[k - 1] if k else start, s] += 1
         self.transition = counts / counts.sum(-1, keepdim=True)        # (4, 9, 8): P(s | stage, previous)
+        labels = counts.sum((0, 1)) - counts.shape[0] * counts.shape[1] + 1          # (8,): the labels, add-one
+        self.prior = labels / labels.sum()                             # (8,): pi(s)
 
     def __call__(self, conv: Conversation, start: int) -> dict[str, float]:
         agent = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
@@ -393,7 +398,8 @@ class Grounding:
             action = turn.directive.action.lower() if turn.directive else ""
             asked = [s for s, (a, _) in STRATEGY_DIRECTIVES.items() if a in action] \
                 or self.personas.find(turn.speaker).esconv_strategies
-            compliant.append(float(sum(q[m, SUPPORT_STRATEGIES.index(s)] for s in asked)))
+            k = [SUPPORT_STRATEGIES.index(s) for s in asked]
+            compliant.append(float((q[m, k].sum() - self.prior[k].sum()) / (1 - self.prior[k].sum())))
         return {"plausible": sum(plausible) / len(plausible), "compliant": sum(compliant) / len(compliant)}
 
 

@@ -329,11 +329,14 @@ def test_grounding_counts_esconv_transitions_and_scores_blocks_by_hand(tmp_path,
     conv.turns = [Turn(USER, "I may be fired"), Turn("Catalyst", "Why so?", Directive("Catalyst", "ask a probing question")),
                   Turn(USER, "My boss."), Turn("Anchor", "Try a walk.", Directive("Anchor"))]
     # Block = both agent turns. The question opens as real supporters most often do: 1. The suggestion after
-    # a question at stage 1: 1/9 against the likeliest 2/9 (Others): 0.5. Compliant: the question was asked
-    # for (1); Anchor's card lists no suggestion (0).
-    assert g(conv, 1) == pytest.approx({"plausible": 0.75, "compliant": 0.5})
+    # a question at stage 1: 1/9 against the likeliest 2/9 (Others): 0.5. Compliant, chance-corrected by the
+    # labels' add-one shares (each seen strategy 2/13, the rest 1/13): the question was asked for, (1 - 2/13) /
+    # (1 - 2/13) = 1; Anchor's card (Restatement 1/13, Reflection 1/13, Self-disclosure 2/13) lists no
+    # suggestion: (0 - 4/13) / (1 - 4/13) = -4/9, below chance.
+    assert g.prior[q] == pytest.approx(2 / 13) and g.prior.sum() == pytest.approx(1)
+    assert g(conv, 1) == pytest.approx({"plausible": 0.75, "compliant": (1 - 4 / 9) / 2})
     # Block = the second turn only: the turn before is read for its strategy, not scored.
-    assert g(conv, 2) == pytest.approx({"plausible": 0.5, "compliant": 0.0})
+    assert g(conv, 2) == pytest.approx({"plausible": 0.5, "compliant": -4 / 9})
     assert g(conv, 4) == {"plausible": 0.0, "compliant": 0.0}
     with pytest.raises(UserError, match="--set support"):
         st.Grounding([], load_personas(ROOT / "personas.json", "meeting"), None, 0.0, 0)
@@ -414,4 +417,4 @@ def test_stage2_with_esconv_measures_agreement_and_grounds_the_group_reward(tmp_
     warm = json.loads((tmp_path / "stage2" / "warm_start.json").read_text())
     assert warm["source"].startswith("ESConv strategy warm start") and warm["agreement"]["n"] >= 1
     step = json.loads((tmp_path / "stage2" / "metrics.jsonl").read_text().splitlines()[0])
-    assert {"r_plausible", "r_compliant"} <= set(step) and 0 <= step["r_compliant"] <= 1
+    assert {"r_plausible", "r_compliant"} <= set(step) and -1 <= step["r_compliant"] <= 1
