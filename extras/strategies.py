@@ -377,8 +377,8 @@ class Grounding:
             for k, s in enumerate(labels):
                 counts[min(k, 3), labels[k - 1] if k else start, s] += 1
         self.transition = counts / counts.sum(-1, keepdim=True)        # (4, 9, 8): P(s | stage, previous)
-        labels = counts.sum((0, 1)) - counts.shape[0] * counts.shape[1] + 1          # (8,): the labels, add-one
-        self.prior = labels / labels.sum()                             # (8,): pi(s)
+        seen = counts.sum((0, 1)) - counts.shape[0] * counts.shape[1] + 1   # (8,): each strategy's labels, add-one
+        self.prior = seen / seen.sum()                                 # (8,): pi(s)
 
     def __call__(self, conv: Conversation, start: int) -> dict[str, float]:
         agent = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
