@@ -371,13 +371,14 @@ class Grounding:
         require_mapping(personas)
         self.classifier, self.personas, start = StrategyClassifier(encoder), personas, len(SUPPORT_STRATEGIES)
         counts = torch.ones(4, start + 1, start)                       # (stage, previous or start, strategy)
+        seen = torch.ones(start)                                       # (strategy,): its labels, add-one
         for context in split_contexts(contexts, held_out, seed)[0]:
             labels = [SUPPORT_STRATEGIES.index(t["strategy"]) for t in context.turns
                       if t["speaker"] != "user" and t.get("strategy") in SUPPORT_STRATEGIES]
             for k, s in enumerate(labels):
                 counts[min(k, 3), labels[k - 1] if k else start, s] += 1
+                seen[s] += 1
         self.transition = counts / counts.sum(-1, keepdim=True)        # (4, 9, 8): P(s | stage, previous)
-        seen = counts.sum((0, 1)) - counts.shape[0] * counts.shape[1] + 1   # (8,): each strategy's labels, add-one
         self.prior = seen / seen.sum()                                 # (8,): pi(s)
 
     def __call__(self, conv: Conversation, start: int) -> dict[str, float]:
@@ -398,8 +399,8 @@ class Grounding:
             action = turn.directive.action.lower() if turn.directive else ""
             asked = [s for s, (a, _) in STRATEGY_DIRECTIVES.items() if a in action] \
                 or self.personas.find(turn.speaker).esconv_strategies
-            k = [SUPPORT_STRATEGIES.index(s) for s in asked]
-            compliant.append(float((q[m, k].sum() - self.prior[k].sum()) / (1 - self.prior[k].sum())))
+            ix = [SUPPORT_STRATEGIES.index(s) for s in asked]
+            compliant.append(float((q[m, ix].sum() - self.prior[ix].sum()) / (1 - self.prior[ix].sum())))
         return {"plausible": sum(plausible) / len(plausible), "compliant": sum(compliant) / len(compliant)}
 
 
