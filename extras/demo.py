@@ -8,6 +8,7 @@ says whether any change is beyond it. For a real run, use `train` and `evaluate`
     python mascot.py demo [--run runs/demo] [--model smollm2-135m]
 """
 
+import argparse
 import resource
 import shutil
 import textwrap
@@ -53,7 +54,8 @@ def main(argv: list[str], cli) -> int:
             print(f"\n=== demo: stage {stage} ({so_far()}) ===")
             resume = ["--resume"] if grpo.checkpoints(folder / "checkpoints") else []
             train = cli.train_stage1 if stage == 1 else cli.train_stage2
-            train(cli.build_parser().parse_args(["train", "--stage", str(stage), *common, *budget, *resume]))
+            argv = ["train", "--stage", str(stage), *common, *budget, *resume]   # the model cards record the command
+            train(cli.build_parser().parse_args(argv, argparse.Namespace(argv=argv)))
             drop_resume_checkpoints(folder)
             models.release_memory()                # one process runs every stage: free the last one's memory
         print(f"\n=== demo: evaluation ({so_far()}) ===")
