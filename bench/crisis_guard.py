@@ -21,7 +21,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
 import data                       # noqa: E402
 from extras import safety         # noqa: E402
 from extras.train_crisis_probe import ED_LABELS, ESCONV_LABELS, conversation_rows   # noqa: E402
@@ -36,8 +35,7 @@ def show(flag: safety.CrisisFlag, text: str) -> str:
 def bench_esconv(guard: safety.CrisisGuard, path: str) -> None:
     messages = conversation_rows(path, ESCONV_LABELS, "esconv", side=1)      # the held-out dialogues
     flags = guard.check_many([m["text"] for m in messages])
-    flagged = [f.flagged for f in flags]
-    dialogues = {m["group"] for m in messages}
+    flagged, dialogues = [f.flagged for f in flags], {m["group"] for m in messages}
     print(f"ESConv held-out: {len(messages)} seeker messages in {len(dialogues)} dialogues")
     print(f"  flagged {sum(flagged)} ({sum(flagged) / len(messages):.2%})")
     for label in ("risky", "context"):
@@ -66,8 +64,7 @@ def bench_ed(guard: safety.CrisisGuard, path: str) -> None:
 def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
     rows = data.read_jsonl(path)
     flags = guard.check_many([r["text"] for r in rows])
-    risky = [i for i, r in enumerate(rows) if r["risky"]]
-    near = [i for i, r in enumerate(rows) if not r["risky"]]
+    risky, near = [i for i, r in enumerate(rows) if r["risky"]], [i for i, r in enumerate(rows) if not r["risky"]]
     caught, alarms = (sum(flags[i].flagged for i in group) for group in (risky, near))
     print(f"{path.name}: recall {caught}/{len(risky)} = {caught / len(risky):.3f}; near-miss "
           f"flag rate {alarms}/{len(near)} = {alarms / len(near):.3f}")

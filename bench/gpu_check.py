@@ -20,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -41,10 +40,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (embedded) | tiny | a folder")
     p.add_argument("--steps", type=int, default=6, help="GRPO steps (the first is warm-up, not counted)")
-    p.add_argument("--prompts-per-step", type=int, default=16)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--micro-batch", type=int, default=32)
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    for flag, n in (("--prompts-per-step", 16), ("--group-size", 8), ("--micro-batch", 32), ("--max-new-tokens", 48)):
+        p.add_argument(flag, type=int, default=n)
     p.add_argument("--dtype", default="bfloat16", choices=["auto", "float32", "bfloat16"], help="mascot's --dtype")
     p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True, help="mascot's --autocast-bf16")
     p.add_argument("--checkpointing", action="store_true", help="mascot's --gradient-checkpointing")
@@ -56,7 +53,6 @@ def main() -> None:
     import mascot
     import models
     from grpo_step import timed                                 # bench/grpo_step.py's, here with a GPU sync
-
     argv = mascot_argv(args, args.run or "RUN")
     mascot.build_parser().parse_args(argv)                      # a wrong flag fails here, not minutes later
     if args.dry_run:
@@ -84,7 +80,6 @@ def main() -> None:
         print(f"gpu_check: GRPO step {len(steps)}: B {B}, P {P}, C {C}, {s['seconds']:.2f} s (generate "
               f"{s['gen']:.2f} s), {s['tokens'] / s['seconds']:.0f} tokens/s, {s['peak']:.2f} GiB peak so far", flush=True)
         return stats, gen, rewards
-
     grpo.grpo_step, models.generate = measured_step, timed(models.generate, gen_seconds, torch.cuda.synchronize)
     print(f"gpu_check: {torch.cuda.get_device_name()}; python mascot.py {' '.join(argv)}", flush=True)
     t0 = time.time()
@@ -98,9 +93,8 @@ def main() -> None:
                "autocast_bf16": args.autocast, "gradient_checkpointing": args.checkpointing,
                "grpo_steps_measured": len(measured), "s_per_step": secs / len(measured),
                "tokens_per_s": sum(s["tokens"] for s in measured) / secs,
-               "generate_fraction": sum(s["gen"] for s in measured) / secs,
-               "peak_memory_gib": steps[-1]["peak"], "peak_reserved_gib": steps[-1]["reserved"],
-               "stage1_seconds": total, "run": run}
+               "generate_fraction": sum(s["gen"] for s in measured) / secs, "peak_memory_gib": steps[-1]["peak"],
+               "peak_reserved_gib": steps[-1]["reserved"], "stage1_seconds": total, "run": run}
     print(json.dumps(summary, indent=1))
     print(f"gpu_check: {summary['s_per_step']:.2f} s/GRPO step, {summary['tokens_per_s']:.0f} tokens/s, generate "
           f"{summary['generate_fraction']:.0%} of the step, peak memory {summary['peak_memory_gib']:.2f} GiB "

@@ -9,7 +9,6 @@ forward/backward of all B rows per batch, fused AdamW (weight decay 0) at a cons
 1.0; TRL's defaults that would change the work are overridden (run_trl). Ours runs with mascot's train defaults: policy,
 gradients and AdamW fp32; the reference and the sampling copy (models.SamplingCopy, refreshed inside every timed step)
 in --dtype (`auto`: bf16 where the CPU has it natively, else fp32; `float32` gives ours exactly TRL's fp32 arithmetic).
-
 Measured per side: seconds per step (between step ends, warm-up dropped); the CPU seconds over the same interval
 (steadier on a shared machine: they do not grow while the process waits for a core, hence one thread a side by
 default); tokens/s (B x (P + C) trained); the share inside `generate`; peak RSS (ru_maxrss). Sides alternate A B B A.
@@ -40,7 +39,6 @@ def build_prompts(tokenizer, n: int, n_tokens: int) -> list[list[dict]]:
     def length(conv):
         return len(tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=True,
                                                  return_dict=True)["input_ids"])
-
     prompts, empty = [], [{"role": "system", "content": ""}, {"role": "user", "content": ""}]
     for i in range(n):
         conv = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": ""}]
@@ -88,7 +86,6 @@ def run_ours(job: dict) -> dict:
     import torch
     import grpo
     import models
-
     bf16 = job["dtype"] == "bfloat16" or (job["dtype"] == "auto" and models.native_bf16("cpu"))
     policy, tok = models.load_model(job["folder"])
     ref = models.load_model(job["folder"], dtype=torch.bfloat16 if bf16 else torch.float32,
@@ -110,9 +107,7 @@ def run_ours(job: dict) -> dict:
         ids = [gen.completion_ids[r][gen.completion_mask[r].bool()].tolist() for r in range(len(texts))]
         rewards = [low_half_share(x, len(tok)) for x in ids]
         return rewards, {"low_half": rewards}
-
-    prompts, n = job["prompts"], job["prompts_per_step"]
-    ends = [clock()]
+    prompts, n, ends = job["prompts"], job["prompts_per_step"], [clock()]
     for step in range(1, job["warmup"] + job["steps"] + 1):
         batch = [prompts[((step - 1) * n + i) % len(prompts)] for i in range(n)]
         _, gen, _ = grpo.grpo_step(policy, tok, optimizer, batch, batch, reward_fn, cfg, step, ref, sampling)
@@ -128,10 +123,8 @@ def run_trl(job: dict) -> dict:
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
     tok = AutoTokenizer.from_pretrained(job["folder"])
-    B, C = job["prompts_per_step"] * job["group_size"], job["completion_tokens"]
-    checks, gen_seconds, ends = [], [], []
+    B, C, checks, gen_seconds, ends = job["prompts_per_step"] * job["group_size"], job["completion_tokens"], [], [], []
 
     def reward_fn(prompts, completions, completion_ids, **kw):
         checks.append(all(len(x) == C for x in completion_ids) and len(completion_ids) == B)
@@ -141,7 +134,6 @@ def run_trl(job: dict) -> dict:
         def on_train_begin(self, args, state, control, **kw):
             ends.append(clock())
         on_step_end = on_train_begin
-
     steps = job["warmup"] + job["steps"]
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
@@ -195,11 +187,9 @@ def summarise(runs: list[dict], job: dict) -> dict:
     """One side: the measured steps (warm-up dropped) pooled over its runs, and per-run medians."""
     w = job["warmup"]
     steps = [list(zip(r["step_ends"][:-1], r["step_ends"][1:]))[w:] for r in runs]    # ((wall, cpu), (wall, cpu))
-    walls = [b[0] - a[0] for run in steps for a, b in run]
-    cpus = [b[1] - a[1] for run in steps for a, b in run]
+    walls, cpus = ([b[k] - a[k] for run in steps for a, b in run] for k in (0, 1))    # wall, CPU seconds per step
     gens = [g for r in runs for g in r["gen_seconds"][w:]]
-    per_run = [statistics.median([b[0] - a[0] for a, b in run]) for run in steps]
-    step = statistics.median(walls)
+    per_run, step = [statistics.median([b[0] - a[0] for a, b in run]) for run in steps], statistics.median(walls)
     tokens = job["prompts_per_step"] * job["group_size"] * (job["prompt_tokens"] + job["completion_tokens"])
     return {"s_per_step": step, "s_min": min(walls), "s_max": max(walls), "run_medians": per_run,
             "cpu_s_per_step": statistics.median(cpus), "gen_fraction": sum(gens) / sum(walls),
@@ -236,7 +226,6 @@ def main() -> None:
     if not Path(args.trl_python).exists():
         sys.exit(f"--trl-python {args.trl_python}: not found; run `make bench` (it creates .venv-bench with TRL)")
     from transformers import AutoTokenizer
-
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
     print(f"P = {args.prompt_tokens}, C = {args.completion_tokens}, G = {args.group_size}, "

@@ -12,7 +12,6 @@ The paper (arXiv 2601.14230) compares MASCOT in evaluation with prompting baseli
         5. refine:    the speaker revises the winning candidate, which is the turn.
 What we simplify: one round of each stage (the original iterates discussion within a stage), one shared base model
 plays every role, and our strategy vocabulary replaces ESConv's eight.
-
 Both are `speak(convs, directives, cast)` callables (evaluate.py builds them) that simulate.advance(..., speak=...)
 calls in place of simulate.agents_speak: the persona cards, user, guard, contexts and seeds of every other system.
     python mascot.py evaluate --systems self-consistency,multiagentesc,round-robin

@@ -5,7 +5,6 @@ After training, this is where you meet the agents, playing the person. The crisi
 message first: if it fires, the fixed crisis message is shown and NO companion answers. Otherwise, `--agents-per-turn`
 times, the director (or a fixed --policy) picks who answers and how, and the reply streams in as it is sampled. Speakers
 and director: the run's trained ones (RUN/stage1/speakers, RUN/stage2/director) if any, else --model (prompted).
-
 Simplifications: the chat's situation is just "a live chat", and a crisis message does not end it as it ends a simulated
 conversation: you may go on, and every later message is checked again. Inside: /who /reset /save FILE /quit.
     python mascot.py chat --set meeting --show-directives
@@ -82,10 +81,8 @@ class StreamPrinter:
     """Shows one agent's reply token by token as it is sampled. The chat stores the CLEANED reply, so after each token
     the partial text is cleaned (models.clean_reply), its last word held back (it may still become a label), and only
     new text is written; `finish` writes the rest, or the whole reply again, marked, if clean-up changed shown text."""
-
     def __init__(self, tokenizer, speaker: str, names: list[str], write):
-        self.tok, self.speaker, self.names, self.write = tokenizer, speaker, names, write
-        self.ids, self.shown = [], ""
+        self.tok, self.speaker, self.names, self.write, self.ids, self.shown = tokenizer, speaker, names, write, [], ""
         write(f"{speaker}: ")
 
     def __call__(self, token) -> None:                               # token: (B,); the chat's row is 0

@@ -3,13 +3,11 @@
 MASCOT (arXiv 2601.14230) trains and evaluates on Empathetic Dialogues (split by valence), QMSum meetings (Academic,
 Committee, Product) and ESConv (held-out transfer). `load_splits(spec, set)` reads any of them into the bundled file's
 data.Context, so nothing downstream knows the source; mascot.py calls it for any --data not in our format:
-
     ED train/valid/test.csv          one Context per conv_id, with its turns
     ED JSON lines                    {conv_id, emotion, polarity, situation, first_utterance}
     ESConv.json / its JSON lines     one Context per dialogue, from the seeker's first turn
     a QMSum folder or meeting file   one Context per meeting, its first speaker as the user
     QMSum openings JSON lines        {id, domain, topic_list, first_turns}
-
 A folder whose files or sub-folders are named by split (train.csv, valid.csv, train_*.jsonl, QMSum's data/ALL/test/)
 gives {"train": ..., "test": ...}: training reads train, evaluation test (else valid); anything else gives {"all": ...}
 for mascot.py to split at random. ED and ESConv (CC BY-NC 4.0) and QMSum (MIT) are not part of the project.
@@ -138,13 +136,8 @@ def meeting_openings_row(r: dict) -> Context:
 def row_kind(row: object):
     """Which parser reads a JSON-lines row, from its keys (None: none)."""
     keys = set(row) if isinstance(row, dict) else set()
-    if "dialog" in keys:
-        return esconv_row
-    if {"first_turns", "topic_list"} <= keys:
-        return meeting_openings_row
-    if {"set", "first_message"} <= keys:
-        return our_row
-    return ed_row if {"emotion", "situation"} <= keys else None
+    return (esconv_row if "dialog" in keys else meeting_openings_row if {"first_turns", "topic_list"} <= keys
+            else our_row if {"set", "first_message"} <= keys else ed_row if {"emotion", "situation"} <= keys else None)
 
 
 def parse_rows(path: Path, rows: list[tuple[int, object]], parse=None) -> list[Context]:

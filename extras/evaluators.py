@@ -3,7 +3,6 @@
 The paper measures persona consistency with LLM judges that took no part in training. Our default judge cannot: it
 labelled the pairs the reward model learned from, so "its persona score went up" may only mean "the speakers learned its
 blind spots". mascot.py hands this evaluator to evaluate.score_conversations (persona ID columns) and judge-stress.
-
 For an agent turn y of persona s after conversation c and every persona k of the set,
     lp_k = log p_base(y | card_k, c)    (the frozen --model, teacher-forced)
   persona ID   = 1 if argmax_k lp_k == s (chance 1 / #personas)

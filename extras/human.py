@@ -3,15 +3,12 @@
 As in the paper, raters see a situation and two conversations of RUN/eval/transcripts.jsonl (MASCOT vs a baseline,
 names hidden, sides random; two raters a pair, <= 10 each) and answer (1) "which provides better socio-collaborative
 support?" (forced choice) or (2) that plus three 5-point Likert items each (LIKERT). The kappas (analyse) are ours.
-
     python extras/human.py serve --transcripts runs/default/eval/transcripts.jsonl --a mascot \
         --b few-shot-cot --out runs/default/human/annotations.jsonl   # then open http://127.0.0.1:8765/
     python mascot.py evaluate --run runs/default --human runs/default/human/annotations.jsonl
-
 `serve` shows speakers and texts only (directives and crisis events would give a system away) and appends each answer at
 once (flush + fsync), so a study survives a crash and resumes; annotators work at once under their own names. Plain HTML
 forms (`required` fields, checked again by the server), no JavaScript; a page, so raters see both conversations at once.
-
 One record (line) per judgement; "systems": [A, B], A under test; "item": the seed; no "likert" in a choice-only study:
     {"annotator": "a1", "item": "3", "context_id": "esconv-12", "systems": ["mascot", "few-shot-cot"],
      "left": "few-shot-cot", "choice": "mascot", "time": "2026-11-30T14:00:00",

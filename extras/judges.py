@@ -46,29 +46,23 @@ _ARTICLE = re.compile(r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]")   # "A bette
 def parse_ab(text: str) -> int | None:
     """0 for "A", 1 for "B", None. Tried in order: a sentence saying which is better ("I prefer B"), so
     "A: Reply B is better." is B; the leading label; a named label; the first standalone A/B."""
-    if not isinstance(text, str):
-        return None
     return next(("AB".index(m.group(1).upper()) for pattern in _PICKS for m in pattern.finditer(text)
-                 if not _ARTICLE.match(text, m.start(1))), None)
+                 if not _ARTICLE.match(text, m.start(1))), None) if isinstance(text, str) else None
 
 
 # --- Reading an LLM judge's 1-5 rubric answer ---------------------------------------------------
-_NUM = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?![0-9])"
-_QUOTES = r"[\s*_\"'`]*"
+_NUM, _QUOTES = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?![0-9])", r"[\s*_\"'`]*"
 _LABELLED_RE = re.compile(r"\b(?:score|rating|grade)s?\b" + _QUOTES + r"(?:[:=]|-(?=\s)|\bis\b|\bof\b)?" + _QUOTES
                           + _NUM + r"(?:\s*(?:/|\bout\s+of\b)\s*" + _NUM + r")?", re.IGNORECASE)
 _FRACTION_RE = re.compile(_NUM + r"\s*(?:/|\bout\s+of\b)\s*" + _NUM, re.IGNORECASE)
-_BOLD_RE = re.compile(r"\*\*\s*" + _NUM + r"\s*\*\*")
-_STARS_RE = re.compile(_NUM + r"\s*stars?\b", re.IGNORECASE)
+_BOLD_RE, _STARS_RE = re.compile(r"\*\*\s*" + _NUM + r"\s*\*\*"), re.compile(_NUM + r"\s*stars?\b", re.IGNORECASE)
 _BARE_RE = re.compile(r"[\s*_\"'`(\[]*" + _NUM + r"[\s*_\"'`)\].!]*")
 
 
 def _score_value(number: str, lo: int, hi: int) -> int | None:
     """'4' and '4.0' -> 4 inside [lo, hi]; 4.5, 0 or a 99-digit run -> None."""
     whole, _, fraction = number.partition(".")
-    if fraction.strip("0") or len(whole) > 6:
-        return None
-    return int(whole) if lo <= int(whole) <= hi else None
+    return None if fraction.strip("0") or len(whole) > 6 else int(whole) if lo <= int(whole) <= hi else None
 
 
 def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
@@ -132,8 +126,7 @@ def label_token_ids(tokenizer, label: str) -> list[int]:
 
 class HFJudge(Judge):
     """A local causal LM as judge at temperature 0; score() maps sum_k k P("k") to [0, 1] (smoother than one digit)."""
-    can_generate = True
-    read_score = staticmethod(parse_rubric_score)
+    can_generate, read_score = True, staticmethod(parse_rubric_score)
 
     def __init__(self, model_or_path: str, cache_path=None, batch_size: int = 8, device: str = "cpu"):
         super().__init__(cache_path)
@@ -355,8 +348,7 @@ def format_best_of_n(result: dict) -> str:
 # --- The commands ----------------------------------------------------------------------------------
 def main(argv: list[str], cli) -> int:
     """`mascot.py judge-eval ...` and `mascot.py judge-stress ...` (argv[0] is the command)."""
-    stress = argv[0] == "judge-stress"
-    p = cli.Parser(prog=f"mascot.py {argv[0]}", formatter_class=cli.Formatter)
+    stress, p = argv[0] == "judge-stress", cli.Parser(prog=f"mascot.py {argv[0]}", formatter_class=cli.Formatter)
     cli.common_flags(p, trained=stress)
     if stress:
         p.add_argument("--rm", default=None, help="reward model folder to test too (default: RUN/stage1/reward_model if any)")

@@ -1,7 +1,5 @@
 """multigpu.py: data-parallel GRPO across processes (torchrun): grpo.OneProcess's protocol for N ranks.
 
-    torchrun --nproc_per_node N -- mascot.py train --stage 1|2 ...     ("--" ends torchrun's flags)
-
 torchrun starts N copies of the command, each told its rank; mascot.py builds `Ranks(args)` when WORLD_SIZE > 1. Every
 process holds a full copy of the policy and they split the batch; in one GRPO step (grpo.grpo_step, grpo.policy_update):
   1. every rank draws the SAME global batch and keeps its contiguous share (`shard`): whole groups, so the advantages
@@ -13,6 +11,7 @@ process holds a full copy of the policy and they split the batch; in one GRPO st
      wrap): the copies stay identical, and the update is the one-process one (tests/test_parallel.py).
 Rank 0 alone prints and writes, and builds stage 1's states, candidates, judgements and reward model (each judge call
 paid once) and stage 2's warm start while the others wait (--dist-timeout). Backends: gloo on CPU, NCCL on GPUs.
+    torchrun --nproc_per_node N -- mascot.py train --stage 1|2 ...     ("--" ends torchrun's flags)
 """
 import atexit
 import gc

@@ -3,10 +3,8 @@
 What it does: `CrisisGuard.check_many(texts)` returns a `CrisisFlag(flagged, category, score)` per user message, flagged
 when it signals a risk of suicide or self-harm, immediate danger from someone else, or someone the user knows being
 about to harm themselves; the caller then shows `CRISIS_MESSAGE` instead of any reply.
-
 Where it sits: simulate.Cast.guard runs it on every user message of chat, simulate and evaluate, BEFORE any agent
 replies (135M companions cannot be trusted to notice a crisis); training rollouts run without it. Not in the paper.
-
 How it works:
   1. `normalise`: lower case, contractions expanded, chat words and euphemisms made plain ("kms" -> "kill myself").
   2. `blank`: cuts idioms ("die of embarrassment") and plain denials ("I would never hurt myself").
@@ -15,10 +13,8 @@ How it works:
      `broad_net` (warning words: "pills", "no way out") only names the category.
 extras/train_crisis_probe.py fits the network and its threshold (at most 2% of ESConv seeker messages flagged in CV).
 Regexes and weights (data/) load lazily; without them or the encoder the guard warns once, and any pattern hit flags.
-
 Context: none, on purpose. Each message is judged alone, so a sad conversation cannot turn "Thank you" into a crisis;
 the price is that risk spread over several messages ("I have the pills." ... "Tonight.") goes unseen.
-
 Limits, stated plainly: it misses some risky messages and stops some ordinary ones (docs/SAFETY.md has the rates on
 held-out conversations and on blind lists by people who never saw the guard, from bench/crisis_guard.py); explicit
 patterns flag jokes too ("I'll kill myself if this meeting runs over lol"); English only. Not a clinical screening tool,
@@ -45,20 +41,16 @@ if TYPE_CHECKING:                 # torch is imported inside the functions that 
     import torch                  # importing safety.py stays instant and loads no model
 
 HERE = Path(__file__).resolve().parents[1]
-PATTERNS_FILE = HERE / "data" / "safety_patterns.json"
-PROBE_FILE = HERE / "data" / "safety_probe.safetensors"
+PATTERNS_FILE, PROBE_FILE = HERE / "data" / "safety_patterns.json", HERE / "data" / "safety_probe.safetensors"
 
 # Shown instead of any companion reply: short, warm, no judgement, no questions to answer first; public services only.
 CRISIS_MESSAGE = (
-    "It sounds like you might be going through something really painful, and I'm glad you said it. I have to be "
-    "honest with you: the companions here are AI programs, and we can't help in an emergency or keep you safe.\n"
-    "If you or someone with you is in immediate danger, please call your local emergency services now (911 in the "
-    "US, 999 in the UK, 112 in the EU).\n"
-    "You can also talk to a real person right now, for free: in the US call or text 988 (the Suicide & Crisis "
-    "Lifeline); in the UK and Ireland call Samaritans on 116 123; anywhere else, find a line near you at "
-    "findahelpline.com or call your local emergency number.\n"
-    "You don't have to go through this alone."
-)
+    "It sounds like you might be going through something really painful, and I'm glad you said it. I have to be honest "
+    "with you: the companions here are AI programs, and we can't help in an emergency or keep you safe.\nIf you or "
+    "someone with you is in immediate danger, please call your local emergency services now (911 in the US, 999 in the "
+    "UK, 112 in the EU).\nYou can also talk to a real person right now, for free: in the US call or text 988 (the "
+    "Suicide & Crisis Lifeline); in the UK and Ireland call Samaritans on 116 123; anywhere else, find a line near you "
+    "at findahelpline.com or call your local emergency number.\nYou don't have to go through this alone.")
 
 
 # --- The patterns: read once from data/safety_patterns.json, on first use --------------------
@@ -72,33 +64,28 @@ def patterns() -> dict:
         for name, block in raw["blocks"].items():
             p = p.replace("{" + name + "}", block)
         return re.compile(p)
-
-    return {
-        **{key: rx(norm[key]) for key in ("apostrophes", "number_word")},
-        **{key: rx(raw[key]) for key in ("doubt", "self_frame", "story_frame")},
-        **{key: [(rx(p), r) for p, r in norm[key]] for key in ("contractions", "chat_phrases")},
-        **{key: [rx(p) for p in raw[key]] for key in ("exemptions", "denials", "everyday_uses")},
-        **{key: norm[key] for key in ("apostrophe_free", "chat_words")}, "blank": raw["blank"],
-        "fillers": set(norm["fillers"]), "leet": str.maketrans(norm["leet"]), "frame_free": set(raw["frame_free"]),
-        "risk": [(category, rx(p)) for category, plist in raw["risk_patterns"].items() for p in plist],
-        "broad": [(group, rx(r"\b(?:" + "|".join(words) + r")\b")) for group, words in raw["broad_net"].items()],
-    }
+    return {**{key: rx(norm[key]) for key in ("apostrophes", "number_word")},
+            **{key: rx(raw[key]) for key in ("doubt", "self_frame", "story_frame")},
+            **{key: [(rx(p), r) for p, r in norm[key]] for key in ("contractions", "chat_phrases")},
+            **{key: [rx(p) for p in raw[key]] for key in ("exemptions", "denials", "everyday_uses")},
+            **{key: norm[key] for key in ("apostrophe_free", "chat_words")}, "blank": raw["blank"],
+            "fillers": set(norm["fillers"]), "leet": str.maketrans(norm["leet"]), "frame_free": set(raw["frame_free"]),
+            "risk": [(category, rx(p)) for category, plist in raw["risk_patterns"].items() for p in plist],
+            "broad": [(group, rx(r"\b(?:" + "|".join(words) + r")\b")) for group, words in raw["broad_net"].items()]}
 
 
 # --- Steps 1-3: normalise, blank the idioms and denials, name the category -------------------
 def normalise(text: str) -> str:
     """Canonical lower-case form that every pattern is written against. Example:
     "I just dont wanna be alive anymoreee!!" -> " i do not want to be alive anymore . " """
-    p = patterns()
     # NFKC folds full-width and "fancy font" letters (U+1D4F2 etc.) into plain ASCII letters.
-    t = unicodedata.normalize("NFKC", text).lower()
+    p, t = patterns(), unicodedata.normalize("NFKC", text).lower()
     t = p["apostrophes"].sub("'", t)
     for pattern, repl in p["contractions"]:            # "can't" -> "can not", "I'm" -> "I am"
         t = pattern.sub(repl, t)
     t = t.replace("'", "")                              # possessives: "mum's" -> "mums"
     # Sentence ends stay tokens, so gap patterns ("(?:\w+ ){0,3}") cannot cross them; other symbols become spaces.
-    t = re.sub(r"[.!?;:\n]+", " . ", t)
-    t = re.sub(r"[^a-z0-9@$. ]+", " ", t)
+    t = re.sub(r"[^a-z0-9@$. ]+", " ", re.sub(r"[.!?;:\n]+", " . ", t))
     t = re.sub(r"([a-z])\1{2,}", r"\1\1", t)            # "soooo" -> "soo", "killlll" -> "kill"
     # Digits for letters ("k1ll" -> "kill") only inside words with letters that are not number-words ("3am", "10mg").
     words = [w.translate(p["leet"]) if re.search(r"[a-z]", w) and re.search(r"[\d@$]", w)
@@ -138,7 +125,6 @@ def broad_net(searchable: str) -> str:
     def first_group(text: str) -> str:
         return next((group for group, pattern in p["broad"]
                      if (about_the_writer or group in p["frame_free"]) and pattern.search(text)), "")
-
     if not first_group(searchable) or p["story_frame"].search(searchable):
         return ""
     for pattern in p["everyday_uses"]:
@@ -252,9 +238,8 @@ class CrisisGuard:
 
     def describe(self) -> str:
         self._load()                              # one line for logs: which decision rule runs
-        if self._probe is None:
-            return "patterns only (no probe): any explicit or broad-net hit flags"
-        return f"explicit patterns, or probe logit > {self._probe['threshold']:+.3f}"
+        return ("patterns only (no probe): any explicit or broad-net hit flags" if self._probe is None
+                else f"explicit patterns, or probe logit > {self._probe['threshold']:+.3f}")
 
     def logits(self, texts: list[str]) -> torch.Tensor:
         """(N,) probe logits of raw messages: the highest over each message's windows."""

@@ -209,9 +209,8 @@ class ServedModel:
 class OpenAIJudge(Judge):
     """An OpenAI-protocol LLM judge at temperature 0, pairwise questions in both orders: a request per missing verdict,
     `concurrency` at a time, cached on arrival; an unreadable answer counts in `unreadable`: no verdict, not cached."""
-    can_generate = True
+    can_generate, read_score = True, staticmethod(parse_rubric_score)
     LABEL_MAX_TOKENS = 16    # room for "Reply A" or "**B**", not for an essay
-    read_score = staticmethod(parse_rubric_score)
 
     def __init__(self, base_url: str, model: str | None, api_key_env: str = "MASCOT_JUDGE_API_KEY",
                  timeout: float = 60, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0,

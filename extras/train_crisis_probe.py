@@ -68,8 +68,7 @@ def conversation_rows(path: str, labels_path: Path, name: str, side: int = 0) ->
     id, "label"}: the hand label by (dialogue, text hash), "risky", "context" (risky only given earlier turns) or ""."""
     labels = {(f"esconv-{label['line']}" if "line" in label else label["conv_id"], label["sha256"]): label
               for label in data.read_jsonl(labels_path)}                # (dialogue id, text hash) -> hand label
-    contexts = [c for part in datasets.load_splits(path, "support").values() for c in part]
-    rows = []
+    contexts, rows = [c for part in datasets.load_splits(path, "support").values() for c in part], []
     for context in data.split_contexts(contexts, 0.25, seed=0)[side]:
         for text in [t["text"] for t in context.turns if t["speaker"] == "user"] or [context.first_message]:
             label = labels.get((context.id, text_hash(text)), {})
@@ -82,9 +81,7 @@ def row_type(row: dict) -> str:
     """Which WEIGHTS entry (and which report line) a row belongs to."""
     if "group" in row:
         return "conversation_risky" if row["risky"] else "conversation"
-    if row["risky"]:
-        return "risky"
-    return "ordinary" if is_ordinary(row) else "near_miss"
+    return "risky" if row["risky"] else "ordinary" if is_ordinary(row) else "near_miss"
 
 
 # --- features, the network, the folds --------------------------------------------------------
@@ -104,16 +101,14 @@ def window_features(encoder, rows: list[dict], cache: Path) -> tuple[torch.Tenso
 
 def fit_mlp(X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, hidden: int = 256, epochs: int = 10,
             lr: float = 1e-3, weight_decay: float = 1e-2, dropout: float = 0.2, seed: int = 0) -> dict:
-    """A one-hidden-layer network on standardised features, z = (x - mu) / sd, logit = w2 . gelu(W1 z + b1) + b2,
-    fitted by weighted BCE with AdamW. mu and sd are kept apart rather than folded into W1: W1 / sd
-    overflows fp16 (the shipped precision) for features that barely vary.
-    X: (N, F) features; y: (N,) 1.0 = risky, 0.0 = not; weight: (N,) loss weight per row.
-    Returns {"mu": (F,), "sd": (F,), "w1": (H, F), "b1": (H,), "w2": (H,), "b2": ()}, float32."""
+    """A one-hidden-layer network on standardised features, z = (x - mu) / sd, logit = w2 . gelu(W1 z + b1) + b2, fitted
+    by weighted BCE with AdamW. mu and sd are kept apart rather than folded into W1: W1 / sd overflows fp16 (the shipped
+    precision) for features that barely vary. X: (N, F) features; y: (N,) 1.0 = risky, 0.0 = not; weight: (N,) loss
+    weight per row. Returns {"mu": (F,), "sd": (F,), "w1": (H, F), "b1": (H,), "w2": (H,), "b2": ()}, float32."""
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)                                              # weight init, dropout
     mu, sd = X.mean(0), X.std(0).clamp(min=1e-6)                         # (F,), (F,)
-    Z = (X - mu) / sd                                                    # (N, F)
-    weight = weight / weight.mean()
+    Z, weight = (X - mu) / sd, weight / weight.mean()                    # Z: (N, F)
     first, last = torch.nn.Linear(X.shape[1], hidden), torch.nn.Linear(hidden, 1)
     net = torch.nn.Sequential(first, torch.nn.GELU(), torch.nn.Dropout(dropout), last)
     optimiser = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
@@ -135,8 +130,7 @@ def group_folds(groups: list, k: int, seed: int = 0) -> list[int]:
     """A seeded fold per row: a group's rows (an ESConv dialogue) share one; rows of group None go one by one."""
     keys = sorted({g for g in groups if g is not None}, key=str)
     random.Random(seed).shuffle(keys)
-    fold_of = {g: i % k for i, g in enumerate(keys)}
-    loose = random.Random(seed + 1)
+    fold_of, loose = {g: i % k for i, g in enumerate(keys)}, random.Random(seed + 1)
     return [fold_of[g] if g is not None else loose.randrange(k) for g in groups]
 
 
@@ -144,8 +138,7 @@ def threshold_for_rate(logits: torch.Tensor, forced: torch.Tensor, max_rate: flo
     """The lowest threshold t at which (logit > t) or forced flags at most max_rate of the rows. `forced` marks rows an
     explicit pattern flags whatever the probe says; they use part of the budget first. Example: logits [3, 2, 1, 0],
     forced [F, F, F, T], max_rate 0.5 -> 2 rows allowed, 1 already forced, so 1 more: t = 2 (only the 3 is above it)."""
-    allowed = int(max_rate * len(logits)) - int(forced.sum())
-    free = logits[~forced].sort(descending=True).values
+    allowed, free = int(max_rate * len(logits)) - int(forced.sum()), logits[~forced].sort(descending=True).values
     if allowed < 0:
         raise UserError(f"explicit patterns alone flag {forced.float().mean():.2%} of the conversation messages, "
                         f"more than --max-esconv {max_rate:.2%}")
@@ -157,13 +150,11 @@ def cross_validate(rows, X, windows, args) -> torch.Tensor:
     """(N,) out-of-fold logits: each message's highest window logit under a network fitted without its fold. With
     --hold-out-lists each written list stays in one fold too: closer to a list written by someone else."""
     groups = [r.get("group") or (args.hold_out_lists and f"{r['source']}/{r['kind']}") or None for r in rows]
-    folds = group_folds(groups, args.folds, args.seed)
-    logits = torch.empty(len(rows))
+    folds, logits = group_folds(groups, args.folds, args.seed), torch.empty(len(rows))
     for fold in range(args.folds):
         train = [i for i in range(len(rows)) if folds[i] != fold]
         probe = fit_mlp(*training_set(rows, windows, X, train), hidden=args.hidden, epochs=args.epochs, seed=args.seed)
-        held = [i for i in range(len(rows)) if folds[i] == fold]
-        scores = safety.mlp_logits(probe, X)                             # (W,)
+        held, scores = [i for i in range(len(rows)) if folds[i] == fold], safety.mlp_logits(probe, X)   # scores: (W,)
         logits[held] = torch.stack([scores[windows[i]].max() for i in held])
         print(f"fold {fold + 1}/{args.folds} done", flush=True)
     return logits
@@ -188,7 +179,6 @@ def report(rows, logits, forced, threshold) -> dict:
     def rate(select) -> list:                                            # [flagged, rows] of the rows selected
         chosen = [i for i, r in enumerate(rows) if select(r)]
         return [sum(bool(flagged[i]) for i in chosen), len(chosen)]
-
     return {"threshold": threshold, "by_type": {kind: rate(lambda r: row_type(r) == kind) for kind in WEIGHTS},
             "risky_by_kind": {kind: rate(lambda r: r["risky"] and r["kind"] == kind)
                               for kind in sorted({r["kind"] for r in rows if r["risky"]})},
@@ -243,11 +233,10 @@ def main() -> None:
                         help="feature cache (reused across runs)")
     parser.add_argument("--max-esconv", type=float, default=0.02, help="the threshold flags at most this share of "
                         "ESConv training-side seeker messages in cross-validation (the 2%% target)")
-    parser.add_argument("--hidden", type=int, default=256, help="hidden units of the network")
-    parser.add_argument("--epochs", type=int, default=10, help="passes over the data per fit")
-    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds")
-    parser.add_argument("--seed", type=int, default=0, help="folds, initialisation, batches")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads for the fits")
+    for flag, default, about in (("--hidden", 256, "hidden units of the network"),
+                                 ("--epochs", 10, "passes over the data per fit"), ("--folds", 5, "cross-validation folds"),
+                                 ("--seed", 0, "folds, initialisation, batches"), ("--threads", 1, "torch threads for the fits")):
+        parser.add_argument(flag, type=int, default=default, help=about)
     parser.add_argument("--hold-out-lists", action="store_true", help="cross-validate with each written list held "
                         "out whole (an estimate for unseen authors); reports only, writes no weights")
     parser.add_argument("--snapshot", action="store_true",
