@@ -1,8 +1,8 @@
 """mascot.py: the one entry point. Every stage of MASCOT is a subcommand; read this file top to
 bottom for the whole pipeline, and follow the calls into the module that does each part.
 
-    python mascot.py train --stage 1    Phase I: candidates -> AI judge -> preference pairs ->
-                                        reward model (Bradley-Terry) -> GRPO on the speakers
+    python mascot.py train --stage 1    Phase I: (on ESConv, a warm start on human turns) candidates -> AI judge ->
+                                        preference pairs -> reward model (Bradley-Terry) -> GRPO on the speakers
     python mascot.py train --stage 2    Phase II: frozen speakers + simulated user; GRPO on the
                                         director over N-turn rollouts
     python mascot.py evaluate           every system on held-out contexts, with 95% intervals
@@ -12,7 +12,7 @@ Tools beside the method live in extras/ (EXTRAS below); torchrun runs train on s
 
 Each command writes into a run folder (default runs/default):
     stage1/  config.json states.jsonl candidates.jsonl judge_cache.jsonl pairs.jsonl reward_model/
-             metrics.jsonl samples/ checkpoints/ speakers/ summary.json
+             metrics.jsonl samples/ checkpoints/ speakers/ summary.json (ESConv: speakers_warm/ speaker_warm_start.json)
     stage2/  config.json decision_points.jsonl warm_start.json director_warm/ metrics.jsonl
              samples/ checkpoints/ director/ summary.json
     eval/    config.json transcripts.jsonl results.md results.json (partial/ while it runs)
@@ -246,13 +246,14 @@ def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
     out = Path(args.run) / "stage1"
     inputs = load_inputs(args)
     start_stage(args, out, ranks)
+    # Step 0 on ESConv, the speakers' warm start (extras/sft.py); steps 1-4 of Phase I (reward.py): states -> candidates
+    # -> judge -> pairs -> reward model. Under torchrun rank 0 does them (each judgement paid once), the others wait.
+    if not ranks.is_main:
+        ranks.barrier()
+    args.model = extra("sft").speaker_warm_start(args, out, inputs, args.resume or not ranks.is_main)
     dtype = frozen_dtype(args)
     base, tok = models.load_model(args.model, device=args.device, dtype=dtype, frozen=True)  # samples; the reference
     judge = make_judge(args, out / "judge_cache.jsonl", args.personas)
-    # Steps 1-4 of Phase I (reward.py): states -> candidates -> judge -> pairs -> reward model. Under
-    # torchrun rank 0 does them (each judgement paid once) and the others read its files.
-    if not ranks.is_main:
-        ranks.barrier()
     rlaif = reward.build_reward_fn(options(reward.RLAIFConfig, args), inputs, base, tok, judge, out, args.model,
                                    args.max_new_tokens, args.seed, args.device, dtype, args.gradient_checkpointing)
     if ranks.is_main:

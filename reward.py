@@ -1,13 +1,11 @@
 """reward.py: stage 1's reward (the paper's Phase I, persona-aware behavioural alignment, RLAIF).
 
 What the speakers are trained to want, built in four steps (arXiv 2601.14230, Phase I):
-  1. states and candidates: for each (context, persona, conversation so far) the base speaker
-     samples K candidate replies;
+  1. states and candidates: for each (context, persona, conversation so far) the base speaker samples K candidates;
   2. preference pairs: an AI judge (judge.py) scores every candidate for persona adherence and fit;
      two candidates whose scores differ clearly, confirmed by a pairwise comparison, become a pair
      (chosen, rejected); synthetic reward hacks (copying, reciting, leaking...) join as rejected;
-  3. the reward model: a transformer with a scalar head trained on the pairs with the
-     Bradley-Terry loss, so that r(persona, conversation, reply) is high where the judge preferred;
+  3. the reward model: a scalar-head transformer trained on the pairs (Bradley-Terry), high where the judge preferred;
   4. the composite reward GRPO maximises (grpo.py): reward-model score + a format reward.
 Why a reward model, when the judge could score GRPO's samples directly? GRPO scores G samples per
 prompt every step, thousands of judgements a run; the reward model is one forward pass, and it
@@ -58,6 +56,7 @@ class RLAIFConfig:
     rm_held_out: float = option(0.2, "share of states whose pairs are held out to measure the reward model", "fraction")
     format_weight: float = option(1.0, "weight of the format reward next to the reward-model score", "non-negative")
     hack_pairs: int = option(2, "synthetic reward hacks per judged state, as rejected replies", "non-negative")
+    speaker_warmup: int = option(120, "ESConv data only: card-contrastive steps (4 supporter turns each) first", "non-negative")
 
 
 def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """sft.py: supervised fine-tuning: the SFT baseline of the evaluation (the base model fine-tuned on what human
-supporters wrote), and the director's warm start before stage 2's GRPO (at the end of this file).
+supporters wrote), the speakers' warm start of stage 1 on ESConv (card against card) and the director's warm start
+before stage 2's GRPO (the last two sections of this file).
 
 The paper compares MASCOT with an SFT model. ESConv (Liu et al. 2021) labels every supporter turn
 of real support conversations with a strategy, and each support persona's card lists the strategies
@@ -31,6 +32,7 @@ import director as dr                                             # noqa: E402
 import grpo                                                       # noqa: E402
 import models                                                     # noqa: E402
 from data import UserError, flag_type                             # noqa: E402
+from extras.strategies import classifier_halves                  # noqa: E402
 from reward import shown                                          # noqa: E402
 from simulate import USER, Turn, speaker_messages                 # noqa: E402
 
@@ -123,6 +125,99 @@ def train_sft(args, cli) -> dict:
     data.write_json(out / "summary.json", summary)
     print(f"sft done: model saved to {folder}")
     return summary
+
+
+# --- The speakers' warm start, card against card (our addition; train --stage 1 on ESConv) ----------------
+# One shared model speaks for every persona, and SmolLM2-135M hardly reads its card: the independent evaluator finds
+# the same mix of strategies under every card (docs/RESULTS.md § 11), which scores chance on persona function whatever
+# the mix. Plain likelihood on human turns (`sft`) moves the shared mix. What must rise is p(reply | own card) AGAINST
+# p(reply | the other cards) at the same point: each human turn is scored under every card, and the model read as a
+# classifier of its own card (softmax over the cards' log-likelihoods, a uniform prior) is trained beside likelihood.
+def card_examples(contexts, personas, seed: int) -> list[tuple[list[list[dict]], str, int]]:
+    """(the speaker prompt under EVERY card, the supporter's words, the index of the card whose job the strategy is)
+    per supporter turn of 4+ words. The history is cut to 4 turns (the card stays near the reply; a 135M model
+    attends to what is close). Personas take turns (Guide's suggestions would otherwise dominate), each's shuffled."""
+    names, by = personas.names(), {}
+    for ctx, name, turns, text in mapped_supporter_turns(contexts, strategy_owners(personas)):
+        if len(text.split()) >= 4:
+            prompts = [speaker_messages(p, personas, ctx, turns[-4:]) for p in personas.personas]
+            by.setdefault(name, []).append((prompts, text, names.index(name)))
+    rng, order = random.Random(seed), [n for n in names if n in by]
+    for v in by.values():
+        rng.shuffle(v)
+    return [by[n][i % len(by[n])] for i in range(max(map(len, by.values()), default=0)) for n in order]
+
+
+def card_contrastive_finetune(model, tok, examples, steps: int, batch_size: int = 4, lr: float = 4e-5,
+                              contrast: float = 1.0, log=print) -> list[dict]:
+    """`steps` AdamW steps of `batch_size` card_examples. Per example, with L (K,) the reply's log-likelihood under each
+    card and k its own: loss = -L[k] / reply tokens + contrast * -log softmax(L)[k]. The first keeps the words human; the
+    second rises only where the reply is likelier under its own card than under the others (contrast 0: plain SFT).
+    Returns per step the likelihood term ("nll", nats per token) and the card term ("card_ce", log K = chance)."""
+    opt, history = models.adamw(model, lr, weight_decay=0.0), []
+    model.train()
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        nll = card_ce = 0.0
+        for j in range(batch_size):                   # one turn (K rows) per forward/backward
+            prompts, text, own = examples[(step * batch_size + j) % len(examples)]
+            rows = token_rows(tok, [(m, text) for m in prompts])                  # the reply under each card
+            logps, mask = grpo.target_logprobs(model, tok.pad_token_id, rows)         # (K, C): row k is card k
+            n = -(logps[own] * mask[own]).sum() / mask[own].sum()                             # () nats per token
+            c = torch.nn.functional.cross_entropy((logps * mask).sum(1)[None], torch.tensor([own], device=mask.device))
+            ((n + contrast * c) / batch_size).backward()
+            nll, card_ce = nll + n.item() / batch_size, card_ce + c.item() / batch_size
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        models.release_memory()
+        history.append({"nll": nll, "card_ce": card_ce})
+        log(f"speakers' warm start {step + 1}/{steps}: nll {nll:.3f}, card cross-entropy {card_ce:.3f}")
+    model.eval()
+    return history
+
+
+@torch.no_grad()
+def card_accuracy(model, tok, examples) -> dict:
+    """How often a supporter turn is likeliest under its own card (chance 1/K), and its mean posterior there."""
+    hits = posterior = 0.0
+    for prompts, text, own in examples:
+        logps, mask = grpo.target_logprobs(model, tok.pad_token_id, token_rows(tok, [(m, text) for m in prompts]))
+        card = (logps * mask).sum(1)                                                 # (K,) log p(reply | card k)
+        hits, posterior = hits + float(card.argmax() == own), posterior + float(torch.softmax(card, 0)[own])
+    return {"accuracy": hits / len(examples), "posterior": posterior / len(examples), "n": len(examples)}
+
+
+def speaker_warm_start(args, out: Path, inputs, done: bool, check: int = 60) -> str:
+    """train --stage 1 on ESConv: warm-start the speakers (--speaker-warmup steps of 4 turns from --model, lr 4e-5) on
+    the judge's half of the training dialogues (the evaluator's half stays unseen), print the held-out card accuracy
+    before and after, save to out/speakers_warm and return that folder: the rest of stage 1 (candidates, reward model,
+    GRPO and its KL anchor) starts from there. Once per run: `done` (a resumed run, or a torchrun rank other than 0)
+    reuses it. On data without strategy labels, or with --speaker-warmup 0, it returns --model. `check`: held-out
+    turns of the card accuracy (one forward pass per card each)."""
+    folder = out / "speakers_warm"
+    if not args.speaker_warmup or not any(t.get("strategy") for c in inputs.train for t in c.turns):
+        return args.model                                                   # not ESConv: no human turns to learn
+    if done and (out / "speaker_warm_start.json").exists():
+        return str(folder)
+    judge_half = classifier_halves(inputs.train, args.seed)[0]
+    train = card_examples(judge_half, inputs.personas, args.seed)
+    held = card_examples(inputs.held_out, inputs.personas, args.seed)[:check]
+    if not train or not held:
+        raise UserError("--speaker-warmup: no strategy-labelled supporter turns in the training or held-out dialogues")
+    model, tok = models.load_model(args.model, device=args.device)
+    before = card_accuracy(model, tok, held)
+    print(f"speakers' warm start: {len({(t, k) for _, t, k in train})} supporter turns of {len(judge_half)} dialogues (the "
+          f"judge's half), {args.speaker_warmup} steps of 4; held-out turns likeliest under their own card: "
+          f"{before['accuracy']:.3f} (chance {1 / len(inputs.personas.personas):.3f}, {before['n']} turns)", flush=True)
+    history = card_contrastive_finetune(model, tok, train, args.speaker_warmup, log=lambda line: print(line, flush=True))
+    after = card_accuracy(model, tok, held)
+    print(f"after the warm start: {after['accuracy']:.3f} of held-out turns likeliest under their own card "
+          f"(mean posterior {before['posterior']:.3f} -> {after['posterior']:.3f})", flush=True)
+    data.save_model(model, tok, folder)
+    data.write_json(out / "speaker_warm_start.json", {"before": before, "after": after, "history": history})
+    del model
+    models.release_memory()
+    return str(folder)
 
 
 # --- The director's warm start (our addition; the paper describes none) ----------------------------

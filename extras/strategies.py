@@ -202,14 +202,12 @@ def main(argv: list[str], cli) -> int:
         raise UserError(f"{args.personas}: no support persona lists \"esconv_strategies\"; the classifiers map through them")
     contexts = [c for part in cli.read_data(args.esconv, "support").values() for c in part]
     train, held = split_contexts(contexts, args.held_out, args.seed)
-    ids = sorted({c.id for c in train})
-    judge_ids = set(random.Random(args.seed).sample(ids, len(ids) // 2))
-    rows = {name: labelled_turns(part) for name, part in (("judge", [c for c in train if c.id in judge_ids]),
-            ("evaluator", [c for c in train if c.id not in judge_ids]), ("held-out", held))}
+    halves = classifier_halves(train, args.seed)
+    rows = {name: labelled_turns(part) for name, part in (("judge", halves[0]), ("evaluator", halves[1]), ("held-out", held))}
     if not all(rows.values()):
         raise UserError(f"--esconv {args.esconv}: {', '.join(f'{len(v)} {k}' for k, v in rows.items())} labelled "
                         "supporter turns; each part needs some (is this ESConv?)")
-    print(f"{len(contexts)} dialogues: {len(judge_ids)} for the judge's classifier, {len(ids) - len(judge_ids)} for "
+    print(f"{len(contexts)} dialogues: {len(halves[0])} for the judge's classifier, {len(halves[1])} for "
           f"the evaluator's, {len(held)} held out; " + ", ".join(f"{len(v)} {k} turns" for k, v in rows.items()))
     y = {k: torch.tensor([r[3] for r in v]) for k, v in rows.items()}
 
@@ -218,7 +216,7 @@ def main(argv: list[str], cli) -> int:
     w, b = fit_softmax(x["judge"], y["judge"], args.l2)
     report = measure(torch.softmax(x["held-out"] @ w.T + b, -1), y["held-out"], personas)
     print_report("the judge's classifier (MiniLM + logistic regression)", report)
-    save(args.judge_out, w, b, {"report": report, "dialogues": len(judge_ids), "data": Path(args.esconv).name})
+    save(args.judge_out, w, b, {"report": report, "dialogues": len(halves[0]), "data": Path(args.esconv).name})
 
     vocab = ngrams([r[2] for r in rows["evaluator"]])                # the evaluator's: word n-grams of the reply
     ev = FunctionEvaluator(None, personas, vocab=vocab)
@@ -226,9 +224,17 @@ def main(argv: list[str], cli) -> int:
     ev.weight, ev.bias = w, b
     report = measure(ev.probs([r[2] for r in rows["held-out"]]), y["held-out"], personas)
     print_report("the evaluator's classifier (word 1-2-grams + logistic regression)", report)
-    save(args.evaluator_out, w, b, {"report": report, "vocab": vocab, "dialogues": len(ids) - len(judge_ids),
+    save(args.evaluator_out, w, b, {"report": report, "vocab": vocab, "dialogues": len(halves[1]),
                                     "data": Path(args.esconv).name})
     return 0
+
+
+def classifier_halves(train, seed: int) -> tuple[list, list]:
+    """The training dialogues halved, by dialogue, between the judge's classifier and the evaluator's: anything that
+    learns from ESConv beside the judge (the speakers' warm start, extras/sft.py) keeps to the judge's half."""
+    ids = sorted({c.id for c in train})
+    judge_ids = set(random.Random(seed).sample(ids, len(ids) // 2))
+    return [c for c in train if c.id in judge_ids], [c for c in train if c.id not in judge_ids]
 
 
 # --- The director's warm start on what real supporters did next (train --director-warmup-data) --------

@@ -2,8 +2,10 @@
 the evaluator (their math by hand, that they learn, the shipped files on real held-out dialogues), the
 `strategies` command end to end, and the director's ESConv warm start (extras/strategies.py)."""
 
+import argparse
 import copy
 import json
+import math
 import random
 from collections import Counter
 
@@ -19,7 +21,9 @@ import judge
 import metrics
 import mascot
 import models
+import simulate
 from data import SUPPORT_STRATEGIES, UserError, load_personas
+from extras import sft
 from extras import strategies as st
 from simulate import USER, Conversation, Directive, JudgeState, Turn
 
@@ -418,3 +422,92 @@ def test_stage2_with_esconv_measures_agreement_and_grounds_the_group_reward(tmp_
     assert warm["source"].startswith("ESConv strategy warm start") and warm["agreement"]["n"] >= 1
     step = json.loads((tmp_path / "stage2" / "metrics.jsonl").read_text().splitlines()[0])
     assert {"r_plausible", "r_compliant"} <= set(step) and -1 <= step["r_compliant"] <= 1
+
+
+# --- The speakers' warm start, card against card (extras/sft.py; train --stage 1 on ESConv) ----------------------
+SFT_FIXTURE = str(ROOT / "tests/fixtures/data/esconv_sft/train.jsonl")
+
+
+def test_the_halves_split_dialogues_not_turns_and_are_the_same_every_time():
+    train, _ = data.split_contexts(esconv(SFT_FIXTURE), 0.25, 0)
+    judge_half, evaluator_half = st.classifier_halves(train, 0)
+    assert {c.id for c in judge_half}.isdisjoint({c.id for c in evaluator_half})
+    assert sorted(c.id for c in judge_half + evaluator_half) == sorted(c.id for c in train)
+    assert [c.id for c in st.classifier_halves(train, 0)[0]] == [c.id for c in judge_half]
+
+
+def test_card_examples_score_one_human_turn_under_every_card_at_one_point(support):
+    examples = sft.card_examples(esconv(SFT_FIXTURE), support, seed=0)
+    owners = sft.strategy_owners(support)
+    turns = {t["text"]: owners[t["strategy"]] for c in esconv(SFT_FIXTURE) for t in c.turns
+             if t["speaker"] != "user" and t.get("strategy") in owners}
+    assert examples and all(len(prompts) == len(support.personas) for prompts, _, _ in examples)
+    for prompts, text, own in examples:
+        assert support.names()[own] == turns[text] and len(text.split()) >= 4      # its owner by the card's strategies
+        assert [p[0]["content"].split(",")[0] for p in prompts] == [f"You are {n}" for n in support.names()]
+        assert all(len(p) - 1 <= 4 for p in prompts)                             # at most 4 turns of history
+    owners_in_order = [support.names()[k] for _, _, k in examples]
+    present = [n for n in support.names() if n in owners_in_order]
+    assert owners_in_order[:len(present)] == present                              # personas take turns
+
+
+@pytest.fixture()
+def card_task(support):
+    """Replies made of words only one card uses: any model that reads its card can tell which card wrote them."""
+    ctx = data.load_contexts("bundled", "support")[0]
+    pools = {"Anchor": "heavy tired hurts sad lonely", "Catalyst": "why what how wonder mean",
+             "Beacon": "proud brave strong effort courage", "Guide": "try plan step list call"}
+    prompts = [simulate.speaker_messages(p, support, ctx, [Turn(USER, ctx.first_message)]) for p in support.personas]
+
+    def examples(n, seed):
+        rng = random.Random(seed)
+        return [(prompts, " ".join(rng.choice(pools[support.names()[k]].split()) for _ in range(5)), k)
+                for k in (i % 4 for i in range(n))]
+    return examples
+
+
+def test_the_card_term_is_the_cross_entropy_of_the_card_posterior(card_task):
+    """At lr 0 one step of one example logs -log p(own card | reply) (card_accuracy's posterior, uniform prior) and
+    the reply's negative log-likelihood per token under its own card (mean_nll): two code paths, one number each."""
+    model, tok = models.load_model("tiny")
+    example = card_task(1, seed=3)
+    step = sft.card_contrastive_finetune(model, tok, example, steps=1, batch_size=1, lr=0.0, log=lambda s: None)[0]
+    posterior = sft.card_accuracy(model, tok, example)["posterior"]
+    assert step["card_ce"] == pytest.approx(-math.log(posterior), rel=1e-4)
+    prompts, text, own = example[0]
+    assert step["nll"] == pytest.approx(sft.mean_nll(model, tok, [(prompts[own], text)]), rel=1e-4)
+
+
+def test_the_card_contrastive_warm_start_teaches_a_tiny_model_to_read_its_card(card_task):
+    """A random tiny model finds a held-out reply likeliest under its own card at chance; after 40 steps it reads the
+    card: replies it never saw (new combinations of each card's words) are likeliest under their own card."""
+    torch.manual_seed(0)
+    model, tok = models.load_model("tiny")
+    held = card_task(40, seed=99)
+    before = sft.card_accuracy(model, tok, held)
+    history = sft.card_contrastive_finetune(model, tok, card_task(160, seed=0), steps=40, batch_size=4, lr=3e-3,
+                                            log=lambda s: None)
+    after = sft.card_accuracy(model, tok, held)
+    print(f"held-out card accuracy {before['accuracy']:.2f} -> {after['accuracy']:.2f}; card term "
+          f"{history[0]['card_ce']:.2f} -> {history[-1]['card_ce']:.2f} (log 4 = 1.39)")
+    assert before["accuracy"] <= 0.5 and after["accuracy"] >= 0.9 and after["posterior"] > 0.7
+    assert sum(h["card_ce"] for h in history[-5:]) / 5 < 0.5 * math.log(4)
+
+
+def test_stage1_on_esconv_warm_starts_the_speakers_first_and_once(tmp_path, capsys, support):
+    """train --stage 1 --data ESCONV on the tiny model: the warm start runs before the candidates, prints the held-out
+    card accuracy before and after, saves speakers_warm/, and the rest of stage 1 starts from it; asked again for a
+    finished run folder it reuses the saved warm start."""
+    code = mascot.main(["train", "--stage", "1", "--model", "tiny", "--run", str(tmp_path), "--data", SFT_FIXTURE,
+                        "--speaker-warmup", "2", "--states", "3", "--heldout-states", "1", "--candidates", "3", "--margin",
+                        "0", "--steps", "1", "--prompts-per-step", "1", "--group-size", "2", "--max-new-tokens", "6", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0 and "held-out turns likeliest under their own card" in out
+    assert out.index("speakers' warm start 2/2") < out.index("stage 1 done")
+    warm = json.loads((tmp_path / "stage1" / "speaker_warm_start.json").read_text())
+    assert len(warm["history"]) == 2 and warm["before"]["n"] == warm["after"]["n"] >= 1
+    assert "speakers_warm" in (tmp_path / "stage1" / "speakers" / "README.md").read_text()   # trained from it
+    args = argparse.Namespace(model="tiny", seed=0, device="cpu", speaker_warmup=2)
+    inputs = data.make_inputs(support, mascot.read_data(SFT_FIXTURE, "support"), 0.25, 0, {}, {})
+    assert sft.speaker_warm_start(args, tmp_path / "stage1", inputs, done=True) == str(tmp_path / "stage1" / "speakers_warm")
+    assert "warm start" not in capsys.readouterr().out
