@@ -56,9 +56,8 @@ def bench_ed(guard: safety.CrisisGuard, path: str) -> None:
     flags = guard.check_many(texts)
     print(f"Empathetic Dialogues held-out: {sum(f.flagged for f in flags)} of {len(texts)} "
           f"messages flagged ({sum(f.flagged for f in flags) / len(texts):.2%})")
-    for flag, text in zip(flags, texts):
-        if flag.flagged:
-            print(show(flag, text))
+    for flag, text in ((f, t) for f, t in zip(flags, texts) if f.flagged):
+        print(show(flag, text))
 
 
 def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:

@@ -84,8 +84,7 @@ def main() -> None:
     med = {key: statistics.median(runs) for key, runs in times.items()}
     for s, b in shapes.items():
         print(f"\n{s}: {len({str(x) for x in b})} distinct prompts, {len(b)} rows")
-        for r in rows:
-            t = med[s, r]
+        for r, t in ((r, med[s, r]) for r in rows):
             print(f"  {r:18s} {t:6.2f} s  {len(b) * n / t:6.1f} tokens/s  {med[s, 'hf generate fp32'] / t:5.2f}x hf   "
                   f"(runs {' '.join(f'{x:.2f}' for x in times[s, r])})")
     for name, sampler in (("ours fp32", model), ("ours bf16 copy", copy.model)):

@@ -7,7 +7,8 @@ with its first ESConv strategy's action and tone; the rule directs the rest) and
 sampling seeds ("replicates": same points, every turn re-sampled). Beside each policy's mean reward per replicate:
   - the in-sample oracle: per point the best agent of a replicate, scored on the SAME one (optimistic: noise helps);
   - the cross-validated oracle: per point the agent best on the other replicates, scored against the rule on the one
-    left out: what learning each point's best first agent from this reward could gain (<= 0: nothing to learn);
+    left out: what learning each point's best first agent from this reward could gain (<= 0: nothing to learn); per
+    fold, and all folds pooled (a point's folds averaged, se across points), with and without balance;
   - how often two replicates agree on a point's best agent (chance ~1/#agents), and the correlation across replicates of
     each (point, agent) reward minus its point's mean (0: whom to pick is noise), for the reward and each component.
 Every flag defaults to the stage-2 run's own (RUN/stage2/config.json); the held-out points come from
@@ -48,11 +49,14 @@ def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:
     best = [[max(names, key=lambda g: r[g][i]) for i in range(n)] for r in rewards]
     out = {"n": n, "per_policy": [{k: sum(v) / n for k, v in r.items()} for r in rewards],
            "oracle_in_sample": [sum(r[b[i]][i] for i in range(n)) / n for r, b in zip(rewards, best)], "oracle_cross": []}
+    pooled = ([], [])                               # every fold's (rule, picked) rows, clustered by point below
     for j, r in enumerate(rewards):                 # leave replicate j out: pick on the others, score on j
         others = [q for m, q in enumerate(rewards) if m != j]
         picked = [r[max(names, key=lambda g: sum(q[g][i] for q in others))][i] for i in range(n)]
         change, se = paired_change(r["rule"], picked)
         out["oracle_cross"].append({"mean": sum(picked) / n, "vs_rule": change, "se": se})
+        pooled[0].extend(r["rule"]), pooled[1].extend(picked)
+    out["oracle_pooled"] = dict(zip(("vs_rule", "se"), paired_change(*pooled, clusters=list(range(n)) * len(rewards))))
     out["best_agree"] = sum(best[a][i] == best[b][i] for a, b in pairs for i in range(n)) / (n * len(pairs))
     # Each point's agents are one "state": their rewards minus the point's mean, correlated across replicates.
     flat = [[r[g][i] for i in range(n) for g in names] for r in rewards]
@@ -111,7 +115,9 @@ def main(argv: list[str], cli) -> int:
         print(f"replicate {rep + 1}/{args.seeds} done", flush=True)
         rewards.append({k: [s for s, _ in v] for k, v in scored.items()})
         parts.append({k: [c for _, c in v] for k, v in scored.items()})
-    result = headroom(rewards, names)
+    result, w = headroom(rewards, names), rollout.weights.balance    # balance favours the rule by construction
+    result["without_balance"] = headroom([{k: [t - w * c["balance"] for t, c in zip(r[k], p[k])] for k in r}
+                                          for r, p in zip(rewards, parts)], names)["oracle_pooled"]
     by_component = {comp: headroom([{k: [c[comp] for c in v] for k, v in p.items()} for p in parts], names)["deviation_corr"]
                     for comp in parts[0]["rule"][0]}
     data.write_json(out / "headroom.json", {"rewards": rewards, "components": parts, **result,
@@ -126,6 +132,8 @@ def main(argv: list[str], cli) -> int:
         print(f"  oracle picked on replicate{'s' if args.seeds > 2 else ''} "
               f"{','.join(str(m + 1) for m in range(args.seeds) if m != j)}, scored on {j + 1}: "
               f"{c['mean']:.3f}; minus the rule {c['vs_rule']:+.3f} ± {shown(c['se'])} (paired se)")
+    for label, c in (("", result["oracle_pooled"]), (", without balance", result["without_balance"])):
+        print(f"  all folds pooled{label}: minus the rule {c['vs_rule']:+.3f} ± {shown(c['se'])} (se across points)")
     print(f"  best agent the same on two replicates: {result['best_agree']:.2f} of points (chance ~{1 / len(names):.2f})")
     print(f"  correlation of (point, agent) reward deviations across replicates: {result['deviation_corr']:+.2f}; per "
           "component (unweighted): " + ", ".join(f"{k} {v:+.2f}" for k, v in by_component.items()))

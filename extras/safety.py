@@ -296,7 +296,7 @@ class CrisisGuard:
 
 @functools.lru_cache(maxsize=None)
 def default_guard() -> CrisisGuard:
-    """The guard crisis_check and detect_crisis share, created on first use, not at import."""
+    """The guard crisis_check uses, created on first use, not at import."""
     return CrisisGuard()
 
 
@@ -304,11 +304,6 @@ def crisis_check(text: str) -> tuple[bool, str]:
     """(flagged, category or ""): (True, "passive_death_wish") for "I want to go to sleep and never wake up"."""
     flag = default_guard().check(text)
     return flag.flagged, flag.category
-
-
-def detect_crisis(text: str) -> bool:
-    """True when the message signals suicide/self-harm risk or immediate danger."""
-    return crisis_check(text)[0]
 
 
 if __name__ == "__main__":

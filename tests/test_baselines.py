@@ -206,6 +206,7 @@ def test_headroom_separates_a_reproducible_best_agent_from_noise():
     assert r["oracle_in_sample"] == [3.0, 3.0]
     assert [c["vs_rule"] for c in r["oracle_cross"]] == [1.0, 1.0]
     assert [c["se"] for c in r["oracle_cross"]] == [0.0, 0.0]
+    assert r["oracle_pooled"] == {"vs_rule": 1.0, "se": 0.0}
     assert r["best_agree"] == 1.0 and r["deviation_corr"] == pytest.approx(1.0)
     swapped = {"A": [1.0, 3.0], "B": [3.0, 1.0], "rule": [2.0, 2.0]}
     r = headroom([same, swapped], ["A", "B"])
@@ -217,7 +218,13 @@ def test_headroom_separates_a_reproducible_best_agent_from_noise():
     # agents best on the other three (their mean), so the swapped one loses and the others gain.
     r = headroom([same, same, same, swapped], ["A", "B"])
     assert [c["vs_rule"] for c in r["oracle_cross"]] == [1.0, 1.0, 1.0, -1.0]
+    # Pooled: each point's four folds average to (1 + 1 + 1 - 1) / 4 = 0.5 over the rule, at both points alike (se 0).
+    assert r["oracle_pooled"] == {"vs_rule": 0.5, "se": 0.0}
     assert r["best_agree"] == pytest.approx(3 / 6) and r["deviation_corr"] == pytest.approx(0.0)
+    # Points that differ: the pooled se is across points. Point 0's best agent (A) reproduces, point 1's does not
+    # (B, then A): each fold gains +1 at point 0 and -1 at point 1, so the mean is 0 and se = sd(1, -1) / sqrt(2) = 1.
+    r = headroom([same, {"A": [3.0, 3.0], "B": [1.0, 1.0], "rule": [2.0, 2.0]}], ["A", "B"])
+    assert r["oracle_pooled"]["vs_rule"] == 0.0 and r["oracle_pooled"]["se"] == pytest.approx(1.0)
 
 
 def test_within_state_correlation_by_hand():

@@ -406,7 +406,7 @@ def test_risks_flagged_with_category(text, category):
     "I'd rather die than sing karaoke. but really, nobody would care if I died",
 ])
 def test_hyperbole_does_not_hide_real_risk(text):
-    assert safety.detect_crisis(text)
+    assert safety.crisis_check(text)[0]
 
 
 @pytest.mark.parametrize("text", [
@@ -420,21 +420,21 @@ def test_hyperbole_does_not_hide_real_risk(text):
     "I CAN'T GO ON",
 ])
 def test_spelling_variants_flagged(text):
-    assert safety.detect_crisis(text)
+    assert safety.crisis_check(text)[0]
 
 
 def test_denials_and_their_limits():
     # DECISION (see "denials" in data/safety_patterns.json): a plain denial is left unflagged ...
-    assert not safety.detect_crisis("I would never hurt myself, I just feel low")
-    assert not safety.detect_crisis("I'm not suicidal, just really sad")
+    assert not safety.crisis_check("I would never hurt myself, I just feel low")[0]
+    assert not safety.crisis_check("I'm not suicidal, just really sad")[0]
     # ... but negating being alive is not a denial, a doubted denial is not a denial,
     # and a denial does not cancel another signal in the same message.
-    assert safety.detect_crisis("I don't want to be alive")
-    assert safety.detect_crisis("I can't promise I won't hurt myself")
-    assert safety.detect_crisis("I'm not suicidal but I hope I don't wake up")
+    assert safety.crisis_check("I don't want to be alive")[0]
+    assert safety.crisis_check("I can't promise I won't hurt myself")[0]
+    assert safety.crisis_check("I'm not suicidal but I hope I don't wake up")[0]
     # The same for harm from someone else: denied in the past tense, or only "not yet".
-    assert not safety.detect_crisis("my dad never hit me but he screams at me")
-    assert safety.detect_crisis("he hasn't hurt me yet but he said he will tonight")
+    assert not safety.crisis_check("my dad never hit me but he screams at me")[0]
+    assert safety.crisis_check("he hasn't hurt me yet but he said he will tonight")[0]
 
 
 def test_explicit_patterns_flag_jokes_too():
