@@ -32,7 +32,7 @@ import director as dr                                             # noqa: E402
 import grpo                                                       # noqa: E402
 import models                                                     # noqa: E402
 from data import UserError, flag_type                             # noqa: E402
-from extras.strategies import classifier_halves                  # noqa: E402
+from extras.strategies import classifier_halves, require_mapping  # noqa: E402
 from reward import shown                                          # noqa: E402
 from simulate import USER, Turn, speaker_messages                 # noqa: E402
 
@@ -199,6 +199,7 @@ def speaker_warm_start(args, out: Path, inputs, done: bool, check: int = 60) -> 
         return args.model                                                   # not ESConv: no human turns to learn
     if done and (out / "speaker_warm_start.json").exists():
         return str(folder)
+    require_mapping(inputs.personas, "--speaker-warmup")                   # whose job each labelled turn is
     judge_half = classifier_halves(inputs.train, args.seed)[0]
     train = card_examples(judge_half, inputs.personas, args.seed)
     held = card_examples(inputs.held_out, inputs.personas, args.seed)[:check]

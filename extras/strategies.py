@@ -274,10 +274,9 @@ def esconv_prefix(context, end: int, personas) -> Conversation:
     return conv
 
 
-def require_mapping(personas) -> None:
+def require_mapping(personas, flag: str = "--director-warmup-data") -> None:
     if not any(p.esconv_strategies for p in personas.personas):
-        raise UserError(f"--director-warmup-data: no persona of the '{personas.name}' set lists esconv_strategies; "
-                        "use --set support")
+        raise UserError(f"{flag}: no persona of the '{personas.name}' set lists esconv_strategies; use --set support")
 
 
 def esconv_turns(contexts, personas, balanced: bool = False) -> list[tuple]:

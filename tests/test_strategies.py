@@ -511,3 +511,9 @@ def test_stage1_on_esconv_warm_starts_the_speakers_first_and_once(tmp_path, caps
     inputs = data.make_inputs(support, mascot.read_data(SFT_FIXTURE, "support"), 0.25, 0, {}, {})
     assert sft.speaker_warm_start(args, tmp_path / "stage1", inputs, done=True) == str(tmp_path / "stage1" / "speakers_warm")
     assert "warm start" not in capsys.readouterr().out
+    # Cards that list no ESConv strategy (an edited personas.json): the error names the flag and the cause.
+    bare = copy.deepcopy(support)
+    for p in bare.personas:
+        p.esconv_strategies = []
+    with pytest.raises(UserError, match="^--speaker-warmup: no persona of the 'support' set lists esconv_strategies"):
+        sft.speaker_warm_start(args, tmp_path / "other", inputs._replace(personas=bare), done=False)
