@@ -96,11 +96,10 @@ def main(argv: list[str], cli) -> int:
         esconv = [c for part in cli.read_data(args.director_warmup_data, args.set).values() for c in part]
         rollout.grounding = strategies.Grounding(esconv, inputs.personas, encoder, args.held_out, args.seed)
     by_id, path = {c.id: c for c in inputs.held_out}, out / "decision_points.jsonl"
+    strategies.require_mapping(inputs.personas, f"--set {args.set}")
     directives = {p.name: strategies.directive_for(p.esconv_strategies[0], inputs.personas)
                   for p in inputs.personas.personas if p.esconv_strategies}       # each agent's FIRST strategy
     names = list(directives)
-    if not names:
-        raise data.UserError(f"--set {args.set}: no persona of the set has an ESConv strategy; use --set support")
     rows = [r for r in data.read_jsonl(path) if r["split"] == "heldout"] if path.exists() else None
     if rows and any(r["context_id"] not in by_id for r in rows):
         raise data.UserError(f"{path}: a held-out point's context is not among the held-out contexts of --data "

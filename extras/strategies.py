@@ -198,8 +198,7 @@ def main(argv: list[str], cli) -> int:
     p.add_argument("--evaluator-out", default=str(FunctionEvaluator.FILE), help="the evaluator (safetensors)")
     args = p.parse_args(argv[1:])
     personas = load_personas(args.personas, "support")
-    if not any(q.esconv_strategies for q in personas.personas):
-        raise UserError(f"{args.personas}: no support persona lists \"esconv_strategies\"; the classifiers map through them")
+    require_mapping(personas, "--personas")                          # the classifiers map strategies through the cards
     contexts = [c for part in cli.read_data(args.esconv, "support").values() for c in part]
     train, held = split_contexts(contexts, args.held_out, args.seed)
     halves = classifier_halves(train, args.seed)
@@ -220,8 +219,7 @@ def main(argv: list[str], cli) -> int:
 
     vocab = ngrams([r[2] for r in rows["evaluator"]])                # the evaluator's: word n-grams of the reply
     ev = FunctionEvaluator(None, personas, vocab=vocab)
-    w, b = fit_softmax(ev.features([r[2] for r in rows["evaluator"]]), y["evaluator"], args.evaluator_l2)
-    ev.weight, ev.bias = w, b
+    ev.weight, ev.bias = w, b = fit_softmax(ev.features([r[2] for r in rows["evaluator"]]), y["evaluator"], args.evaluator_l2)
     report = measure(ev.probs([r[2] for r in rows["held-out"]]), y["held-out"], personas)
     print_report("the evaluator's classifier (word 1-2-grams + logistic regression)", report)
     save(args.evaluator_out, w, b, {"report": report, "vocab": vocab, "dialogues": len(halves[1]),
@@ -276,7 +274,7 @@ def esconv_prefix(context, end: int, personas) -> Conversation:
 
 def require_mapping(personas, flag: str = "--director-warmup-data") -> None:
     if not any(p.esconv_strategies for p in personas.personas):
-        raise UserError(f"{flag}: no persona of the '{personas.name}' set lists esconv_strategies; use --set support")
+        raise UserError(f"{flag}: no persona of the '{personas.name}' set lists esconv_strategies; use --set support or cards that do")
 
 
 def esconv_turns(contexts, personas, balanced: bool = False) -> list[tuple]:
