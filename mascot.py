@@ -250,7 +250,7 @@ def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
     # -> judge -> pairs -> reward model. Under torchrun rank 0 does them (each judgement paid once), the others wait.
     if not ranks.is_main:
         ranks.barrier()
-    args.model = extra("sft").speaker_warm_start(args, out, inputs, args.resume or not ranks.is_main)
+    args.model = extra("sft").speaker_warm_start(args, out, inputs)
     dtype = frozen_dtype(args)
     base, tok = models.load_model(args.model, device=args.device, dtype=dtype, frozen=True)  # samples; the reference
     judge = make_judge(args, out / "judge_cache.jsonl", args.personas)

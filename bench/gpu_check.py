@@ -82,13 +82,11 @@ def main() -> None:
         return stats, gen, rewards
     grpo.grpo_step, models.generate = measured_step, timed(models.generate, gen_seconds, torch.cuda.synchronize)
     print(f"gpu_check: {torch.cuda.get_device_name()}; python mascot.py {' '.join(argv)}", flush=True)
-    t0 = time.time()
-    status = mascot.main(argv)
+    t0, status = time.time(), mascot.main(argv)                 # left to right: the clock starts first
     total = time.time() - t0
     if status or len(steps) < 2:
         sys.exit(f"gpu_check: stage 1 exited with status {status} after {len(steps)} GRPO step(s); nothing to measure")
-    measured = steps[1:]
-    secs = sum(s["seconds"] for s in measured)
+    measured, secs = steps[1:], sum(s["seconds"] for s in steps[1:])
     summary = {"device": torch.cuda.get_device_name(), "model": args.model, "dtype": args.dtype,
                "autocast_bf16": args.autocast, "gradient_checkpointing": args.checkpointing,
                "grpo_steps_measured": len(measured), "s_per_step": secs / len(measured),

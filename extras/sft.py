@@ -20,6 +20,7 @@ keeps it: there only WHO speaks is learnt, and the disclosure's purpose, validat
 """
 
 import random
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -53,13 +54,10 @@ def mapped_supporter_turns(contexts, mapping: dict[str, str]):
     for ctx in contexts:
         turns: list[Turn] = []
         for t in ctx.turns:
-            if t["speaker"] == "user":
-                turns.append(Turn(USER, t["text"]))
-                continue
-            name = mapping.get(t.get("strategy", ""))
+            name = None if t["speaker"] == "user" else mapping.get(t.get("strategy", ""))
             if name and turns:
                 yield ctx, name, list(turns), t["text"]
-            turns.append(Turn(name or "Companion", t["text"]))
+            turns.append(Turn(USER if t["speaker"] == "user" else name or "Companion", t["text"]))
 
 
 def supporter_examples(contexts, personas) -> list[tuple[list[dict], str]]:
@@ -149,14 +147,18 @@ def card_examples(contexts, personas, seed: int) -> list[tuple[list[list[dict]],
 
 
 def card_contrastive_finetune(model, tok, examples, steps: int, batch_size: int = 4, lr: float = 4e-5,
-                              contrast: float = 1.0, log=print) -> list[dict]:
+                              contrast: float = 1.0, log=print, folder: Path | None = None, every: int = 20) -> list[dict]:
     """`steps` AdamW steps of `batch_size` card_examples. Per example, with L (K,) the reply's log-likelihood under each
     card and k its own: loss = -L[k] / reply tokens + contrast * -log softmax(L)[k]. The first keeps the words human; the
     second rises only where the reply is likelier under its own card than under the others (contrast 0: plain SFT).
-    Returns per step the likelihood term ("nll", nats per token) and the card term ("card_ce", log K = chance)."""
-    opt, history = models.adamw(model, lr, weight_decay=0.0), []
+    Returns per step the likelihood term ("nll", nats per token) and the card term ("card_ce", log K = chance). With
+    `folder`, a checkpoint every `every` steps: a call that finds one goes on from it, to the uninterrupted weights."""
+    opt, history, start = models.adamw(model, lr, weight_decay=0.0), [], 0
+    if folder and grpo.checkpoints(folder):          # weights, AdamW moments and RNG, then the steps' history
+        start = grpo.load_checkpoint(folder, model, opt)[1]
+        history = data.read_json(folder / "history.json")[:start]
     model.train()
-    for step in range(steps):
+    for step in range(start, steps):
         opt.zero_grad(set_to_none=True)
         nll = card_ce = 0.0
         for j in range(batch_size):                   # one turn (K rows) per forward/backward
@@ -172,6 +174,9 @@ def card_contrastive_finetune(model, tok, examples, steps: int, batch_size: int 
         models.release_memory()
         history.append({"nll": nll, "card_ce": card_ce})
         log(f"speakers' warm start {step + 1}/{steps}: nll {nll:.3f}, card cross-entropy {card_ce:.3f}")
+        if folder and (step + 1) % every == 0 and step + 1 < steps:   # the history first: it may run ahead, never behind
+            data.write_json(folder / "history.json", history)
+            grpo.save_checkpoint(folder, step + 1, model, tok, opt)
     model.eval()
     return history
 
@@ -187,17 +192,16 @@ def card_accuracy(model, tok, examples) -> dict:
     return {"accuracy": hits / len(examples), "posterior": posterior / len(examples), "n": len(examples)}
 
 
-def speaker_warm_start(args, out: Path, inputs, done: bool, check: int = 60) -> str:
+def speaker_warm_start(args, out: Path, inputs, check: int = 60) -> str:
     """train --stage 1 on ESConv: warm-start the speakers (--speaker-warmup steps of 4 turns from --model, lr 4e-5) on
     the judge's half of the training dialogues (the evaluator's half stays unseen), print the held-out card accuracy
-    before and after, save to out/speakers_warm and return that folder: the rest of stage 1 (candidates, reward model,
-    GRPO and its KL anchor) starts from there. Once per run: `done` (a resumed run, or a torchrun rank other than 0)
-    reuses it. On data without strategy labels, or with --speaker-warmup 0, it returns --model. `check`: held-out
-    turns of the card accuracy (one forward pass per card each)."""
+    (on `check` turns) before and after, save to out/speakers_warm and return that folder, where the rest of stage 1
+    starts. Once per run folder (config.json pins its settings): a finished one is reused, an interrupted one goes on
+    from out/speakers_warm_checkpoints. Without strategy labels, or with --speaker-warmup 0, it returns --model."""
     folder = out / "speakers_warm"
     if not args.speaker_warmup or not any(t.get("strategy") for c in inputs.train for t in c.turns):
         return args.model                                                   # not ESConv: no human turns to learn
-    if done and (out / "speaker_warm_start.json").exists():
+    if (out / "speaker_warm_start.json").exists():
         return str(folder)
     require_mapping(inputs.personas, "--speaker-warmup")                   # whose job each labelled turn is
     judge_half = classifier_halves(inputs.train, args.seed)[0]
@@ -210,12 +214,13 @@ def speaker_warm_start(args, out: Path, inputs, done: bool, check: int = 60) -> 
     print(f"speakers' warm start: {len({(t, k) for _, t, k in train})} supporter turns of {len(judge_half)} dialogues (the "
           f"judge's half), {args.speaker_warmup} steps of 4; held-out turns likeliest under their own card: "
           f"{before['accuracy']:.3f} (chance {1 / len(inputs.personas.personas):.3f}, {before['n']} turns)", flush=True)
-    history = card_contrastive_finetune(model, tok, train, args.speaker_warmup, log=lambda line: print(line, flush=True))
+    history = card_contrastive_finetune(model, tok, train, args.speaker_warmup, folder=out / "speakers_warm_checkpoints")
     after = card_accuracy(model, tok, held)
     print(f"after the warm start: {after['accuracy']:.3f} of held-out turns likeliest under their own card "
           f"(mean posterior {before['posterior']:.3f} -> {after['posterior']:.3f})", flush=True)
     data.save_model(model, tok, folder)
     data.write_json(out / "speaker_warm_start.json", {"before": before, "after": after, "history": history})
+    shutil.rmtree(out / "speakers_warm_checkpoints", ignore_errors=True)    # two checkpoints: 3 GB at 135M
     del model
     models.release_memory()
     return str(folder)

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 
 import data
 import director as dr
+import grpo
 import judge
 import metrics
 import mascot
@@ -494,6 +495,38 @@ def test_the_card_contrastive_warm_start_teaches_a_tiny_model_to_read_its_card(c
     assert sum(h["card_ce"] for h in history[-5:]) / 5 < 0.5 * math.log(4)
 
 
+def test_an_interrupted_card_warm_start_goes_on_from_its_checkpoint_to_the_same_weights(card_task, tmp_path):
+    """6 steps with a checkpoint every 2, interrupted during step 5 (after the checkpoint of step 4): a second call
+    from a fresh model loads step 4's weights, AdamW moments and history, runs steps 5 and 6, and ends where an
+    uninterrupted run ends (same weights, same per-step history). No checkpoint is written after the last step."""
+    examples, lr = card_task(24, seed=0), 3e-3
+
+    def fresh():
+        torch.manual_seed(0)
+        return models.load_model("tiny")
+
+    model, tok = fresh()
+    whole = sft.card_contrastive_finetune(model, tok, examples, steps=6, lr=lr, log=lambda s: None)
+
+    def stop_at_five(line):
+        if line.startswith("speakers' warm start 5/"):
+            raise KeyboardInterrupt
+    cut, _ = fresh()
+    with pytest.raises(KeyboardInterrupt):
+        sft.card_contrastive_finetune(cut, tok, examples, steps=6, lr=lr, log=stop_at_five, folder=tmp_path, every=2)
+    assert [p.name for p in grpo.checkpoints(tmp_path)] == ["ckpt-000004", "ckpt-000002"]
+    again, _ = fresh()
+    steps = []
+    resumed = sft.card_contrastive_finetune(again, tok, examples, steps=6, lr=lr, log=steps.append, folder=tmp_path,
+                                            every=2)
+    assert [s.split(":")[0] for s in steps] == ["speakers' warm start 5/6", "speakers' warm start 6/6"]
+    flat = [[h[k] for h in run for k in ("nll", "card_ce")] for run in (resumed, whole)]
+    assert flat[0] == pytest.approx(flat[1], rel=1e-4)
+    for a, b in zip(model.parameters(), again.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert [p.name for p in grpo.checkpoints(tmp_path)] == ["ckpt-000004", "ckpt-000002"]
+
+
 def test_stage1_on_esconv_warm_starts_the_speakers_first_and_once(tmp_path, capsys, support):
     """train --stage 1 --data ESCONV on the tiny model: the warm start runs before the candidates, prints the held-out
     card accuracy before and after, saves speakers_warm/, and the rest of stage 1 starts from it; asked again for a
@@ -509,11 +542,11 @@ def test_stage1_on_esconv_warm_starts_the_speakers_first_and_once(tmp_path, caps
     assert "speakers_warm" in (tmp_path / "stage1" / "speakers" / "README.md").read_text()   # trained from it
     args = argparse.Namespace(model="tiny", seed=0, device="cpu", speaker_warmup=2)
     inputs = data.make_inputs(support, mascot.read_data(SFT_FIXTURE, "support"), 0.25, 0, {}, {})
-    assert sft.speaker_warm_start(args, tmp_path / "stage1", inputs, done=True) == str(tmp_path / "stage1" / "speakers_warm")
+    assert sft.speaker_warm_start(args, tmp_path / "stage1", inputs) == str(tmp_path / "stage1" / "speakers_warm")
     assert "warm start" not in capsys.readouterr().out
     # Cards that list no ESConv strategy (an edited personas.json): the error names the flag and the cause.
     bare = copy.deepcopy(support)
     for p in bare.personas:
         p.esconv_strategies = []
     with pytest.raises(UserError, match="^--speaker-warmup: no persona of the 'support' set lists esconv_strategies"):
-        sft.speaker_warm_start(args, tmp_path / "other", inputs._replace(personas=bare), done=False)
+        sft.speaker_warm_start(args, tmp_path / "other", inputs._replace(personas=bare))
