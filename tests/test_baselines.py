@@ -253,6 +253,10 @@ def test_headroom_script_runs_on_the_tiny_model_and_writes_its_numbers(tmp_path,
     assert set(out["deviation_corr_by_component"]) >= {"coherence", "balance"}
     printed = capsys.readouterr().out
     assert "oracle picked on replicate 1, scored on 2" in printed and "least-spoken rule" in printed
+    assert "all folds pooled: minus the rule" in printed and "all folds pooled, without balance" in printed
+    # Without balance: the same totals less 0.5 x balance (the default weight), through the same pooling.
+    less = [{k: [t - 0.5 * c["balance"] for t, c in zip(r[k], p[k])] for k in r} for r, p in zip(out["rewards"], out["components"])]
+    assert out["without_balance"] == pytest.approx(director_headroom.headroom(less, ["Anchor", "Catalyst", "Beacon", "Guide"])["oracle_pooled"])
     # The run's own settings are the defaults: a stage-2 config with other weights is read.
     data.write_json(run / "stage2" / "config.json", {"w_balance": 0.0, "heldout_points": 2, "max_new_tokens": 4,
                                                      "model": "tiny", "stage": 2})
