@@ -136,8 +136,8 @@ def meeting_openings_row(r: dict) -> Context:
 def row_kind(row: object):
     """Which parser reads a JSON-lines row, from its keys (None: none)."""
     keys = set(row) if isinstance(row, dict) else set()
-    return (esconv_row if "dialog" in keys else meeting_openings_row if {"first_turns", "topic_list"} <= keys
-            else our_row if {"set", "first_message"} <= keys else ed_row if {"emotion", "situation"} <= keys else None)
+    return next((parse for parse, needs in ((esconv_row, {"dialog"}), (meeting_openings_row, {"first_turns", "topic_list"}),
+                 (our_row, {"set", "first_message"}), (ed_row, {"emotion", "situation"})) if needs <= keys), None)
 
 
 def parse_rows(path: Path, rows: list[tuple[int, object]], parse=None) -> list[Context]:
