@@ -282,8 +282,7 @@ def lexical_features(reply: str, state: JudgeState, card_texts: list[str], role:
             "history_echo": -hinge(copied_share(mine, [person_neutral_words(t) for t in agents]), COPY_FLOOR),
             "persona_copy": -copied_share(mine, [person_neutral_words(t) for t in card_texts]),
             "meta_leak": -float(talks_about_prompt(reply, state.persona_name, role, [t["speaker"] for t in state.history])),
-            "too_short": -max(0, MIN_WORDS - len(words(reply))) / MIN_WORDS,
-            "keyword_list": -list_likeness(reply)}
+            "too_short": -max(0, MIN_WORDS - len(words(reply))) / MIN_WORDS, "keyword_list": -list_likeness(reply)}
 
 
 def semantic_features(reply, sentences, does, card, context, history, bank, own=None, others=None) -> dict:

@@ -391,8 +391,7 @@ def make_hacks(state: State, personas: PersonaSet, seed: int) -> dict[str, str]:
            "recites-persona": rng.choice([f"As the {p.role}, I {low(p.description)}",
                                           f"I am {p.name}, the {p.role}. {p.description}", p.description]),
            "meta-leakage": rng.choice(templates["meta_leaks"]).format(situation=situation, context=context, name=p.name),
-           "empty-trivial": rng.choice(templates["trivial"]),
-           "echoes-agent": rng.choice(agents) if agents else None,
+           "empty-trivial": rng.choice(templates["trivial"]), "echoes-agent": rng.choice(agents) if agents else None,
            "off-role": rng.choice([e for q in personas.personas if q.name != p.name for e in q.examples] or [None])}
     return {k: v for k, v in out.items() if v}
 

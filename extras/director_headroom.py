@@ -7,8 +7,9 @@ with its first ESConv strategy's action and tone; the rule directs the rest) and
 sampling seeds ("replicates": same points, every turn re-sampled). Beside each policy's mean reward per replicate:
   - the in-sample oracle: per point the best agent of a replicate, scored on the SAME one (optimistic: noise helps);
   - the cross-validated oracle: per point the agent best on the other replicates, scored against the rule on the one
-    left out: what learning each point's best first agent from this reward could gain (<= 0: nothing to learn); per
-    fold, and all folds pooled (a point's folds averaged, se across points), with and without balance;
+    left out: what learning each point's best first agent could gain (<= 0: nothing to learn); per fold, and all folds
+    pooled (se across points), with and without balance, also minus the best SINGLE agent picked alike (what reading
+    the conversation adds to always naming one agent);
   - how often two replicates agree on a point's best agent (chance ~1/#agents), and the correlation across replicates of
     each (point, agent) reward minus its point's mean (0: whom to pick is noise), for the reward and each component.
 Every flag defaults to the stage-2 run's own (RUN/stage2/config.json); the held-out points come from
@@ -49,14 +50,16 @@ def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:
     best = [[max(names, key=lambda g: r[g][i]) for i in range(n)] for r in rewards]
     out = {"n": n, "per_policy": [{k: sum(v) / n for k, v in r.items()} for r in rewards],
            "oracle_in_sample": [sum(r[b[i]][i] for i in range(n)) / n for r, b in zip(rewards, best)], "oracle_cross": []}
-    pooled = ([], [])                               # every fold's (rule, picked) rows, clustered by point below
+    rule, picks, fixed = [], [], []                 # every fold's rows, clustered by point below
     for j, r in enumerate(rewards):                 # leave replicate j out: pick on the others, score on j
         others = [q for m, q in enumerate(rewards) if m != j]
         picked = [r[max(names, key=lambda g: sum(q[g][i] for q in others))][i] for i in range(n)]
         change, se = paired_change(r["rule"], picked)
         out["oracle_cross"].append({"mean": sum(picked) / n, "vs_rule": change, "se": se})
-        pooled[0].extend(r["rule"]), pooled[1].extend(picked)
-    out["oracle_pooled"] = dict(zip(("vs_rule", "se"), paired_change(*pooled, clusters=list(range(n)) * len(rewards))))
+        one = max(names, key=lambda g: sum(sum(q[g]) for q in others))          # one agent for every point
+        rule, picks, fixed = rule + r["rule"], picks + picked, fixed + r[one]
+    (d, se), (d1, se1) = (paired_change(x, picks, clusters=list(range(n)) * len(rewards)) for x in (rule, fixed))
+    out["oracle_pooled"] = {"vs_rule": d, "se": se, "vs_one": d1, "se_one": se1}       # a point's folds: one cluster
     out["best_agree"] = sum(best[a][i] == best[b][i] for a, b in pairs for i in range(n)) / (n * len(pairs))
     # Each point's agents are one "state": their rewards minus the point's mean, correlated across replicates.
     flat = [[r[g][i] for i in range(n) for g in names] for r in rewards]
@@ -66,8 +69,7 @@ def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:
 
 def parse_args(argv: list[str], cli):
     """train --stage 2's flags (the run's own command line works as it is), defaulting to its config, and --seeds."""
-    p = cli.Parser(prog="mascot.py director-headroom", description=__doc__.split("\n")[0],
-                                formatter_class=cli.Formatter)
+    p = cli.Parser(prog="mascot.py director-headroom", description=__doc__.split("\n")[0], formatter_class=cli.Formatter)
     cli.common_flags(p)
     cli.add_options(p, dr.DirectorConfig)
     cli.add_options(p, dr.RewardWeights, prefix="w-")
@@ -125,14 +127,14 @@ def main(argv: list[str], cli) -> int:
     for g in [*names, "rule"]:
         print(f"  {'least-spoken rule' if g == 'rule' else f'always {g} first':28s} "
               + "  ".join(f"{r[g]:.3f}" for r in result["per_policy"]))
-    print(f"  {'oracle, in sample':28s} " + "  ".join(f"{x:.3f}" for x in result["oracle_in_sample"])
-          + "   (optimistic: the max of noisy numbers)")
+    print(f"  {'oracle, in sample':28s} " + "  ".join(f"{x:.3f}" for x in result["oracle_in_sample"]) + "   (optimistic)")
     for j, c in enumerate(result["oracle_cross"]):
         print(f"  oracle picked on replicate{'s' if args.seeds > 2 else ''} "
               f"{','.join(str(m + 1) for m in range(args.seeds) if m != j)}, scored on {j + 1}: "
               f"{c['mean']:.3f}; minus the rule {c['vs_rule']:+.3f} ± {shown(c['se'])} (paired se)")
     for label, c in (("", result["oracle_pooled"]), (", without balance", result["without_balance"])):
-        print(f"  all folds pooled{label}: minus the rule {c['vs_rule']:+.3f} ± {shown(c['se'])} (se across points)")
+        print(f"  all folds pooled{label}: minus the rule {c['vs_rule']:+.3f} ± {shown(c['se'])}; minus the best single "
+              f"agent {c['vs_one']:+.3f} ± {shown(c['se_one'])} (se across points)")
     print(f"  best agent the same on two replicates: {result['best_agree']:.2f} of points (chance ~{1 / len(names):.2f})")
     print(f"  correlation of (point, agent) reward deviations across replicates: {result['deviation_corr']:+.2f}; per "
           "component (unweighted): " + ", ".join(f"{k} {v:+.2f}" for k, v in by_component.items()))

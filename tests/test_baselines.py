@@ -206,8 +206,14 @@ def test_headroom_separates_a_reproducible_best_agent_from_noise():
     assert r["oracle_in_sample"] == [3.0, 3.0]
     assert [c["vs_rule"] for c in r["oracle_cross"]] == [1.0, 1.0]
     assert [c["se"] for c in r["oracle_cross"]] == [0.0, 0.0]
-    assert r["oracle_pooled"] == {"vs_rule": 1.0, "se": 0.0}
+    # The best single agent, picked alike, ties (A and B sum to 4; the first name wins): always A scores (3, 1), so
+    # reading the conversation adds (0 + 2) / 2 = 1.0 over it, se = sd(0, 2) / sqrt(2) = 1.
+    assert r["oracle_pooled"] == {"vs_rule": 1.0, "se": 0.0, "vs_one": 1.0, "se_one": pytest.approx(1.0)}
     assert r["best_agree"] == 1.0 and r["deviation_corr"] == pytest.approx(1.0)
+    # One agent best at every point: the oracle beats the rule by 1.0, all of it the fixed agent's (nothing per point).
+    always_a = {"A": [3.0, 3.0], "B": [1.0, 1.0], "rule": [2.0, 2.0]}
+    assert headroom([always_a, always_a], ["A", "B"])["oracle_pooled"] == {"vs_rule": 1.0, "se": 0.0, "vs_one": 0.0,
+                                                                         "se_one": 0.0}
     swapped = {"A": [1.0, 3.0], "B": [3.0, 1.0], "rule": [2.0, 2.0]}
     r = headroom([same, swapped], ["A", "B"])
     assert r["oracle_in_sample"] == [3.0, 3.0]
@@ -219,7 +225,8 @@ def test_headroom_separates_a_reproducible_best_agent_from_noise():
     r = headroom([same, same, same, swapped], ["A", "B"])
     assert [c["vs_rule"] for c in r["oracle_cross"]] == [1.0, 1.0, 1.0, -1.0]
     # Pooled: each point's four folds average to (1 + 1 + 1 - 1) / 4 = 0.5 over the rule, at both points alike (se 0).
-    assert r["oracle_pooled"] == {"vs_rule": 0.5, "se": 0.0}
+    # Against always A (a tie on every fold): folds 1-3 gain (0, 2), the swapped fold (0, -2); per point 0 and 1.0.
+    assert r["oracle_pooled"] == {"vs_rule": 0.5, "se": 0.0, "vs_one": 0.5, "se_one": pytest.approx(0.5)}
     assert r["best_agree"] == pytest.approx(3 / 6) and r["deviation_corr"] == pytest.approx(0.0)
     # Points that differ: the pooled se is across points. Point 0's best agent (A) reproduces, point 1's does not
     # (B, then A): each fold gains +1 at point 0 and -1 at point 1, so the mean is 0 and se = sd(1, -1) / sqrt(2) = 1.
@@ -254,6 +261,7 @@ def test_headroom_script_runs_on_the_tiny_model_and_writes_its_numbers(tmp_path,
     printed = capsys.readouterr().out
     assert "oracle picked on replicate 1, scored on 2" in printed and "least-spoken rule" in printed
     assert "all folds pooled: minus the rule" in printed and "all folds pooled, without balance" in printed
+    assert printed.count("minus the best single agent") == 2
     # Without balance: the same totals less 0.5 x balance (the default weight), through the same pooling.
     less = [{k: [t - 0.5 * c["balance"] for t, c in zip(r[k], p[k])] for k in r} for r, p in zip(out["rewards"], out["components"])]
     assert out["without_balance"] == pytest.approx(director_headroom.headroom(less, ["Anchor", "Catalyst", "Beacon", "Guide"])["oracle_pooled"])
