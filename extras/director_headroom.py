@@ -58,8 +58,8 @@ def headroom(rewards: list[dict[str, list[float]]], names: list[str]) -> dict:
         out["oracle_cross"].append({"mean": sum(picked) / n, "vs_rule": change, "se": se})
         one = max(names, key=lambda g: sum(sum(q[g]) for q in others))          # one agent for every point
         rule, picks, fixed = rule + r["rule"], picks + picked, fixed + r[one]
-    (d, se), (d1, se1) = (paired_change(x, picks, clusters=list(range(n)) * len(rewards)) for x in (rule, fixed))
-    out["oracle_pooled"] = {"vs_rule": d, "se": se, "vs_one": d1, "se_one": se1}       # a point's folds: one cluster
+    (d_r, se_r), (d_1, se_1) = (paired_change(x, picks, clusters=list(range(n)) * len(rewards)) for x in (rule, fixed))
+    out["oracle_pooled"] = {"vs_rule": d_r, "se": se_r, "vs_one": d_1, "se_one": se_1}   # a point's folds: one cluster
     out["best_agree"] = sum(best[a][i] == best[b][i] for a, b in pairs for i in range(n)) / (n * len(pairs))
     # Each point's agents are one "state": their rewards minus the point's mean, correlated across replicates.
     flat = [[r[g][i] for i in range(n) for g in names] for r in rewards]
