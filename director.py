@@ -21,8 +21,13 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+import torch
+
 import models
-from data import PersonaSet, option, prompt
+from judge import StrategyClassifier
+from plumbing.common import option
+from plumbing.files import prompt
+from scenarios import SUPPORT_STRATEGIES, PersonaSet, require_mapping, split_contexts
 from metrics import (HACKS, content_words, entropy_bits, mutual_information_bits, paired_change,
                      permutation_p_value, sentence_bleu, standard_error, tokenize)
 from simulate import (JUDGE_TURNS, SAFETY, USER, Conversation, Directive, LeastSpoken, RandomOrder,
@@ -169,9 +174,80 @@ def block_reward(conv: Conversation, start: int, personas: PersonaSet, encoder, 
     return sum(getattr(weights, k) * v for k, v in comp.items()), comp
 
 
-# A collapsed director names one agent everywhere (entropy 0); one that rolls a die has maximal entropy and reads
-# nothing. So we also measure how much the choice tells about the conversation's STAGE (companion turns so far: 0, 1,
-# 2, 3+): in ESConv the right support depends on it (a Question opens most dialogues, a Suggestion comes later).
+# --- The director's warm start on what real supporters did next (train --director-warmup-data) --------
+# personas.json says whose job each strategy is (in ESConv's words, Affirmation and Reassurance "affirm[s]
+# the help-seeker's strengths", Beacon's job; Self-disclosure, "divulge similar experiences ... to express
+# your empathy", is validation, Anchor's); here, the Action and Tone of a directive for each. "Others"
+# (greetings, thanks) is nobody's job: such a turn stays in the history, never a target.
+STRATEGY_DIRECTIVES = {
+    "Question": ("ask a probing question", "curious"),
+    "Restatement or Paraphrasing": ("reflect back what was said", "calm and steady"),
+    "Reflection of feelings": ("validate the feeling", "warm"),
+    "Self-disclosure": ("share a similar feeling so they feel less alone", "gentle"),
+    "Affirmation and Reassurance": ("name a strength", "encouraging"),
+    "Providing Suggestions": ("suggest one small step", "practical"),
+    "Information": ("share useful information", "thoughtful"),
+}
+
+
+def directive_for(strategy: str, personas) -> Directive | None:
+    """The directive a supporter turn of this strategy answers: its persona (the card that lists the
+    strategy), the strategy's action and tone; None for a strategy no card lists."""
+    agent = next((p.name for p in personas.personas if strategy in p.esconv_strategies), None)
+    return Directive(agent, *STRATEGY_DIRECTIVES[strategy]) if agent and strategy in STRATEGY_DIRECTIVES else None
+
+
+# --- The group reward's grounded terms (train --stage 2 --director-warmup-data ESCONV) ---------------------------
+class Grounding:
+    """director.block_reward's two terms from human labels, each a mean over the block's agent turns in [0, 1]:
+      plausible  E_q[P(s | stage, previous)] / max_s P(s | stage, previous): q is the judge's strategy classifier's
+                 reading of the turn (judge.StrategyClassifier), P how often ESConv's supporters used strategy s
+                 at that stage (supporter turns so far: 0, 1, 2, 3+) after the previous one (the classifier's top
+                 reading of the agent turn before; none at the start), counted on the training dialogues with
+                 add-one smoothing. 1: the turn did what real supporters most often do at that point.
+      compliant  q's mass on what the directive asked, chance-corrected: (q(A) - pi(A)) / (1 - pi(A)), A the strategy
+                 whose warm-start action (STRATEGY_DIRECTIVES) its Action names, else the strategies of the speaker's
+                 card (a rule's directive names no action), pi(A) the share of training turns labelled in A. 1: did
+                 what was asked, 0: as often as any supporter turn would, so one strategy asked for is not held
+                 to a lower mark than a card's three.
+    Held-out dialogues (held_out, seed: the run's split) are left out of the counts."""
+
+    def __init__(self, contexts, personas, encoder, held_out: float, seed: int):
+        require_mapping(personas)
+        self.classifier, self.personas, start = StrategyClassifier(encoder), personas, len(SUPPORT_STRATEGIES)
+        counts = torch.ones(4, start + 1, start)                       # (stage, previous or start, strategy)
+        seen = torch.ones(start)                                       # (strategy,): its labels, add-one
+        for context in split_contexts(contexts, held_out, seed)[0]:
+            labels = [SUPPORT_STRATEGIES.index(t["strategy"]) for t in context.turns
+                      if t["speaker"] != "user" and t.get("strategy") in SUPPORT_STRATEGIES]
+            for k, s in enumerate(labels):
+                counts[min(k, 3), labels[k - 1] if k else start, s] += 1
+                seen[s] += 1
+        self.transition = counts / counts.sum(-1, keepdim=True)        # (4, 9, 8): P(s | stage, previous)
+        self.prior = seen / seen.sum()                                 # (8,): pi(s)
+
+    def __call__(self, conv: Conversation, start: int) -> dict[str, float]:
+        agent = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
+        first = next((k for k, i in enumerate(agent) if i >= start), len(agent))
+        if first == len(agent):
+            return {"plausible": 0.0, "compliant": 0.0}
+        before = min(first, 1)                     # the agent turn before the block is read for its strategy only
+        read = agent[first - before:]
+        said = [next((t.text for t in reversed(conv.turns[:i]) if t.speaker == USER), conv.context.situation)
+                for i in read]                                         # what each turn answers
+        q = self.classifier.probs([conv.turns[i].text for i in read], said)                   # (M, 8)
+        plausible, compliant = [], []
+        for m in range(before, len(read)):
+            k, turn = first - before + m, conv.turns[read[m]]          # k: agent turns before this one
+            p = self.transition[min(k, 3), int(q[m - 1].argmax()) if m else len(SUPPORT_STRATEGIES)]   # (8,)
+            plausible.append(float(q[m] @ p / p.max()))
+            action = turn.directive.action.lower() if turn.directive else ""
+            asked = [s for s, (a, _) in STRATEGY_DIRECTIVES.items() if a in action] \
+                or self.personas.find(turn.speaker).esconv_strategies
+            ix = [SUPPORT_STRATEGIES.index(s) for s in asked]
+            compliant.append(float((q[m, ix].sum() - self.prior[ix].sum()) / (1 - self.prior[ix].sum())))
+        return {"plausible": sum(plausible) / len(plausible), "compliant": sum(compliant) / len(compliant)}
+
 
 def stage_feature(conv: Conversation) -> str:
     n = len(conv.agent_turns())

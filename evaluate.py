@@ -23,14 +23,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import data
-import models
-from data import PersonaSet, UserError, option
+from scenarios import PersonaSet
+from plumbing.common import option, UserError
 from metrics import (HACKS, NLI_RELATIONS, bootstrap_ci, distinct_n, mean_or_none, mean_pairwise_similarity, nli_rates,
                      rates, rescale_0_100, self_bleu, semantic_redundancy_rate, win_rate)
 from director import LLMDirector
 from simulate import (EXAMPLE_STYLES, SAFETY, USER, Cast, RandomOrder, RoundRobin, diagnose_reply, judge_state,
                       render_history, role_setting, run_conversations)
+from plumbing import files
+from plumbing import loading
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class Metric:
 
 
 def rubric_criteria() -> dict[str, list[dict]]:
-    return {kind: data.asset("rubrics.json")[kind] for kind in ("agent", "collective")}
+    return {kind: files.asset("rubrics.json")[kind] for kind in ("agent", "collective")}
 
 
 def all_metrics() -> list[Metric]:
@@ -151,13 +152,13 @@ def rubric_scores(conv, personas: PersonaSet, judge) -> tuple[dict, Counter]:
     for m in crit["agent"]:
         for i in agent_idx:
             p = personas.find(conv.turns[i].speaker)
-            asks.append((m["key"], data.prompt("eval_agent").format(
+            asks.append((m["key"], files.prompt("eval_agent").format(
                 name=p.name, role=p.role, description=p.description, situation=conv.context.situation,
                 history=render_history(conv.turns[:i], everything), reply=conv.turns[i].text, title=m["title"],
                 rubric=m["rubric"])))
     roster = "; ".join(f"{p.name} ({p.role})" for p in personas.personas)
     for m in crit["collective"] if agent_idx else []:     # none when the guard stopped it before anyone spoke
-        asks.append((m["key"], data.prompt("eval_collective").format(
+        asks.append((m["key"], files.prompt("eval_collective").format(
             roster=roster, situation=conv.context.situation, transcript=render_history(conv.turns, everything),
             title=m["title"], rubric=m["rubric"])))
     scores, unreadable = {m["key"]: [] for kind in crit.values() for m in kind}, Counter()
@@ -271,7 +272,7 @@ def choose_systems(spec: str, folders: dict[str, str], how: str = "") -> tuple[l
             "sft": f"python mascot.py sft{how} --data <ESConv.json or an ESConv .jsonl>"}
     chosen, skipped = [], {}
     for s in (s for s in SYSTEMS if s.name in names):
-        missing = [k for k in (s.speakers, s.order) if k in make and not models.trained_or(folders[k], "")
+        missing = [k for k in (s.speakers, s.order) if k in make and not loading.trained_or(folders[k], "")
                    and not folders[k].startswith("openai:")]
         if missing:
             skipped[s.name] = f"no model at {folders[missing[0]]}; make it with: {make[missing[0]]}"
@@ -354,14 +355,14 @@ def run(cfg: EvalConfig, setup: Setup, inputs, out: Path, systems: list[System],
     entries, rows = {}, []
     for system in systems:
         part = out / "partial" / f"{system.name}.json"
-        saved = data.read_json(part) if part.is_file() else {}
+        saved = files.read_json(part) if part.is_file() else {}
         if saved.get("protocol") == json_safe(protocol):
             entries[system.name], sys_rows = saved["entry"], saved["rows"]
             print(f"{system.name}: kept from the interrupted evaluation ({part})", flush=True)
         else:
             convs, entries[system.name] = run_system(system, setup, inputs, cfg, max_new_tokens, turns, user_every, seed, keys)
             sys_rows = [{"system": system.name, "index": i, **c.to_json()} for i, c in enumerate(convs)]
-            data.write_json(part, json_safe({"protocol": protocol, "entry": entries[system.name], "rows": sys_rows}))
+            files.write_json(part, json_safe({"protocol": protocol, "entry": entries[system.name], "rows": sys_rows}))
         rows += sys_rows
     fields = slice_fields([r for e in entries.values() for r in e["conversations"]])
     for e in entries.values():
@@ -373,9 +374,9 @@ def run(cfg: EvalConfig, setup: Setup, inputs, out: Path, systems: list[System],
                "changes": paired_changes(entries, [m.key for m in all_metrics() if m.better and status[m.key] == "ok"], seed),
                "pairwise": pairwise(cfg, entries, setup.identifier is not None),
                "crisis_section": setup.guard.stops_section(entries) if setup.guard is not None else []}
-    data.write_jsonl(out / "transcripts.jsonl", rows)
-    data.write_json(out / "results.json", json_safe(results))
-    data.write_text_atomic(out / "results.md", results_markdown(results))
+    files.write_jsonl(out / "transcripts.jsonl", rows)
+    files.write_json(out / "results.json", json_safe(results))
+    files.write_text_atomic(out / "results.md", results_markdown(results))
     shutil.rmtree(out / "partial", ignore_errors=True)
     return results
 

@@ -26,19 +26,20 @@ watch the reward instead.
 """
 
 import contextlib
-import json
 import math
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, load_model, save_file
 
 import models
-from data import UserError, append_jsonl, atomic_folder, derive_seed, option, read_jsonl, save_model, warn, write_jsonl
+from plumbing.common import UserError, derive_seed, option
+from plumbing.devices import autocast, release_memory
+from plumbing.files import append_jsonl, read_jsonl, write_jsonl
+from plumbing.parallel import OneProcess
+from plumbing.runs import checkpoints, load_checkpoint, save_checkpoint
 
 # --- The core math: pure functions -------------------------------------------------------------
 # Shapes: B = completions in the (micro-)batch, C = completion width (right-padded), P = prompt
@@ -275,33 +276,6 @@ class LogProbs(torch.nn.Module):
         return completion_logprobs(self.model, ids, attn, n_prompt, temperature)
 
 
-class OneProcess:
-    """`ranks` for one process: every operation is the identity. extras/multigpu.py supplies the
-    torchrun version (each rank samples its share of the prompts; the loss denominators are summed
-    over ranks and DDP sums the gradients; rank 0 writes), with the same operations."""
-    rank, world, is_main = 0, 1, True
-
-    wrap = staticmethod(lambda scorer: scorer)                  # torchrun: DistributedDataParallel(scorer)
-    barrier = staticmethod(lambda: None)                        # nothing to wait for in one process
-
-    def shard(self, n: int) -> slice:
-        return slice(0, n)
-
-    def gather(self, items: list) -> list:
-        return list(items)
-
-    def all_sum(self, value: float) -> float:
-        return value
-
-
-
-def autocast(cfg: GRPOConfig, device: torch.device):
-    """bf16 autocast with fp32 master weights: the matmuls run in bf16 while parameters, gradients
-    and AdamW stay fp32 (bf16's 8 significant bits would lose an update of lr 5e-6 to a weight of
-    1e-2). The log-sum-exp of completion_logprobs stays fp32."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
-
-
 # --- The update ---------------------------------------------------------------------------------
 def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model=None, ranks=OneProcess(),
                   scorer=None) -> dict:
@@ -365,54 +339,6 @@ def policy_update(policy, optimizer, gen, advantages, cfg: GRPOConfig, ref_model
     return out
 
 
-# --- Checkpoints: safetensors + JSON only (no pickle), written atomically ----------------------
-def save_checkpoint(folder: Path, step: int, policy, tok, optimizer) -> Path:
-    """folder/ckpt-<step>/: model, AdamW moments, RNG states, step; built under .tmp and renamed,
-    so a crash mid-write leaves no half checkpoint. The two newest are kept."""
-    final = folder / f"ckpt-{step:06d}"
-    with atomic_folder(final) as tmp:
-        save_model(policy, tok, tmp / "model")
-        opt = optimizer.state_dict()
-        tensors = {f"{i}.{k}": (v if torch.is_tensor(v) else torch.tensor(v)).contiguous()
-                   for i, st in opt["state"].items() for k, v in st.items()}      # "<param>.<exp_avg|...>"
-        tensors["rng.torch"] = torch.get_rng_state()
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
-        state = random.getstate()
-        meta = {"step": step, "param_groups": opt["param_groups"], "python_random": [state[0], list(state[1]), state[2]]}
-        (tmp / "state.json").write_text(json.dumps(meta), encoding="utf-8")
-    for old in sorted(folder.glob("ckpt-??????"))[:-2]:
-        shutil.rmtree(old)
-    return final
-
-
-def checkpoints(folder: Path) -> list[Path]:
-    """The complete checkpoints (renamed from .tmp), newest first."""
-    return sorted((p for p in folder.glob("ckpt-??????") if (p / "state.json").exists()), reverse=True)
-
-
-def load_checkpoint(folder: Path, policy, optimizer) -> tuple[Path, int]:
-    """Restore the newest checkpoint that loads (weights, AdamW moments, RNG states) in place; a
-    damaged one (a truncated file, garbage JSON) is skipped with a warning for the one before it."""
-    for path in checkpoints(folder):
-        try:
-            meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
-            tensors = load_file(str(path / "optimizer.safetensors"))
-            load_model(policy, str(path / "model" / "model.safetensors"), strict=False)
-        except Exception as err:                                     # safetensors, JSON, missing files alike
-            warn(f"{path} cannot be loaded ({type(err).__name__}: {str(err)[:80]}); trying the one before it")
-            continue
-        torch.set_rng_state(tensors.pop("rng.torch"))
-        state: dict[int, dict] = {}
-        for name, t in tensors.items():
-            i, key = name.split(".", 1)
-            state.setdefault(int(i), {})[key] = t
-        optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-        r = meta["python_random"]
-        random.setstate((r[0], tuple(r[1]), r[2]))
-        return path, meta["step"]
-    raise UserError(f"--resume: no complete checkpoint in {folder} loads; run without --resume and a new --run folder")
-
-
 # --- The loop -----------------------------------------------------------------------------------
 def grpo_step(policy, tok, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig, step: int, ref_model=None,
               sampling=None, ranks=OneProcess(), diagnose=None, scorer=None):
@@ -443,12 +369,12 @@ def grpo_step(policy, tok, optimizer, prompts, meta, reward_fn, cfg: GRPOConfig,
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step - 1, cfg)
     policy.train()
-    models.release_memory()         # what sampling and scoring freed, before the update's activations
+    release_memory()         # what sampling and scoring freed, before the update's activations
     ustats = policy_update(policy, optimizer, gen, advantages[mine.start * G:mine.stop * G], cfg, ref_model, ranks,
                            scorer)
     policy.eval()                   # callers sample next, and train mode would switch HF's KV cache off
     optimizer.zero_grad(set_to_none=True)        # the gradients' memory is free while the next batch is sampled
-    models.release_memory()
+    release_memory()
     stats = {**astats, **{f"r_{k}": sum(v) / len(v) for k, v in components.items() if v},
              **{f"hack_{k}": sum(v) / len(v) for k, v in diagnostics.items() if v},
              **{k: ustats[k] for k in ("loss", "kl", "grad_norm", "logp_mismatch")}, "skipped": not ustats["finite"],

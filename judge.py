@@ -30,11 +30,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-import data
 import models
-from data import AnswerCache, UserError, cached_answers
+from plumbing.files import AnswerCache, cached_answers
+from plumbing.common import UserError
 from metrics import STOPWORDS, META_PATTERNS, leaks_meta, words
-from simulate import JudgeState
+from simulate import JUDGE_TURNS, JudgeState
+from plumbing import files
+from plumbing import loading
+import scenarios
 
 
 @dataclass
@@ -129,7 +132,7 @@ def logit(p: float) -> float:
 
 # --- The persona-function classifier: what ESConv's annotators would call a reply -----------------
 class StrategyClassifier:
-    """p(strategy | reply, the message it answers) over ESConv's eight support strategies (data.SUPPORT_STRATEGIES),
+    """p(strategy | reply, the message it answers) over ESConv's eight support strategies (scenarios.SUPPORT_STRATEGIES),
     learnt from the labels human annotators gave 12,759 supporter turns (Liu et al. 2021; extras/strategies.py fits
     it, measures it on held-out dialogues and writes data/strategy_classifier.safetensors):
         x = [e(reply), e(message), e(reply) * e(message)]     (3D,)  e: MiniLM, unit vectors
@@ -137,7 +140,7 @@ class StrategyClassifier:
     The message is there because a strategy answers something: "that must be hard" after "I failed"
     reflects a feeling, after "thanks" it does not. A persona's FUNCTION is the mass p puts on the
     strategies its card lists (personas.json "esconv_strategies"): does the reply do its job?"""
-    FILE = data.HERE / "data" / "strategy_classifier.safetensors"
+    FILE = files.HERE / "data" / "strategy_classifier.safetensors"
 
     def __init__(self, encoder, path: str | Path = FILE):
         if not Path(path).is_file():
@@ -328,7 +331,7 @@ class OfflineJudge(ScoreJudge):
         labelled = any(p.esconv_strategies for s in persona_sets for p in s.personas)
         self.classifier = (StrategyClassifier(self.encoder) if labelled else None) if classifier is True else classifier
         self.weights = dict(OFFLINE_WEIGHTS if weights is None else weights)
-        phrases = data.asset("generic_phrases.json")["phrases"]
+        phrases = files.asset("generic_phrases.json")["phrases"]
         # The name carries everything that decides a score, so a changed weight, constant, phrase or
         # persona card never reads stale scores from an old cache.
         constants = [OFFLINE_RECIPE, RELEVANCE_CAP, REPEAT_FLOOR, COPY_RUN, COPY_FLOOR, RECITAL_FLOOR, MIN_WORDS,
@@ -376,7 +379,7 @@ class OfflineJudge(ScoreJudge):
         if jobs:                           # the persona's function: p(its strategies | reply, the message)
             probs = self.classifier.probs([replies[i] for i, _ in jobs], [states[i].context for i, _ in jobs])
             for (i, mine), p in zip(jobs, probs):                                    # p: (8,)
-                out[i]["function"] = float(p[[data.SUPPORT_STRATEGIES.index(k) for k in mine]].sum())
+                out[i]["function"] = float(p[[scenarios.SUPPORT_STRATEGIES.index(k) for k in mine]].sum())
         return out
 
     def _score_uncached(self, states, replies):
@@ -387,3 +390,153 @@ class OfflineJudge(ScoreJudge):
                 (self.weights, OFFLINE_CENTER, OFFLINE_SCALE)
             out.append(sigmoid(scale * (sum(w[k] * f[k] for k in w) - center)))
         return out
+
+
+# --- Reading an answer: which reply did the judge pick? -----------------------------------------
+_LABEL_NAME = r"(?:(?i:reply|response|answer|option|choice)\s+)"
+
+
+_PICKS = [re.compile(_LABEL_NAME + r"?(?<![A-Za-z])([AB])(?![A-Za-z])[*\"'`)\]]*\s+(?:is|was|seems)\s+"
+                     r"(?:clearly\s+|much\s+|slightly\s+|the\s+)?(?i:better|stronger|preferred)"),
+          re.compile(r"(?i:better(?:\s+(?:reply|response|answer|option|choice|one))?\s+is|prefer|pick|choose)"
+                     r"\s+" + _LABEL_NAME + r"?[*\"'`(\[]*([AB])(?![A-Za-z])"),
+          re.compile(r"^[\s\"'*`(\[]*([AB])(?![A-Za-z])"),
+          re.compile(r"\b(?:reply|response|answer|option|choice)\b[\s:*\"'`(\[-]*([AB])(?![A-Za-z])", re.IGNORECASE),
+          re.compile(r"(?<![A-Za-z])([AB])(?![A-Za-z])")]
+
+
+_ARTICLE = re.compile(r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]")   # "A better reply is B": an article
+
+
+def parse_ab(text: str) -> int | None:
+    """0 for "A", 1 for "B", None. Tried in order: a sentence saying which is better ("I prefer B"), so
+    "A: Reply B is better." is B; the leading label; a named label; the first standalone A/B."""
+    return next(("AB".index(m.group(1).upper()) for pattern in _PICKS for m in pattern.finditer(text)
+                 if not _ARTICLE.match(text, m.start(1))), None) if isinstance(text, str) else None
+
+
+# --- Reading an LLM judge's 1-5 rubric answer ---------------------------------------------------
+_NUM, _QUOTES = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?![0-9])", r"[\s*_\"'`]*"
+
+
+_LABELLED_RE = re.compile(r"\b(?:score|rating|grade)s?\b" + _QUOTES + r"(?:[:=]|-(?=\s)|\bis\b|\bof\b)?" + _QUOTES
+                          + _NUM + r"(?:\s*(?:/|\bout\s+of\b)\s*" + _NUM + r")?", re.IGNORECASE)
+
+
+_FRACTION_RE = re.compile(_NUM + r"\s*(?:/|\bout\s+of\b)\s*" + _NUM, re.IGNORECASE)
+
+
+_BOLD_RE, _STARS_RE = re.compile(r"\*\*\s*" + _NUM + r"\s*\*\*"), re.compile(_NUM + r"\s*stars?\b", re.IGNORECASE)
+
+
+_BARE_RE = re.compile(r"[\s*_\"'`(\[]*" + _NUM + r"[\s*_\"'`)\].!]*")
+
+
+def _score_value(number: str, lo: int, hi: int) -> int | None:
+    """'4' and '4.0' -> 4 inside [lo, hi]; 4.5, 0 or a 99-digit run -> None."""
+    whole, _, fraction = number.partition(".")
+    return None if fraction.strip("0") or len(whole) > 6 else int(whole) if lo <= int(whole) <= hi else None
+
+
+def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
+    """An integer rubric score in [lo, hi] read from free text, or None. Judges are asked to end with "Score: N", but
+    models wander, so every statement that LOOKS like a score is read: labelled ("Score: 4", "rating is 4", "4/5"),
+    a fraction over the scale's top ("4 out of 5"), a bold number, "4 stars", or an answer that is only the number,
+    after scale descriptions ("(1-5)", "1 to 5") are removed. All must agree ("5/5 ... no, 2/5" is None): a
+    self-correction cannot be told from a quotation, and a silently wrong score is worse than a missing one."""
+    if not isinstance(text, str):
+        return None
+    text = re.sub(rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?", " ", text, flags=re.IGNORECASE)
+    found = [None if m.group(2) is not None and _score_value(m.group(2), hi, hi) is None   # "4/10": another scale
+             else _score_value(m.group(1), lo, hi) for m in _LABELLED_RE.finditer(text)]
+    found += [_score_value(m.group(1), lo, hi) for m in _FRACTION_RE.finditer(text)
+              if _score_value(m.group(2), hi, hi) is not None]
+    found += [_score_value(m.group(1), lo, hi) for r in (_BOLD_RE, _STARS_RE) for m in r.finditer(text)]
+    if bare := _BARE_RE.fullmatch(text):
+        found.append(_score_value(bare.group(1), lo, hi))
+    return found[0] if len(set(found)) == 1 else None
+
+
+def combine_orders(p_ab: float | None, p_ba: float | None) -> Verdict:
+    """p_ab = P(first better) shown as (A = first, B = second), p_ba = the same shown swapped (P("B")); a
+    verdict only when both agree, else the judge followed the position. None: an unreadable answer."""
+    if p_ab is None or p_ba is None:
+        known = [p for p in (p_ab, p_ba) if p is not None]
+        return Verdict(None, sum(known) / len(known) if known else 0.5, {"p_ab": p_ab, "p_ba": p_ba, "unparseable": True})
+    preferred = 0 if p_ab > 0.5 and p_ba > 0.5 else 1 if p_ab < 0.5 and p_ba < 0.5 else None
+    return Verdict(preferred, (p_ab + p_ba) / 2, {"p_ab": p_ab, "p_ba": p_ba})
+
+
+# --- The prompts of the LLM judges ----------------------------------------------------------------
+MAX_TURN_CHARS = 600       # one runaway turn must not crowd out the rest of the prompt
+
+
+def render_conversation(state: JudgeState) -> str:
+    """'Speaker: text' lines for the last JUDGE_TURNS turns, then the user's latest message."""
+    lines = [f"Situation: {state.situation}"] if state.situation else []
+    lines += [f"{t['speaker']}: {t['text'][:MAX_TURN_CHARS]}" for t in state.history[-JUDGE_TURNS:]]
+    return "\n".join(lines + [f"user: {state.context[:MAX_TURN_CHARS]}"])
+
+
+def judge_messages(template: str, state: JudgeState, **fields) -> list[dict]:
+    """data/prompts/<template>.txt: judge_pairwise (fields a, b) or judge_pointwise (reply)."""
+    text = files.prompt(template).format(name=state.persona_name, desc=state.persona_desc,
+                                        conversation=render_conversation(state), **fields)
+    return [{"role": "system", "content": files.prompt("judge_system")}, {"role": "user", "content": text}]
+
+
+# --- HFJudge: a local chat LLM, read through its next-token probabilities --------------------------
+def label_token_ids(tokenizer, label: str) -> list[int]:
+    """Token ids that spell `label` as ONE token: "A" and " A" are different BPE tokens, and which one
+    a model emits after the assistant header depends on its template, so P(label) sums both."""
+    pieces = [tokenizer.encode(v, add_special_tokens=False) for v in (label, " " + label)]
+    ids = list(dict.fromkeys(p[0] for p in pieces if len(p) == 1))
+    if not ids:
+        raise UserError(f"--judge hf: the tokenizer has no single token for the label {label!r}, so its "
+                        "probability cannot be read; use an openai:<base url> judge instead")
+    return ids
+
+
+class HFJudge(Judge):
+    """A local causal LM as judge at temperature 0; score() maps sum_k k P("k") to [0, 1] (smoother than one digit)."""
+    can_generate, read_score = True, staticmethod(parse_rubric_score)
+
+    def __init__(self, model_or_path: str, cache_path=None, batch_size: int = 8, device: str = "cpu"):
+        super().__init__(cache_path)
+        self.name, self.batch_size = f"hf:{model_or_path}", batch_size
+        try:
+            self.model, self.tokenizer = loading.load_model(model_or_path, device=device, frozen=True)
+        except UserError as err:    # its message names --model; here the flag is --judge
+            raise UserError(f"--judge hf:{model_or_path}: {err}") from None
+        self.ab_ids, self.digit_ids = ([label_token_ids(self.tokenizer, x) for x in labels] for labels in ("AB", "12345"))
+
+    @torch.no_grad()
+    def label_probs(self, conversations: list[list[dict]], label_ids: list[list[int]]) -> torch.Tensor:   # (N, L)
+        rows, device = [], next(self.model.parameters()).device
+        for start in range(0, len(conversations), self.batch_size):
+            prompts = models.chat_prompt_ids(self.tokenizer, conversations[start:start + self.batch_size])
+            ids, mask = (t.to(device) for t in models.left_pad(prompts, self.tokenizer.pad_token_id))   # (B, P)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)          # a padded row reads as the row alone
+            probs = torch.softmax(self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                             logits_to_keep=1).logits[:, -1, :].float(), dim=-1)   # (B, V)
+            mass = torch.stack([probs[:, t].sum(-1) for t in label_ids], dim=-1)           # (B, L)
+            # Renormalised among the labels: P("A") + P("B") = 1 whatever went to "Reply", "The", ...
+            rows.append((mass / mass.sum(-1, keepdim=True).clamp(min=1e-12)).cpu())
+            self.backend_calls += len(prompts)
+        return torch.cat(rows)
+
+    def _compare_uncached(self, states, firsts, seconds):
+        p = self.label_probs([judge_messages("judge_pairwise", s, a=x, b=y) for s, a, b in zip(states, firsts, seconds)
+                              for x, y in ((a, b), (b, a))], self.ab_ids)
+        # Row 2i shows (first, second): P(first better) = P("A"); row 2i+1 the swap: P("B").
+        return [combine_orders(float(p[2 * i, 0]), float(p[2 * i + 1, 1])) for i in range(len(states))]
+
+    def _score_uncached(self, states, replies):
+        p = self.label_probs([judge_messages("judge_pointwise", s, reply=r) for s, r in zip(states, replies)],
+                             self.digit_ids)   # (N, 5)
+        return [(float(e) - 1) / 4 for e in (p * torch.arange(1, 6, dtype=p.dtype)).sum(-1)]    # 1..5 -> [0, 1]
+
+    def _complete_uncached(self, prompt, max_new_tokens):
+        self.backend_calls += 1
+        return models.generate(self.model, self.tokenizer, [[{"role": "user", "content": prompt}]],
+                               max_new_tokens=max_new_tokens, seeds=None).texts[0]

@@ -16,17 +16,15 @@ Each command writes into a run folder (default runs/default):
     stage2/  config.json decision_points.jsonl warm_start.json director_warm/ metrics.jsonl
              samples/ checkpoints/ director/ summary.json
     eval/    config.json transcripts.jsonl results.md results.json (partial/ while it runs)
-The algorithms' settings are declared once, beside the code that uses them (data.option); every
-field becomes a flag here. Bad input (a data.UserError) and the machine's refusals (an OSError: a read-only
+The algorithms' settings are declared once, beside the code that uses them (common.option); every
+field becomes a flag here. Bad input (a common.UserError) and the machine's refusals (an OSError: a read-only
 folder, a full disk) never show a traceback: main() prints one line, `error: ...`, and exits with status 2.
 """
 
 import argparse
 import contextlib
-import dataclasses
 import errno
 import importlib
-import json
 import os
 import sys
 import time
@@ -34,90 +32,26 @@ from pathlib import Path
 
 import torch
 
-import data
 import director as dr
 import evaluate
 import grpo
 import models
 import reward
-from data import UserError, flag_type
-from judge import OfflineJudge
+import scenarios
+import warmstart
+from judge import HFJudge, OfflineJudge
 from metrics import paired_change
+from plumbing import common, files, loading, runs, served
+from plumbing.cli import Formatter, Parser, add_options, common_flags, flag_type, options
+from plumbing.common import UserError
+from plumbing.datasets import read_data
+from plumbing.devices import check_device, frozen_dtype, release_memory
+from plumbing.parallel import OneProcess, Ranks
+from plumbing.runs import folder_stamp, model_card, start_stage
+from reward import RMJudge
 from simulate import Cast
 
 ROOT = Path(__file__).resolve().parent
-
-
-# --- Flags: each declared once, here or as an `option` field of a settings dataclass -------------
-class Parser(argparse.ArgumentParser):
-    def error(self, message):           # one line (argparse's own prints the whole usage first); main() prints it
-        raise UserError(f"{message} (python {self.prog} --help lists every flag)")
-
-
-class Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a flag's default once: not when its help already names it, nor for store_true."""
-    def _get_help_string(self, action):
-        text = action.help or ""
-        return text if "default" in text or action.default in (None, False, "", argparse.SUPPRESS) \
-            else super()._get_help_string(action)
-
-
-def add_options(group, cls, prefix: str = "") -> None:
-    """One flag per `option` field of a settings dataclass (`--num-generations` for num_generations): the default,
-    help and valid range come from the field (data.option); a bool becomes --x / --no-x."""
-    for f in dataclasses.fields(cls):
-        if "help" in f.metadata:
-            name, check = "--" + prefix + f.name.replace("_", "-"), f.metadata["check"]
-            kw = ({"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) else
-                  {"choices": check} if isinstance(check, list) else
-                  {} if isinstance(f.default, str) else {"type": flag_type(name, type(f.default), check)})
-            group.add_argument(name, *filter(None, [f.metadata["alias"]]), dest=(prefix + f.name).replace("-", "_"),
-                               default=f.default, help=f.metadata["help"], **kw)
-
-
-def options(cls, args, prefix: str = "", **given):
-    """The settings dataclass `cls` filled from the parsed flags (plus `given` fields that are not flags)."""
-    return cls(**{f.name: getattr(args, (prefix + f.name).replace("-", "_")) for f in dataclasses.fields(cls)
-                  if "help" in f.metadata}, **given)
-
-
-def common_flags(p, trained: bool = True) -> None:
-    """What every command that runs models needs."""
-    p.add_argument("--model", default=models.EMBEDDED, help="smollm2-135m (embedded), tiny (tests), a folder or a hub id")
-    p.add_argument("--personas", default=str(ROOT / "personas.json"), help="persona file")
-    p.add_argument("--set", default="support", help="persona set: support | meeting")
-    p.add_argument("--run", default="runs/default", help="run folder for every artifact")
-    p.add_argument("--seed", type=int, default=0, help="one seed for everything (data split, sampling)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the models run")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="frozen roles, the reference, the reward model's scoring and the sampling copy; auto: bfloat16 "
-                        "where native (CUDA, CPUs with AVX512-BF16 or AMX), else float32. Training is always float32")
-    p.add_argument("--max-new-tokens", "--max-completion-length", type=flag_type("--max-new-tokens", int, "positive"),
-                   default=48, help="longest generated turn (speakers and simulated user), in tokens")
-    p.add_argument("--data", default="bundled", help="bundled, our contexts .jsonl, or ED / ESConv / QMSum as published")
-    p.add_argument("--profiles-file", default=str(ROOT / "data" / "profiles.json"), help="Big Five user profiles")
-    p.add_argument("--held-out", type=flag_type("--held-out", float, "fraction"), default=0.25,
-                   help="share of contexts held out for evaluation (without official splits)")
-    p.add_argument("--judge", default="offline", help="offline (strategy classifier + hack guards where the cards list ESConv "
-                   "strategies, features elsewhere) | offline-features | hf:<model or folder> | openai:<base url> | rm:<folder>")
-    p.add_argument("--judge-model", default=None, help="the model name for an openai: judge")
-    if trained:
-        p.add_argument("--speakers", default=None, help="a folder or openai:<base url> (default: RUN/stage1/speakers "
-                                                        "if it exists, else --model)")
-        p.add_argument("--director", default=None, help="a folder or openai:<base url> (default: RUN/stage2/director "
-                                                        "if it exists, else --model; train --stage 2 starts from it)")
-        p.add_argument("--user", default=None, help="the simulated user: a folder or openai:<base url> (default: --model)")
-        for role in ("speakers", "director", "user"):
-            p.add_argument(f"--{role}-model", default=None, help=f"the served model's name for --{role} openai:...")
-    p.add_argument("--served-timeout", type=flag_type("--served-timeout", float, "positive"), default=120.0,
-                   help="openai: roles and judge: seconds per request in all, retried after")
-    p.add_argument("--served-retries", type=flag_type("--served-retries", int, "non-negative"), default=5,
-                   help="openai: roles and judge: retries after HTTP 429/5xx, refused connections, timeouts")
-    p.add_argument("--served-concurrency", type=flag_type("--served-concurrency", int, "positive"), default=8,
-                   help="openai: roles and judge: requests in flight at once; each answer is cached as it arrives")
-    p.add_argument("--quiet", action="store_true", help="no progress bars (a terminal) or phase lines (a log)")
-    p.add_argument("--user-every", type=flag_type("--user-every", int, "non-negative"), default=2,
-                   help="the simulated user answers after every N agent turns (0: never)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,95 +98,54 @@ def extra(name: str):
     return importlib.import_module(f"extras.{name}")
 
 
-# --- Shared set-up: data, models, judge ---------------------------------------------------------------
-def read_data(spec: str, set_name: str) -> dict[str, list]:
-    """{split: contexts}: our format through data.py, the public datasets through extras/datasets.py."""
-    if spec == "bundled" or (spec.endswith(".jsonl") and data.is_contexts_file(spec)):
-        return {"all": data.load_contexts(spec, set_name)}
-    return extra("datasets").load_splits(spec, set_name)
-
-
-def load_inputs(args, earlier: list[Path] = ()) -> data.Inputs:
+def load_inputs(args, earlier: list[Path] = ()) -> scenarios.Inputs:
     """Personas, the train / held-out contexts and the profiles the flags name, all checked; the
     split must agree with the stages this command builds on (their config.json in `earlier`)."""
-    return data.make_inputs(data.load_personas(args.personas, args.set), read_data(args.data, args.set), args.held_out,
-                            args.seed, data.load_profiles(args.profiles_file), vars(args), earlier)
-
-
-def frozen_dtype(args) -> torch.dtype:
-    """The --dtype of models that only run: auto = bf16 where native (models.native_bf16)."""
-    if args.dtype == "auto":
-        return torch.bfloat16 if models.native_bf16(args.device) else torch.float32
-    return getattr(torch, args.dtype)
-
-
-def check_device(args) -> None:
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: this torch sees no CUDA device; install a CUDA build of torch or use --device cpu")
-    if args.dtype == "bfloat16" and not models.native_bf16(args.device):
-        raise UserError(f"--dtype bfloat16: {args.device} has no native bf16 here; use --dtype auto or float32")
+    return scenarios.make_inputs(scenarios.load_personas(args.personas, args.set), read_data(args.data, args.set), args.held_out,
+                            args.seed, scenarios.load_profiles(args.profiles_file), vars(args), earlier)
 
 
 def load_role(spec: str, role: str, args, cache: Path | None = None):
     """(model, tokenizer) of a frozen role: a local model (load_model), or `openai:<base url>`, a model
-    served elsewhere (extras/served.py; tokenizer None), checked with one tiny request now."""
+    served elsewhere (plumbing/served.py; tokenizer None), checked with one tiny request now."""
     if spec.startswith("openai:"):
-        return extra("served").served_role(spec, role, args, cache), None
-    return models.load_model(spec, device=args.device, dtype=frozen_dtype(args), frozen=True,
+        return served.served_role(spec, role, args, cache), None
+    return loading.load_model(spec, device=args.device, dtype=frozen_dtype(args), frozen=True,
                              flag=f"--{role}" if getattr(args, role, None) == spec else "--model")
 
 
 def make_judge(args, cache: Path | None, personas_path: str, encoder=None):
-    """The --judge: offline (here), hf: and rm: (extras/judges.py), openai: (extras/served.py)."""
+    """The --judge: offline or hf: (judge.py), rm: (reward.py), openai: (plumbing/served.py)."""
     spec = args.judge.strip()
     kind, _, where = spec.partition(":")
     if spec in ("offline", "offline-features"):     # offline: cards listing ESConv strategies are judged by them
-        sets = [data.load_personas(personas_path, s) for s in data.persona_sets(personas_path)]
+        sets = [scenarios.load_personas(personas_path, s) for s in scenarios.persona_sets(personas_path)]
         return OfflineJudge(sets, cache, encoder, classifier=spec == "offline")
-    if kind in ("hf", "rm") and where:
-        return extra("judges").make(kind, where.strip(), cache, args.device)
-    if kind == "openai" and where:
-        return extra("served").judge(where.strip(), args, cache)
+    if kind == "hf" and where:                      # a local chat LLM, read through its label probabilities
+        return HFJudge(where.strip(), cache, device=args.device)
+    if kind == "rm" and where:                      # a trained reward model (stage 1's) as a judge
+        return RMJudge(where.strip(), cache, device=args.device)
+    if kind == "openai" and where:                  # any OpenAI-compatible server (vLLM, llama.cpp)
+        return served.judge(where.strip(), args, cache)
     raise UserError(f"--judge {spec!r}: use offline, offline-features, hf:<model or folder>, openai:<base url> or rm:<folder>")
 
 
 def speakers_of(args) -> str:
-    return args.speakers or models.trained_or(Path(args.run) / "stage1" / "speakers", args.model)
-
-
-# What may differ between commands that build one stage folder: how, where, how long (files: by content).
-OPERATIONAL = {"resume", "device", "max_steps", "save_steps", "dump_every", "micro_batch", "gradient_checkpointing",
-               "served_timeout", "served_retries", "served_concurrency", "data", "personas", "profiles_file", "argv",
-               "quiet", "dist_timeout"}
-
-
-def start_stage(args, out: Path, ranks) -> None:
-    """Checks before any work (the device; that the folder's record, config.json, matches), then the config."""
-    check_device(args)
-    if args.resume and not grpo.checkpoints(out / "checkpoints"):
-        raise UserError(f"--resume: no GRPO checkpoint in {out / 'checkpoints'} yet; run without --resume")
-    config = {**vars(args), "fingerprint": data.fingerprint(data.contexts_path(args.data), args.personas, args.profiles_file)}
-    made = data.read_json(out / "config.json") if any(f.name != "config.json" for f in out.glob("*")) else {}
-    for key in [k for k in config if k in made and k not in OPERATIONAL and made[k] != config[k]]:
-        what = "--data, --personas or --profiles-file: their files differ from those that" if key == "fingerprint" \
-            else f"--{key.replace('_', '-')} {config[key]}: {key} {made[key]} is what"
-        raise UserError(f"{what} made {out}; use its settings (with --resume to continue it) or a new --run")
-    if ranks.is_main:
-        data.save_config(config, out)
+    return args.speakers or loading.trained_or(Path(args.run) / "stage1" / "speakers", args.model)
 
 
 # --- Stage 1: persona-aware behavioural alignment (RLAIF, then GRPO on the speakers) -------------------
-def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
+def train_stage1(args, ranks=OneProcess()) -> dict:
     out = Path(args.run) / "stage1"
     inputs = load_inputs(args)
-    start_stage(args, out, ranks)
+    start_stage(args, out, ranks, scenarios.contexts_path(args.data))
     # Step 0 on ESConv, the speakers' warm start (extras/sft.py); steps 1-4 of Phase I (reward.py): states -> candidates
     # -> judge -> pairs -> reward model. Under torchrun rank 0 does them (each judgement paid once), the others wait.
     if not ranks.is_main:
         ranks.barrier()
-    args.model = extra("sft").speaker_warm_start(args, out, inputs)
+    args.model = warmstart.speaker_warm_start(args, out, inputs)
     dtype = frozen_dtype(args)
-    base, tok = models.load_model(args.model, device=args.device, dtype=dtype, frozen=True)  # samples; the reference
+    base, tok = loading.load_model(args.model, device=args.device, dtype=dtype, frozen=True)  # samples; the reference
     judge = make_judge(args, out / "judge_cache.jsonl", args.personas)
     rlaif = reward.build_reward_fn(options(reward.RLAIFConfig, args), inputs, base, tok, judge, out, args.model,
                                    args.max_new_tokens, args.seed, args.device, dtype, args.gradient_checkpointing)
@@ -262,8 +155,8 @@ def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=args.max_new_tokens,
                   sample_bf16=dtype == torch.bfloat16)
     ref, base = base if cfg.beta > 0 else None, None        # without a KL term the base model's work is done
-    models.release_memory()
-    policy, _ = models.load_model(args.model, device=args.device)
+    release_memory()
+    policy, _ = loading.load_model(args.model, device=args.device)
     personas = inputs.personas
 
     def held_out(when: str) -> dict:
@@ -298,20 +191,10 @@ def train_stage1(args, ranks=grpo.OneProcess()) -> dict:
         "reward model held-out accuracy": rm_card["heldout_accuracy"]})
     summary = {"pairs": len(rlaif.pairs), "reward_model": rlaif.rm_metrics, "heldout_before": before,
                "heldout_after": after, "judge": judge.name, "model": args.model,
-               "speakers": str(data.save_model(policy, tok, out / "speakers", card))}
-    data.write_json(out / "summary.json", summary)
+               "speakers": str(files.save_model(policy, tok, out / "speakers", card))}
+    files.write_json(out / "summary.json", summary)
     print(f"stage 1 done: speakers saved to {summary['speakers']}")
     return summary
-
-
-def model_card(role: str, base: str, command: list[str], personas, prompt: list[dict], metrics: dict) -> str:
-    """A saved model's README.md: the command, key metrics, one training prompt (the layout to reproduce, as chat
-    messages for the tokenizer's template) and the persona cards."""
-    block = lambda x: "```json\n" + json.dumps(x, indent=1, ensure_ascii=False) + "\n```\n"        # noqa: E731
-    return (f"# mascot {role}\n\nTrained by mascot (MASCOT, arXiv 2601.14230) from `{base}`.\n\nCommand: `python "
-            f"mascot.py {' '.join(command)}`\n\n## Key metrics\n" + "".join(f"- {k}: {v}\n" for k, v in metrics.items())
-            + "\n## Prompt layout (one training prompt)\n" + block(prompt) + "\n## Persona cards\n"
-            + block({"set": personas.name, "personas": [vars(p) for p in personas.personas]}))
 
 
 def diagnostics(states, texts: list[str], personas) -> dict[str, list[float]]:
@@ -321,19 +204,19 @@ def diagnostics(states, texts: list[str], personas) -> dict[str, list[float]]:
 
 
 # --- Stage 2: collaborative dialogue optimisation (GRPO on the director) --------------------------------
-def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
+def train_stage2(args, ranks=OneProcess()) -> dict:
     run, out = Path(args.run), Path(args.run) / "stage2"
     inputs = load_inputs(args, earlier=[run / "stage1" / "config.json"])
     if (args.director or "").startswith("openai:"):
         raise UserError(f"--director {args.director}: the director trained here must be local (GRPO needs its weights)")
-    start_stage(args, out, ranks)
+    start_stage(args, out, ranks, scenarios.contexts_path(args.data))
     speakers, start_from = speakers_of(args), args.director or args.model
     print(f"stage 2: speakers {speakers} and simulated user {args.user or args.model}, frozen; director from {start_from}")
     cache = out / "served_cache.jsonl"
     speaker = load_role(speakers, "speakers", args, cache)
     user = speaker if (args.user or args.model) == speakers and speaker[1] is not None else \
         load_role(args.user or args.model, "user", args, cache)
-    policy, tok = models.load_model(start_from, device=args.device)
+    policy, tok = loading.load_model(start_from, device=args.device)
     models.set_gradient_checkpointing(policy, args.gradient_checkpointing)      # the warm start's passes too
     encoder = models.SentenceEncoder(args.device)
     cast = Cast(inputs.personas, *speaker, *user, args.max_new_tokens)
@@ -343,7 +226,7 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
     held_points = dr.build_decision_points(inputs.held_out, dcfg.heldout_points, cast, inputs.profiles, args.user_every,
                                            args.seed + 1)
     if ranks.is_main:
-        data.write_jsonl(out / "decision_points.jsonl", [{"split": s, **p.to_json()} for s, pts in
+        files.write_jsonl(out / "decision_points.jsonl", [{"split": s, **p.to_json()} for s, pts in
                                                          (("train", train_points), ("heldout", held_points)) for p in pts])
     rollout = dr.Rollout(cast, inputs.profiles, inputs.personas, encoder,
                          make_judge(args, out / "judge_cache.jsonl", args.personas, encoder),
@@ -351,11 +234,11 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
     director = rollout.follow = dr.LLMDirector(policy, tok, inputs.personas)   # turns 2..N: the director itself, greedy
     esconv = [c for part in read_data(dcfg.director_warmup_data, args.set).values() for c in part] \
         if dcfg.director_warmup_data else None     # ESConv also grounds the group reward (director.block_reward)
-    rollout.grounding = esconv and extra("strategies").Grounding(esconv, inputs.personas, encoder, args.held_out, args.seed)
+    rollout.grounding = esconv and dr.Grounding(esconv, inputs.personas, encoder, args.held_out, args.seed)
 
     def held_out(label: str, who, when: str) -> dict:
         r = rollout.evaluate(who, held_points, args.seed)
-        data.write_jsonl(out / f"heldout_{label}.jsonl", r.pop("rollouts"))
+        files.write_jsonl(out / f"heldout_{label}.jsonl", r.pop("rollouts"))
         print(f"held-out mean group reward {when}: {dr.describe_heldout(r)}", flush=True)
         return r
 
@@ -364,15 +247,15 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
         if dcfg.eval_prompted and main else None
     rule = held_out("least-spoken", dr.LeastSpoken(inputs.personas), "of the least-spoken rule") if main else None
     n = dcfg.director_warmup * 4             # the warm start's examples: what ESConv's supporters did, or random agents
-    examples = extra("strategies").warm_start_examples(esconv, inputs.personas, n, args.held_out, args.seed,
+    examples = warmstart.warm_start_examples(esconv, inputs.personas, n, args.held_out, args.seed,
                                                        dcfg.warmup_balanced) if esconv else \
-        (extra("sft").format_examples(inputs.personas, train_points, n, args.seed), "format warm start: random agents", None)
-    warm = extra("sft").warm_start(dcfg, out, policy, tok, inputs.personas, *examples, held_out, args.resume) if main else None
+        (warmstart.format_examples(inputs.personas, train_points, n, args.seed), "format warm start: random agents", None)
+    warm = warmstart.warm_start(dcfg, out, policy, tok, inputs.personas, *examples, held_out, args.resume) if main else None
     ranks.barrier()                            # GRPO starts every rank from rank 0's warm-started weights
     cfg = options(grpo.GRPOConfig, args, seed=args.seed, max_new_tokens=dr.DIRECTIVE_MAX_TOKENS,
                   sample_bf16=frozen_dtype(args) == torch.bfloat16)
     # The KL anchor is the director GRPO starts from: the warm-started one when the warm start ran.
-    ref = models.load_model(str(out / "director_warm") if dcfg.director_warmup else start_from, device=args.device,
+    ref = loading.load_model(str(out / "director_warm") if dcfg.director_warmup else start_from, device=args.device,
                             dtype=frozen_dtype(args), frozen=True)[0] if cfg.beta > 0 else None
     def prompts(step: int):                    # the step's decision points, and the director's prompt for each
         chosen = grpo.sample_batch(train_points, cfg, step)
@@ -396,9 +279,9 @@ def train_stage2(args, ranks=grpo.OneProcess()) -> dict:
                                                                          rule), ("warm start", warm and warm["heldout"])) if r}})
     summary = {"heldout_before": before, "heldout_least_spoken": rule, "warm_start": warm, "heldout_after": after,
                "paired_vs": vs, "speakers": speakers, "judge": rollout.judge.name, "model": args.model,
-               "director": str(data.save_model(policy, tok, out / "director", card)), "invalid_directives": rollout.invalid,
+               "director": str(files.save_model(policy, tok, out / "director", card)), "invalid_directives": rollout.invalid,
                "directives": rollout.total, "unreadable_judgements": rollout.counts["unreadable"]}
-    data.write_json(out / "summary.json", summary)
+    files.write_json(out / "summary.json", summary)
     print(f"stage 2 done: director saved to {summary['director']}")
     return summary
 
@@ -413,16 +296,16 @@ def evaluate_cmd(args) -> dict:
     check_device(args)
     folders = {"trained": speakers_of(args), "sft": args.sft or str(run / "sft" / "model"),
                "trained-director": args.director or str(run / "stage2" / "director")}
-    how = f" --run {args.run}" + (f" --model {args.model}" if args.model != models.EMBEDDED else "")
+    how = f" --run {args.run}" + (f" --model {args.model}" if args.model != loading.EMBEDDED else "")
     systems, skipped = evaluate.choose_systems(cfg.systems, folders, how)
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     if not systems:
         raise UserError(f"--systems {cfg.systems}: none of these systems can run; " + "; ".join(skipped.values()))
     evaluate.pairwise(cfg, {})                                    # a bad --pairwise fails now, not after the work
-    data.save_config(vars(args), out)
+    runs.save_config(vars(args), out)
     cache = out / "served_cache.jsonl"
-    base = models.load_model(args.model, device=args.device, dtype=frozen_dtype(args), frozen=True)
+    base = loading.load_model(args.model, device=args.device, dtype=frozen_dtype(args), frozen=True)
     roles, names = {"base": base, "user": load_role(args.user, "user", args, cache) if args.user else base}, \
         {"base": args.model, **folders}
     for kind in {s.speakers for s in systems} | {s.order for s in systems}:
@@ -430,9 +313,9 @@ def evaluate_cmd(args) -> dict:
             roles[kind] = load_role(folders[kind], "director" if kind == "trained-director" else "speakers", args, cache)
     encoder = models.SentenceEncoder(args.device)
     judge = make_judge(args, None if args.judge == "offline" else out / "judge_cache.jsonl", args.personas, encoder)
-    nli = extra("judges").load_nli(cfg.nli_model, args.device) if cfg.nli_model else None
+    nli = loading.load_nli(cfg.nli_model, args.device) if cfg.nli_model else None
     plan = evaluate.plan_conversations(inputs.held_out, cfg.contexts, evaluate.profile_ids(cfg.profiles, inputs.profiles))
-    fewshot = data.asset("fewshot.json").get(args.set, []) if any(s.style.startswith("few") for s in systems) else []
+    fewshot = files.asset("fewshot.json").get(args.set, []) if any(s.style.startswith("few") for s in systems) else []
     pipelines = {"self-consistency": lambda s: extra("baselines").SelfConsistency(cfg.sc_samples, cfg.sc_pick, judge, s.style),
                  "multiagentesc": lambda s: extra("baselines").MultiAgentESC()}
     setup = evaluate.Setup([c for c, _ in plan], [p for _, p in plan], roles, names, fewshot, encoder, judge, nli,
@@ -449,7 +332,7 @@ def evaluate_cmd(args) -> dict:
                 "contexts": [c.id for c in setup.contexts], "profiles": setup.profiles, "judge": judge.name,
                 "config": {k: v for k, v in vars(args).items() if k not in ("systems", "run", "pairwise", "pairwise_by")},
                 "models": {k: folder_stamp(f) for k, f in folders.items()}}
-    trained_with = {k: data.read_json(c).get("judge", "offline") if c.is_file() else "offline (assumed: no config.json)"
+    trained_with = {k: files.read_json(c).get("judge", "offline") if c.is_file() else "offline (assumed: no config.json)"
                     for k, c in ((k, run / f"stage{k}" / "config.json") for k in (1, 2))}
     t0 = time.time()
     results = evaluate.run(cfg, setup, inputs, out, systems, skipped, protocol, args.max_new_tokens, args.turns,
@@ -459,28 +342,20 @@ def evaluate_cmd(args) -> dict:
     return results
 
 
-def folder_stamp(folder: str) -> list:
-    """(name, size, mtime) of every file of a model folder: what changes when it is trained again, so a
-    saved system result is never reused for other weights (a model name is its own identity)."""
-    path = Path(folder)
-    return sorted([str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns] for f in path.rglob("*")
-                  if f.is_file()) if path.is_dir() else [folder]
-
-
 # --- main -------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sys.stdout.reconfigure(line_buffering=True)                # one line per step shows as it happens
-    data.QUIET = "--quiet" in argv                             # every command's progress (data.progress)
+    common.QUIET = "--quiet" in argv                             # every command's progress (common.progress)
     try:
         if argv[:1] and argv[0] in EXTRAS:                     # a tool in extras/: its own parser and code
             return extra(EXTRAS[argv[0]][0]).main(argv, sys.modules[__name__]) or 0
         args = build_parser().parse_args(argv, argparse.Namespace(argv=argv))     # argv: for the model cards
         # One command at a time in a run folder (torchrun: rank 0 holds the lock for all its processes).
-        with data.run_lock(args.run) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
+        with runs.run_lock(args.run) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
             if args.command == "train":
                 # One process, or the torchrun processes (extras/multigpu.py) when WORLD_SIZE > 1.
-                ranks = extra("multigpu").Ranks(args) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else grpo.OneProcess()
+                ranks = Ranks(args) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else OneProcess()
                 (train_stage1 if args.stage == 1 else train_stage2)(args, ranks)
             else:
                 evaluate_cmd(args)

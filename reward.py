@@ -36,11 +36,15 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import models
-from data import (Context, PersonaSet, UserError, append_jsonl, asset, atomic_folder, derive_seed, option, progress,
-                  read_jsonl, write_jsonl)
+from scenarios import Context, PersonaSet
+from plumbing.common import derive_seed, option, progress, UserError
+from plumbing.files import append_jsonl, asset, atomic_folder, read_jsonl, write_jsonl
+from judge import ScoreJudge, sigmoid
 from metrics import cluster_means, content_words, standard_error, words
 from simulate import USER, Cast, JudgeState, RoundRobin, Turn, diagnose_reply, judge_state, run_conversations, \
     speaker_messages
+from plumbing import devices
+from plumbing import loading
 
 
 @dataclass
@@ -92,9 +96,9 @@ class RewardModel(torch.nn.Module):
         self.net, self.base_model, self.max_length, self.metrics = net, base_model, max_length, metrics or {}
 
     @classmethod
-    def from_base(cls, name: str = models.EMBEDDED, device: str = "cpu"):
+    def from_base(cls, name: str = loading.EMBEDDED, device: str = "cpu"):
         """A fresh reward model on the body of a causal LM: its LM head replaced by a scalar `score` head."""
-        lm, tok = models.load_model(name, device=device)
+        lm, tok = loading.load_model(name, device=device)
         config = copy.deepcopy(lm.config)
         config.num_labels, config.pad_token_id, config.problem_type = 1, tok.pad_token_id, "regression"
         net = AutoModelForSequenceClassification.from_config(config).to(device)
@@ -153,7 +157,7 @@ class RewardModel(torch.nn.Module):
         if config.get("format") != FORMAT_TAG:
             raise UserError(f"reward model: {folder} is not a complete reward model folder (no valid {CONFIG_FILE}); "
                             "pass one written by `mascot.py train --stage 1`")
-        models.quiet_transformers()
+        loading.quiet_transformers()
         tok = AutoTokenizer.from_pretrained(folder)
         tok.padding_side, tok.pad_token = "left", tok.pad_token or tok.eos_token
         # fp32 as saved, then cast whole (buffers too), exactly as a freshly trained one is: the same scores
@@ -218,7 +222,7 @@ def train_reward_model(rm: RewardModel, tok, pairs: list[dict], held_out: float 
             f"judged pairs, {shown(metrics['heldout_hack_accuracy'])} on {len(hacked)} synthetic-hack pairs")
     rm.zero_grad(set_to_none=True)        # the last gradients would be another copy of the body, kept for nothing
     del optimizer
-    models.release_memory()
+    devices.release_memory()
     return metrics
 
 
@@ -519,3 +523,15 @@ def build_reward_fn(cfg: RLAIFConfig, inputs, base, tok, judge, out: Path, model
         f"{shown(metrics['heldout_hack_accuracy'])} on {metrics['n_heldout_hack']} synthetic-hack pairs (0.5 is chance)")
     return RLAIF(speaker_reward_fn(rm, rm_tok, inputs.personas, cfg.format_weight), train_states, held_states,
                  pairs, metrics)
+
+
+class RMJudge(ScoreJudge):
+    """A trained reward model as a judge: score = sigmoid(r), compared by the scores (ScoreJudge)."""
+    def __init__(self, folder: str | Path, cache_path=None, device: str = "cpu"):
+        super().__init__(cache_path)
+        self.rm, self.tok = RewardModel.load(folder, device=device)
+        self.name = f"rm:{Path(folder).resolve()}"
+
+    def _score_uncached(self, states, replies):
+        self.backend_calls += len(replies)
+        return [sigmoid(x) for x in self.rm.score_texts(self.tok, [rm_messages(s, r) for s, r in zip(states, replies)])]

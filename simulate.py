@@ -31,7 +31,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import models
-from data import Context, Persona, PersonaSet, Profile, derive_seed, progress
+from scenarios import Context, Persona, PersonaSet, Profile
+from plumbing.common import derive_seed, progress
 from metrics import diagnose
 
 USER, SAFETY = "User", "Safety"      # the speaker labels of the person and of the crisis message
@@ -300,7 +301,7 @@ class LeastSpoken(Rule):
 # --- The conversation loop, batched across conversations ----------------------------------------
 @dataclass
 class Cast:
-    """The frozen parts of a conversation. A model is local (models.load_model) or served (any
+    """The frozen parts of a conversation. A model is local (loading.load_model) or served (any
     object with generate_texts; its tokenizer None)."""
     personas: PersonaSet
     speaker_model: object

@@ -21,9 +21,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import data                       # noqa: E402
 from extras import safety         # noqa: E402
 from extras.train_crisis_probe import ED_LABELS, ESCONV_LABELS, conversation_rows   # noqa: E402
+from plumbing import common
+from plumbing import files
 
 
 def show(flag: safety.CrisisFlag, text: str) -> str:
@@ -61,7 +62,7 @@ def bench_ed(guard: safety.CrisisGuard, path: str) -> None:
 
 
 def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
-    rows = data.read_jsonl(path)
+    rows = files.read_jsonl(path)
     flags = guard.check_many([r["text"] for r in rows])
     risky, near = [i for i, r in enumerate(rows) if r["risky"]], [i for i, r in enumerate(rows) if not r["risky"]]
     caught, alarms = (sum(flags[i].flagged for i in group) for group in (risky, near))
@@ -104,5 +105,5 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except data.UserError as err:               # a wrong path: one line, not a traceback
+    except common.UserError as err:               # a wrong path: one line, not a traceback
         sys.exit(f"error: {err}")

@@ -23,10 +23,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
-import data  # noqa: E402
 import grpo  # noqa: E402
 import models  # noqa: E402
 import simulate  # noqa: E402
+from plumbing import devices
+from plumbing import loading
+import scenarios
 
 
 def hf_generate(model, tok, rows, n: int) -> None:
@@ -58,18 +60,18 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=["grpo", "distinct"], choices=["grpo", "distinct"])
     args = p.parse_args()
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    model, tok = models.load_model(models.EMBEDDED)
+    model, tok = loading.load_model(loading.EMBEDDED)
     copy = models.SamplingCopy(model)
     torch.set_grad_enabled(False)                                              # nothing here trains
-    personas = data.load_personas(ROOT / "personas.json", "support")  # 8 distinct speaker prompts of ~310 tokens
+    personas = scenarios.load_personas(ROOT / "personas.json", "support")  # 8 distinct speaker prompts of ~310 tokens
     batch = [simulate.speaker_messages(personas.personas[i % 4], personas, c,
                                        [simulate.Turn(simulate.USER, c.first_message)])
-             for i, c in enumerate(data.load_contexts("bundled", "support")[:8])]
+             for i, c in enumerate(scenarios.load_contexts("bundled", "support")[:8])]
     shapes = {s: batch if s == "distinct" else [c for c in batch[:2] for _ in range(4)] for s in args.shapes}
     n = args.new_tokens
     rows = {"hf generate fp32": lambda r: hf_generate(model, tok, r, n), "ours fp32": lambda r: ours(model, tok, r, n),
             "ours bf16 copy": lambda r: (copy.refresh(), ours(copy.model, tok, r, n))}
-    native = models.native_bf16("cpu")
+    native = devices.native_bf16("cpu")
     print(f"SmolLM2-135M, {torch.get_num_threads()} threads, native bf16: {native}, {n} new tokens, median of "
           f"{args.repeats}; load average {os.getloadavg()[0]:.2f}", flush=True)
     times = {(s, r): [] for s in shapes for r in rows}

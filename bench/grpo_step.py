@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from plumbing import devices
+from plumbing import loading
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("today I feel tired and proud of my small garden but work was hard again so "
@@ -86,9 +88,9 @@ def run_ours(job: dict) -> dict:
     import torch
     import grpo
     import models
-    bf16 = job["dtype"] == "bfloat16" or (job["dtype"] == "auto" and models.native_bf16("cpu"))
-    policy, tok = models.load_model(job["folder"])
-    ref = models.load_model(job["folder"], dtype=torch.bfloat16 if bf16 else torch.float32,
+    bf16 = job["dtype"] == "bfloat16" or (job["dtype"] == "auto" and devices.native_bf16("cpu"))
+    policy, tok = loading.load_model(job["folder"])
+    ref = loading.load_model(job["folder"], dtype=torch.bfloat16 if bf16 else torch.float32,
                             frozen=True)[0] if job["beta"] > 0 else None
     sampling = models.SamplingCopy(policy) if bf16 else None       # what train_grpo builds for it
     B, C = job["prompts_per_step"] * job["group_size"], job["completion_tokens"]
@@ -161,13 +163,12 @@ def run_trl(job: dict) -> dict:
 def model_folder(name: str) -> Path:
     """A plain safetensors folder both sides can load (TRL needs a folder or a hub id)."""
     sys.path.insert(0, str(ROOT))
-    import models
-    if name == models.EMBEDDED:
-        return models.embedded_model_folder()
-    if name == models.TINY:
-        folder = models.embedded_model_folder().parent / "bench-tiny"
+    if name == loading.EMBEDDED:
+        return loading.embedded_model_folder()
+    if name == loading.TINY:
+        folder = loading.embedded_model_folder().parent / "bench-tiny"
         if not (folder / "config.json").exists():
-            for part in models.load_model(models.TINY):            # the model and its tokenizer
+            for part in loading.load_model(loading.TINY):            # the model and its tokenizer
                 part.save_pretrained(folder)
         return folder
     return Path(name)

@@ -24,11 +24,12 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-import data                                                       # noqa: E402
 import models                                                     # noqa: E402
 from metrics import sentence_bleu, tokenize                       # noqa: E402
 from simulate import (Directive, Turn, judge_state, persona_card, render_history, reply_text,   # noqa: E402
                       speaker_messages, turn_seed)
+from plumbing import common
+from plumbing import files
 
 VOTE_TOKENS, ANALYSIS_TOKENS = 4, 48      # a vote: a number, and room for a stray word
 
@@ -70,7 +71,7 @@ class SelfConsistency:
         live = _live(convs, directives, cast)
         prompts = [speaker_messages(persona, cast.personas, conv.context, conv.turns, style=self.style)
                    for conv, persona in live for _ in range(self.k)]
-        seeds = [data.derive_seed(turn_seed(conv), j) for conv, _ in live for j in range(self.k)]
+        seeds = [common.derive_seed(turn_seed(conv), j) for conv, _ in live for j in range(self.k)]
         raw = _generate(cast, prompts, cast.max_new_tokens * 2, seeds)   # CoT: twice the tokens
         for n, (conv, persona) in enumerate(live):
             samples = [_clean(cast, r, persona, self.style) for r in raw[n * self.k:(n + 1) * self.k]]
@@ -101,15 +102,15 @@ class MultiAgentESC:
         fields = [dict(situation=c.context.situation, history=render_history(c.turns)) for c, _ in live]
         seed = [turn_seed(c) for c, _ in live]
         # 1. analysis
-        analysis = _generate(cast, [user(data.prompt("eval_mesc_analysis").format(**f)) for f in fields],
-                             ANALYSIS_TOKENS, [data.derive_seed(s, 1) for s in seed])
+        analysis = _generate(cast, [user(files.prompt("eval_mesc_analysis").format(**f)) for f in fields],
+                             ANALYSIS_TOKENS, [common.derive_seed(s, 1) for s in seed])
         analysis = [models.clean_reply(a, "", names) for a in analysis]
         # 2. every companion proposes a strategy for the speaker
         options = "\n".join(f"{i + 1}. {s}" for i, s in enumerate(strategies))
-        prompts = [user(data.prompt("eval_mesc_propose").format(card=persona_card(p), analysis=a, options=options,
+        prompts = [user(files.prompt("eval_mesc_propose").format(card=persona_card(p), analysis=a, options=options,
                                                                 speaker=speaker.name, **f))
                    for (_, speaker), a, f in zip(live, analysis, fields) for p in personas.personas]
-        raw = _generate(cast, prompts, VOTE_TOKENS, [data.derive_seed(s, 2, k) for s in seed for k in range(len(names))])
+        raw = _generate(cast, prompts, VOTE_TOKENS, [common.derive_seed(s, 2, k) for s in seed for k in range(len(names))])
         proposals = []
         for n in range(len(live)):
             picks = [parse_number(r, len(strategies)) for r in raw[n * len(names):(n + 1) * len(names)]]
@@ -120,14 +121,14 @@ class MultiAgentESC:
         rows = [(n, s) for n, props in enumerate(proposals) for s in props]
         prompts = [speaker_messages(live[n][1], personas, live[n][0].context, live[n][0].turns,
                                     Directive(live[n][1].name, action=s)) for n, s in rows]
-        raw = _generate(cast, prompts, cast.max_new_tokens, [data.derive_seed(seed[n], 3, j) for j, (n, _) in enumerate(rows)])
+        raw = _generate(cast, prompts, cast.max_new_tokens, [common.derive_seed(seed[n], 3, j) for j, (n, _) in enumerate(rows)])
         candidates = [[_clean(cast, r, p) for (m, _), r in zip(rows, raw) if m == n] for n, (_, p) in enumerate(live)]
         # 4. every companion votes for one candidate (a single candidate needs no vote)
         ballots = [(n, p) for n in range(len(live)) if len(candidates[n]) > 1 for p in personas.personas]
-        prompts = [user(data.prompt("eval_mesc_vote").format(
+        prompts = [user(files.prompt("eval_mesc_vote").format(
             card=persona_card(p), speaker=live[n][1].name, role=live[n][1].role, **fields[n],
             candidates="\n".join(f"{i + 1}. {c}" for i, c in enumerate(candidates[n])))) for n, p in ballots]
-        raw = _generate(cast, prompts, VOTE_TOKENS, [data.derive_seed(seed[n], 4, j) for j, (n, _) in enumerate(ballots)])
+        raw = _generate(cast, prompts, VOTE_TOKENS, [common.derive_seed(seed[n], 4, j) for j, (n, _) in enumerate(ballots)])
         votes = [Counter() for _ in live]
         for (n, _), r in zip(ballots, raw):
             choice = parse_number(r, len(candidates[n]))
@@ -136,10 +137,10 @@ class MultiAgentESC:
             votes[n][choice] += 1                            # an unparseable vote (None) counts for no candidate
         winner = [max(range(len(candidates[n])), key=lambda i: (votes[n][i], -i)) for n in range(len(live))]
         # 5. the speaker refines the winning candidate
-        prompts = [user(data.prompt("eval_mesc_refine").format(card=persona_card(p), strategy=proposals[n][winner[n]],
+        prompts = [user(files.prompt("eval_mesc_refine").format(card=persona_card(p), strategy=proposals[n][winner[n]],
                                                                draft=candidates[n][winner[n]], **fields[n]))
                    for n, (_, p) in enumerate(live)]
-        raw = _generate(cast, prompts, cast.max_new_tokens, [data.derive_seed(s, 5) for s in seed])
+        raw = _generate(cast, prompts, cast.max_new_tokens, [common.derive_seed(s, 5) for s in seed])
         for n, ((conv, persona), r) in enumerate(zip(live, raw)):
             text = models.clean_reply(r, persona.name, names) or candidates[n][winner[n]]
             record = {"analysis": analysis[n], "strategies": proposals[n], "candidates": candidates[n],

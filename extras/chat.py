@@ -19,13 +19,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
 from extras.safety import default_guard                            # noqa: E402
-import data                                                       # noqa: E402
 import evaluate                                                   # noqa: E402
 import models                                                     # noqa: E402
-from data import Context, PersonaSet, UserError, flag_type, load_personas, write_json    # noqa: E402
+from scenarios import Context, load_personas, PersonaSet
+from plumbing.common import UserError
+from plumbing.cli import flag_type
+from plumbing.files import write_json
 from director import LLMDirector                                  # noqa: E402
 from simulate import (SAFETY, Cast, LeastSpoken, RandomOrder, RoundRobin, add_user_turn, agents_speak,   # noqa: E402
                       assign_profiles, run_conversations, start_conversation)
+from plumbing import files
+from plumbing import loading
+from plumbing import runs
 
 COMMANDS = "/who  /reset  /save FILE  /quit   (Ctrl-D or Ctrl-C also leave)"
 POLICIES = ("round-robin", "random", "least-spoken", "director")
@@ -61,7 +66,7 @@ def load_chat(args, cli, say):
     speaker = cli.load_role(speakers, "speakers", args)             # a served one streams no tokens
     director, director_name = None, args.policy
     if args.policy == "director":
-        director_name = args.director or models.trained_or(Path(args.run) / "stage2" / "director", args.model)
+        director_name = args.director or loading.trained_or(Path(args.run) / "stage2" / "director", args.model)
         if director_name == speakers and speaker[1] is not None:    # one local model can play both parts
             director = speaker
         else:
@@ -173,7 +178,7 @@ def simulate(argv: list[str], cli) -> int:
     inputs = cli.load_inputs(args)
     cli.check_device(args)
     path = Path(args.out) if args.out else Path(args.run) / "simulate" / f"{args.policy}.jsonl"
-    with data.run_lock(args.run):                        # not while train or evaluate writes the run
+    with runs.run_lock(args.run):                        # not while train or evaluate writes the run
         try:                                             # a folder we cannot write fails now, not after the work
             path.parent.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=path.parent).close()
@@ -186,7 +191,7 @@ def simulate_into(path: Path, inputs, args, cli) -> int:
     cache = Path(args.run) / "simulate" / "served_cache.jsonl"
     speaker = cli.load_role(cli.speakers_of(args), "speakers", args, cache)
     user = cli.load_role(args.user or args.model, "user", args, cache)
-    director = cli.load_role(args.director or models.trained_or(Path(args.run) / "stage2" / "director", args.model),
+    director = cli.load_role(args.director or loading.trained_or(Path(args.run) / "stage2" / "director", args.model),
                              "director", args, cache) if args.policy == "director" else None
     ids = list(inputs.profiles) if args.profile == "all" else evaluate.profile_ids(args.profile, inputs.profiles)
     contexts = (inputs.held_out + inputs.train)[:args.contexts]
@@ -194,7 +199,7 @@ def simulate_into(path: Path, inputs, args, cli) -> int:
                               Cast(inputs.personas, *speaker, *user, args.max_new_tokens, guard=default_guard()),
                               inputs.profiles, assign_profiles(len(contexts), ids, args.seed), args.turns,
                               args.user_every, args.seed, desc="simulate, agent turns")
-    data.write_jsonl(path, [c.to_json() for c in convs])
+    files.write_jsonl(path, [c.to_json() for c in convs])
     for c in convs[:2]:
         print(f"--- {c.context.id} ({c.profile}, {c.policy})\n" + "\n".join(f"{t.speaker}: {t.text}" for t in c.turns))
     print(f"wrote {len(convs)} conversations to {path}")
@@ -202,7 +207,7 @@ def simulate_into(path: Path, inputs, args, cli) -> int:
 
 
 def main(argv: list[str], cli) -> int:
-    """`mascot.py chat|simulate ...`: returns 0 however the person leaves; bad flags or files raise data.UserError."""
+    """`mascot.py chat|simulate ...`: returns 0 however the person leaves; bad flags or files raise common.UserError."""
     if argv[0] == "simulate":
         return simulate(argv, cli)
     args = parse_args(argv[1:], cli)

@@ -15,11 +15,12 @@ import textwrap
 import time
 from pathlib import Path
 
-import data
-import grpo
-import models
 from evaluate import REFERENCE, all_metrics, cell
 from metrics import binomial_two_sided_p
+from plumbing import devices
+from plumbing import files
+from plumbing import loading
+from plumbing import runs
 
 # Activation checkpointing keeps every training pass near one layer's activations, for ~1/5 more compute in those
 # passes. --beta 0: three steps at lr 1e-5 stay within a KL of ~0.001 of the start, where the KL term changes nothing,
@@ -40,24 +41,24 @@ def main(argv: list[str], cli) -> int:
     p = cli.Parser(prog="mascot.py demo", formatter_class=cli.Formatter,
                                 description="every stage on the embedded model, sized for a 2-core CPU, then a summary")
     p.add_argument("--run", default="runs/demo", help="run folder")
-    p.add_argument("--model", default=models.EMBEDDED, help="base model")
+    p.add_argument("--model", default=loading.EMBEDDED, help="base model")
     args = p.parse_args(argv[1:])
     run, common, t0 = Path(args.run), ["--model", args.model, "--run", args.run], time.time()
     so_far = lambda: (f"{time.time() - t0:.0f} s so far, peak memory "    # noqa: E731 (Linux's ru_maxrss: KiB)
                       f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9:.1f} GB")
-    with data.run_lock(run):                       # one command at a time in a run folder, as train's
+    with runs.run_lock(run):                       # one command at a time in a run folder, as train's
         for stage, budget in ((1, STAGE1), (2, STAGE2)):
             folder = run / f"stage{stage}"
             if (folder / "summary.json").exists():
                 print(f"demo: stage {stage} already done in {folder}")
                 continue
             print(f"\n=== demo: stage {stage} ({so_far()}) ===")
-            resume = ["--resume"] if grpo.checkpoints(folder / "checkpoints") else []
+            resume = ["--resume"] if runs.checkpoints(folder / "checkpoints") else []
             train = cli.train_stage1 if stage == 1 else cli.train_stage2
             argv = ["train", "--stage", str(stage), *common, *budget, *resume]   # the model cards record the command
             train(cli.build_parser().parse_args(argv, argparse.Namespace(argv=argv)))
             drop_resume_checkpoints(folder)
-            models.release_memory()                # one process runs every stage: free the last one's memory
+            devices.release_memory()                # one process runs every stage: free the last one's memory
         print(f"\n=== demo: evaluation ({so_far()}) ===")
         results = cli.evaluate_cmd(cli.build_parser().parse_args(["evaluate", *common, *EVAL]))
         path = cli.extra("report").build_report(run)
@@ -78,7 +79,7 @@ def drop_resume_checkpoints(folder: Path) -> None:
 def print_side_by_side(path: Path, width: int = 60) -> None:
     """Round-robin with base speakers beside the full trained system on one held-out context, profile and seeds."""
     rows = {}
-    for r in data.read_jsonl(path) if path.exists() else []:
+    for r in files.read_jsonl(path) if path.exists() else []:
         rows.setdefault(r["system"], []).append(r)
     if "round-robin" not in rows or "mascot" not in rows:
         return

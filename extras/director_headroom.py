@@ -23,19 +23,21 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-import data                                                       # noqa: E402
 import director as dr                                             # noqa: E402
 import models                                                     # noqa: E402
-from extras import strategies                                     # noqa: E402
 from extras.judges import within_state_correlation                # noqa: E402
 from metrics import paired_change                                 # noqa: E402
 from reward import shown                                          # noqa: E402
 from simulate import Cast, Conversation, Directive, LeastSpoken, Turn   # noqa: E402
+from plumbing.cli import flag_type
+from plumbing import common
+from plumbing import files
+import scenarios
 
 REPLICATE_SALT = 100_003     # replicate r adds r x this to every point's seed
 
 
-def conversation_from_json(row: dict, context: data.Context) -> Conversation:
+def conversation_from_json(row: dict, context: scenarios.Context) -> Conversation:
     """A decision point back from its line of RUN/stage2/decision_points.jsonl (Conversation.to_json)."""
     if row["context_id"] != context.id:
         raise ValueError(f"transcript row of context {row['context_id']} given context {context.id}")
@@ -73,10 +75,10 @@ def parse_args(argv: list[str], cli):
     cli.common_flags(p)
     cli.add_options(p, dr.DirectorConfig)
     cli.add_options(p, dr.RewardWeights, prefix="w-")
-    p.add_argument("--seeds", type=data.flag_type("--seeds", int, "at-least-2"), default=4,
+    p.add_argument("--seeds", type=flag_type("--seeds", int, "at-least-2"), default=4,
                    help="replicates: independent sampling seeds of every rollout")
     config = Path(p.parse_known_args(argv)[0].run) / "stage2" / "config.json"
-    saved = data.read_json(config) if config.is_file() else {}
+    saved = files.read_json(config) if config.is_file() else {}
     p.set_defaults(**{k: v for k, v in saved.items() if k in vars(p.parse_args([]))})
     return p.parse_args(argv), config
 
@@ -96,15 +98,15 @@ def main(argv: list[str], cli) -> int:
                          cli.options(dr.RewardWeights, args, prefix="w-"), args.rollout_turns, args.user_every)
     if args.director_warmup_data:                  # the grounded terms, as train --stage 2 adds them
         esconv = [c for part in cli.read_data(args.director_warmup_data, args.set).values() for c in part]
-        rollout.grounding = strategies.Grounding(esconv, inputs.personas, encoder, args.held_out, args.seed)
+        rollout.grounding = dr.Grounding(esconv, inputs.personas, encoder, args.held_out, args.seed)
     by_id, path = {c.id: c for c in inputs.held_out}, out / "decision_points.jsonl"
-    strategies.require_mapping(inputs.personas, f"--set {args.set}")
-    directives = {p.name: strategies.directive_for(p.esconv_strategies[0], inputs.personas)
+    scenarios.require_mapping(inputs.personas, f"--set {args.set}")
+    directives = {p.name: dr.directive_for(p.esconv_strategies[0], inputs.personas)
                   for p in inputs.personas.personas if p.esconv_strategies}       # each agent's FIRST strategy
     names = list(directives)
-    rows = [r for r in data.read_jsonl(path) if r["split"] == "heldout"] if path.exists() else None
+    rows = [r for r in files.read_jsonl(path) if r["split"] == "heldout"] if path.exists() else None
     if rows and any(r["context_id"] not in by_id for r in rows):
-        raise data.UserError(f"{path}: a held-out point's context is not among the held-out contexts of --data "
+        raise common.UserError(f"{path}: a held-out point's context is not among the held-out contexts of --data "
                              f"{args.data} (pass the run's own --data, --held-out and --seed)")
     points = [conversation_from_json(r, by_id[r["context_id"]]) for r in rows] if rows else dr.build_decision_points(
         inputs.held_out, args.heldout_points, cast, inputs.profiles, args.user_every, args.seed + 1)
@@ -121,7 +123,7 @@ def main(argv: list[str], cli) -> int:
                                           for r, p in zip(rewards, parts)], names)["oracle_pooled"]
     by_component = {comp: headroom([{k: [c[comp] for c in v] for k, v in p.items()} for p in parts], names)["deviation_corr"]
                     for comp in parts[0]["rule"][0]}
-    data.write_json(out / "headroom.json", {"rewards": rewards, "components": parts, **result,
+    files.write_json(out / "headroom.json", {"rewards": rewards, "components": parts, **result,
                                             "deviation_corr_by_component": by_component})
     print(f"\n{result['n']} held-out points, {args.seeds} replicates (seeds +r x {REPLICATE_SALT}); the run's weights")
     for g in [*names, "rule"]:

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
 import grpo  # noqa: E402
 import models  # noqa: E402
-from data import Persona, PersonaSet  # noqa: E402
+from scenarios import Persona, PersonaSet
 
 ID_TURNS, EQUAL_TOKENS, NEUTRAL_NAME = 2, 32, "Alex"
 

@@ -29,9 +29,11 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-import data                                                        # noqa: E402
-from data import UserError                                         # noqa: E402
+from plumbing.common import UserError
 from metrics import win_rate                                       # noqa: E402
+from plumbing import cli
+from plumbing import common
+from plumbing import files
 
 LIKERT = {"helpfulness": "This conversation would be helpful to someone in the situation described.",
           "emotional": "The agents respond in an emotionally appropriate way for the situation.",
@@ -124,7 +126,7 @@ def load_items(transcripts: str, a: str, b: str) -> list[dict]:
     """One item per conversation both systems have in RUN/eval/transcripts.jsonl, paired by (seed, context, profile):
     {"item", "context_id", "situation", "systems": [a, b], "turns": {system: [{speaker, text, ...}]}}."""
     by_system = defaultdict(dict)
-    for number, row in data.read_jsonl(transcripts, numbered=True):
+    for number, row in files.read_jsonl(transcripts, numbered=True):
         if not (isinstance(row.get("seed"), int) and isinstance(row.get("turns"), list) and "situation" in row):
             raise UserError(f"{transcripts}: line {number} lacks 'seed', 'situation' or 'turns' (evaluate writes them)")
         by_system[row.get("system")][row["seed"], row.get("context_id"), row.get("profile")] = row
@@ -141,7 +143,7 @@ def load_items(transcripts: str, a: str, b: str) -> list[dict]:
 
 
 def check_record(rec: dict, where: str) -> dict:
-    """One judgement (a JSON object: data.read_jsonl checks that), validated; a UserError names the field."""
+    """One judgement (a JSON object: files.read_jsonl checks that), validated; a UserError names the field."""
     systems = rec.get("systems")
     if not (isinstance(rec.get("annotator"), str) and rec["annotator"] and isinstance(rec.get("item"), str)
             and isinstance(systems, list) and len(systems) == 2 and systems[0] != systems[1]):
@@ -156,7 +158,7 @@ def check_record(rec: dict, where: str) -> dict:
 
 
 def load_records(path) -> list[dict]:
-    return [check_record(rec, f"{path}: line {n}") for n, rec in data.read_jsonl(path, numbered=True)]
+    return [check_record(rec, f"{path}: line {n}") for n, rec in files.read_jsonl(path, numbered=True)]
 
 
 def analyse(records: list[dict]) -> dict:
@@ -222,8 +224,8 @@ def run(args) -> dict:
     if not result:
         raise UserError(f"--human {args.human}: the file holds no judgements yet")
     text = report(result, args.human)
-    data.write_text_atomic(Path(args.run) / "eval" / "human.md", text)
-    data.write_json(Path(args.run) / "eval" / "human.json", json_safe(result))
+    files.write_text_atomic(Path(args.run) / "eval" / "human.md", text)
+    files.write_json(Path(args.run) / "eval" / "human.json", json_safe(result))
     print(text, end="", flush=True)
     return result
 
@@ -245,7 +247,7 @@ class Study:
     def shown(self, annotator: str, item: dict) -> list[str]:
         """The systems shown as Conversation 1 (left) and 2: random, fixed per annotator and item (across reloads)."""
         a, b = item["systems"]
-        return [a, b] if random.Random(data.derive_seed(self.seed, annotator, item["item"])).random() < 0.5 else [b, a]
+        return [a, b] if random.Random(common.derive_seed(self.seed, annotator, item["item"])).random() < 0.5 else [b, a]
 
     def next_item(self, annotator: str) -> tuple[dict | None, int]:
         """(the item this annotator should judge next, fewest ratings first, or None; how many they have done)."""
@@ -253,7 +255,7 @@ class Study:
         if len(done) >= self.per_annotator:
             return None, len(done)
         counts, order = Counter(r["item"] for r in self.records), sorted(self.items)
-        random.Random(data.derive_seed(self.seed, annotator)).shuffle(order)
+        random.Random(common.derive_seed(self.seed, annotator)).shuffle(order)
         open_items = [i for i in order if i not in done and counts[i] < self.ratings]
         return (self.items[min(open_items, key=lambda i: counts[i])] if open_items else None), len(done)
 
@@ -275,7 +277,7 @@ class Study:
         record["time"] = datetime.datetime.now().isoformat(timespec="seconds")
         with self.lock:
             if not any(r["annotator"] == annotator and r["item"] == item["item"] for r in self.records):
-                data.append_jsonl(self.out, record)                # (a double submit keeps the first)
+                files.append_jsonl(self.out, record)                # (a double submit keeps the first)
                 self.records.append(record)
         return annotator
 
@@ -361,8 +363,8 @@ def main(argv=None) -> int:
     s.add_argument("--a", required=True, help="the system under test (e.g. mascot)")
     s.add_argument("--b", required=True, help="the system it is compared with (e.g. few-shot-cot)")
     s.add_argument("--out", required=True, help="JSON-lines file of judgements (appended; resumable)")
-    s.add_argument("--ratings", type=data.flag_type("--ratings", int, "positive"), default=2, help="judgements per item")
-    s.add_argument("--per-annotator", type=data.flag_type("--per-annotator", int, "positive"), default=10,
+    s.add_argument("--ratings", type=cli.flag_type("--ratings", int, "positive"), default=2, help="judgements per item")
+    s.add_argument("--per-annotator", type=cli.flag_type("--per-annotator", int, "positive"), default=10,
                    help="most items one annotator rates")
     s.add_argument("--likert", action=argparse.BooleanOptionalAction, default=True, help="ask the Likert items too")
     s.add_argument("--seed", type=int, default=0, help="seed of the sides and of each annotator's order")

@@ -13,189 +13,26 @@ test that with best-of-N instead of RL (Gao et al. 2022), against a "gold" grade
 
 import argparse
 import random
-import re
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-import data                                                         # noqa: E402
 import models                                                       # noqa: E402
 import reward                                                       # noqa: E402
-from data import UserError, derive_seed                              # noqa: E402
+from plumbing.common import derive_seed, UserError
 from extras.evaluators import EQUAL_TOKENS, PersonaIdentifier        # noqa: E402
-from judge import Judge, ScoreJudge, Verdict, sigmoid                # noqa: E402
-from metrics import binomial_two_sided_p, mean_or_none, nli_label_index, rates, standard_error, HACKS, DIAGNOSTICS  # noqa: E402
-from simulate import JUDGE_TURNS, JudgeState                         # noqa: E402
+from judge import Judge                # noqa: E402
+from metrics import binomial_two_sided_p, mean_or_none, rates, standard_error, HACKS, DIAGNOSTICS  # noqa: E402
+from simulate import JudgeState                         # noqa: E402
+from plumbing.cli import flag_type
+from plumbing import files
+from plumbing import loading
+from plumbing import runs
+import scenarios
 
-# --- Reading an answer: which reply did the judge pick? -----------------------------------------
-_LABEL_NAME = r"(?:(?i:reply|response|answer|option|choice)\s+)"
-_PICKS = [re.compile(_LABEL_NAME + r"?(?<![A-Za-z])([AB])(?![A-Za-z])[*\"'`)\]]*\s+(?:is|was|seems)\s+"
-                     r"(?:clearly\s+|much\s+|slightly\s+|the\s+)?(?i:better|stronger|preferred)"),
-          re.compile(r"(?i:better(?:\s+(?:reply|response|answer|option|choice|one))?\s+is|prefer|pick|choose)"
-                     r"\s+" + _LABEL_NAME + r"?[*\"'`(\[]*([AB])(?![A-Za-z])"),
-          re.compile(r"^[\s\"'*`(\[]*([AB])(?![A-Za-z])"),
-          re.compile(r"\b(?:reply|response|answer|option|choice)\b[\s:*\"'`(\[-]*([AB])(?![A-Za-z])", re.IGNORECASE),
-          re.compile(r"(?<![A-Za-z])([AB])(?![A-Za-z])")]
-_ARTICLE = re.compile(r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]")   # "A better reply is B": an article
-
-
-def parse_ab(text: str) -> int | None:
-    """0 for "A", 1 for "B", None. Tried in order: a sentence saying which is better ("I prefer B"), so
-    "A: Reply B is better." is B; the leading label; a named label; the first standalone A/B."""
-    return next(("AB".index(m.group(1).upper()) for pattern in _PICKS for m in pattern.finditer(text)
-                 if not _ARTICLE.match(text, m.start(1))), None) if isinstance(text, str) else None
-
-
-# --- Reading an LLM judge's 1-5 rubric answer ---------------------------------------------------
-_NUM, _QUOTES = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?![0-9])", r"[\s*_\"'`]*"
-_LABELLED_RE = re.compile(r"\b(?:score|rating|grade)s?\b" + _QUOTES + r"(?:[:=]|-(?=\s)|\bis\b|\bof\b)?" + _QUOTES
-                          + _NUM + r"(?:\s*(?:/|\bout\s+of\b)\s*" + _NUM + r")?", re.IGNORECASE)
-_FRACTION_RE = re.compile(_NUM + r"\s*(?:/|\bout\s+of\b)\s*" + _NUM, re.IGNORECASE)
-_BOLD_RE, _STARS_RE = re.compile(r"\*\*\s*" + _NUM + r"\s*\*\*"), re.compile(_NUM + r"\s*stars?\b", re.IGNORECASE)
-_BARE_RE = re.compile(r"[\s*_\"'`(\[]*" + _NUM + r"[\s*_\"'`)\].!]*")
-
-
-def _score_value(number: str, lo: int, hi: int) -> int | None:
-    """'4' and '4.0' -> 4 inside [lo, hi]; 4.5, 0 or a 99-digit run -> None."""
-    whole, _, fraction = number.partition(".")
-    return None if fraction.strip("0") or len(whole) > 6 else int(whole) if lo <= int(whole) <= hi else None
-
-
-def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
-    """An integer rubric score in [lo, hi] read from free text, or None. Judges are asked to end with "Score: N", but
-    models wander, so every statement that LOOKS like a score is read: labelled ("Score: 4", "rating is 4", "4/5"),
-    a fraction over the scale's top ("4 out of 5"), a bold number, "4 stars", or an answer that is only the number,
-    after scale descriptions ("(1-5)", "1 to 5") are removed. All must agree ("5/5 ... no, 2/5" is None): a
-    self-correction cannot be told from a quotation, and a silently wrong score is worse than a missing one."""
-    if not isinstance(text, str):
-        return None
-    text = re.sub(rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?", " ", text, flags=re.IGNORECASE)
-    found = [None if m.group(2) is not None and _score_value(m.group(2), hi, hi) is None   # "4/10": another scale
-             else _score_value(m.group(1), lo, hi) for m in _LABELLED_RE.finditer(text)]
-    found += [_score_value(m.group(1), lo, hi) for m in _FRACTION_RE.finditer(text)
-              if _score_value(m.group(2), hi, hi) is not None]
-    found += [_score_value(m.group(1), lo, hi) for r in (_BOLD_RE, _STARS_RE) for m in r.finditer(text)]
-    if bare := _BARE_RE.fullmatch(text):
-        found.append(_score_value(bare.group(1), lo, hi))
-    return found[0] if len(set(found)) == 1 else None
-
-
-def combine_orders(p_ab: float | None, p_ba: float | None) -> Verdict:
-    """p_ab = P(first better) shown as (A = first, B = second), p_ba = the same shown swapped (P("B")); a
-    verdict only when both agree, else the judge followed the position. None: an unreadable answer."""
-    if p_ab is None or p_ba is None:
-        known = [p for p in (p_ab, p_ba) if p is not None]
-        return Verdict(None, sum(known) / len(known) if known else 0.5, {"p_ab": p_ab, "p_ba": p_ba, "unparseable": True})
-    preferred = 0 if p_ab > 0.5 and p_ba > 0.5 else 1 if p_ab < 0.5 and p_ba < 0.5 else None
-    return Verdict(preferred, (p_ab + p_ba) / 2, {"p_ab": p_ab, "p_ba": p_ba})
-
-
-# --- The prompts of the LLM judges ----------------------------------------------------------------
-MAX_TURN_CHARS = 600       # one runaway turn must not crowd out the rest of the prompt
-
-
-def render_conversation(state: JudgeState) -> str:
-    """'Speaker: text' lines for the last JUDGE_TURNS turns, then the user's latest message."""
-    lines = [f"Situation: {state.situation}"] if state.situation else []
-    lines += [f"{t['speaker']}: {t['text'][:MAX_TURN_CHARS]}" for t in state.history[-JUDGE_TURNS:]]
-    return "\n".join(lines + [f"user: {state.context[:MAX_TURN_CHARS]}"])
-
-
-def judge_messages(template: str, state: JudgeState, **fields) -> list[dict]:
-    """data/prompts/<template>.txt: judge_pairwise (fields a, b) or judge_pointwise (reply)."""
-    text = data.prompt(template).format(name=state.persona_name, desc=state.persona_desc,
-                                        conversation=render_conversation(state), **fields)
-    return [{"role": "system", "content": data.prompt("judge_system")}, {"role": "user", "content": text}]
-
-
-# --- HFJudge: a local chat LLM, read through its next-token probabilities --------------------------
-def label_token_ids(tokenizer, label: str) -> list[int]:
-    """Token ids that spell `label` as ONE token: "A" and " A" are different BPE tokens, and which one
-    a model emits after the assistant header depends on its template, so P(label) sums both."""
-    pieces = [tokenizer.encode(v, add_special_tokens=False) for v in (label, " " + label)]
-    ids = list(dict.fromkeys(p[0] for p in pieces if len(p) == 1))
-    if not ids:
-        raise UserError(f"--judge hf: the tokenizer has no single token for the label {label!r}, so its "
-                        "probability cannot be read; use an openai:<base url> judge instead")
-    return ids
-
-
-class HFJudge(Judge):
-    """A local causal LM as judge at temperature 0; score() maps sum_k k P("k") to [0, 1] (smoother than one digit)."""
-    can_generate, read_score = True, staticmethod(parse_rubric_score)
-
-    def __init__(self, model_or_path: str, cache_path=None, batch_size: int = 8, device: str = "cpu"):
-        super().__init__(cache_path)
-        self.name, self.batch_size = f"hf:{model_or_path}", batch_size
-        try:
-            self.model, self.tokenizer = models.load_model(model_or_path, device=device, frozen=True)
-        except UserError as err:    # its message names --model; here the flag is --judge
-            raise UserError(f"--judge hf:{model_or_path}: {err}") from None
-        self.ab_ids, self.digit_ids = ([label_token_ids(self.tokenizer, x) for x in labels] for labels in ("AB", "12345"))
-
-    @torch.no_grad()
-    def label_probs(self, conversations: list[list[dict]], label_ids: list[list[int]]) -> torch.Tensor:   # (N, L)
-        rows, device = [], next(self.model.parameters()).device
-        for start in range(0, len(conversations), self.batch_size):
-            prompts = models.chat_prompt_ids(self.tokenizer, conversations[start:start + self.batch_size])
-            ids, mask = (t.to(device) for t in models.left_pad(prompts, self.tokenizer.pad_token_id))   # (B, P)
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)          # a padded row reads as the row alone
-            probs = torch.softmax(self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                             logits_to_keep=1).logits[:, -1, :].float(), dim=-1)   # (B, V)
-            mass = torch.stack([probs[:, t].sum(-1) for t in label_ids], dim=-1)           # (B, L)
-            # Renormalised among the labels: P("A") + P("B") = 1 whatever went to "Reply", "The", ...
-            rows.append((mass / mass.sum(-1, keepdim=True).clamp(min=1e-12)).cpu())
-            self.backend_calls += len(prompts)
-        return torch.cat(rows)
-
-    def _compare_uncached(self, states, firsts, seconds):
-        p = self.label_probs([judge_messages("judge_pairwise", s, a=x, b=y) for s, a, b in zip(states, firsts, seconds)
-                              for x, y in ((a, b), (b, a))], self.ab_ids)
-        # Row 2i shows (first, second): P(first better) = P("A"); row 2i+1 the swap: P("B").
-        return [combine_orders(float(p[2 * i, 0]), float(p[2 * i + 1, 1])) for i in range(len(states))]
-
-    def _score_uncached(self, states, replies):
-        p = self.label_probs([judge_messages("judge_pointwise", s, reply=r) for s, r in zip(states, replies)],
-                             self.digit_ids)   # (N, 5)
-        return [(float(e) - 1) / 4 for e in (p * torch.arange(1, 6, dtype=p.dtype)).sum(-1)]    # 1..5 -> [0, 1]
-
-    def _complete_uncached(self, prompt, max_new_tokens):
-        self.backend_calls += 1
-        return models.generate(self.model, self.tokenizer, [[{"role": "user", "content": prompt}]],
-                               max_new_tokens=max_new_tokens, seeds=None).texts[0]
-
-
-class RMJudge(ScoreJudge):
-    """A trained reward model as a judge: score = sigmoid(r), compared by the scores (ScoreJudge)."""
-    def __init__(self, folder: str | Path, cache_path=None, device: str = "cpu"):
-        super().__init__(cache_path)
-        self.rm, self.tok = reward.RewardModel.load(folder, device=device)
-        self.name = f"rm:{Path(folder).resolve()}"
-
-    def _score_uncached(self, states, replies):
-        self.backend_calls += len(replies)
-        return [sigmoid(x) for x in self.rm.score_texts(self.tok, [reward.rm_messages(s, r) for s, r in zip(states, replies)])]
-
-
-def make(kind: str, where: str, cache: Path | None, device: str = "cpu") -> Judge:     # mascot.make_judge's hf: / rm:
-    return HFJudge(where, cache, device=device) if kind == "hf" else RMJudge(where, cache, device=device)
-
-
-def load_nli(name: str, device: str):
-    """(model, tokenizer) of an MNLI-style classifier (--nli-model), its three labels checked now."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    try:
-        tok = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForSequenceClassification.from_pretrained(name).to(device).eval()
-        nli_label_index(model.config.id2label, name)
-    except (OSError, ValueError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserError(f"--nli-model {name}: cannot use it ({first}); pass a local MNLI-style classifier folder") from None
-    return model, tok
 
 
 # --- judge-eval: how often does a judge prefer the better reply of a labelled pair? ---------------
@@ -204,7 +41,7 @@ PAIR_FIELDS = ("persona", "persona_desc", "context", "history", "better", "worse
 
 def load_pairs(path: str | Path) -> list[dict]:
     """A judge-pair JSON-lines file (data/README.md), every field checked."""
-    records = data.read_jsonl(path, numbered=True)
+    records = files.read_jsonl(path, numbered=True)
     for number, pair in records:
         where = f"{path}: line {number}"
         for key in PAIR_FIELDS:
@@ -355,7 +192,7 @@ def main(argv: list[str], cli) -> int:
         for flag, kind, check, default, about in (("--n", int, "at-least-2", 16, "candidates per state"),
                                                   ("--states", int, "positive", 16, "held-out states"),
                                                   ("--temperature", float, "positive", 1.0, "candidates' sampling temperature")):
-            p.add_argument(flag, type=data.flag_type(flag, kind, check), default=default, help=about)
+            p.add_argument(flag, type=flag_type(flag, kind, check), default=default, help=about)
     else:
         p.add_argument("--pairs", required=True, nargs="+", help="JSON-lines file(s) of labelled pairs (data/README.md)")
         p.add_argument("--cache", default=None, help="judge cache file (JSON lines); none by default")
@@ -364,7 +201,7 @@ def main(argv: list[str], cli) -> int:
     args = p.parse_args(argv[1:])
     cli.check_device(args)
     if stress:
-        with data.run_lock(args.run):         # it writes RUN/stress/: not while train or evaluate writes the run
+        with runs.run_lock(args.run):         # it writes RUN/stress/: not while train or evaluate writes the run
             return judge_stress(args, cli)
     judge = cli.make_judge(args, args.cache, args.personas)
     pairs, t0 = [p for path in args.pairs for p in load_pairs(path)], time.time()
@@ -373,8 +210,8 @@ def main(argv: list[str], cli) -> int:
     print(f"({result['n']} pairs, {result['no_verdict']} without a verdict, {result['unreadable']} of them "
           f"unreadable; judge {judge.name}, {time.time() - t0:.1f} s)")
     if args.persona_id:
-        base, sets = cli.load_role(args.model, "speakers", args), data.persona_sets(args.personas)   # the frozen base model
-        owner = {p.name: PersonaIdentifier(*base, ps) for ps in [data.load_personas(args.personas, s) for s in sets]
+        base, sets = cli.load_role(args.model, "speakers", args), scenarios.persona_sets(args.personas)   # the frozen base model
+        owner = {p.name: PersonaIdentifier(*base, ps) for ps in [scenarios.load_personas(args.personas, s) for s in sets]
                  for p in ps.personas}                                        # persona name -> its set's identifier
         chosen = [p for p in pairs if p.get("failure") in ("wrong-role", "off-role") and p["persona"] in owner]
         print(f"\npersona identification under the frozen {args.model}: {len(chosen)} wrong-role / off-role pairs\n"
@@ -393,7 +230,7 @@ def judge_stress(args, cli) -> int:          # best-of-N against the judge and t
     states = reward.build_states(inputs.held_out, personas, args.states, args.seed + 1, {}, "heldout")
     judge = cli.make_judge(args, None if args.judge == "offline" else run / "stress" / "judge_cache.jsonl", args.personas)
     scorers = {"judge": lambda rows, replies: judge.score_many([s.judge_state(personas) for s in rows], replies)}
-    rm_folder = args.rm or models.trained_or(run / "stage1" / "reward_model", "") or None
+    rm_folder = args.rm or loading.trained_or(run / "stage1" / "reward_model", "") or None
     if rm_folder:
         rm, rm_tok = reward.RewardModel.load(rm_folder, device=args.device, dtype=cli.frozen_dtype(args))
         scorers["rm"] = lambda rows, replies: rm.score_texts(rm_tok, [s.rm_messages(personas, r) for s, r in zip(rows, replies)])
@@ -406,6 +243,6 @@ def judge_stress(args, cli) -> int:          # best-of-N against the judge and t
                        args.seed, identifier, function)
     result.update({"judge": judge.name, "rm": rm_folder, "policy": spec})
     print(format_best_of_n(result))
-    data.write_json(run / "stress" / "results.json", result)
+    files.write_json(run / "stress" / "results.json", result)
     print(f"judge {judge.name}; reward model {rm_folder or 'none'}; wrote {run / 'stress' / 'results.json'}")
     return 0

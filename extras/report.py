@@ -19,7 +19,9 @@ from itertools import groupby
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-from data import UserError, read_json, read_jsonl, run_lock, write_text_atomic   # noqa: E402
+from plumbing.common import UserError
+from plumbing.files import read_json, read_jsonl, write_text_atomic
+from plumbing.runs import run_lock
 
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999"]

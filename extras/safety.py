@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-from data import UserError                                        # noqa: E402
+from plumbing.common import UserError
 
 if TYPE_CHECKING:                 # torch is imported inside the functions that need it, so that
     import torch                  # importing safety.py stays instant and loads no model

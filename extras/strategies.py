@@ -20,7 +20,6 @@ job), precision and recall per class, and calibration (expected calibration erro
 """
 
 import json
-import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -30,14 +29,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-import grpo  # noqa: E402
 import models  # noqa: E402
-from data import HERE, SUPPORT_STRATEGIES, PersonaSet, UserError, flag_type, load_personas, split_contexts  # noqa: E402
-from director import director_messages  # noqa: E402
+from plumbing.files import HERE
+from scenarios import SUPPORT_STRATEGIES, PersonaSet, classifier_halves, load_personas, require_mapping, split_contexts
+from plumbing.common import UserError
+from plumbing.cli import flag_type
 from extras.evaluators import EQUAL_TOKENS  # noqa: E402
 from judge import StrategyClassifier, strategy_features  # noqa: E402
-from metrics import standard_error, words  # noqa: E402
-from simulate import SAFETY, USER, Conversation, Directive, Turn, least_spoken_agent  # noqa: E402
+from metrics import words  # noqa: E402
 
 
 def labelled_turns(contexts) -> list[tuple[str, str, str, int]]:
@@ -225,186 +224,6 @@ def main(argv: list[str], cli) -> int:
     save(args.evaluator_out, w, b, {"report": report, "vocab": vocab, "dialogues": len(halves[1]),
                                     "data": Path(args.esconv).name})
     return 0
-
-
-def classifier_halves(train, seed: int) -> tuple[list, list]:
-    """The training dialogues halved, by dialogue, between the judge's classifier and the evaluator's: anything that
-    learns from ESConv beside the judge (the speakers' warm start, extras/sft.py) keeps to the judge's half."""
-    ids = sorted({c.id for c in train})
-    judge_ids = set(random.Random(seed).sample(ids, len(ids) // 2))
-    return [c for c in train if c.id in judge_ids], [c for c in train if c.id not in judge_ids]
-
-
-# --- The director's warm start on what real supporters did next (train --director-warmup-data) --------
-# personas.json says whose job each strategy is (in ESConv's words, Affirmation and Reassurance "affirm[s]
-# the help-seeker's strengths", Beacon's job; Self-disclosure, "divulge similar experiences ... to express
-# your empathy", is validation, Anchor's); here, the Action and Tone of a directive for each. "Others"
-# (greetings, thanks) is nobody's job: such a turn stays in the history, never a target.
-STRATEGY_DIRECTIVES = {
-    "Question": ("ask a probing question", "curious"),
-    "Restatement or Paraphrasing": ("reflect back what was said", "calm and steady"),
-    "Reflection of feelings": ("validate the feeling", "warm"),
-    "Self-disclosure": ("share a similar feeling so they feel less alone", "gentle"),
-    "Affirmation and Reassurance": ("name a strength", "encouraging"),
-    "Providing Suggestions": ("suggest one small step", "practical"),
-    "Information": ("share useful information", "thoughtful"),
-}
-MAX_POSITION = 8    # the first 8 supporter turns cover ESConv's exploration -> comfort -> action arc
-
-
-def directive_for(strategy: str, personas) -> Directive | None:
-    """The directive a supporter turn of this strategy answers: its persona (the card that lists the
-    strategy), the strategy's action and tone; None for a strategy no card lists."""
-    agent = next((p.name for p in personas.personas if strategy in p.esconv_strategies), None)
-    return Directive(agent, *STRATEGY_DIRECTIVES[strategy]) if agent and strategy in STRATEGY_DIRECTIVES else None
-
-
-def esconv_prefix(context, end: int, personas) -> Conversation:
-    """The first `end` recorded turns of an ESConv dialogue as one of our group conversations: each
-    supporter turn is spoken by the persona its strategy maps to, an unmapped one by the least-spoken."""
-    conv = Conversation(context, personas.name, "average", "esconv", 0)
-    for turn in context.turns[:end]:
-        if turn["speaker"] == "user":
-            conv.turns.append(Turn(USER, turn["text"]))
-        else:
-            d = directive_for(turn.get("strategy", ""), personas) or Directive(least_spoken_agent(personas, conv))
-            conv.turns.append(Turn(d.agent, turn["text"], d))
-    return conv
-
-
-def require_mapping(personas, flag: str = "--director-warmup-data") -> None:
-    if not any(p.esconv_strategies for p in personas.personas):
-        raise UserError(f"{flag}: no persona of the '{personas.name}' set lists esconv_strategies; use --set support or cards that do")
-
-
-def esconv_turns(contexts, personas, balanced: bool = False) -> list[tuple]:
-    """(dialogue, turn index, target directive) of every supporter turn with a mapped strategy among the first
-    MAX_POSITION of each dialogue; balanced=True leaves out a turn whose target spoke last (a companion
-    speaking twice running, which the balance term penalises)."""
-    require_mapping(personas)
-    turns = []
-    for context in contexts:
-        speakers = [t.speaker for t in esconv_prefix(context, len(context.turns), personas).turns]
-        supporter = [j for j, t in enumerate(context.turns) if t["speaker"] == "supporter"][:MAX_POSITION]
-        for k, j in enumerate(supporter):
-            target = directive_for(context.turns[j].get("strategy", ""), personas)
-            if target and not (balanced and k and target.agent == speakers[supporter[k - 1]]):
-                turns.append((context, j, target))
-    if not turns:
-        raise UserError("--director-warmup-data: no usable supporter turn with an ESConv strategy label"
-                        + ("; with --warmup-balanced every one repeats the companion before it" if balanced else
-                           "; is this ESConv (ESConv.json or its JSON-lines split)?"))
-    return turns
-
-
-def esconv_examples(contexts, personas, n: int, seed: int = 0, balanced: bool = False) -> list[tuple[list[dict], str]]:
-    """n (director prompt, target directive) pairs: what real supporters did next, mapped onto the companions.
-    Natural (the default): drawn uniformly from esconv_turns, so each companion is a target as often as its
-    strategies were used and the same one may speak twice running, as real supporters do (a quarter of the
-    turns); the director learns ESConv's own odds at each point of a dialogue. balanced=True: the SAME number
-    for every agent and no repeats, a flat prior that leaves the conversation as the only cue; it agrees less often
-    with real supporters on held-out dialogues (docs/RESULTS.md, section 4)."""
-    turns, rng = esconv_turns(contexts, personas, balanced), random.Random(seed)
-    if balanced:
-        pools = [[t for t in turns if t[2].agent == a] for a in personas.names()]
-        pools, chosen = [p for p in pools if p], []
-        for k, pool in enumerate(pools):
-            share = n // len(pools) + (k < n % len(pools))
-            chosen += rng.sample(pool, share) if share <= len(pool) else [rng.choice(pool) for _ in range(share)]
-        rng.shuffle(chosen)
-    else:
-        chosen = rng.sample(turns, n) if n <= len(turns) else [rng.choice(turns) for _ in range(n)]
-    return [(director_messages(personas, esconv_prefix(c, j, personas)), f"Agent: {d.agent}\nAction: {d.action}\n"
-             f"Tone: {d.tone}") for c, j, d in chosen]
-
-
-@torch.no_grad()
-def next_agent_agreement(model, tok, personas, contexts, n: int = 300, seed: int = 0) -> dict:
-    """How often a director names the companion that a real supporter's next turn maps to, on up to n annotated
-    turns of `contexts` (dialogues it never trained on; natural targets): its pick is the name likeliest to follow
-    "Agent:", read from one forward at each name's first token (names that share one are scored whole). Beside
-    it: `majority`, what always naming the commonest target would get."""
-    turns = esconv_turns(contexts, personas)
-    turns, names = random.Random(seed).sample(turns, min(n, len(turns))), personas.names()
-    name_ids = [tok(" " + a, add_special_tokens=False)["input_ids"] for a in names]
-    firsts, dev = [ids[0] for ids in name_ids], next(model.parameters()).device
-    distinct = len(set(firsts)) == len(names)
-    model.eval()
-    hits = []
-    for c, j, target in turns:
-        chat = tok.apply_chat_template(director_messages(personas, esconv_prefix(c, j, personas)), tokenize=False,
-                                       add_generation_prompt=True)
-        ids = tok(chat + "Agent:", add_special_tokens=False)["input_ids"]
-        if distinct:
-            scores = model(torch.tensor([ids], device=dev), logits_to_keep=1).logits[0, -1, firsts]       # (A,)
-        else:
-            logps, mask = grpo.target_logprobs(model, tok.pad_token_id, [(ids, t) for t in name_ids])    # (A, C)
-            scores = (logps * mask).sum(1)                                                                  # (A,)
-        hits.append(float(names[int(scores.argmax())] == target.agent))
-    common = Counter(t[2].agent for t in turns).most_common(1)[0][1]
-    return {"agreement": sum(hits) / len(hits), "se": standard_error(hits), "n": len(hits),
-            "majority": common / len(hits)}
-
-
-def warm_start_examples(contexts, personas, n: int, held_out: float, seed: int, balanced: bool):
-    """mascot.py's ESConv warm start: n examples from the training split of the ESConv dialogues, where they came
-    from, and the held-out next-agent agreement of a director (model, tok) on the held-out split."""
-    train, held = split_contexts(contexts, held_out, seed)
-    source = f"ESConv strategy warm start: {len(train)} training dialogues{', balanced' if balanced else ''}"
-    return (esconv_examples(train, personas, n, seed, balanced), source,
-            lambda model, tok: next_agent_agreement(model, tok, personas, held, seed=seed))
-
-
-# --- The group reward's grounded terms (train --stage 2 --director-warmup-data ESCONV) ---------------------------
-class Grounding:
-    """director.block_reward's two terms from human labels, each a mean over the block's agent turns in [0, 1]:
-      plausible  E_q[P(s | stage, previous)] / max_s P(s | stage, previous): q is the judge's strategy classifier's
-                 reading of the turn (judge.StrategyClassifier), P how often ESConv's supporters used strategy s
-                 at that stage (supporter turns so far: 0, 1, 2, 3+) after the previous one (the classifier's top
-                 reading of the agent turn before; none at the start), counted on the training dialogues with
-                 add-one smoothing. 1: the turn did what real supporters most often do at that point.
-      compliant  q's mass on what the directive asked, chance-corrected: (q(A) - pi(A)) / (1 - pi(A)), A the strategy
-                 whose warm-start action (STRATEGY_DIRECTIVES) its Action names, else the strategies of the speaker's
-                 card (a rule's directive names no action), pi(A) the share of training turns labelled in A. 1: did
-                 what was asked, 0: as often as any supporter turn would, so one strategy asked for is not held
-                 to a lower mark than a card's three.
-    Held-out dialogues (held_out, seed: the run's split) are left out of the counts."""
-
-    def __init__(self, contexts, personas, encoder, held_out: float, seed: int):
-        require_mapping(personas)
-        self.classifier, self.personas, start = StrategyClassifier(encoder), personas, len(SUPPORT_STRATEGIES)
-        counts = torch.ones(4, start + 1, start)                       # (stage, previous or start, strategy)
-        seen = torch.ones(start)                                       # (strategy,): its labels, add-one
-        for context in split_contexts(contexts, held_out, seed)[0]:
-            labels = [SUPPORT_STRATEGIES.index(t["strategy"]) for t in context.turns
-                      if t["speaker"] != "user" and t.get("strategy") in SUPPORT_STRATEGIES]
-            for k, s in enumerate(labels):
-                counts[min(k, 3), labels[k - 1] if k else start, s] += 1
-                seen[s] += 1
-        self.transition = counts / counts.sum(-1, keepdim=True)        # (4, 9, 8): P(s | stage, previous)
-        self.prior = seen / seen.sum()                                 # (8,): pi(s)
-
-    def __call__(self, conv: Conversation, start: int) -> dict[str, float]:
-        agent = [i for i, t in enumerate(conv.turns) if t.speaker not in (USER, SAFETY)]
-        first = next((k for k, i in enumerate(agent) if i >= start), len(agent))
-        if first == len(agent):
-            return {"plausible": 0.0, "compliant": 0.0}
-        before = min(first, 1)                     # the agent turn before the block is read for its strategy only
-        read = agent[first - before:]
-        said = [next((t.text for t in reversed(conv.turns[:i]) if t.speaker == USER), conv.context.situation)
-                for i in read]                                         # what each turn answers
-        q = self.classifier.probs([conv.turns[i].text for i in read], said)                   # (M, 8)
-        plausible, compliant = [], []
-        for m in range(before, len(read)):
-            k, turn = first - before + m, conv.turns[read[m]]          # k: agent turns before this one
-            p = self.transition[min(k, 3), int(q[m - 1].argmax()) if m else len(SUPPORT_STRATEGIES)]   # (8,)
-            plausible.append(float(q[m] @ p / p.max()))
-            action = turn.directive.action.lower() if turn.directive else ""
-            asked = [s for s, (a, _) in STRATEGY_DIRECTIVES.items() if a in action] \
-                or self.personas.find(turn.speaker).esconv_strategies
-            ix = [SUPPORT_STRATEGIES.index(s) for s in asked]
-            compliant.append(float((q[m, ix].sum() - self.prior[ix].sum()) / (1 - self.prior[ix].sum())))
-        return {"plausible": sum(plausible) / len(plausible), "compliant": sum(compliant) / len(compliant)}
 
 
 def save(path: str, w: torch.Tensor, b: torch.Tensor, meta: dict) -> None:

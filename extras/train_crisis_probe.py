@@ -29,9 +29,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))                                   # the project's modules, from the repo root
-import data                                                     # noqa: E402
-from data import UserError                                      # noqa: E402
-from extras import datasets, safety                             # noqa: E402
+from plumbing.common import UserError
+from extras import safety                             # noqa: E402
+from plumbing import datasets
+from plumbing import files
+import scenarios
 
 TRAIN_FILE = ROOT / "data" / "safety_train.jsonl"
 ESCONV_LABELS, ED_LABELS = ROOT / "data" / "safety_esconv_labels.jsonl", ROOT / "data" / "safety_ed_labels.jsonl"
@@ -44,7 +46,7 @@ def load_training_rows(path: Path = TRAIN_FILE) -> list[dict]:
     """Rows {"text", "risky", "source", "kind"} of the labelled training file (JSON lines)."""
     if not Path(path).exists():
         raise UserError(f"{path}: training file not found; it ships with the repository (data/safety_train.jsonl)")
-    rows = data.read_jsonl(path, numbered=True)
+    rows = files.read_jsonl(path, numbered=True)
     for number, row in rows:
         if not (isinstance(row.get("risky"), bool) and all(isinstance(row.get(k), str) for k in ("text", "source", "kind"))):
             raise UserError(f"{path} line {number}: needs string fields 'text', 'source' and 'kind' and a true/false 'risky'")
@@ -63,13 +65,13 @@ def text_hash(text: str, digits: int = 12) -> str:
 
 def conversation_rows(path: str, labels_path: Path, name: str, side: int = 0) -> list[dict]:
     """The user messages (the first message where a file has only those) of one side, 0 training or 1 held out, of
-    `data.split_contexts(contexts, 0.25, seed=0)`, the split the evaluation makes of a file without official splits (any
+    `scenarios.split_contexts(contexts, 0.25, seed=0)`, the split the evaluation makes of a file without official splits (any
     splits of the file are pooled in file order). Rows {"text", "risky", "source": name, "kind", "group": the dialogue
     id, "label"}: the hand label by (dialogue, text hash), "risky", "context" (risky only given earlier turns) or ""."""
     labels = {(f"esconv-{label['line']}" if "line" in label else label["conv_id"], label["sha256"]): label
-              for label in data.read_jsonl(labels_path)}                # (dialogue id, text hash) -> hand label
+              for label in files.read_jsonl(labels_path)}                # (dialogue id, text hash) -> hand label
     contexts, rows = [c for part in datasets.load_splits(path, "support").values() for c in part], []
-    for context in data.split_contexts(contexts, 0.25, seed=0)[side]:
+    for context in scenarios.split_contexts(contexts, 0.25, seed=0)[side]:
         for text in [t["text"] for t in context.turns if t["speaker"] == "user"] or [context.first_message]:
             label = labels.get((context.id, text_hash(text)), {})
             rows.append({"text": text, "risky": label.get("label") == "risky", "source": name,
@@ -203,7 +205,7 @@ def snapshot_lists() -> dict:
 def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.json") -> None:
     """Record [sha256(text)[:16], flagged, category] per row of every snapshot list, for the guard and its fallback."""
     guards = {"probe": safety.CrisisGuard(), "patterns_only": safety.CrisisGuard(encoder=None)}
-    texts = {name: [r["text"] for r in data.read_jsonl(list_path)] for name, list_path in snapshot_lists().items()}
+    texts = {name: [r["text"] for r in files.read_jsonl(list_path)] for name, list_path in snapshot_lists().items()}
     snapshot = {"about": "Decisions of the shipped crisis guard (probe) and of its patterns-only fallback: per fixture "
                 "list, per row in file order, [sha256(text)[:16], flagged, category]. Rewritten by `python "
                 "extras/train_crisis_probe.py --snapshot` after a deliberate change.",

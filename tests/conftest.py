@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from plumbing import loading
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,13 +37,11 @@ def dataset(relative: str) -> Path:
 # first, so every test sees the same weights.
 @pytest.fixture(scope="session")
 def tiny():
-    """The seeded 2-layer random Llama with the SmolLM2 tokenizer (models.load_model("tiny"))."""
-    import models
-    return models.load_model("tiny")
+    """The seeded 2-layer random Llama with the SmolLM2 tokenizer (loading.load_model("tiny"))."""
+    return loading.load_model("tiny")
 
 
 @pytest.fixture(scope="session")
 def smol():
     """The embedded SmolLM2-135M-Instruct (converted once into the cache)."""
-    import models
-    return models.load_model("smollm2-135m")
+    return loading.load_model("smollm2-135m")

@@ -10,10 +10,13 @@ import json
 import pytest
 import torch
 
-import data
 import mascot
 from extras import baselines, director_headroom, sft
 from simulate import USER, Cast, Conversation, Directive, RoundRobin, Turn, run_conversations
+from plumbing import common
+from plumbing import files
+import scenarios
+import warmstart
 
 FIXTURE = str(mascot.ROOT / "tests" / "fixtures" / "data" / "esconv_sft" / "train.jsonl")
 
@@ -28,11 +31,11 @@ def one_thread():
 
 
 def personas():
-    return data.load_personas(mascot.ROOT / "personas.json", "support")
+    return scenarios.load_personas(mascot.ROOT / "personas.json", "support")
 
 
 def conversation(agent_texts, seed=0):
-    context = data.Context("t-1", "support", "I failed my driving test.", "I failed again today.",
+    context = scenarios.Context("t-1", "support", "I failed my driving test.", "I failed again today.",
                            emotion="sad", valence="negative")
     conv = Conversation(context, "support", "average", "test", seed)
     conv.turns.append(Turn(USER, "I failed again today."))
@@ -107,9 +110,9 @@ def test_self_consistency_keeps_the_consensus_or_the_judges_pick(monkeypatch):
 def test_the_baselines_plug_into_the_conversation_loop(tiny):
     # simulate.run_conversations(speak=...) on the tiny model: every agent turn is the pipeline's.
     model, tok = tiny
-    ps, profiles = personas(), data.load_profiles(mascot.ROOT / "data" / "profiles.json")
+    ps, profiles = personas(), scenarios.load_profiles(mascot.ROOT / "data" / "profiles.json")
     cast = Cast(ps, model, tok, model, tok, 4, style="zero-shot-cot")
-    contexts = data.load_contexts("bundled", "support")[:2]
+    contexts = scenarios.load_contexts("bundled", "support")[:2]
     convs = run_conversations(contexts, RoundRobin(ps), cast, profiles, ["average"] * 2, 2, 1, 0,
                               speak=baselines.SelfConsistency(2))
     for conv in convs:
@@ -129,9 +132,9 @@ LOST_JOB = [{"speaker": "supporter", "text": "Hello!", "strategy": "Question"},
 
 
 def test_mapped_supporter_turns_give_who_would_have_said_it_and_the_history():
-    ctx = data.Context("e-1", "support", "Lost my job.", "I lost my job today.", turns=LOST_JOB)
-    mapping = sft.strategy_owners(data.load_personas(mascot.ROOT / "personas.json", "support"))
-    items = list(sft.mapped_supporter_turns([ctx], mapping))
+    ctx = scenarios.Context("e-1", "support", "Lost my job.", "I lost my job today.", turns=LOST_JOB)
+    mapping = warmstart.strategy_owners(scenarios.load_personas(mascot.ROOT / "personas.json", "support"))
+    items = list(warmstart.mapped_supporter_turns([ctx], mapping))
     # The opening "Hello!" answers nothing and Self-disclosure fits no persona: two items.
     assert [(name, reply) for _, name, _, reply in items] == [("Catalyst", "What happened?"),
                                                               ("Guide", "Maybe call three contacts.")]
@@ -142,7 +145,7 @@ def test_mapped_supporter_turns_give_who_would_have_said_it_and_the_history():
 
 
 def test_supporter_turns_become_persona_examples():
-    ctx = data.Context("e-1", "support", "Lost my job.", "I lost my job today.", turns=[
+    ctx = scenarios.Context("e-1", "support", "Lost my job.", "I lost my job today.", turns=[
         {"speaker": "user", "text": "I lost my job today."},
         {"speaker": "supporter", "text": "What happened?", "strategy": "Question"},
         {"speaker": "user", "text": "They cut my team."},
@@ -162,14 +165,14 @@ def test_supporter_turns_become_persona_examples():
 
 def test_mean_nll_is_the_mean_over_target_tokens(tiny):
     model, tok = tiny
-    examples = sft.supporter_examples([data.Context("e-1", "support", "Lost my job.", "I lost my job today.",
+    examples = sft.supporter_examples([scenarios.Context("e-1", "support", "Lost my job.", "I lost my job today.",
                                                     turns=LOST_JOB)], personas())
-    rows = [sft.token_rows(tok, [e])[0] for e in examples]
-    per_example = [sft.mean_nll(model, tok, [e]) for e in examples]
+    rows = [warmstart.token_rows(tok, [e])[0] for e in examples]
+    per_example = [warmstart.mean_nll(model, tok, [e]) for e in examples]
     n = [len(target) for _, target in rows]
-    assert sft.mean_nll(model, tok, examples, batch_size=1) == pytest.approx(
+    assert warmstart.mean_nll(model, tok, examples, batch_size=1) == pytest.approx(
         sum(x * k for x, k in zip(per_example, n)) / sum(n), rel=1e-4)
-    assert sft.mean_nll(model, tok, []) is None
+    assert warmstart.mean_nll(model, tok, []) is None
 
 
 def test_sft_command_trains_saves_and_evaluate_runs_it(tmp_path):
@@ -186,7 +189,7 @@ def test_sft_command_trains_saves_and_evaluate_runs_it(tmp_path):
          "--run", str(tmp_path), "--systems", "sft", "--data", FIXTURE, "--no-persona-id"]))
     assert list(results["systems"]) == ["sft"] and "sft/model" in results["systems"]["sft"]["speakers"]
     # On data without strategy-labelled supporter turns the command says what it needs.
-    with pytest.raises(data.UserError, match="ESConv"):
+    with pytest.raises(common.UserError, match="ESConv"):
         sft.main(["sft", "--model", "tiny", "--run", str(tmp_path / "b")], mascot)
 
 
@@ -266,7 +269,7 @@ def test_headroom_script_runs_on_the_tiny_model_and_writes_its_numbers(tmp_path,
     less = [{k: [t - 0.5 * c["balance"] for t, c in zip(r[k], p[k])] for k in r} for r, p in zip(out["rewards"], out["components"])]
     assert out["without_balance"] == pytest.approx(director_headroom.headroom(less, ["Anchor", "Catalyst", "Beacon", "Guide"])["oracle_pooled"])
     # The run's own settings are the defaults: a stage-2 config with other weights is read.
-    data.write_json(run / "stage2" / "config.json", {"w_balance": 0.0, "heldout_points": 2, "max_new_tokens": 4,
+    files.write_json(run / "stage2" / "config.json", {"w_balance": 0.0, "heldout_points": 2, "max_new_tokens": 4,
                                                      "model": "tiny", "stage": 2})
     args, _ = director_headroom.parse_args(["--run", str(run)], mascot)
     assert (args.w_balance, args.heldout_points, args.model, args.seeds) == (0.0, 2, "tiny", 4)

@@ -12,6 +12,7 @@ import pytest
 import grpo
 import mascot as cli
 import reward
+from plumbing import runs
 from evaluate import all_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -316,8 +317,8 @@ def test_a_flag_argparse_refuses_is_one_line_not_the_usage(args, needle, capsys,
 
 
 def test_bf16_on_a_device_without_it_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
-    import models
-    monkeypatch.setattr(models, "native_bf16", lambda device: False)      # a CPU without AVX512-BF16 or AMX
+    from plumbing import devices
+    monkeypatch.setattr(devices, "native_bf16", lambda device: False)      # a CPU without AVX512-BF16 or AMX
     code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, "--run", str(tmp_path / "run"), "--dtype", "bfloat16")
     assert code == 2 and "--dtype bfloat16" in err and len(error_lines(err)) == 1, err
     assert not (tmp_path / "run" / "stage1").exists()
@@ -360,8 +361,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_resume_goes_on_exactly(tmp_
     """ENOSPC while the second checkpoint is written (safetensors wraps the OS error in its own, as here): one
     line that says to free space and --resume; no half checkpoint left; the resumed run ends where an
     uninterrupted one does."""
-    import grpo
-    real, calls = grpo.save_file, []
+    real, calls = runs.save_file, []
 
     def full_disk(tensors, path):
         calls.append(path)
@@ -369,13 +369,13 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_resume_goes_on_exactly(tmp_
             raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
                                '"No space left on device" })')
         return real(tensors, path)
-    monkeypatch.setattr(grpo, "save_file", full_disk)
+    monkeypatch.setattr(runs, "save_file", full_disk)
     run, whole = tmp_path / "run", tmp_path / "whole"
     steps = ("--steps", "3", "--save-every", "1")
     code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *steps, "--run", str(run))
     assert code == 2 and "No space left on device" in err and "--resume" in err and len(error_lines(err)) == 1, err
     assert sorted(p.name for p in (run / "stage1" / "checkpoints").iterdir()) == ["ckpt-000001"]
-    monkeypatch.setattr(grpo, "save_file", real)
+    monkeypatch.setattr(runs, "save_file", real)
     code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *steps, "--run", str(run), "--resume")
     assert code == 0, err
     code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, *steps, "--run", str(whole))

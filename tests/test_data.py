@@ -15,8 +15,12 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-import data
-from data import Context, UserError
+from scenarios import Context
+from plumbing.common import UserError
+from plumbing import cli
+from plumbing import common
+from plumbing import files
+import scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "data"
@@ -32,13 +36,13 @@ def write_json(path: Path, value) -> Path:
 # ----------------------------------------------------------------------------------------------
 
 def test_personas_fixture_loads():
-    support = data.load_personas(FIX / "personas.json", "support")
+    support = scenarios.load_personas(FIX / "personas.json", "support")
     assert support.names() == ["Anchor", "Catalyst", "Beacon", "Guide"]
     assert support.strategies[0] == "validate feelings" and support.tones == ["warm", "calm", "upbeat"]
     assert support.personas[0].examples == ["That sounds like a lot to carry.",
                                             "It makes sense you feel shaken."]
-    assert list(data.persona_sets(FIX / "personas.json")) == ["support", "meeting"]
-    assert data.load_personas(FIX / "personas.json", "meeting").names() == ["Scribe", "Planner"]
+    assert list(scenarios.persona_sets(FIX / "personas.json")) == ["support", "meeting"]
+    assert scenarios.load_personas(FIX / "personas.json", "meeting").names() == ["Scribe", "Planner"]
 
 
 @pytest.mark.parametrize("query, expected", [
@@ -47,7 +51,7 @@ def test_personas_fixture_loads():
     ("Guide (practical advisor)", "Guide"), ("critical", "Catalyst"),
     ("Anchor and Beacon", None), ("nobody", None), ("", None)])
 def test_find_persona_by_name_or_role(query, expected):
-    support = data.load_personas(FIX / "personas.json", "support")
+    support = scenarios.load_personas(FIX / "personas.json", "support")
     found = support.find(query)
     assert (found.name if found else None) == expected
 
@@ -58,7 +62,7 @@ def persona_error(tmp_path, mutate, set_name="support") -> str:
     raw = mutate(raw) or raw
     path = write_json(tmp_path / "personas.json", raw)
     with pytest.raises(UserError) as e:
-        data.load_personas(path, set_name)
+        scenarios.load_personas(path, set_name)
     return str(e.value)
 
 
@@ -102,15 +106,15 @@ def test_persona_file_level_errors(tmp_path):
     message = persona_error(tmp_path, lambda r: None, "party")
     assert "no persona set 'party'" in message and "available: support, meeting" in message
     with pytest.raises(UserError, match="personas file not found"):
-        data.load_personas(tmp_path / "missing.json")
+        scenarios.load_personas(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"support": {\n  "personas": [,]\n}}', encoding="utf-8")
     with pytest.raises(UserError, match=r"not valid JSON at line 2"):
-        data.load_personas(bad)
+        scenarios.load_personas(bad)
     latin = tmp_path / "latin.json"
     latin.write_bytes('{"support": "caf\u00e9"}'.encode("latin-1"))
     with pytest.raises(UserError, match="not UTF-8"):
-        data.load_personas(latin)
+        scenarios.load_personas(latin)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -119,16 +123,16 @@ def test_persona_file_level_errors(tmp_path):
 
 def test_our_format_filter_and_malformed_rows(tmp_path, capsys):
     path = str(FIX / "contexts.jsonl")
-    support = data.load_contexts(path, "support")
-    meeting = data.load_contexts(path, "meeting")
+    support = scenarios.load_contexts(path, "support")
+    meeting = scenarios.load_contexts(path, "meeting")
     assert [c.id for c in support + meeting] == ["sup-01", "sup-02", "mtg-01"]
     assert "skipping line 3" in capsys.readouterr().err          # the row of set 'party'
     assert [c.id for c in meeting] == ["mtg-01"]
-    assert data.is_contexts_file(path) and not data.is_contexts_file(str(FIX / "ed_shared" / "valid_contexts.jsonl"))
+    assert scenarios.is_contexts_file(path) and not scenarios.is_contexts_file(str(FIX / "ed_shared" / "valid_contexts.jsonl"))
     with pytest.raises(UserError, match="no such file"):
-        data.load_contexts(str(tmp_path / "nowhere.jsonl"), "support")
+        scenarios.load_contexts(str(tmp_path / "nowhere.jsonl"), "support")
     with pytest.raises(UserError, match="no usable 'meeting' contexts"):
-        data.load_contexts(str(FIX / "ed_shared" / "valid_contexts.jsonl"), "meeting")
+        scenarios.load_contexts(str(FIX / "ed_shared" / "valid_contexts.jsonl"), "meeting")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,20 +150,20 @@ def make_contexts(spec: dict[str, int]) -> list[Context]:
 
 def test_split_is_deterministic_stratified_and_order_preserving():
     contexts = make_contexts({"positive": 8, "negative": 12, "ambiguous": 2})
-    train, held = data.split_contexts(contexts, 0.25, seed=0)
+    train, held = scenarios.split_contexts(contexts, 0.25, seed=0)
     # round(8/4) = 2, round(12/4) = 3, round(2/4) = 0 -> raised to 1; the lone meeting stays in train
     assert Counter(c.valence for c in held) == {"positive": 2, "negative": 3, "ambiguous": 1}
     assert len(train) + len(held) == len(contexts) and "mtg" in {c.id for c in train}
     order = [c.id for c in contexts]
     assert [c.id for c in held] == sorted((c.id for c in held), key=order.index)
     assert [c.id for c in train] == sorted((c.id for c in train), key=order.index)
-    again = data.split_contexts(contexts, 0.25, seed=0)
+    again = scenarios.split_contexts(contexts, 0.25, seed=0)
     assert [c.id for c in again[1]] == [c.id for c in held]
-    others = [[c.id for c in data.split_contexts(contexts, 0.25, seed=s)[1]] for s in range(1, 6)]
+    others = [[c.id for c in scenarios.split_contexts(contexts, 0.25, seed=s)[1]] for s in range(1, 6)]
     assert any(o != [c.id for c in held] for o in others)
-    assert data.split_contexts(contexts, 0.0)[1] == []
+    assert scenarios.split_contexts(contexts, 0.0)[1] == []
     with pytest.raises(UserError, match=r"--held-out 1.0: give a number in \[0, 1\)"):
-        data.split_contexts(contexts, 1.0)
+        scenarios.split_contexts(contexts, 1.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,7 +172,7 @@ def test_split_is_deterministic_stratified_and_order_preserving():
 
 def test_profiles_load_and_select():
     import evaluate                                 # the --profiles selection lives with the evaluation
-    profiles = data.load_profiles(FIX / "profiles.json")
+    profiles = scenarios.load_profiles(FIX / "profiles.json")
     assert list(profiles) == ["average", "openness-high", "neuroticism-low"]
     assert profiles["openness-high"].levels["openness"] == "high"
     assert profiles["neuroticism-low"].description == (
@@ -193,7 +197,7 @@ def test_profile_validation_errors(tmp_path, mutate, fragment):
     raw = json.loads((FIX / "profiles.json").read_text())
     mutate(raw)
     with pytest.raises(UserError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
-        data.load_profiles(write_json(tmp_path / "p.json", raw))
+        scenarios.load_profiles(write_json(tmp_path / "p.json", raw))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,8 +208,8 @@ def test_append_and_read_jsonl_round_trip(tmp_path):
     path = tmp_path / "sub" / "log.jsonl"
     records = [{"a": 1}, {"text": "caf\u00e9 \u2028 line separator", "n": [1, 2]}]
     for record in records:
-        data.append_jsonl(path, record)
-    assert data.read_jsonl(path) == records
+        files.append_jsonl(path, record)
+    assert files.read_jsonl(path) == records
     assert path.read_bytes().count(b"\n") == 2
 
 
@@ -213,48 +217,48 @@ def test_every_writer_and_the_reader_keep_line_separators_inside_records(tmp_pat
     # json.dumps(ensure_ascii=False) writes U+2028 / U+2029 unescaped; str.splitlines() would cut
     # a record in two there. Every writer and the one reader must keep it one record.
     record = {"text": "one\u2028two\u2029three", "n": 1}
-    data.write_jsonl(tmp_path / "w.jsonl", [record, record])
-    data.append_jsonl(tmp_path / "a.jsonl", record)
+    files.write_jsonl(tmp_path / "w.jsonl", [record, record])
+    files.append_jsonl(tmp_path / "a.jsonl", record)
     assert "\u2028" in (tmp_path / "w.jsonl").read_text(encoding="utf-8")        # really unescaped
     assert len((tmp_path / "w.jsonl").read_text(encoding="utf-8").splitlines()) > 2   # the trap
-    assert data.read_jsonl(tmp_path / "w.jsonl") == [record, record]
-    assert data.read_jsonl(tmp_path / "a.jsonl") == [record]
-    assert data.read_jsonl(tmp_path / "w.jsonl", numbered=True) == [(1, record), (2, record)]
+    assert files.read_jsonl(tmp_path / "w.jsonl") == [record, record]
+    assert files.read_jsonl(tmp_path / "a.jsonl") == [record]
+    assert files.read_jsonl(tmp_path / "w.jsonl", numbered=True) == [(1, record), (2, record)]
 
 
 def test_atomic_folder_leaves_no_half_written_folder(tmp_path):
     target = tmp_path / "model"
-    with data.atomic_folder(target) as tmp:
+    with files.atomic_folder(target) as tmp:
         (tmp / "weights").write_text("v1")
     assert (target / "weights").read_text() == "v1" and not tmp.exists()
     with pytest.raises(RuntimeError):
-        with data.atomic_folder(target) as tmp:
+        with files.atomic_folder(target) as tmp:
             (tmp / "weights").write_text("v2")
             raise RuntimeError("crash mid-save")
     assert (target / "weights").read_text() == "v1"       # the old complete folder is untouched
-    with data.atomic_folder(target) as tmp:               # a crashed .tmp is cleared and replaced
+    with files.atomic_folder(target) as tmp:               # a crashed .tmp is cleared and replaced
         (tmp / "weights").write_text("v3")
     assert (target / "weights").read_text() == "v3"
 
 
 def test_derive_seed_is_a_fixed_polynomial():
-    assert data.derive_seed(0, 1) == 1
-    assert data.derive_seed(1, 2) == 1 * 1_000_003 + 2
-    assert data.derive_seed(3, 4, 5) == ((3 * 1_000_003 + 4) * 1_000_003 + 5) % (2**31 - 1)
-    assert data.derive_seed(7, "state-1") == data.derive_seed(7, "state-1") != data.derive_seed(7, "state-2")
-    assert 0 <= data.derive_seed(2**40, 2**40) < 2**31 - 1
+    assert common.derive_seed(0, 1) == 1
+    assert common.derive_seed(1, 2) == 1 * 1_000_003 + 2
+    assert common.derive_seed(3, 4, 5) == ((3 * 1_000_003 + 4) * 1_000_003 + 5) % (2**31 - 1)
+    assert common.derive_seed(7, "state-1") == common.derive_seed(7, "state-1") != common.derive_seed(7, "state-2")
+    assert 0 <= common.derive_seed(2**40, 2**40) < 2**31 - 1
 
 
 def test_make_inputs_stops_a_command_that_would_leak_training_contexts(tmp_path):
     config = tmp_path / "config.json"
-    data.write_json(config, {"data": "bundled", "set": "support", "seed": 0, "held_out": 0.25})
-    personas = data.load_personas(FIX / "personas.json", "support")
-    profiles = data.load_profiles(FIX / "profiles.json")
+    files.write_json(config, {"data": "bundled", "set": "support", "seed": 0, "held_out": 0.25})
+    personas = scenarios.load_personas(FIX / "personas.json", "support")
+    profiles = scenarios.load_profiles(FIX / "profiles.json")
     splits = {"all": make_contexts({"positive": 4})}
 
     def make(**settings):
         settings = {"data": "bundled", "set": "support", "seed": 0, "held_out": 0.25, **settings}
-        return data.make_inputs(personas, splits, settings["held_out"], settings["seed"], profiles, settings,
+        return scenarios.make_inputs(personas, splits, settings["held_out"], settings["seed"], profiles, settings,
                                 [config, tmp_path / "missing.json"])
     make()                                                                   # no error
     with pytest.raises(UserError, match="--seed 1: .*--seed 0"):
@@ -266,34 +270,34 @@ def test_make_inputs_stops_a_command_that_would_leak_training_contexts(tmp_path)
 
 
 def test_flag_type_names_the_flag_and_rejects_out_of_range_values():
-    parse = data.flag_type("--temperature", float, "positive")
+    parse = cli.flag_type("--temperature", float, "positive")
     assert parse("0.7") == 0.7
     for bad in ("0", "-1", "nan", "inf", "abc"):
         with pytest.raises(argparse.ArgumentTypeError, match="--temperature"):
             parse(bad)
-    assert data.flag_type("--steps", int, "positive")("3") == 3
+    assert cli.flag_type("--steps", int, "positive")("3") == 3
     with pytest.raises(argparse.ArgumentTypeError, match="whole number"):
-        data.flag_type("--steps", int, "positive")("2.5")
+        cli.flag_type("--steps", int, "positive")("2.5")
 
 
 def test_read_jsonl_ignores_truncated_last_line(tmp_path, capsys):
     path = tmp_path / "cache.jsonl"
     path.write_text('{"a": 1}\n{"b": 2}\n{"c": ')
-    assert data.read_jsonl(path) == [{"a": 1}, {"b": 2}]
+    assert files.read_jsonl(path) == [{"a": 1}, {"b": 2}]
     assert "ignoring line 3" in capsys.readouterr().err
     # the next append cuts the torn line off instead of gluing onto it
-    data.append_jsonl(path, {"c": 3})
-    assert data.read_jsonl(path) == [{"a": 1}, {"b": 2}, {"c": 3}]
+    files.append_jsonl(path, {"c": 3})
+    assert files.read_jsonl(path) == [{"a": 1}, {"b": 2}, {"c": 3}]
 
 
 def test_read_jsonl_rejects_damage_before_the_end(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"a": 1}\n{"b": \n{"c": 3}\n')
     with pytest.raises(UserError, match="bad.jsonl: line 2 is not a JSON object"):
-        data.read_jsonl(path)
+        files.read_jsonl(path)
     path.write_text('{"a": 1}\n[1, 2]\n')
     with pytest.raises(UserError, match="line 2 .*a list, not an object"):
-        data.read_jsonl(path)
+        files.read_jsonl(path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -302,21 +306,21 @@ def test_read_jsonl_rejects_damage_before_the_end(tmp_path):
 
 def test_shipped_personas():
     path = ROOT / "personas.json"
-    support, meeting = data.load_personas(path, "support"), data.load_personas(path, "meeting")
+    support, meeting = scenarios.load_personas(path, "support"), scenarios.load_personas(path, "meeting")
     assert support.names() == ["Anchor", "Catalyst", "Beacon", "Guide"]
     assert meeting.names() == ["Scribe", "Clarifier", "Planner", "Sentinel"]
     assert support.find("action guide").name == "Guide" and support.find("anchor").name == "Anchor"
 
 
 def test_shipped_contexts(capsys):
-    contexts = data.load_contexts("bundled", "support") + data.load_contexts("bundled", "meeting")
+    contexts = scenarios.load_contexts("bundled", "support") + scenarios.load_contexts("bundled", "meeting")
     assert capsys.readouterr().err == ""            # no malformed rows in what we ship
     assert {c.persona_set for c in contexts} == {"support", "meeting"}
     assert len({c.id for c in contexts}) == len(contexts)
 
 
 def test_shipped_profiles():
-    profiles = data.load_profiles(ROOT / "data" / "profiles.json")
+    profiles = scenarios.load_profiles(ROOT / "data" / "profiles.json")
     assert len(profiles) == 11 and "average" in profiles
     for p in profiles.values():
         off_average = [t for t, level in p.levels.items() if level != "average"]
@@ -329,8 +333,8 @@ def test_shipped_profiles():
 
 def test_progress_prints_one_line_per_phase_in_a_log(capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
-    assert list(data.progress(range(3), "candidates")) == [0, 1, 2]
-    for i in data.progress(range(5), "rollouts"):
+    assert list(common.progress(range(3), "candidates")) == [0, 1, 2]
+    for i in common.progress(range(5), "rollouts"):
         if i == 1:
             break                                      # a phase that ends early says so too
     err = capsys.readouterr().err.splitlines()
@@ -340,12 +344,12 @@ def test_progress_prints_one_line_per_phase_in_a_log(capsys, monkeypatch):
 def test_progress_is_a_bar_on_a_terminal_and_silent_when_quiet(capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     items = range(3)
-    bar = data.progress(items, "candidates")
+    bar = common.progress(items, "candidates")
     assert isinstance(bar, tqdm)
     bar.close()
     capsys.readouterr()
-    assert data.progress(items, "") is items                       # no name: no progress (GRPO's rollouts)
-    monkeypatch.setattr(data, "QUIET", True)
-    assert data.progress(items, "candidates") is items
+    assert common.progress(items, "") is items                       # no name: no progress (GRPO's rollouts)
+    monkeypatch.setattr(common, "QUIET", True)
+    assert common.progress(items, "candidates") is items
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
-    assert list(data.progress(items, "candidates")) == [0, 1, 2] and capsys.readouterr().err == ""
+    assert list(common.progress(items, "candidates")) == [0, 1, 2] and capsys.readouterr().err == ""

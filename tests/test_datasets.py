@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import data
-import extras.datasets as datasets
+from plumbing import datasets
 import mascot
 from conftest import dataset
-from data import UserError
+from plumbing.common import UserError
+import scenarios
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "data"
 
@@ -240,7 +240,7 @@ def test_real_ed_valid_contexts_match_published_polarity():
     assert len(mapping) == 32
     assert {e: datasets.emotion_valence(e) for e in mapping} == {
         e: datasets.emotion_valence("", v) for e, v in mapping.items()}
-    train, held = data.split_contexts(found, 0.25, seed=0)
+    train, held = scenarios.split_contexts(found, 0.25, seed=0)
     assert Counter(c.valence for c in held) == {"negative": 366, "positive": 290, "ambiguous": 37}
 
 

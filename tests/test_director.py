@@ -8,25 +8,26 @@ import string
 import pytest
 import torch
 
-import data
 import director as dr
 import grpo
 import metrics
-import models
 import simulate
-from data import Persona, PersonaSet
-from extras import sft
+from scenarios import Persona, PersonaSet
 from simulate import USER, Cast, Conversation, Turn, run_conversations, user_messages
+from plumbing import common
+from plumbing import loading
+import scenarios
+import warmstart
 
 
 @pytest.fixture(scope="module")
 def support():
-    return data.load_personas("personas.json", "support")
+    return scenarios.load_personas("personas.json", "support")
 
 
 @pytest.fixture(scope="module")
 def context():
-    return data.load_contexts("bundled", "support")[0]
+    return scenarios.load_contexts("bundled", "support")[0]
 
 
 def conv_with(ctx, speakers, seed=0):
@@ -84,13 +85,13 @@ def test_policies(support, context):
     random_picks = [d.agent for d in simulate.RandomOrder(support, seed=1).choose(convs)]
     assert random_picks == [d.agent for d in simulate.RandomOrder(support, seed=1).choose(convs)]
     assert all(p in support.names() for p in random_picks)
-    with pytest.raises(data.UserError, match="--policy"):
+    with pytest.raises(common.UserError, match="--policy"):
         from extras.chat import make_policy
         make_policy("psychic", support)
 
 
 def test_big_five_profiles_give_distinct_user_prompts(context):
-    profiles = data.load_profiles("data/profiles.json")
+    profiles = scenarios.load_profiles("data/profiles.json")
     assert len(profiles) == 11
     prompts = {p.id: user_messages(p, context, [Turn(USER, context.first_message)])[0]["content"]
                for p in profiles.values()}
@@ -118,7 +119,7 @@ class FakeEncoder:
 
 
 def test_block_reward_components_hand_computed(support):
-    ctx = data.Context(id="t", persona_set="support", situation="exam", first_message="I failed my exam")
+    ctx = scenarios.Context(id="t", persona_set="support", situation="exam", first_message="I failed my exam")
     conv = Conversation(ctx, "support", "average", "test", 0)
     conv.turns = [Turn(USER, "I failed my exam"), Turn("Anchor", "that hurts"),        # before the block
                   Turn("Guide", "plan one small step tonight"), Turn("Beacon", "that hurts")]
@@ -157,7 +158,7 @@ class FakeLLMJudge:
     can_generate = True
 
     def rate_many(self, prompts, max_new_tokens=32):       # as judge.Judge.rate_many, with our parser
-        from extras.judges import parse_rubric_score
+        from judge import parse_rubric_score
         return [parse_rubric_score(self.complete(p, max_new_tokens)) for p in prompts]
 
     def __init__(self, answer):
@@ -174,7 +175,7 @@ class FakeLLMJudge:
 @pytest.mark.parametrize("answer, coherence", [("Score: 4", 0.75), ("Score: 1", 0.0), ("**5**", 1.0),
                                                ("no idea", 0.5)])
 def test_block_reward_with_an_llm_judge_is_one_block_judgement(support, answer, coherence):
-    ctx = data.Context(id="t", persona_set="support", situation="exam", first_message="I failed my exam")
+    ctx = scenarios.Context(id="t", persona_set="support", situation="exam", first_message="I failed my exam")
     conv = Conversation(ctx, "support", "average", "test", 0)
     conv.turns = [Turn(USER, "I failed my exam"), Turn("Anchor", "that hurts a lot right now"),
                   Turn("Guide", "plan one small step tonight"), Turn(USER, "ok maybe"),
@@ -204,7 +205,7 @@ def test_a_hacked_block_scores_lower(support, reply, flag):
     """The same block with one clean reply and with one hacked reply: only `clean` changes (the
     fake judge and encoder see both replies alike, and both are new words to the conversation),
     so the hacked block loses exactly the clean weight."""
-    ctx = data.Context(id="t", persona_set="support", situation="exam",
+    ctx = scenarios.Context(id="t", persona_set="support", situation="exam",
                        first_message="I failed my exam and I feel terrible about it")
     clean_reply = "what would you tell a friend who failed"
 
@@ -228,7 +229,7 @@ def test_a_hacked_block_scores_lower(support, reply, flag):
 def test_block_reward_with_a_single_persona_is_defined():
     solo = PersonaSet("solo", "one companion", [Persona("Anchor", "listener", "Listens.", "Warm.", ["Hm."])],
                       ["listen"], ["warm"])
-    ctx = data.Context(id="t", persona_set="support", situation="exam", first_message="I failed my exam")
+    ctx = scenarios.Context(id="t", persona_set="support", situation="exam", first_message="I failed my exam")
     conv = Conversation(ctx, "support", "average", "test", 0)
     conv.turns = [Turn(USER, "I failed my exam"), Turn("Anchor", "that hurts"), Turn("Anchor", "plan one small step tonight")]
     enc = FakeEncoder({"that hurts": [1.0, 0.0], "plan one small step tonight": [0.6, 0.8]})
@@ -239,7 +240,7 @@ def test_block_reward_with_a_single_persona_is_defined():
 class HashEncoder:
     """Any text -> a fixed unit vector derived from its hash (for rollouts of generated text)."""
     def embed(self, texts):
-        rows = [torch.randn(8, generator=torch.Generator().manual_seed(data.derive_seed(t))) for t in texts]
+        rows = [torch.randn(8, generator=torch.Generator().manual_seed(common.derive_seed(t))) for t in texts]
         return torch.nn.functional.normalize(torch.stack(rows), dim=1)
 
 
@@ -267,8 +268,8 @@ def test_a_rollout_has_a_directive_at_every_turn(support, context):
     """The sampled directive directs the block's first turn, the director itself every later one
     (not a fixed rule without a directive); copies of one point share their seeds, so two equal
     directives give the same block word for word."""
-    model, tok = models.load_model("tiny")
-    profiles = data.load_profiles("data/profiles.json")
+    model, tok = loading.load_model("tiny")
+    profiles = scenarios.load_profiles("data/profiles.json")
     cast = Cast(support, model, tok, model, tok, max_new_tokens=4)
     follow = Scripted(["Guide", "Anchor"])
     rollout = dr.Rollout(cast, profiles, support, HashEncoder(), ConstJudge(), dr.RewardWeights(), n_turns=3,
@@ -296,8 +297,8 @@ def test_a_rollout_has_a_directive_at_every_turn(support, context):
 
 
 def test_held_out_evaluation_is_paired_and_directs_every_turn(support, context):
-    model, tok = models.load_model("tiny")
-    profiles = data.load_profiles("data/profiles.json")
+    model, tok = loading.load_model("tiny")
+    profiles = scenarios.load_profiles("data/profiles.json")
     cast = Cast(support, model, tok, model, tok, max_new_tokens=4)
     rollout = dr.Rollout(cast, profiles, support, HashEncoder(), ConstJudge(), dr.RewardWeights(), n_turns=2,
                          user_every=2)
@@ -351,13 +352,13 @@ def test_collapse_diagnostics_tell_a_constant_policy_from_a_context_dependent_on
     assert d["p_perm"] < 0.01
     r = dr.choice_diagnostics(random_like, stages, names)
     assert r["entropy"] > 1.5 and r["mi"] < d["mi"] and r["p_perm"] > 0.05
-    assert dr.stage_feature(conv_with(data.Context("t", "support", "s", "hi"), ["Anchor"] * 5)) == "3+"
+    assert dr.stage_feature(conv_with(scenarios.Context("t", "support", "s", "hi"), ["Anchor"] * 5)) == "3+"
 
 
 def test_rollouts_are_reproducible_with_a_fixed_seed(support):
-    model, tok = models.load_model("tiny")
-    profiles = data.load_profiles("data/profiles.json")
-    ctxs = data.load_contexts("bundled", "support")[:2]
+    model, tok = loading.load_model("tiny")
+    profiles = scenarios.load_profiles("data/profiles.json")
+    ctxs = scenarios.load_contexts("bundled", "support")[:2]
     cast = Cast(support, model, tok, model, tok, max_new_tokens=6)
 
     def once():
@@ -378,21 +379,21 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
     must shift its choice towards the least-spoken agent."""
     torch.manual_seed(0)
     names = ["Amy", "Bob", "Cal", "Dan"]                   # one token each in SmolLM2's vocabulary
-    base = data.load_personas("personas.json", "support")
+    base = scenarios.load_personas("personas.json", "support")
     personas = PersonaSet("test", "", [Persona(n, r, "d", "s", ["e"]) for n, r in
                                        zip(names, ["listener", "analyst", "encourager", "planner"])],
                           base.strategies, base.tones)
-    ctxs = data.load_contexts("bundled", "support")[:6]
+    ctxs = scenarios.load_contexts("bundled", "support")[:6]
     points = []
     for i, ctx in enumerate(ctxs):
         c = conv_with(ctx, ["Amy", "Bob", "Cal"], seed=i)
         c.turns.append(Turn(USER, "ok"))
         points.append(c)
     prompts = [dr.director_messages(personas, p) for p in points]
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     # Supervised warm start on the format (director.py, section 5), here with one-line targets.
     examples = [(prompts[k % 6], f"Agent: {names[random.Random(k).randrange(4)]}") for k in range(480)]
-    sft.supervised_finetune(model, tok, examples, steps=60, batch_size=8, lr=1e-2, log=lambda s: None)
+    warmstart.supervised_finetune(model, tok, examples, steps=60, batch_size=8, lr=1e-2, log=lambda s: None)
 
     def sample_prompts(step):
         idx = [(step * 2 + j) % 6 for j in range(2)]
@@ -414,9 +415,9 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
 
 
 def test_token_rows_hold_the_assistant_turn_with_its_end_marker():
-    tok = models.load_model("tiny")[1]
+    tok = loading.load_model("tiny")[1]
     messages = [{"role": "user", "content": "hi"}]
-    (prompt, completion), = sft.token_rows(tok, [(messages, "Agent: Anchor\nAction: validate\nTone: warm")])
+    (prompt, completion), = warmstart.token_rows(tok, [(messages, "Agent: Anchor\nAction: validate\nTone: warm")])
     assert tok.decode(prompt).endswith("<|im_start|>assistant\n")
     assert tok.decode(completion) == "Agent: Anchor\nAction: validate\nTone: warm<|im_end|>"
 
@@ -426,8 +427,8 @@ def test_supervised_steps_give_the_whole_batch_gradient(support, context, monkey
     # in one forward (lr 0, so the weights stay put). The step frees its gradients after the update,
     # so they are read when it clips them, just before.
     points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
-    examples = sft.format_examples(support, points, 4, seed=0)
-    model, tok = models.load_model("tiny")
+    examples = warmstart.format_examples(support, points, 4, seed=0)
+    model, tok = loading.load_model("tiny")
     grads, clip = {}, torch.nn.utils.clip_grad_norm_
 
     def clip_and_read(params, max_norm):
@@ -435,10 +436,10 @@ def test_supervised_steps_give_the_whole_batch_gradient(support, context, monkey
         grads.update({n: p.grad.clone() for n, p in model.named_parameters()})
         return norm
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_and_read)
-    loss = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=4, lr=0.0, log=lambda s: None)[0]
+    loss = warmstart.supervised_finetune(model, tok, examples, steps=1, batch_size=4, lr=0.0, log=lambda s: None)[0]
     monkeypatch.undo()
-    whole, _ = models.load_model("tiny")
-    logps, mask = grpo.target_logprobs(whole, tok.pad_token_id, sft.token_rows(tok, examples))   # (4, C)
+    whole, _ = loading.load_model("tiny")
+    logps, mask = grpo.target_logprobs(whole, tok.pad_token_id, warmstart.token_rows(tok, examples))   # (4, C)
     total = -(logps * mask).sum() / mask.sum()
     total.backward()
     torch.nn.utils.clip_grad_norm_(whole.parameters(), 1.0)   # as supervised_finetune clips before its step
@@ -455,9 +456,9 @@ def test_first_line_weight_is_a_weighted_mean_over_target_tokens(support, contex
     # log-probabilities: sum(w * -logp) / sum(w), with w = 5 on the tokens up to and including
     # the first newline and 1 after.
     points = [conv_with(context, ["Anchor"][:i % 2], seed=i) for i in range(2)]
-    examples = sft.format_examples(support, points, 2, seed=0)
-    model, tok = models.load_model("tiny")
-    rows = sft.token_rows(tok, examples)
+    examples = warmstart.format_examples(support, points, 2, seed=0)
+    model, tok = loading.load_model("tiny")
+    rows = warmstart.token_rows(tok, examples)
     with torch.no_grad():
         logps, mask = grpo.target_logprobs(model, tok.pad_token_id, rows)            # (2, C)
     num = den = 0.0
@@ -468,17 +469,17 @@ def test_first_line_weight_is_a_weighted_mean_over_target_tokens(support, contex
         w = [5.0] * k + [1.0] * (len(target) - k)
         num -= sum(wi * float(lp) for wi, lp in zip(w, logps[r, :len(target)]))
         den += sum(w)
-    loss = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None,
+    loss = warmstart.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None,
                                   first_line_weight=5.0)[0]
     assert loss == pytest.approx(num / den, rel=1e-5)
-    plain = sft.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None)[0]
+    plain = warmstart.supervised_finetune(model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None)[0]
     assert plain == pytest.approx(float(-(logps * mask).sum() / mask.sum()), rel=1e-5)
     assert loss != pytest.approx(plain, rel=1e-3)
 
 
 def test_format_examples_use_the_vocabularies_and_every_agent(support, context):
     points = [conv_with(context, [], seed=i) for i in range(3)]
-    examples = sft.format_examples(support, points, 40, seed=0)
+    examples = warmstart.format_examples(support, points, 40, seed=0)
     assert len(examples) == 40
     agents = set()
     for messages, target in examples:
@@ -491,15 +492,15 @@ def test_format_examples_use_the_vocabularies_and_every_agent(support, context):
 def test_format_warm_start_teaches_a_tiny_director_the_three_lines(support, context):
     """A random tiny model writes no parseable directive; 100 supervised steps make it write them."""
     torch.manual_seed(0)
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     points = [conv_with(context, ["Anchor", "Beacon"][:i % 3], seed=i) for i in range(4)]
     director = dr.LLMDirector(model, tok, support)
     before = sum(d.valid for d in director.choose(points))
-    examples = sft.format_examples(support, points, 800, seed=0)
+    examples = warmstart.format_examples(support, points, 800, seed=0)
     # lr 5e-3 settles by step ~80 at a loss of ~0.43 (the uniform agent/action/tone choices are
     # what is left). At 1e-2 the loss stays on a noisy plateau near 0.8, where whether the greedy
     # directives parse depends on the CPU's float summation order, so the test would not be stable.
-    losses = sft.supervised_finetune(model, tok, examples, steps=100, batch_size=8, lr=5e-3, log=lambda s: None)
+    losses = warmstart.supervised_finetune(model, tok, examples, steps=100, batch_size=8, lr=5e-3, log=lambda s: None)
     after = sum(d.valid for d in director.choose(points))
     print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f}; parseable {before}/4 -> {after}/4")
     assert losses[-1] < losses[0] / 10

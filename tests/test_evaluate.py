@@ -20,13 +20,16 @@ from collections import Counter
 import pytest
 import torch
 
-import data
 import evaluate
 import mascot
 import models
 import simulate
 from extras import evaluators
 from simulate import USER, Conversation, Directive, Turn, reply_text, role_setting, speaker_messages
+from plumbing import common
+from plumbing import files
+from plumbing import loading
+import scenarios
 
 
 def parse(argv):
@@ -55,7 +58,7 @@ def one_thread():
 def trained_run(tmp_path_factory):
     """A run folder with 'trained' speakers, director and SFT model (tiny random models, untrained)."""
     run = tmp_path_factory.mktemp("run")
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     for folder in (run / "stage1" / "speakers", run / "stage2" / "director", run / "sft" / "model"):
         model.save_pretrained(folder)
         tok.save_pretrained(folder)
@@ -186,7 +189,7 @@ def test_llm_judge_path_end_to_end(trained_run, tmp_path):
 
 
 def test_missing_checkpoints_are_skipped_with_the_command_that_makes_them(tmp_path):
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     model.save_pretrained(tmp_path / "stage1" / "speakers")
     tok.save_pretrained(tmp_path / "stage1" / "speakers")
     results = run(["--model", "tiny", "--contexts", "1", "--turns", "1", "--max-new-tokens", "2",
@@ -202,11 +205,11 @@ def test_missing_checkpoints_are_skipped_with_the_command_that_makes_them(tmp_pa
 
 
 def test_flag_errors_are_one_line_user_errors(tmp_path):
-    with pytest.raises(data.UserError, match="--systems"):
+    with pytest.raises(common.UserError, match="--systems"):
         evaluate.choose_systems("mascot,nonsense", {"trained": "x", "sft": "y", "trained-director": "z"})
-    with pytest.raises(data.UserError, match="--profiles"):
+    with pytest.raises(common.UserError, match="--profiles"):
         evaluate.profile_ids("average,calm", {"average": None})
-    with pytest.raises(data.UserError, match="--pairwise"):
+    with pytest.raises(common.UserError, match="--pairwise"):
         run(["--model", "tiny", "--run", str(tmp_path), "--pairwise", "mascot,mascot"])
     assert not (tmp_path / "eval" / "config.json").exists()           # refused before any work
 
@@ -219,10 +222,10 @@ def test_contexts_are_crossed_with_every_profile():
     assert plan == [("c0", "p"), ("c0", "q"), ("c1", "p"), ("c1", "q")]
     assert evaluate.plan_conversations(["c0", "c1"], 5, ["avg"]) == [("c0", "avg"), ("c1", "avg")]
     # 'all' = the ten one-trait profiles of the shipped file; the all-average one is left out.
-    profiles = data.load_profiles(mascot.ROOT / "data" / "profiles.json")
+    profiles = scenarios.load_profiles(mascot.ROOT / "data" / "profiles.json")
     ids = evaluate.profile_ids("all", profiles)
     assert len(ids) == 10 and "average" not in ids
-    assert sorted({profiles[i].trait() for i in ids}) == sorted(data.BIG_FIVE)
+    assert sorted({profiles[i].trait() for i in ids}) == sorted(scenarios.BIG_FIVE)
     assert profiles["average"].trait() == "average"
 
 
@@ -231,7 +234,7 @@ def test_profiles_all_reports_per_trait(trained_run, tmp_path):
                    "--run", str(tmp_path), "--systems", "round-robin", "--profiles", "all", "--no-persona-id"])
     entry = results["systems"]["round-robin"]
     assert entry["n"] == 10 and results["slice_fields"][-2:] == ["profile", "trait"]
-    assert set(entry["slices"]["trait"]) == set(data.BIG_FIVE)
+    assert set(entry["slices"]["trait"]) == set(scenarios.BIG_FIVE)
     assert all(sl["n"] == 2 for sl in entry["slices"]["trait"].values())     # high and low
     assert "## Per trait" in (tmp_path / "eval" / "results.md").read_text()
 
@@ -239,11 +242,11 @@ def test_profiles_all_reports_per_trait(trained_run, tmp_path):
 # ------------------------------------------------------------------ prompt styles
 
 def personas():
-    return data.load_personas(mascot.ROOT / "personas.json", "support")
+    return scenarios.load_personas(mascot.ROOT / "personas.json", "support")
 
 
 def context():
-    return data.Context("t-1", "support", "I failed my driving test.", "I failed again today.",
+    return scenarios.Context("t-1", "support", "I failed my driving test.", "I failed again today.",
                         emotion="sad", valence="negative")
 
 
@@ -251,7 +254,7 @@ def test_every_style_gets_the_same_card_and_conversation():
     ps = personas()
     anchor = ps.find("Anchor")
     turns = [Turn(USER, "I failed again today.")]
-    examples = data.asset("fewshot.json")["support"]
+    examples = files.asset("fewshot.json")["support"]
     prompts = {style: speaker_messages(anchor, ps, context(), turns, style=style,
                                        examples=examples if "few-shot" in style else ())
                for style in ("persona", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot")}
@@ -329,7 +332,7 @@ class FakeJudge:
         return [self.complete(p, max_new_tokens) for p in prompts]
 
     def rate_many(self, prompts, max_new_tokens=32):       # as judge.Judge.rate_many, with our parser
-        from extras.judges import parse_rubric_score
+        from judge import parse_rubric_score
         return [parse_rubric_score(a) for a in self.complete_many(prompts, max_new_tokens)]
 
 
@@ -458,7 +461,7 @@ def test_persona_names_are_masked_before_scoring():
     assert evaluators.mask_names("Ask J.D. (J.D. knows)", ["J.D."]) == "Ask Alex (Alex knows)"
     assert not any(evaluators.NEUTRAL_NAME in evaluators.card_text(p) for p in personas().personas)
     # A reply that signs with its speaker's name scores exactly as the same reply signed "Alex".
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     ident = evaluators.PersonaIdentifier(model, tok, personas())
     signed, neutral = (evaluators.Item("Anchor", "I failed.", [("User", "I failed my test.")], f"{name} here: that hurts.")
                        for name in ("Anchor", "Alex"))
@@ -468,7 +471,7 @@ def test_persona_names_are_masked_before_scoring():
 
 def test_persona_id_logprobs_match_a_plain_forward_pass():
     # The batched, padded scoring must equal sum log softmax of one unpadded forward pass.
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     ps = personas()
     ident = evaluators.PersonaIdentifier(model, tok, ps)
     # The last two share the first one's prompt (as judge-stress's candidates do), so their rows
@@ -557,7 +560,7 @@ class CrisisAlways:
 
 
 def test_a_conversation_comes_back_from_its_transcript_row():
-    ctx = data.Context("c-1", "support", "Lost my job.", "I lost my job today.")
+    ctx = scenarios.Context("c-1", "support", "Lost my job.", "I lost my job today.")
     conv = simulate.start_conversation(ctx, "support", "average", "round-robin", 3)
     conv.turns.append(simulate.Turn("Anchor", "That is hard.", simulate.Directive("Anchor", "validate", "warm")))
     simulate.add_user_turn(conv, "I want to end my life tonight.", CrisisAlways())
@@ -565,7 +568,7 @@ def test_a_conversation_comes_back_from_its_transcript_row():
     back = conversation_from_json(json.loads(json.dumps(conv.to_json())), ctx)
     assert back == conv and back.ended
     with pytest.raises(ValueError, match="c-2"):
-        conversation_from_json(conv.to_json(), data.Context("c-2", "support", "x", "y"))
+        conversation_from_json(conv.to_json(), scenarios.Context("c-2", "support", "x", "y"))
 
 
 def test_every_crisis_stop_is_listed_once_with_its_category_and_score():

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import grpo
-import models
+from plumbing import loading
+from plumbing import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +47,7 @@ def config(**kw):
 
 
 def test_grpo_raises_a_programmatic_reward_on_the_tiny_model(tmp_path):
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     sample_prompts, reward_fn = low_id_task(tok)
     # 12 steps: over seeds 0-7 the first two steps average 0.45-0.55 and the last three 0.98-1.00.
     # The sampled tokens depend on the last bits of the logits, so another CPU's kernels can send a
@@ -63,15 +64,15 @@ def test_grpo_raises_a_programmatic_reward_on_the_tiny_model(tmp_path):
 
 
 def test_checkpoint_round_trip_and_resume_refuses_without_one(tmp_path):
-    from data import UserError
-    model, tok = models.load_model("tiny")
+    from plumbing.common import UserError
+    model, tok = loading.load_model("tiny")
     sample_prompts, reward_fn = low_id_task(tok)
     with pytest.raises(UserError, match="--resume"):
         grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=2), tmp_path, resume=True,
                         log=lambda s: None)
     grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=2, save_steps=1), tmp_path,
                     log=lambda s: None)
-    ckpt = grpo.checkpoints(tmp_path / "checkpoints")[0]                    # the newest complete one
+    ckpt = runs.checkpoints(tmp_path / "checkpoints")[0]                    # the newest complete one
     assert ckpt.name == "ckpt-000002" and not list((tmp_path / "checkpoints").glob("*.tmp"))
     # Every file of a checkpoint is safetensors or JSON: nothing needs pickle to load.
     suffixes = {p.suffix for p in ckpt.rglob("*") if p.is_file()}
@@ -85,10 +86,11 @@ os.environ.setdefault("MASCOT_CACHE", {cache!r})
 import torch
 torch.set_num_threads(1)
 from pathlib import Path
-import grpo, models
+import grpo
+from plumbing import loading
 sys.path.insert(0, {tests!r})
 from test_grpo_loop import low_id_task, config
-model, tok = models.load_model("tiny")
+model, tok = loading.load_model("tiny")
 sample_prompts, reward_fn = low_id_task(tok)
 out = Path(sys.argv[1])
 def log(line):
@@ -136,8 +138,8 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
 
 
 def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
-    from data import UserError
-    model, tok = models.load_model("tiny")
+    from plumbing.common import UserError
+    model, tok = loading.load_model("tiny")
     sample_prompts, _ = low_id_task(tok)
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -151,7 +153,7 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
     assert len(rows) == 3 and all(r["skipped"] for r in rows)
     for k, v in model.state_dict().items():            # no NaN update was ever applied
         assert torch.equal(v, before[k]), k
-    assert grpo.checkpoints(tmp_path / "checkpoints") != []
+    assert runs.checkpoints(tmp_path / "checkpoints") != []
 
 
 def test_the_step_line_shows_hacking_in_either_stage():
@@ -182,12 +184,12 @@ def test_an_interrupt_says_how_to_go_on(monkeypatch, capsys):
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, damage, capsys):
     """A truncated safetensors file or garbage state.json in the newest checkpoint: resume warns and
     continues from the previous complete checkpoint (no traceback), then runs to the end."""
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     sample_prompts, reward_fn = low_id_task(tok)
     grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=2, save_steps=1), tmp_path, log=lambda s: None)
     broken = tmp_path / "checkpoints" / "ckpt-000002" / damage
     broken.write_bytes(b"{not json" if damage == "state.json" else broken.read_bytes()[:100])
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     lines = []
     rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=3, save_steps=1), tmp_path, resume=True,
                            log=lines.append)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpo  # noqa: E402
 import models  # noqa: E402
+from plumbing import loading
 
 B, P, C = 6, 6, 5                         # 2 prompts x G = 3, prompt width 6, completion width 5
 PROMPT_LENS = [6, 4, 6, 3, 5, 6]          # left padding differs per row
@@ -45,8 +46,8 @@ LOSS_TOL = FP32_SUM * 1.0                # loss terms are at most ~1 in size
 @pytest.fixture(scope="module")
 def tiny():
     """(policy, reference, tokenizer): two differently seeded tiny Llamas, so the KL is not 0."""
-    policy, tok = models.load_model("tiny")
-    ref = models.tiny_model(tok, seed=1).eval()
+    policy, tok = loading.load_model("tiny")
+    ref = loading.tiny_model(tok, seed=1).eval()
     return policy, ref, tok
 
 

@@ -8,12 +8,12 @@ import doctest
 
 import pytest
 
-import data
 import metrics
 import reward
 from simulate import USER, Turn
+import scenarios
 
-PERSONAS = data.load_personas("personas.json", "support")
+PERSONAS = scenarios.load_personas("personas.json", "support")
 ANCHOR = PERSONAS.find("Anchor")
 CARD = [ANCHOR.role, ANCHOR.description, ANCHOR.style, *ANCHOR.examples]
 NAMES = PERSONAS.names()
@@ -97,7 +97,7 @@ OTHER_EXAMPLES = [e for p in PERSONAS.personas if p.name != "Anchor" for e in p.
 
 
 def state(history, situation=SITUATION) -> reward.State:
-    context = data.Context("cat", "support", situation, history[0].text)
+    context = scenarios.Context("cat", "support", situation, history[0].text)
     return reward.State("train-0000", "train", context, "Anchor", history)
 
 
@@ -130,6 +130,6 @@ def test_generator_is_reproducible_and_skips_kinds_a_state_cannot_have():
     src = source()
     assert reward.make_hacks(src, PERSONAS, 3) == reward.make_hacks(src, PERSONAS, 3)
     # No earlier companion turn: nothing to echo. A set of one persona: no other persona's lines.
-    alone = data.PersonaSet("support", PERSONAS.description, [ANCHOR], PERSONAS.strategies, PERSONAS.tones)
+    alone = scenarios.PersonaSet("support", PERSONAS.description, [ANCHOR], PERSONAS.strategies, PERSONAS.tones)
     bare = reward.make_hacks(state([Turn(USER, "Hi.")], "A bad day."), alone, 0)
     assert "echoes-agent" not in bare and "off-role" not in bare

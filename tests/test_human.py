@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-import data
 import mascot
 from extras import human
+from plumbing import common
 
 
 # ------------------------------------------------------------------ Mann-Whitney U, Cohen's and Fleiss' kappa
@@ -139,11 +139,11 @@ def test_analysis_matches_hand_computed_values():
 def test_bad_records_are_one_line_errors(tmp_path):
     path = tmp_path / "a.jsonl"
     path.write_text(json.dumps(judgement("r1", 0, "zero-shot")) + "\n")
-    with pytest.raises(data.UserError, match="line 1: 'choice' must be one of"):
+    with pytest.raises(common.UserError, match="line 1: 'choice' must be one of"):
         human.load_records(path)
     bad = judgement("r1", 0, "mascot", 7, 3)
     path.write_text(json.dumps(bad) + "\n")
-    with pytest.raises(data.UserError, match="ratings 1-5"):
+    with pytest.raises(common.UserError, match="ratings 1-5"):
         human.load_records(path)
 
 
@@ -272,10 +272,10 @@ def test_command_line_errors(tmp_path, capsys):
     for r in rows:
         r["profile"] = "p2" if r["system"] == "few-shot-cot" else r["profile"]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"system": "x"}) + "\n")
-    with pytest.raises(data.UserError, match="line 10 lacks 'seed'"):
+    with pytest.raises(common.UserError, match="line 10 lacks 'seed'"):
         human.load_items(tmp_path / "t.jsonl", "mascot", "few-shot-cot")
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(data.UserError, match="share no conversation"):
+    with pytest.raises(common.UserError, match="share no conversation"):
         human.load_items(tmp_path / "t.jsonl", "mascot", "few-shot-cot")
 
 

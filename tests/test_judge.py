@@ -18,15 +18,17 @@ from pathlib import Path
 
 import pytest
 
-import data
 import judge
 import mascot
 import reward
-from data import AnswerCache, UserError
-from extras import judges, served
+from plumbing.files import AnswerCache
+from plumbing.common import UserError
+from extras import judges
 from fake_openai import FakeServer, completion
 from judge import JudgeState, Verdict
 from simulate import USER, Turn
+from plumbing import served
+import scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-test-DO-NOT-LEAK-8f3a2c"
@@ -375,7 +377,7 @@ def test_unreadable_answers_are_counted_in_pair_evaluation():
     ("The better reply is B.", 1), ("Reply A is the better one.", 0), ("I prefer B", 1),
     ("**B** is better", 1), ("A: it stays in character", 0), ("Reply A is better than reply B", 0)])
 def test_parse_ab(text, expected):
-    assert judges.parse_ab(text) == expected
+    assert judge.parse_ab(text) == expected
 
 
 # ----------------------------------------------------------------------------------------------
@@ -383,7 +385,7 @@ def test_parse_ab(text, expected):
 # ----------------------------------------------------------------------------------------------
 
 def test_hf_judge_on_the_tiny_model(tmp_path):
-    j = judges.HFJudge("tiny", cache_path=tmp_path / "hf.jsonl")
+    j = judge.HFJudge("tiny", cache_path=tmp_path / "hf.jsonl")
     v = j.compare(STATE, "You sound exhausted.", "Book a lesson.")
     assert v.preferred in (0, 1, None) and 0.0 <= v.p_first <= 1.0
     assert 0.0 <= v.detail["p_ab"] <= 1.0 and 0.0 <= v.detail["p_ba"] <= 1.0
@@ -397,9 +399,9 @@ def test_hf_judge_on_the_tiny_model(tmp_path):
 
 
 def test_combine_orders():
-    assert judges.combine_orders(0.9, 0.7).preferred == 0
-    assert judges.combine_orders(0.2, 0.4).preferred == 1
-    flip = judges.combine_orders(0.9, 0.2)                     # each order prefers position A
+    assert judge.combine_orders(0.9, 0.7).preferred == 0
+    assert judge.combine_orders(0.2, 0.4).preferred == 1
+    flip = judge.combine_orders(0.9, 0.2)                     # each order prefers position A
     assert flip.preferred is None and flip.p_first == pytest.approx(0.55)
 
 
@@ -527,7 +529,7 @@ class HashEncoder:
 
 
 def all_sets():
-    return [data.load_personas("personas.json", s) for s in data.persona_sets("personas.json")]
+    return [scenarios.load_personas("personas.json", s) for s in scenarios.persona_sets("personas.json")]
 
 
 def test_offline_name_changes_with_the_recipe_and_persona_cards_are_found():
@@ -535,7 +537,7 @@ def test_offline_name_changes_with_the_recipe_and_persona_cards_are_found():
     assert base.name == judge.OfflineJudge(all_sets(), encoder=HashEncoder()).name
     assert judge.OfflineJudge(all_sets(), encoder=HashEncoder(),
                               weights={**judge.OFFLINE_WEIGHTS, "persona": 1.0}).name != base.name
-    fewer = [data.load_personas("personas.json", "support")]
+    fewer = [scenarios.load_personas("personas.json", "support")]
     assert judge.OfflineJudge(fewer, encoder=HashEncoder()).name != base.name
     # A speaker is matched to its card by name and role; a stranger who shares the name is not.
     anchor = JudgeState("Anchor", "emotional validator: names feelings", "hi")
@@ -568,8 +570,8 @@ def generated_cases():
     user's first message, then another companion's example line (reward.make_hacks)."""
     cases = []
     for set_name in ("support", "meeting"):
-        personas = data.load_personas("personas.json", set_name)
-        for ctx in data.load_contexts("bundled", set_name)[:2]:
+        personas = scenarios.load_personas("personas.json", set_name)
+        for ctx in scenarios.load_contexts("bundled", set_name)[:2]:
             for k, p in enumerate(personas.personas):
                 others = [q for q in personas.personas if q.name != p.name]
                 earlier = others[k % len(others)]
@@ -679,8 +681,8 @@ def test_judge_reply_parsers_never_raise_on_fuzzed_text():
     answer return a verdict or None; they never raise."""
     import random as _random
     import string as _string
-    from extras.judges import parse_ab
-    from extras.judges import parse_rubric_score
+    from judge import parse_ab
+    from judge import parse_rubric_score
     rng = _random.Random(1)
     alphabet = _string.printable + "ÄäÆ€🙂\u200b\u0000１２３"
     tricky = ["A", "B", "a or b", "Answer: B", "**A**", "Reply A is better, no wait B", "AB", "", " ",
@@ -693,8 +695,8 @@ def test_judge_reply_parsers_never_raise_on_fuzzed_text():
 def test_stage1_counts_unreadable_answers_and_blames_the_judge():
     """An LLM judge whose every answer is unreadable gives no pairs; stage 1 must say it was the
     judge (reward.build_pairs), not leave 'no training pairs' to the reward model."""
-    personas = data.load_personas(ROOT / "personas.json", "support")
-    contexts = data.load_contexts("bundled", "support")[:2]
+    personas = scenarios.load_personas(ROOT / "personas.json", "support")
+    contexts = scenarios.load_contexts("bundled", "support")[:2]
     states = reward.build_states(contexts, personas, 2, 0, {}, "train")
     candidates = [["one reply", "another reply", "a third"] for _ in states]
     with FakeServer([completion("I cannot decide.")]) as server:
@@ -714,7 +716,7 @@ def test_stage1_counts_unreadable_answers_and_blames_the_judge():
             return [self.scores[["one reply", "another reply", "a third"].index(r)] for r in replies]
 
         def _compare_uncached(self, states, firsts, seconds):
-            return [judges.combine_orders(None, None) for _ in firsts]
+            return [judge.combine_orders(None, None) for _ in firsts]
 
     def blame(j):
         with pytest.raises(UserError, match="confirmed no preference pair") as err:
@@ -740,8 +742,8 @@ def test_stage1_asks_its_comparisons_in_rounds_across_states():
             self.batches.append(len(firsts))
             return [Verdict(0, 1.0, {}) for _ in firsts]              # always confirms
 
-    personas = data.load_personas(ROOT / "personas.json", "support")
-    states = reward.build_states(data.load_contexts("bundled", "support")[:3], personas, 3, 0, {}, "train")
+    personas = scenarios.load_personas(ROOT / "personas.json", "support")
+    states = reward.build_states(scenarios.load_contexts("bundled", "support")[:3], personas, 3, 0, {}, "train")
     candidates = [[f"reply {k} {m}" for m in range(5)] for k in range(len(states))]
     j = Recording()
     pairs = reward.judge_pairs(states, candidates, personas, j, 0.05, max_pairs=2)
@@ -800,7 +802,7 @@ def test_persona_id_validation_counts_pairs():
             table = [[-1.0, -3.0, -3.0, -3.0] if it.reply == "b" else [-3.0, -1.0, -3.0, -3.0] for it in items]
             return table, table
 
-    ident = ByText(None, None, data.load_personas("personas.json", "support"))
+    ident = ByText(None, None, scenarios.load_personas("personas.json", "support"))
     result = judges.validate(lambda name: ident, [pair] * 3)
     assert result["wrong-role"] == {"n": 3, "prefers_better": 3, "ties": 0, "id_correct": 3, "p_value": 0.25}
 
@@ -882,7 +884,7 @@ def test_within_state_correlation_by_hand():
     ("3 stars out of 5", 3),
 ])
 def test_parse_rubric_score_well_formed(text, expected):
-    assert judges.parse_rubric_score(text) == expected
+    assert judge.parse_rubric_score(text) == expected
 
 
 @pytest.mark.parametrize("text", [
@@ -898,12 +900,12 @@ def test_parse_rubric_score_well_formed(text, expected):
     "4 stars, no, 2 stars",            # contradictory
 ])
 def test_parse_rubric_score_malformed_is_none(text):
-    assert judges.parse_rubric_score(text) is None
+    assert judge.parse_rubric_score(text) is None
 
 
 def test_parse_rubric_score_other_scale_and_non_str():
-    assert judges.parse_rubric_score("Score: 8/10", lo=1, hi=10) == 8
-    assert judges.parse_rubric_score(None) is None
+    assert judge.parse_rubric_score("Score: 8/10", lo=1, hi=10) == 8
+    assert judge.parse_rubric_score(None) is None
 
 
 def test_parse_rubric_score_fuzz_never_raises():
@@ -917,5 +919,5 @@ def test_parse_rubric_score_fuzz_never_raises():
                 parts.append(rng.choice(pieces))
             else:  # random code points, surrogates included
                 parts.append("".join(chr(rng.randint(0, 0x10FFFF)) for _ in range(rng.randint(1, 4))))
-        result = judges.parse_rubric_score("".join(parts))
+        result = judge.parse_rubric_score("".join(parts))
         assert result is None or (type(result) is int and 1 <= result <= 5)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import models
+from plumbing import loading
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_PYTHON = Path(os.environ.get("MASCOT_LLAMA_PYTHON", ROOT / ".venv-llama" / "bin" / "python"))
@@ -41,7 +41,7 @@ def server():
         if os.environ.get("MASCOT_REQUIRE_LLAMA") == "1":
             pytest.fail(f"MASCOT_REQUIRE_LLAMA=1 but {LLAMA_PYTHON} is missing (make llama)")
         pytest.skip(f"no llama.cpp server: {LLAMA_PYTHON} is missing (make llama)")
-    gguf = models.package_folder(models.GGUF_PACKAGE) / models.GGUF_FILE
+    gguf = loading.package_folder(loading.GGUF_PACKAGE) / loading.GGUF_FILE
     port = free_port()
     log = open(ROOT / ".cache" / "llama_server.log", "w") if (ROOT / ".cache").is_dir() else subprocess.DEVNULL
     proc = subprocess.Popen([str(LLAMA_PYTHON), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",

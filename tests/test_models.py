@@ -9,17 +9,19 @@ import pytest
 import torch
 
 import models
-from data import UserError
+from plumbing.common import UserError
+from plumbing import devices
+from plumbing import loading
 
 CHATS = [[{"role": "system", "content": "You are Anchor, a warm listener."},
           {"role": "user", "content": "I failed my driving test today and I feel stupid."}],
          [{"role": "user", "content": "Hi!"}]]
 
 def test_embedded_model_loads_from_cache_and_speaks(smol):
-    folder = models.embedded_model_folder()
+    folder = loading.embedded_model_folder()
     assert (folder / "model.safetensors").exists() and (folder / "config.json").exists()
     t0 = time.time()
-    model, tok = models.load_model("smollm2-135m")      # second load: from the safetensors cache
+    model, tok = loading.load_model("smollm2-135m")      # second load: from the safetensors cache
     elapsed = time.time() - t0
     assert "quantization_config" not in model.config.to_dict()
     assert sum(p.numel() for p in model.parameters()) > 100_000_000
@@ -30,7 +32,7 @@ def test_embedded_model_loads_from_cache_and_speaks(smol):
 
 def test_tiny_model_is_seeded_and_shares_the_tokenizer(tiny):
     model, tok = tiny
-    again, _ = models.load_model("tiny")
+    again, _ = loading.load_model("tiny")
     for a, b in zip(model.parameters(), again.parameters()):
         assert torch.equal(a, b)
     assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
@@ -41,7 +43,7 @@ def test_a_frozen_model_computes_the_same(smol):
     # frozen=True: no gradients, the same weights; so the same logits and the same greedy reply
     # (the same kernels on the same shapes in one process: equal bit for bit, whatever the CPU).
     model, tok = smol
-    frozen, _ = models.load_model("smollm2-135m", frozen=True)
+    frozen, _ = loading.load_model("smollm2-135m", frozen=True)
     assert not any(p.requires_grad for p in frozen.parameters())
     assert all(p.requires_grad for p in model.parameters())
     ids, mask = models.left_pad(models.chat_prompt_ids(tok, CHATS), tok.pad_token_id)
@@ -58,9 +60,9 @@ def test_a_frozen_model_lets_go_of_the_weight_file(smol):
     # The weights are read through the memory-mapped safetensors file; if the model's tensors
     # kept pointing into the mapping, all it read would stay resident on top of the model's own
     # copies: 1.11 GB after loading a frozen SmolLM2-135M instead of ~0.7 GB.
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); import models\n"
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from plumbing import loading\n"
               "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
-              "before = rss(); models.load_model('smollm2-135m', frozen=True); print((rss() - before) / 1e9)")
+              "before = rss(); loading.load_model('smollm2-135m', frozen=True); print((rss() - before) / 1e9)")
     root = Path(__file__).resolve().parents[1]
     grown = float(subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True,
                                  check=True).stdout.split()[-1])
@@ -71,10 +73,10 @@ def test_missing_model_is_a_one_line_error(tmp_path):
     empty = tmp_path / "not-a-model"
     empty.mkdir()
     with pytest.raises(UserError) as err:
-        models.load_model(str(empty))
+        loading.load_model(str(empty))
     assert "config.json" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(UserError) as err:
-        models.load_model("no-such-org/no-such-model-xyz")
+        loading.load_model("no-such-org/no-such-model-xyz")
     assert "no-such-org/no-such-model-xyz" in str(err.value) and "\n" not in str(err.value)
 
 
@@ -109,21 +111,21 @@ def test_bf16_is_native_only_where_pytorch_dispatches_avx512_kernels(monkeypatch
     # ("pack_vnni2 is only supported when avx512 is supported"): fp32 must be chosen there.
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
-    assert not models.native_bf16("cpu")
+    assert not devices.native_bf16("cpu")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    assert not models.native_bf16("cpu")
+    assert not devices.native_bf16("cpu")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    assert models.native_bf16("cpu")
+    assert devices.native_bf16("cpu")
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
-    assert not models.native_bf16("cpu")            # AVX-512 without BF16 or AMX: bf16 is emulated
+    assert not devices.native_bf16("cpu")            # AVX-512 without BF16 or AMX: bf16 is emulated
 
 
 def test_a_hub_id_without_a_network_fails_at_once_from_the_cache_only(monkeypatch):
     """Offline, the hub's client retries a hub id for ~50 s; one refused connection sends the load to the
     local cache (local_files_only) and the error comes at once, naming the flag."""
     import socket
-    from data import UserError
+    from plumbing.common import UserError
     seen = []
 
     def unreachable(*a, **k):
@@ -133,7 +135,7 @@ def test_a_hub_id_without_a_network_fails_at_once_from_the_cache_only(monkeypatc
         seen.append(kw.get("local_files_only"))
         raise OSError(f"{source} is not in the cache")
     monkeypatch.setattr(socket, "create_connection", unreachable)
-    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", from_pretrained)
     with pytest.raises(UserError, match="--speakers someone/no-such-model: not a local model folder"):
-        models.load_model("someone/no-such-model", flag="--speakers")
+        loading.load_model("someone/no-such-model", flag="--speakers")
     assert seen == [True]

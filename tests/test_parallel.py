@@ -2,7 +2,7 @@
 
 Each process is a real `python` with torchrun's environment variables (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT), running one grpo.grpo_step on the tiny model: with one process through
-grpo.OneProcess, with two through multigpu.Ranks. After the step the weights of rank 0 must equal
+grpo.OneProcess, with two through parallel.Ranks. After the step the weights of rank 0 must equal
 those of the single process on the same global batch to 1e-6, for both loss normalisations, with
 micro-batch accumulation on. Then the CLI under torchrun.
 """
@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from plumbing import parallel
+from plumbing.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,11 +27,12 @@ import argparse, json, os, sys
 sys.path.insert(0, sys.argv[1])
 import torch
 from safetensors.torch import save_file
-import grpo, models
-from extras.multigpu import Ranks
+import grpo
+from plumbing.loading import load_model
+from plumbing.parallel import OneProcess, Ranks
 torch.set_num_threads(1)
-ranks = Ranks(argparse.Namespace(device="cpu")) if int(os.environ["WORLD_SIZE"]) > 1 else grpo.OneProcess()
-model, tok = models.load_model("tiny")
+ranks = Ranks(argparse.Namespace(device="cpu")) if int(os.environ["WORLD_SIZE"]) > 1 else OneProcess()
+model, tok = load_model("tiny")
 cfg = grpo.GRPOConfig(seed=3, max_new_tokens=6, prompts_per_step=4, num_generations=2, learning_rate=1e-4, beta=0.0,
                       warmup_steps=0, micro_batch=3, loss_type=sys.argv[3])
 # Four prompts of the same length (equal left padding everywhere), four groups of two.
@@ -79,7 +82,7 @@ def test_two_processes_take_the_one_process_step(tmp_path, loss_type):
     for key in ("reward", "reward_std", "loss", "grad_norm", "completions/mean_length"):
         assert two["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-7)
     a, b = load_file(str(tmp_path / "one.safetensors")), load_file(str(tmp_path / "two.safetensors"))
-    before = __import__("models").load_model("tiny")[0].state_dict()
+    before = load_model("tiny")[0].state_dict()
     moved = max((a[k] - before[k]).abs().max().item() for k in a)
     assert moved > 1e-5                                           # the step did change the weights
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
@@ -124,7 +127,7 @@ def test_the_process_group_gets_the_explicit_timeout(monkeypatch):
     # minutes, not the backend's default (NCCL's would stop a run with a slow judge).
     import argparse
     from datetime import timedelta
-    from extras import multigpu
+    from plumbing import parallel as multigpu
     seen = {}
     monkeypatch.setenv("WORLD_SIZE", "2")
     for name, value in {"is_initialized": lambda: False, "get_rank": lambda: 0, "get_world_size": lambda: 2,
@@ -133,5 +136,5 @@ def test_the_process_group_gets_the_explicit_timeout(monkeypatch):
                         }.items():
         monkeypatch.setattr(multigpu.dist, name, value)
     monkeypatch.setattr(multigpu.atexit, "register", lambda f: None)
-    multigpu.Ranks(argparse.Namespace(device="cpu", prompts_per_step=2, dist_timeout=7.5))
+    parallel.Ranks(argparse.Namespace(device="cpu", prompts_per_step=2, dist_timeout=7.5))
     assert seen == {"backend": "gloo", "timeout": timedelta(minutes=7.5)}

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import data
 import reward
 from simulate import JudgeState
+from plumbing import common
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -294,7 +294,7 @@ def test_a_first_format_reward_model_folder_says_how_to_convert(tmp_path):
     old = tmp_path / "old"
     old.mkdir()
     (old / "reward_config.json").write_text(json.dumps({"format": "mascot-reward-model", "base_model": "tiny"}))
-    with pytest.raises(data.UserError, match="first format.*--resume.*pairs.jsonl"):
+    with pytest.raises(common.UserError, match="first format.*--resume.*pairs.jsonl"):
         reward.RewardModel.load(old)
 
 
@@ -303,11 +303,11 @@ def test_load_or_overwrite_a_wrong_folder_is_a_user_error(tiny_rm, tmp_path):
     not_rm = tmp_path / "speaker-checkpoint"
     not_rm.mkdir()
     (not_rm / "config.json").write_text("{}")
-    with pytest.raises(data.UserError, match="speaker-checkpoint"):
+    with pytest.raises(common.UserError, match="speaker-checkpoint"):
         reward.RewardModel.load(not_rm)
-    with pytest.raises(data.UserError, match="nowhere"):
+    with pytest.raises(common.UserError, match="nowhere"):
         reward.RewardModel.load(tmp_path / "nowhere")
-    with pytest.raises(data.UserError, match="not a reward model"):
+    with pytest.raises(common.UserError, match="not a reward model"):
         rm.save(not_rm, tok)                                       # would delete someone's folder
     assert (not_rm / "config.json").exists()
 

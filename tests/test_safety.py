@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from data import UserError
+from plumbing.common import UserError
 from extras import safety
 from extras import train_crisis_probe as training
 

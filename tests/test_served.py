@@ -12,12 +12,12 @@ import threading
 
 import pytest
 
-import data
 import mascot
 import models
 import simulate
-from extras.served import ServedModel
+from plumbing.served import ServedModel
 from fake_openai import FakeServer, completion
+from plumbing import common
 
 CHAT = [{"role": "system", "content": "You are Anchor, a warm listener."},
         {"role": "user", "content": "I failed my driving test today."}]
@@ -71,7 +71,7 @@ def test_requests_overlap_up_to_the_concurrency_and_an_interrupted_batch_keeps_i
 
     with FakeServer([slow]) as server:
         model = served(server.url, tmp_path, concurrency=3)
-        with pytest.raises(data.UserError, match="prompt too long"):
+        with pytest.raises(common.UserError, match="prompt too long"):
             model.generate_texts([CHAT] * 8, 8, seeds=list(range(8)))
         assert server.max_active <= 3 and server.max_active >= 2
         kept = len(model.cache)
@@ -88,13 +88,13 @@ def test_requests_overlap_up_to_the_concurrency_and_an_interrupted_batch_keeps_i
 def test_a_served_role_needs_its_model_name_and_a_url():
     args = argparse.Namespace(speakers_model=None, served_timeout=5, served_retries=0, served_concurrency=2,
                               device="cpu")
-    with pytest.raises(data.UserError, match="--speakers-model"):
+    with pytest.raises(common.UserError, match="--speakers-model"):
         mascot.load_role("openai:http://127.0.0.1:9/v1", "speakers", args)
     args.speakers_model = "m"
-    with pytest.raises(data.UserError, match="http"):
+    with pytest.raises(common.UserError, match="http"):
         mascot.load_role("openai:localhost:8000/v1", "speakers", args)
     # Checked with one tiny request before any work: nothing listens on port 9.
-    with pytest.raises(data.UserError, match="preflight"):
+    with pytest.raises(common.UserError, match="preflight"):
         mascot.load_role("openai:http://127.0.0.1:9/v1", "speakers", args)
 
 

@@ -15,18 +15,20 @@ from conftest import ROOT, dataset
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import data
 import director as dr
-import grpo
 import judge
 import metrics
 import mascot
 import models
 import simulate
-from data import SUPPORT_STRATEGIES, UserError, load_personas
-from extras import sft
+from scenarios import load_personas, SUPPORT_STRATEGIES
+from plumbing.common import UserError
 from extras import strategies as st
 from simulate import USER, Conversation, Directive, JudgeState, Turn
+from plumbing import loading
+from plumbing import runs
+import scenarios
+import warmstart
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def esconv(path: str):
 
 def held_out_turns(n: int):
     """n labelled supporter turns of the dialogues `strategies` holds out by default (seed 0, 25%)."""
-    _, held = data.split_contexts(esconv(str(dataset("esconv/train.jsonl"))), 0.25, 0)
+    _, held = scenarios.split_contexts(esconv(str(dataset("esconv/train.jsonl"))), 0.25, 0)
     rows = st.labelled_turns(held)
     return rows[::len(rows) // n][:n]
 
@@ -48,9 +50,9 @@ def held_out_turns(n: int):
 def test_the_cards_give_every_strategy_but_others_to_one_persona(support):
     owners = Counter(s for p in support.personas for s in p.esconv_strategies)
     assert set(owners) == set(SUPPORT_STRATEGIES) - {"Others"} and set(owners.values()) == {1}
-    assert all(st.directive_for(s, support).agent in support.names() for s in owners)
-    assert st.directive_for("Others", support) is None
-    assert set(st.STRATEGY_DIRECTIVES) == set(owners)
+    assert all(dr.directive_for(s, support).agent in support.names() for s in owners)
+    assert dr.directive_for("Others", support) is None
+    assert set(dr.STRATEGY_DIRECTIVES) == set(owners)
     meeting = load_personas(ROOT / "personas.json", "meeting")
     assert not any(p.esconv_strategies for p in meeting.personas)        # no human labels for meetings
 
@@ -221,7 +223,7 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
     path = tmp_path / "ESConv.json"
     path.write_text(json.dumps(OFFICIAL), encoding="utf-8")
     contexts = esconv(str(path))
-    examples = st.esconv_examples(contexts, support, 4, seed=0)
+    examples = warmstart.esconv_examples(contexts, support, 4, seed=0)
     # Four mapped supporter turns after the seeker's first message ("Others" is never a target),
     # all drawn once, in a seeded order (natural targets: as the supporter did, repeats kept).
     targets = sorted(t for _, t in examples)
@@ -242,7 +244,7 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
     assert "Last to speak: Anchor.\n" in disclosure
     # Balanced, a turn whose companion spoke last is left out: the Self-disclosure (Anchor) comes
     # right after "Oh no.", which the fallback gave Anchor, so three distinct targets remain.
-    balanced = {t.splitlines()[0] for _, t in st.esconv_examples(contexts, support, 3, seed=0, balanced=True)}
+    balanced = {t.splitlines()[0] for _, t in warmstart.esconv_examples(contexts, support, 3, seed=0, balanced=True)}
     assert balanced == {"Agent: Catalyst", "Agent: Beacon", "Agent: Guide"}
     # The opening prompt has nobody to name as the last speaker.
     opening = next(m for m, t in examples if t.startswith("Agent: Catalyst"))[1]["content"]
@@ -252,7 +254,7 @@ def test_esconv_warm_start_targets_from_the_official_format(tmp_path, support):
     # Every target parses, and the mapping needs personas that list strategies.
     assert all(dr.parse_directive(t, support, "?").valid for _, t in examples)
     with pytest.raises(UserError, match="--set support"):
-        st.esconv_examples(contexts, load_personas(ROOT / "personas.json", "meeting"), 4)
+        warmstart.esconv_examples(contexts, load_personas(ROOT / "personas.json", "meeting"), 4)
 
 
 def test_esconv_warm_start_says_when_every_turn_is_a_repeat(tmp_path, support):
@@ -266,8 +268,8 @@ def test_esconv_warm_start_says_when_every_turn_is_a_repeat(tmp_path, support):
     path.write_text(json.dumps([dict(OFFICIAL[0], dialog=dialog)]), encoding="utf-8")
     contexts = esconv(str(path))
     with pytest.raises(UserError, match="--warmup-balanced"):
-        st.esconv_examples(contexts, support, 2, balanced=True)
-    assert [t.splitlines()[0] for _, t in st.esconv_examples(contexts, support, 1)] == ["Agent: Anchor"]
+        warmstart.esconv_examples(contexts, support, 2, balanced=True)
+    assert [t.splitlines()[0] for _, t in warmstart.esconv_examples(contexts, support, 1)] == ["Agent: Anchor"]
 
 
 class Favour(torch.nn.Module):
@@ -287,22 +289,21 @@ def test_next_agent_agreement_is_the_share_of_turns_whose_target_the_director_na
     share of the targets, and the commonest share is `majority`."""
     model, tok = tiny
     contexts = esconv(str(ROOT / "tests/fixtures/data/esconv/ESConv.json"))
-    targets = Counter(t[2].agent for t in st.esconv_turns(contexts, support))
+    targets = Counter(t[2].agent for t in warmstart.esconv_turns(contexts, support))
     n = sum(targets.values())
     assert len(targets) >= 2
     for name in support.names():
         token = tok(" " + name, add_special_tokens=False)["input_ids"][0]
-        r = st.next_agent_agreement(Favour(model, token), tok, support, contexts)
+        r = warmstart.next_agent_agreement(Favour(model, token), tok, support, contexts)
         assert r["n"] == n and r["agreement"] == pytest.approx(targets[name] / n)
         assert r["majority"] == pytest.approx(max(targets.values()) / n)
 
 
 def test_the_esconv_warm_start_records_held_out_agreement_before_and_after(tiny, support, tmp_path):
-    from extras import sft
     contexts = esconv(str(ROOT / "tests/fixtures/data/esconv/ESConv.json"))
-    examples, source, agreement = st.warm_start_examples(contexts, support, 8, 0.34, 0, balanced=False)
+    examples, source, agreement = warmstart.warm_start_examples(contexts, support, 8, 0.34, 0, balanced=False)
     model = copy.deepcopy(tiny[0])
-    warm = sft.warm_start(dr.DirectorConfig(director_warmup=2), tmp_path, model, tiny[1], support, examples, source,
+    warm = warmstart.warm_start(dr.DirectorConfig(director_warmup=2), tmp_path, model, tiny[1], support, examples, source,
                           agreement, lambda *a: {"n": 0}, resume=False)
     saved = json.loads((tmp_path / "warm_start.json").read_text())
     assert saved["agreement"] == warm["agreement"] and saved["agreement"]["n"] == saved["agreement_before"]["n"] > 0
@@ -321,7 +322,7 @@ class OneHot:
 def test_grounding_counts_esconv_transitions_and_scores_blocks_by_hand(tmp_path, support):
     path = tmp_path / "ESConv.json"
     path.write_text(json.dumps(OFFICIAL), encoding="utf-8")
-    g = st.Grounding(esconv(str(path)), support, None, held_out=0.0, seed=0)
+    g = dr.Grounding(esconv(str(path)), support, None, held_out=0.0, seed=0)
     # The dialogue's labels after the dropped greeting: Question, Others, Self-disclosure, Affirmation,
     # Suggestions. Each cell counts +1 on 8 strategies, add-one: the seen transition 2/9, the rest 1/9.
     q, others, sug = (SUPPORT_STRATEGIES.index(s) for s in ("Question", "Others", "Providing Suggestions"))
@@ -329,7 +330,7 @@ def test_grounding_counts_esconv_transitions_and_scores_blocks_by_hand(tmp_path,
     assert g.transition[1, q, others] == pytest.approx(2 / 9) and g.transition[1, q, sug] == pytest.approx(1 / 9)
     assert g.transition.sum(-1).allclose(torch.ones(4, 9))
     g.classifier = OneHot({"Why so?": "Question", "Try a walk.": "Providing Suggestions"})
-    ctx = data.Context(id="t", persona_set="support", situation="job", first_message="I may be fired")
+    ctx = scenarios.Context(id="t", persona_set="support", situation="job", first_message="I may be fired")
     conv = Conversation(ctx, "support", "average", "test", 0)
     conv.turns = [Turn(USER, "I may be fired"), Turn("Catalyst", "Why so?", Directive("Catalyst", "ask a probing question")),
                   Turn(USER, "My boss."), Turn("Anchor", "Try a walk.", Directive("Anchor"))]
@@ -344,7 +345,7 @@ def test_grounding_counts_esconv_transitions_and_scores_blocks_by_hand(tmp_path,
     assert g(conv, 2) == pytest.approx({"plausible": 0.5, "compliant": -4 / 9})
     assert g(conv, 4) == {"plausible": 0.0, "compliant": 0.0}
     with pytest.raises(UserError, match="--set support"):
-        st.Grounding([], load_personas(ROOT / "personas.json", "meeting"), None, 0.0, 0)
+        dr.Grounding([], load_personas(ROOT / "personas.json", "meeting"), None, 0.0, 0)
 
 
 def test_grounding_prefers_what_real_supporters_did_on_held_out_dialogues(support):
@@ -352,10 +353,10 @@ def test_grounding_prefers_what_real_supporters_did_on_held_out_dialogues(suppor
     persona, asked for by that strategy's directive): the real order of the first turns is more plausible than
     the same turns shuffled, and the real speakers more compliant than random other ones without directives."""
     contexts = esconv(str(dataset("esconv/train.jsonl")))
-    g = st.Grounding(contexts, support, models.SentenceEncoder(), 0.25, 0)
+    g = dr.Grounding(contexts, support, models.SentenceEncoder(), 0.25, 0)
     rng, real, shuffled, wrong = random.Random(0), [], [], []
-    for c in data.split_contexts(contexts, 0.25, 0)[1][:80]:
-        conv = st.esconv_prefix(c, min(len(c.turns), 12), support)
+    for c in scenarios.split_contexts(contexts, 0.25, 0)[1][:80]:
+        conv = warmstart.esconv_prefix(c, min(len(c.turns), 12), support)
         agent = [i for i, t in enumerate(conv.turns) if t.speaker != USER]
         if len(agent) < 4:
             continue
@@ -374,7 +375,7 @@ def test_grounding_prefers_what_real_supporters_did_on_held_out_dialogues(suppor
 
 
 def test_esconv_fixture_gives_balanced_targets(support):
-    examples = st.esconv_examples(esconv(str(ROOT / "tests/fixtures/data/esconv/ESConv.json")), support, 2, seed=0,
+    examples = warmstart.esconv_examples(esconv(str(ROOT / "tests/fixtures/data/esconv/ESConv.json")), support, 2, seed=0,
                                   balanced=True)
     assert sorted(t.splitlines()[0] for _, t in examples) == ["Agent: Anchor", "Agent: Beacon"]
 
@@ -383,8 +384,8 @@ def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
     """On the real ESConv training split, the warm start's targets use all four personas and
     depend on the conversation's stage (the collapse diagnostics' feature): a random-agent warm
     start would have neither property by design."""
-    train, held = data.split_contexts(esconv(str(dataset("esconv/train.jsonl"))), 0.25, seed=0)
-    examples = st.esconv_examples(train, support, 400, seed=0, balanced=True)
+    train, held = scenarios.split_contexts(esconv(str(dataset("esconv/train.jsonl"))), 0.25, seed=0)
+    examples = warmstart.esconv_examples(train, support, 400, seed=0, balanced=True)
     agents = [dr.parse_directive(t, support, "?").agent for _, t in examples]
     stages = [m[1]["content"].split("Turns so far: ")[1] for m, _ in examples]
     stages = [str(min(sum(int(x.split()[-1][:-1]) for x in s.split(".")[0].split(", ")), 3)) for s in stages]
@@ -394,9 +395,9 @@ def test_esconv_targets_depend_on_the_stage_of_the_conversation(support):
     # Balanced: 100 targets per agent, although ESConv's mapped turns are not. The natural draw, the
     # default, keeps their unequal marginal (Anchor 32% of the turns, Beacon 17%), within ~2.5 se.
     assert Counter(agents) == {name: 100 for name in support.names()}
-    natural = st.esconv_examples(train, support, 400, seed=0)
+    natural = warmstart.esconv_examples(train, support, 400, seed=0)
     counts = Counter(dr.parse_directive(t, support, '?').agent for _, t in natural)
-    pool = Counter(t[2].agent for t in st.esconv_turns(train, support))
+    pool = Counter(t[2].agent for t in warmstart.esconv_turns(train, support))
     assert all(abs(counts[a] / 400 - pool[a] / pool.total()) < 0.06 for a in support.names())
     assert pool["Anchor"] > 1.5 * pool["Beacon"]
     # Balanced, no target names the companion who spoke last (the prompt says who that was); natural, a fifth do.
@@ -430,16 +431,16 @@ SFT_FIXTURE = str(ROOT / "tests/fixtures/data/esconv_sft/train.jsonl")
 
 
 def test_the_halves_split_dialogues_not_turns_and_are_the_same_every_time():
-    train, _ = data.split_contexts(esconv(SFT_FIXTURE), 0.25, 0)
-    judge_half, evaluator_half = st.classifier_halves(train, 0)
+    train, _ = scenarios.split_contexts(esconv(SFT_FIXTURE), 0.25, 0)
+    judge_half, evaluator_half = scenarios.classifier_halves(train, 0)
     assert {c.id for c in judge_half}.isdisjoint({c.id for c in evaluator_half})
     assert sorted(c.id for c in judge_half + evaluator_half) == sorted(c.id for c in train)
-    assert [c.id for c in st.classifier_halves(train, 0)[0]] == [c.id for c in judge_half]
+    assert [c.id for c in scenarios.classifier_halves(train, 0)[0]] == [c.id for c in judge_half]
 
 
 def test_card_examples_score_one_human_turn_under_every_card_at_one_point(support):
-    examples = sft.card_examples(esconv(SFT_FIXTURE), support, seed=0)
-    owners = sft.strategy_owners(support)
+    examples = warmstart.card_examples(esconv(SFT_FIXTURE), support, seed=0)
+    owners = warmstart.strategy_owners(support)
     turns = {t["text"]: owners[t["strategy"]] for c in esconv(SFT_FIXTURE) for t in c.turns
              if t["speaker"] != "user" and t.get("strategy") in owners}
     assert examples and all(len(prompts) == len(support.personas) for prompts, _, _ in examples)
@@ -455,7 +456,7 @@ def test_card_examples_score_one_human_turn_under_every_card_at_one_point(suppor
 @pytest.fixture()
 def card_task(support):
     """Replies made of words only one card uses: any model that reads its card can tell which card wrote them."""
-    ctx = data.load_contexts("bundled", "support")[0]
+    ctx = scenarios.load_contexts("bundled", "support")[0]
     pools = {"Anchor": "heavy tired hurts sad lonely", "Catalyst": "why what how wonder mean",
              "Beacon": "proud brave strong effort courage", "Guide": "try plan step list call"}
     prompts = [simulate.speaker_messages(p, support, ctx, [Turn(USER, ctx.first_message)]) for p in support.personas]
@@ -470,25 +471,25 @@ def card_task(support):
 def test_the_card_term_is_the_cross_entropy_of_the_card_posterior(card_task):
     """At lr 0 one step of one example logs -log p(own card | reply) (card_accuracy's posterior, uniform prior) and
     the reply's negative log-likelihood per token under its own card (mean_nll): two code paths, one number each."""
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     example = card_task(1, seed=3)
-    step = sft.card_contrastive_finetune(model, tok, example, steps=1, batch_size=1, lr=0.0, log=lambda s: None)[0]
-    posterior = sft.card_accuracy(model, tok, example)["posterior"]
+    step = warmstart.card_contrastive_finetune(model, tok, example, steps=1, batch_size=1, lr=0.0, log=lambda s: None)[0]
+    posterior = warmstart.card_accuracy(model, tok, example)["posterior"]
     assert step["card_ce"] == pytest.approx(-math.log(posterior), rel=1e-4)
     prompts, text, own = example[0]
-    assert step["nll"] == pytest.approx(sft.mean_nll(model, tok, [(prompts[own], text)]), rel=1e-4)
+    assert step["nll"] == pytest.approx(warmstart.mean_nll(model, tok, [(prompts[own], text)]), rel=1e-4)
 
 
 def test_the_card_contrastive_warm_start_teaches_a_tiny_model_to_read_its_card(card_task):
     """A random tiny model finds a held-out reply likeliest under its own card at chance; after 40 steps it reads the
     card: replies it never saw (new combinations of each card's words) are likeliest under their own card."""
     torch.manual_seed(0)
-    model, tok = models.load_model("tiny")
+    model, tok = loading.load_model("tiny")
     held = card_task(40, seed=99)
-    before = sft.card_accuracy(model, tok, held)
-    history = sft.card_contrastive_finetune(model, tok, card_task(160, seed=0), steps=40, batch_size=4, lr=3e-3,
+    before = warmstart.card_accuracy(model, tok, held)
+    history = warmstart.card_contrastive_finetune(model, tok, card_task(160, seed=0), steps=40, batch_size=4, lr=3e-3,
                                             log=lambda s: None)
-    after = sft.card_accuracy(model, tok, held)
+    after = warmstart.card_accuracy(model, tok, held)
     print(f"held-out card accuracy {before['accuracy']:.2f} -> {after['accuracy']:.2f}; card term "
           f"{history[0]['card_ce']:.2f} -> {history[-1]['card_ce']:.2f} (log 4 = 1.39)")
     assert before["accuracy"] <= 0.5 and after["accuracy"] >= 0.9 and after["posterior"] > 0.7
@@ -503,28 +504,28 @@ def test_an_interrupted_card_warm_start_goes_on_from_its_checkpoint_to_the_same_
 
     def fresh():
         torch.manual_seed(0)
-        return models.load_model("tiny")
+        return loading.load_model("tiny")
 
     model, tok = fresh()
-    whole = sft.card_contrastive_finetune(model, tok, examples, steps=6, lr=lr, log=lambda s: None)
+    whole = warmstart.card_contrastive_finetune(model, tok, examples, steps=6, lr=lr, log=lambda s: None)
 
     def stop_at_five(line):
         if line.startswith("speakers' warm start 5/"):
             raise KeyboardInterrupt
     cut, _ = fresh()
     with pytest.raises(KeyboardInterrupt):
-        sft.card_contrastive_finetune(cut, tok, examples, steps=6, lr=lr, log=stop_at_five, folder=tmp_path, every=2)
-    assert [p.name for p in grpo.checkpoints(tmp_path)] == ["ckpt-000004", "ckpt-000002"]
+        warmstart.card_contrastive_finetune(cut, tok, examples, steps=6, lr=lr, log=stop_at_five, folder=tmp_path, every=2)
+    assert [p.name for p in runs.checkpoints(tmp_path)] == ["ckpt-000004", "ckpt-000002"]
     again, _ = fresh()
     steps = []
-    resumed = sft.card_contrastive_finetune(again, tok, examples, steps=6, lr=lr, log=steps.append, folder=tmp_path,
+    resumed = warmstart.card_contrastive_finetune(again, tok, examples, steps=6, lr=lr, log=steps.append, folder=tmp_path,
                                             every=2)
     assert [s.split(":")[0] for s in steps] == ["speakers' warm start 5/6", "speakers' warm start 6/6"]
     flat = [[h[k] for h in run for k in ("nll", "card_ce")] for run in (resumed, whole)]
     assert flat[0] == pytest.approx(flat[1], rel=1e-4)
     for a, b in zip(model.parameters(), again.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
-    assert [p.name for p in grpo.checkpoints(tmp_path)] == ["ckpt-000004", "ckpt-000002"]
+    assert [p.name for p in runs.checkpoints(tmp_path)] == ["ckpt-000004", "ckpt-000002"]
 
 
 def test_stage1_on_esconv_warm_starts_the_speakers_first_and_once(tmp_path, capsys, support):
@@ -541,12 +542,12 @@ def test_stage1_on_esconv_warm_starts_the_speakers_first_and_once(tmp_path, caps
     assert len(warm["history"]) == 2 and warm["before"]["n"] == warm["after"]["n"] >= 1
     assert "speakers_warm" in (tmp_path / "stage1" / "speakers" / "README.md").read_text()   # trained from it
     args = argparse.Namespace(model="tiny", seed=0, device="cpu", speaker_warmup=2)
-    inputs = data.make_inputs(support, mascot.read_data(SFT_FIXTURE, "support"), 0.25, 0, {}, {})
-    assert sft.speaker_warm_start(args, tmp_path / "stage1", inputs) == str(tmp_path / "stage1" / "speakers_warm")
+    inputs = scenarios.make_inputs(support, mascot.read_data(SFT_FIXTURE, "support"), 0.25, 0, {}, {})
+    assert warmstart.speaker_warm_start(args, tmp_path / "stage1", inputs) == str(tmp_path / "stage1" / "speakers_warm")
     assert "warm start" not in capsys.readouterr().out
     # Cards that list no ESConv strategy (an edited personas.json): the error names the flag and the cause.
     bare = copy.deepcopy(support)
     for p in bare.personas:
         p.esconv_strategies = []
     with pytest.raises(UserError, match="^--speaker-warmup: no persona of the 'support' set lists esconv_strategies"):
-        sft.speaker_warm_start(args, tmp_path / "other", inputs._replace(personas=bare))
+        warmstart.speaker_warm_start(args, tmp_path / "other", inputs._replace(personas=bare))

@@ -1,4 +1,4 @@
-"""extras/datasets.py: the public datasets the paper uses, read in their official release formats.
+"""plumbing/datasets.py: the public datasets the paper uses, read in their official release formats.
 
 MASCOT (arXiv 2601.14230) trains and evaluates on Empathetic Dialogues (split by valence), QMSum meetings (Academic,
 Committee, Product) and ESConv (held-out transfer). `load_splits(spec, set)` reads any of them into the bundled file's
@@ -11,7 +11,7 @@ data.Context, so nothing downstream knows the source; mascot.py calls it for any
 A folder whose files or sub-folders are named by split (train.csv, valid.csv, train_*.jsonl, QMSum's data/ALL/test/)
 gives {"train": ..., "test": ...}: training reads train, evaluation test (else valid); anything else gives {"all": ...}
 for mascot.py to split at random. ED and ESConv (CC BY-NC 4.0) and QMSum (MIT) are not part of the project.
-    python extras/datasets.py path/to/esconv/train.jsonl       # how a dataset reads
+    python -m plumbing.datasets path/to/esconv/train.jsonl       # how a dataset reads
 """
 
 import csv
@@ -21,8 +21,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-from data import Context, UserError, context_row, json_type, jsonl_lines, read_json, read_text, warn   # noqa: E402
+from plumbing.common import UserError, warn
+from plumbing.files import json_type, jsonl_lines, read_json, read_text
+from scenarios import Context, context_row, is_contexts_file, load_contexts
 
 POSITIVE = set("sentimental anticipating caring faithful grateful impressed trusting prepared confident content "
                "excited hopeful proud joyful".split())        # ED's emotions by valence (HypEmo's label tree)
@@ -287,3 +288,11 @@ if __name__ == "__main__":
                       + cs[0].first_message[:100])
         except UserError as e:
             print(f"{set_name}: {e}")
+
+
+# --- Shared set-up: data, models, judge ---------------------------------------------------------------
+def read_data(spec: str, set_name: str) -> dict[str, list]:
+    """{split: contexts} for --data: our format through scenarios.load_contexts, the public datasets here."""
+    if spec == "bundled" or (spec.endswith(".jsonl") and is_contexts_file(spec)):
+        return {"all": load_contexts(spec, set_name)}
+    return load_splits(spec, set_name)

@@ -1,4 +1,4 @@
-"""multigpu.py: data-parallel GRPO across processes (torchrun): grpo.OneProcess's protocol for N ranks.
+"""plumbing/parallel.py: one process, or data-parallel GRPO across several (torchrun) (skip on first reading).
 
 torchrun starts N copies of the command, each told its rank; mascot.py builds `Ranks(args)` when WORLD_SIZE > 1. Every
 process holds a full copy of the policy and they split the batch; in one GRPO step (grpo.grpo_step, grpo.policy_update):
@@ -18,13 +18,11 @@ import gc
 import os
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-from data import UserError                                        # noqa: E402
+from plumbing.common import UserError
 
 
 def leave() -> None:
@@ -75,3 +73,22 @@ class Ranks:
 
     def barrier(self) -> None:
         dist.barrier()
+
+
+class OneProcess:
+    """`ranks` for one process: every operation is the identity. extras/multigpu.py supplies the
+    torchrun version (each rank samples its share of the prompts; the loss denominators are summed
+    over ranks and DDP sums the gradients; rank 0 writes), with the same operations."""
+    rank, world, is_main = 0, 1, True
+
+    wrap = staticmethod(lambda scorer: scorer)                  # torchrun: DistributedDataParallel(scorer)
+    barrier = staticmethod(lambda: None)                        # nothing to wait for in one process
+
+    def shard(self, n: int) -> slice:
+        return slice(0, n)
+
+    def gather(self, items: list) -> list:
+        return list(items)
+
+    def all_sum(self, value: float) -> float:
+        return value

@@ -20,17 +20,16 @@ import http.client
 import json
 import os
 import random
-import sys
 import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-from data import AnswerCache, UserError, cached_answers          # noqa: E402
-from extras.judges import combine_orders, judge_messages, parse_ab, parse_rubric_score  # noqa: E402
-from judge import Judge                                            # noqa: E402
+from plumbing.files import AnswerCache, cached_answers
+from plumbing.common import UserError
+from judge import combine_orders, judge_messages, parse_ab, parse_rubric_score
+from judge import Judge
 
 MESSAGE_CHARS = 200        # how much of a server's error body an error message quotes
 

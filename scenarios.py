@@ -1,335 +1,29 @@
-"""data.py: everything mascot reads from or writes to disk, except the models.
+"""scenarios.py: what a conversation is set in: the personas, the situations, the simulated users.
 
     load_personas(path, set_name) -> PersonaSet      the agents of one scenario (personas.json)
     load_contexts(path, set_name) -> list[Context]   situations and openings (data/contexts.jsonl)
     split_contexts(contexts, ...) -> (train, held_out), stratified by valence / meeting domain
     load_profiles(path)           -> {id: Profile}   Big Five simulated users (data/profiles.json)
     make_inputs(...)              -> Inputs          all of the above for one run, checked
-The public datasets the paper uses (Empathetic Dialogues, ESConv, QMSum) are read in their official
-formats by extras/datasets.py, which mascot.py calls when --data names one. Every file a run writes
-goes through `read_jsonl`, `append_jsonl` (crash-safe), `write_json(l)` / `atomic_folder` (atomic),
-`AnswerCache` (paid answers are never asked twice); `derive_seed` is the one formula for seeds.
-Bad input raises `UserError`: one line naming the file, row or field and the fix.
+
+The paper (arXiv 2601.14230) runs a team of companions with distinct personas on Empathetic
+Dialogues and QMSum situations and simulates users with Big Five profiles; this file turns our
+bundled files (or those datasets, read by plumbing/datasets.py) into those objects. Bad input
+raises `UserError`: one line naming the file, row or field and the fix.
+
+    python mascot.py train --stage 1 --personas personas.json --data bundled   # what reads them
 """
 
-import argparse
-import errno
-import fcntl
-import hashlib
-import json
-import os
 import random
 import re
-import shutil
-import sys
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from tqdm import tqdm
+from plumbing.common import UserError, warn
+from plumbing.files import jsonl_lines, json_type, read_json, resolve
 
 HERE = Path(__file__).resolve().parent
-
-
-class UserError(Exception):
-    """Bad user input (a file, a row, a flag). The message is one line: what is wrong and the fix."""
-
-
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)       # stderr: never mixed with results
-
-
-# --- Files: text, JSON, JSON lines, atomic saves ----------------------------------------------
-def resolve(path: str | Path) -> Path:
-    """A relative path from the working directory, else beside this file (the shipped personas.json)."""
-    path = Path(path).expanduser()
-    return HERE / path if not path.is_absolute() and not path.exists() and (HERE / path).exists() else path
-
-
-def read_text(path: str | Path) -> str:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such file; check the path")
-    try:
-        return path.read_bytes().decode("utf-8-sig")       # -sig: accept an editor's byte-order mark
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (bad byte at offset {e.start}); re-save it as UTF-8") from None
-
-
-def read_json(path: str | Path) -> object:
-    try:
-        return json.loads(read_text(path))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})") from None
-
-
-def asset(name: str) -> object:
-    """A JSON file shipped in data/ (rubrics, phrase lists, few-shot examples)."""
-    return read_json(HERE / "data" / name)
-
-
-def prompt(name: str) -> str:
-    """A prompt template, data/prompts/<name>.txt (our own text; {fields} filled with str.format)."""
-    return read_text(HERE / "data" / "prompts" / f"{name}.txt").rstrip("\n")
-
-
-def json_type(value: object) -> str:
-    """A parsed value named the way a JSON file spells it, for error messages."""
-    return {bool: "true/false", dict: "an object", list: "a list", str: "text", int: "a number", float: "a number",
-            type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def jsonl_lines(path: str | Path) -> list[tuple[int, object, str]]:
-    """(line number, value or None, JSON error or "") of every non-blank line. Split on "\\n" only:
-    str.splitlines() also splits on U+2028, which json.dumps(ensure_ascii=False) writes raw."""
-    rows = []
-    for number, line in enumerate(read_text(path).split("\n"), start=1):
-        if line.strip():
-            try:
-                rows.append((number, json.loads(line), ""))
-            except json.JSONDecodeError as e:
-                rows.append((number, None, e.msg))
-    return rows
-
-
-def read_jsonl(path: str | Path, on_damage=None, numbered: bool = False) -> list:
-    """All records of a JSON-lines file, one object per line. An unreadable LAST line is ignored with
-    a warning (what a crash in the middle of append_jsonl leaves); one elsewhere is real damage: a
-    UserError naming the line, unless on_damage(line, problem) says the caller can do without it
-    (the answer cache asks again). numbered=True returns (line, record) pairs."""
-    rows, records = jsonl_lines(path), []
-    for i, (number, value, error) in enumerate(rows):
-        if error and i == len(rows) - 1:
-            warn(f"{path}: ignoring line {number}, cut off mid-write ({error})")
-            break
-        if error or not isinstance(value, dict):
-            problem = error or f"it holds {json_type(value)}, not an object"
-            if on_damage is None:
-                raise UserError(f"{path}: line {number} is not a JSON object ({problem}); fix or delete that line")
-            on_damage(number, problem)
-            continue
-        records.append((number, value) if numbered else value)
-    return records
-
-
-def append_jsonl(path: str | Path, record: dict) -> None:
-    """Append one record as one line, then flush and fsync, so it survives a crash right after. A half-written
-    last line left by an earlier crash is cut off first, or the new line would be glued to it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size:
-            f.seek(size - 1)
-            if f.read(1) != b"\n":
-                f.seek(0)
-                keep = f.read().rfind(b"\n") + 1
-                f.truncate(keep)
-                warn(f"{path}: dropped a half-written last line ({size - keep} bytes)")
-        f.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write under a temporary name, then rename: a crash leaves the old file or the new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
-def write_jsonl(path: str | Path, rows: list[dict]) -> None:
-    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-
-
-def write_json(path: str | Path, value: object) -> None:
-    write_text_atomic(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
-
-
-@contextmanager
-def atomic_folder(target: str | Path):
-    """Build a folder under "<target>.tmp", renamed to `target` only when the block ends without an
-    error (`with atomic_folder(run / "speakers") as tmp: model.save_pretrained(tmp)`): models and
-    checkpoints are never left half-written."""
-    target = Path(target)
-    tmp = target.with_name(target.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)                       # left over from a crashed save
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-    except Exception as err:                     # a half-written folder only takes space; safetensors and torch
-        shutil.rmtree(tmp, ignore_errors=True)   # wrap a full disk's OSError in their own errors: unwrap it
-        raise OSError(errno.ENOSPC, "No space left on device", str(target)) if "No space left" in str(err) else err
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.rename(target)
-
-
-@contextmanager
-def run_lock(folder: str | Path):
-    """An exclusive lock on a run folder while the block runs: a second mascot command there stops at once
-    instead of interleaving checkpoints and paid judgements. The OS drops it when the process ends (kill -9 too)."""
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    with open(Path(folder) / ".lock", "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"{folder} is in use by another mascot command; wait for it, or use another --run") from None
-        yield
-
-
-def fingerprint(*paths: str | Path) -> str:
-    """sha256 (12 hex digits) of the files' bytes, a folder's files in name order: what made a run."""
-    digest = hashlib.sha256()
-    for path in map(resolve, paths):
-        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
-            if f.is_file():
-                digest.update(f.name.encode() + f.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-QUIET = False          # mascot's --quiet: no progress bars and no phase lines
-
-
-def progress(items, desc: str):
-    """A phase's progress: a tqdm bar on a terminal, a line when it ends in a log, nothing under --quiet or no desc."""
-    if QUIET or not desc:
-        return items
-    return tqdm(items, desc, leave=False) if sys.stderr.isatty() else _phase_line(items, desc)
-
-
-def _phase_line(items, desc: str):
-    start, n = time.time(), 0
-    try:
-        for n, item in enumerate(items, 1):
-            yield item
-    finally:                          # also when the caller stops early (every conversation ended)
-        print(f"{desc}: {n} done, {time.time() - start:.0f} s", file=sys.stderr, flush=True)
-
-
-def save_model(model, tok, folder: Path, card: str = "") -> Path:
-    """save_pretrained (config, weights, tokenizer) and, given one, the model card as README.md."""
-    with atomic_folder(folder) as tmp:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        if card:
-            (tmp / "README.md").write_text(card, encoding="utf-8")
-    return folder
-
-
-class AnswerCache:
-    """Answers already paid for (judgements, a served model's replies), so no re-run asks twice: an
-    append-only JSON-lines file of {"key": sha256, "value"}, one flushed line per answer (a crash
-    loses at most that line). A garbled line is skipped with a warning, counted, and asked again."""
-
-    def __init__(self, path: str | Path):
-        self.path, self.skipped = Path(path), 0                  # skipped: garbled lines, asked again
-        self._values: dict[str, object] = {}
-        if self.path.exists():
-            for r in read_jsonl(self.path, on_damage=self._damaged):
-                if "key" in r and "value" in r:
-                    self._values[r["key"]] = r["value"]
-
-    def _damaged(self, number: int, problem: str) -> None:
-        self.skipped += 1
-        warn(f"{self.path}: skipping garbled line {number} ({problem}); its answer will be asked again")
-
-    @staticmethod
-    def make_key(name: str, method: str, inputs: object) -> str:
-        """sha256 of (who answers, method, canonical JSON of the inputs): equal inputs, equal key."""
-        canonical = json.dumps([name, method, inputs], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-    def get(self, key: str):
-        return self._values.get(key)                     # stored values are never None
-
-    def put(self, key: str, value) -> None:
-        if value is None:
-            raise ValueError("AnswerCache stores no None values: None means 'not cached'")
-        self._values[key] = value
-        append_jsonl(self.path, {"key": key, "value": value})
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-
-def cached_answers(cache: AnswerCache | None, keys: list[str], compute_misses,
-                   keep=lambda value: value is not None) -> list:
-    """The answer for every key: from `cache`, else computed, each distinct key once. compute_misses(todo,
-    store) calls store(i, answer) as each arrives; a keep(answer) one is cached at once, so a failure
-    part-way loses only what was in flight."""
-    values = [cache.get(k) if cache else None for k in keys]
-    first_of = {}                                         # key -> index of its first missing input
-    for i, (k, v) in enumerate(zip(keys, values)):
-        if v is None:
-            first_of.setdefault(k, i)
-    fresh = {}
-
-    def store(i, value):
-        fresh[i] = value
-        if cache is not None and keep(value):
-            cache.put(keys[i], value)
-
-    if first_of:
-        compute_misses(list(first_of.values()), store)
-    return [fresh[first_of[k]] if v is None else v for k, v in zip(keys, values)]
-
-
-# --- Settings and seeds: a hyperparameter declared once, with its default, help and valid range ---
-# The settings live in dataclasses beside the code that uses them (grpo.GRPOConfig,
-# reward.RLAIFConfig, director.DirectorConfig, evaluate.EvalConfig); mascot.py turns each `option`
-# field into a flag (`--num-generations` for `num_generations`), so every default is written exactly once.
-
-def option(default, help: str, check: str = "", alias: str = ""):
-    """A dataclass field that is also a flag. check: "" (any value of the default's type),
-    "positive", "non-negative", "at-least-2", "fraction" ([0, 1)), or a list of choices; alias: an old spelling."""
-    return field(default=default, metadata={"help": help, "check": check, "alias": alias})
-
-
-_CHECKS = {"positive": (lambda v: v > 0, "> 0"), "non-negative": (lambda v: v >= 0, ">= 0"),
-           "at-least-2": (lambda v: v >= 2, ">= 2"), "fraction": (lambda v: 0 <= v < 1, "in [0, 1)"),
-           "": (lambda v: True, "")}
-
-
-def flag_type(name: str, kind: type, check: str = ""):
-    """An argparse `type=` that parses int or float, refuses NaN and infinity, and applies `check`:
-    `error: argument --learning-rate/--lr: --learning-rate must be > 0, got -1.0` (exit status 2)."""
-    ok, rule = _CHECKS[check]
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be {'a whole number' if kind is int else 'a number'}, "
-                                             f"got {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
-            raise argparse.ArgumentTypeError(f"{name} must be a finite number, got {text!r}")
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {value}")
-        return value
-    return parse
-
-
-def derive_seed(*parts: int | str) -> int:
-    """One seed in [0, 2^31 - 1) from several parts (the run's seed, a step, a row, a name): a polynomial
-    hash, s = s * 1_000_003 + part (mod 2^31 - 1), the same on every machine (Python's hash() of a
-    string is not; strings enter as 4 bytes of SHA-256). Every sampling seed comes from here, so a
-    resumed run draws exactly the tokens an uninterrupted one did.
-
-    >>> derive_seed(0, 1) == 1 and derive_seed(1, 2) == 1_000_005
-    True
-    """
-    s = 0
-    for part in parts:
-        if isinstance(part, str):
-            part = int.from_bytes(hashlib.sha256(part.encode()).digest()[:4], "little")
-        s = (s * 1_000_003 + int(part)) % (2**31 - 1)
-    return s
 
 
 # --- Personas (personas.json) -----------------------------------------------------------------
@@ -593,7 +287,15 @@ def make_inputs(personas: PersonaSet, splits: dict[str, list[Context]], held_out
     return Inputs(personas, train, held, profiles, how)
 
 
-def save_config(config: dict, folder: Path) -> None:
-    """Write the resolved settings to folder/config.json and print them once."""
-    write_json(Path(folder) / "config.json", config)
-    print("config: " + " ".join(f"{k}={v}" for k, v in config.items()), flush=True)
+
+def classifier_halves(train, seed: int) -> tuple[list, list]:
+    """The training dialogues halved, by dialogue, between the judge's classifier and the evaluator's: anything that
+    learns from ESConv beside the judge (the speakers' warm start, extras/sft.py) keeps to the judge's half."""
+    ids = sorted({c.id for c in train})
+    judge_ids = set(random.Random(seed).sample(ids, len(ids) // 2))
+    return [c for c in train if c.id in judge_ids], [c for c in train if c.id not in judge_ids]
+
+
+def require_mapping(personas, flag: str = "--director-warmup-data") -> None:
+    if not any(p.esconv_strategies for p in personas.personas):
+        raise UserError(f"{flag}: no persona of the '{personas.name}' set lists esconv_strategies; use --set support or cards that do")
