@@ -31,11 +31,13 @@ def tokenize(text: str) -> list[str]:
 
 # Words that carry no content of their own: what a turn adds (the director's contribution term)
 # and what keyword stuffing piles up (the hack generator) are counted without them.
-STOPWORDS = frozenset("""a an the and or but if so to of in on at for with from by as is are was were be been
+STOPWORDS = frozenset(
+    """a an the and or but if so to of in on at for with from by as is are was were be been
 being am i you he she it we they me him her us them my your his its our their this that these those
 do does did have has had not no yes just very really can could would should will shall may might
 must what which who whom how why when where there here all any some more most much many such than
-too also only own same about into over under again then once now feel feeling""".split())
+too also only own same about into over under again then once now feel feeling""".split()
+)
 
 
 def content_words(text: str) -> set[str]:
@@ -44,10 +46,10 @@ def content_words(text: str) -> set[str]:
 
 
 def ngram_counts(tokens: list[str], n: int) -> Counter:
-    return Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
+    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
 
 
-SMOOTHING_EPSILON = 0.1   # NLTK SmoothingFunction().method1, which Texygen uses
+SMOOTHING_EPSILON = 0.1  # NLTK SmoothingFunction().method1, which Texygen uses
 
 
 def sentence_bleu(hyp: list[str], refs: list[list[str]], max_n: int = 4) -> float:
@@ -64,10 +66,10 @@ def sentence_bleu(hyp: list[str], refs: list[list[str]], max_n: int = 4) -> floa
     for n in range(1, max_n + 1):
         hyp_counts, best = ngram_counts(hyp, n), Counter()
         for ref in refs:
-            best |= ngram_counts(ref, n)                             # element-wise max over references
+            best |= ngram_counts(ref, n)  # element-wise max over references
         matches = sum(min(c, best[g]) for g, c in hyp_counts.items())
         if n == 1 and matches == 0:
-            return 0.0                                               # nothing shared: nothing to smooth
+            return 0.0  # nothing shared: nothing to smooth
         log_p.append(math.log((matches or SMOOTHING_EPSILON) / max(1, sum(hyp_counts.values()))))
     closest = min((len(r) for r in refs), key=lambda r: (abs(r - len(hyp)), r))
     bp = 1.0 if len(hyp) > closest else 0.0 if not hyp else math.exp(1 - closest / len(hyp))
@@ -85,7 +87,9 @@ def self_bleu(texts: list[str], max_n: int = 4) -> float | None:
     toks = [tokenize(t) for t in texts]
     if len(toks) < 2:
         return None
-    return sum(sentence_bleu(h, toks[:i] + toks[i + 1:], max_n) for i, h in enumerate(toks)) / len(toks)
+    return sum(sentence_bleu(h, toks[:i] + toks[i + 1 :], max_n) for i, h in enumerate(toks)) / len(
+        toks
+    )
 
 
 def distinct_n(texts: list[str], n: int) -> float | None:
@@ -102,11 +106,13 @@ def binomial_two_sided_p(k: int, n: int, p: float = 0.5) -> float:
     Binomial(n, p), of an outcome at most as likely as k; in exact fractions, so mirror-image
     outcomes tie exactly. binomial_two_sided_p(9, 10) == 0.021484375 (= 22 / 1024)."""
     if not 0 <= k <= n or not 0 <= p <= 1:
-        raise ValueError(f"binomial test needs 0 <= k <= n and 0 <= p <= 1, got k={k}, n={n}, p={p}")
+        raise ValueError(
+            f"binomial test needs 0 <= k <= n and 0 <= p <= 1, got k={k}, n={n}, p={p}"
+        )
     if n == 0:
         return 1.0
     q = Fraction(repr(float(p)))
-    pmf = [math.comb(n, i) * q ** i * (1 - q) ** (n - i) for i in range(n + 1)]
+    pmf = [math.comb(n, i) * q**i * (1 - q) ** (n - i) for i in range(n + 1)]
     return float(min(Fraction(1), sum(x for x in pmf if x <= pmf[k])))
 
 
@@ -117,20 +123,24 @@ def win_rate(outcomes: list[str]) -> dict:
     if set(counts) - {"A", "B", "tie"}:
         raise ValueError(f"win_rate outcomes must be 'A', 'B' or 'tie', got {sorted(counts)}")
     wins, losses = counts["A"], counts["B"]
-    return {"wins": wins, "losses": losses, "ties": counts["tie"],
-            "win_rate": wins / (wins + losses) if wins + losses else None,
-            "p_value": binomial_two_sided_p(wins, wins + losses)}
+    return {
+        "wins": wins,
+        "losses": losses,
+        "ties": counts["tie"],
+        "win_rate": wins / (wins + losses) if wins + losses else None,
+        "p_value": binomial_two_sided_p(wins, wins + losses),
+    }
 
 
 def bootstrap_ci(values: list[float], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0):
     """(mean, low, high): the percentile bootstrap over the items (conversations, the unit drawn at
     random, so the unit resampled). None for no values; the interval is None for one value."""
-    x = np.asarray(values, dtype=float)                               # (N,)
+    x = np.asarray(values, dtype=float)  # (N,)
     if x.size == 0:
         return None, None, None
     if x.size == 1:
         return float(x[0]), None, None
-    idx = np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))   # (n_boot, N)
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))  # (n_boot, N)
     low, high = np.quantile(x[idx].mean(axis=1), [alpha / 2, 1 - alpha / 2])
     return float(x.mean()), float(low), float(high)
 
@@ -190,7 +200,15 @@ def mutual_information_bits(xs: list, ys: list) -> float:
 def chi_square_statistic(xs: list, ys: list) -> float:
     """Pearson's chi-square statistic of the table of x by y (labels that occur only)."""
     n, cx, cy, joint = len(xs), Counter(xs), Counter(ys), Counter(zip(xs, ys))
-    return sum((joint.get((a, b), 0) - cx[a] * cy[b] / n) ** 2 / (cx[a] * cy[b] / n) for a in cx for b in cy) if n else 0.0
+    return (
+        sum(
+            (joint.get((a, b), 0) - cx[a] * cy[b] / n) ** 2 / (cx[a] * cy[b] / n)
+            for a in cx
+            for b in cy
+        )
+        if n
+        else 0.0
+    )
 
 
 def permutation_p_value(xs: list, ys: list, n_perm: int = 2000, seed: int = 0) -> float:
@@ -213,11 +231,17 @@ NLI_RELATIONS = ("entailment", "contradiction", "neutral")
 def nli_label_index(id2label: dict, model_name: str) -> dict[str, int]:
     """Which output of an NLI classifier is which relation, read from its config (checkpoints
     disagree on the order). ValueError unless the labels are exactly the three relations."""
-    index = {rel: int(i) for i, name in id2label.items() for rel in NLI_RELATIONS     # "ENTAILMENT", "Entails" ...
-             if str(name).strip().lower().startswith(rel[:6])}
+    index = {
+        rel: int(i)
+        for i, name in id2label.items()
+        for rel in NLI_RELATIONS  # "ENTAILMENT", "Entails" ...
+        if str(name).strip().lower().startswith(rel[:6])
+    }
     if len(index) != 3 or len(id2label) != 3:
-        raise ValueError(f"NLI model '{model_name}' has labels {list(id2label.values())}; it needs exactly "
-                         "entailment / contradiction / neutral")
+        raise ValueError(
+            f"NLI model '{model_name}' has labels {list(id2label.values())}; it needs exactly "
+            "entailment / contradiction / neutral"
+        )
     return index
 
 
@@ -227,18 +251,27 @@ def nli_rates(texts: list[str], model, tokenizer, batch_size: int = 16) -> dict 
     NLI is directional: the premise is the earlier turn, since the question is whether a later turn
     merely restates (entailment: redundancy, sycophancy) or contradicts what was said. Each pair
     gets the classifier's argmax label. None for fewer than two turns (no pair)."""
-    index = nli_label_index(model.config.id2label, model.config.name_or_path or type(model).__name__)
+    index = nli_label_index(
+        model.config.id2label, model.config.name_or_path or type(model).__name__
+    )
     pairs = [(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))]
     if not pairs:
         return None
     model.eval()
-    counts = torch.zeros(3, dtype=torch.long)                           # (3,) predictions per output
+    counts = torch.zeros(3, dtype=torch.long)  # (3,) predictions per output
     with torch.no_grad():
         for start in range(0, len(pairs), batch_size):
-            batch = pairs[start:start + batch_size]
-            enc = tokenizer([texts[i] for i, _ in batch], [texts[j] for _, j in batch], padding=True,
-                            truncation=True, return_tensors="pt").to(next(model.parameters()).device)
-            counts += torch.bincount(model(**enc).logits.argmax(-1).cpu(), minlength=3)   # (B, 3) -> (3,)
+            batch = pairs[start : start + batch_size]
+            enc = tokenizer(
+                [texts[i] for i, _ in batch],
+                [texts[j] for _, j in batch],
+                padding=True,
+                truncation=True,
+                return_tensors="pt",
+            ).to(next(model.parameters()).device)
+            counts += torch.bincount(
+                model(**enc).logits.argmax(-1).cpu(), minlength=3
+            )  # (B, 3) -> (3,)
     return {rel: counts[index[rel]].item() / len(pairs) for rel in NLI_RELATIONS}
 
 
@@ -248,7 +281,7 @@ def pairwise_cosines(emb: torch.Tensor) -> torch.Tensor:
     if not torch.allclose(norms, torch.ones_like(norms), atol=1e-3):
         raise ValueError("embeddings must be L2-normalised rows")
     i, j = torch.triu_indices(len(emb), len(emb), offset=1)
-    return (emb @ emb.T)[i, j]                                           # dot of unit vectors = cosine
+    return (emb @ emb.T)[i, j]  # dot of unit vectors = cosine
 
 
 def semantic_redundancy_rate(emb: torch.Tensor, threshold: float = 0.8) -> float | None:
@@ -280,7 +313,7 @@ def mean_pairwise_similarity(emb: torch.Tensor) -> float | None:
 
 SPAN, TRIVIAL_WORDS = 6, 3
 HACKS = ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial")
-DIAGNOSTICS = HACKS + ("words",)      # + the length in words (growth without content is a hack too)
+DIAGNOSTICS = HACKS + ("words",)  # + the length in words (growth without content is a hack too)
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 
 
@@ -315,14 +348,25 @@ def copies(reply: str, sources: list[str], span: int = SPAN) -> bool:
 # and the evaluator's ("Situation:", "Conversation so far:", "Write <name>'s next message"), the
 # system prompt read back, instruction echoes, assistant boilerplate, notes about the director.
 META_PATTERNS = [
-    r"\bsituation\s*:", r"\bbackground\s*:", r"\banother companion\b", r"\bit is \w+'s turn\b", r"\bgroup chat\b",
-    r"\bthe user\b(?!s)", r"\byou are (?:an? |the |one of )?(?:several |two |\d+ )?(?:ai|assistant|chatbot|companions)\b",
-    r"\bconversation so far\b", r"\bwrite \w+(?:'s)? next message\b", r"\b\w+'s next message\b",
+    r"\bsituation\s*:",
+    r"\bbackground\s*:",
+    r"\banother companion\b",
+    r"\bit is \w+'s turn\b",
+    r"\bgroup chat\b",
+    r"\bthe user\b(?!s)",
+    r"\byou are (?:an? |the |one of )?(?:several |two |\d+ )?(?:ai|assistant|chatbot|companions)\b",
+    r"\bconversation so far\b",
+    r"\bwrite \w+(?:'s)? next message\b",
+    r"\b\w+'s next message\b",
     r"\byour (?:response|reply|answer|message) should\b",
     r"\bhere(?:'s| is) (?:a|my|the|\w+'s) (?:continuation|response|reply|answer|message)\b",
-    r"\bas an ai\b|\blanguage model\b", r"\b(?:the )?director (?:asks|wants|told|says)\b", r"\(\s*your director\b",
-    r"\bin your next message\s*,", r"\b(?:instructions?|output|note|tone)\s*:",
-    r"^\W*(?:reply|response|answer|thinking)\s*:", r"\[(?:insert|item|name|date|task)[^\]]*\]",
+    r"\bas an ai\b|\blanguage model\b",
+    r"\b(?:the )?director (?:asks|wants|told|says)\b",
+    r"\(\s*your director\b",
+    r"\bin your next message\s*,",
+    r"\b(?:instructions?|output|note|tone)\s*:",
+    r"^\W*(?:reply|response|answer|thinking)\s*:",
+    r"\[(?:insert|item|name|date|task)[^\]]*\]",
 ]
 _META = [re.compile(p, re.IGNORECASE | re.MULTILINE) for p in META_PATTERNS]
 
@@ -332,27 +376,39 @@ def leaks_meta(reply: str, speaker_names: list[str] = ()) -> bool:
     if any(p.search(reply) for p in _META):
         return True
     names = "|".join(re.escape(n) for n in [*speaker_names, "User", "Assistant"] if n)
-    return bool(re.search(r"(?:^|\n|\s)[\*\"']*(?:" + names + r")[\*\"']*\s*:", reply, re.IGNORECASE))
+    return bool(
+        re.search(r"(?:^|\n|\s)[\*\"']*(?:" + names + r")[\*\"']*\s*:", reply, re.IGNORECASE)
+    )
 
 
 def repeats_itself(reply: str, span: int = SPAN) -> bool:
     """A run of `span` words twice (a loop counts), or a sentence of 3+ words again: a degenerate
     loop that copies nothing but itself, which a per-reply reward can miss and a policy can learn."""
     w = words(reply)
-    spans = [tuple(w[i:i + span]) for i in range(len(w) - span + 1)]
+    spans = [tuple(w[i : i + span]) for i in range(len(w) - span + 1)]
     sentences = [tuple(words(s)) for s in re.split(r"(?<=[.!?])\s+|\n+", reply)]
     sentences = [s for s in sentences if len(s) >= TRIVIAL_WORDS]
     return len(spans) != len(set(spans)) or len(sentences) != len(set(sentences))
 
 
-def diagnose(reply: str, user_texts: list[str], persona_texts: list[str], agent_texts: list[str],
-             speaker_names: list[str] = ()) -> dict:
+def diagnose(
+    reply: str,
+    user_texts: list[str],
+    persona_texts: list[str],
+    agent_texts: list[str],
+    speaker_names: list[str] = (),
+) -> dict:
     """Every diagnostic of one reply: 0/1 flags and the length in words. user_texts: the situation
     and the user's messages; persona_texts: the speaker's card; agent_texts: earlier companion turns."""
-    return {"context_copy": float(copies(reply, user_texts)), "persona_copy": float(copies(reply, persona_texts)),
-            "history_echo": float(copies(reply, agent_texts)), "self_repeat": float(repeats_itself(reply)),
-            "meta_leak": float(leaks_meta(reply, speaker_names)),
-            "trivial": float(len(words(reply)) < TRIVIAL_WORDS), "words": float(len(words(reply)))}
+    return {
+        "context_copy": float(copies(reply, user_texts)),
+        "persona_copy": float(copies(reply, persona_texts)),
+        "history_echo": float(copies(reply, agent_texts)),
+        "self_repeat": float(repeats_itself(reply)),
+        "meta_leak": float(leaks_meta(reply, speaker_names)),
+        "trivial": float(len(words(reply)) < TRIVIAL_WORDS),
+        "words": float(len(words(reply))),
+    }
 
 
 def rates(rows: list[dict]) -> dict[str, float]:

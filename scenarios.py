@@ -21,25 +21,35 @@ from pathlib import Path
 from typing import NamedTuple
 
 from plumbing.common import UserError, warn
-from plumbing.files import jsonl_lines, json_type, read_json, resolve
+from plumbing.files import json_type, jsonl_lines, read_json, resolve
 
 HERE = Path(__file__).resolve().parent
 
 
 # --- Personas (personas.json) -----------------------------------------------------------------
 # ESConv's eight support strategies (Liu et al. 2021), as its annotators labelled every supporter turn.
-SUPPORT_STRATEGIES = ["Question", "Restatement or Paraphrasing", "Reflection of feelings", "Self-disclosure",
-                      "Affirmation and Reassurance", "Providing Suggestions", "Information", "Others"]
+SUPPORT_STRATEGIES = [
+    "Question",
+    "Restatement or Paraphrasing",
+    "Reflection of feelings",
+    "Self-disclosure",
+    "Affirmation and Reassurance",
+    "Providing Suggestions",
+    "Information",
+    "Others",
+]
 
 
 @dataclass
 class Persona:
-    name: str            # "Anchor"
-    role: str            # "emotional validator"
-    description: str     # what it does and never does
-    style: str           # how it sounds
+    name: str  # "Anchor"
+    role: str  # "emotional validator"
+    description: str  # what it does and never does
+    style: str  # how it sounds
     examples: list[str]  # a few lines in its voice
-    esconv_strategies: list[str] = field(default_factory=list)   # its job in ESConv's labels (SUPPORT_STRATEGIES)
+    esconv_strategies: list[str] = field(
+        default_factory=list
+    )  # its job in ESConv's labels (SUPPORT_STRATEGIES)
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -48,16 +58,16 @@ def _words(text: str) -> tuple[str, ...]:
 
 def _contains(haystack: tuple, needle: tuple) -> bool:
     n = len(needle)
-    return n > 0 and any(haystack[i:i + n] == needle for i in range(len(haystack) - n + 1))
+    return n > 0 and any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
 
 
 @dataclass
 class PersonaSet:
-    name: str               # "support" | "meeting"
+    name: str  # "support" | "meeting"
     description: str
     personas: list[Persona]
-    strategies: list[str]   # the director's Action vocabulary
-    tones: list[str]        # the director's Tone vocabulary
+    strategies: list[str]  # the director's Action vocabulary
+    tones: list[str]  # the director's Tone vocabulary
 
     def names(self) -> list[str]:
         return [p.name for p in self.personas]
@@ -67,13 +77,16 @@ class PersonaSet:
         or None if none or several fit. Tried in order: exact name, exact role, a name inside the
         phrase, the phrase inside a name or role; case and punctuation ignored."""
         query = _words(name_or_role)
-        tests = [lambda p: _words(p.name) == query, lambda p: _words(p.role) == query,
-                 lambda p: _contains(query, _words(p.name)),
-                 lambda p: _contains(_words(p.name), query) or _contains(_words(p.role), query)]
+        tests = [
+            lambda p: _words(p.name) == query,
+            lambda p: _words(p.role) == query,
+            lambda p: _contains(query, _words(p.name)),
+            lambda p: _contains(_words(p.name), query) or _contains(_words(p.role), query),
+        ]
         for test in tests:
             hits = [p for p in self.personas if test(p)]
             if hits:
-                return hits[0] if len(hits) == 1 else None   # ambiguous: no weaker rule may guess
+                return hits[0] if len(hits) == 1 else None  # ambiguous: no weaker rule may guess
         return None
 
 
@@ -82,20 +95,30 @@ def _need(obj: dict, key: str, where: str, many: bool = False, limit: int = 2000
     a runaway field would crowd out the rest of every prompt it goes into."""
     value = obj.get(key)
     items = (value if isinstance(value, list) else [None]) if many else [value]
-    if not items or len(items) > 20 or not all(isinstance(v, str) and v.strip() and len(v) <= limit for v in items):
+    if (
+        not items
+        or len(items) > 20
+        or not all(isinstance(v, str) and v.strip() and len(v) <= limit for v in items)
+    ):
         what = "a list of at most 20 non-empty strings" if many else "a non-empty string"
-        raise UserError(f"{where}: field '{key}' must be {what} of at most {limit} characters (got "
-                        f"{'nothing' if key not in obj else json_type(value)})")
+        raise UserError(
+            f"{where}: field '{key}' must be {what} of at most {limit} characters (got "
+            f"{'nothing' if key not in obj else json_type(value)})"
+        )
     return [v.strip() for v in items] if many else value.strip()
 
 
 def persona_sets(path: str | Path = "personas.json") -> dict:
     """The raw persona sets of a personas file, {set name: set}, in file order."""
     if not resolve(path).is_file():
-        raise UserError(f"{path}: personas file not found; pass --personas a personas JSON file (the repo ships personas.json)")
+        raise UserError(
+            f"{path}: personas file not found; pass --personas a personas JSON file (the repo ships personas.json)"
+        )
     sets = read_json(resolve(path))
     if not isinstance(sets, dict):
-        raise UserError(f"{path}: the top level is {json_type(sets)}; it must map set names to persona sets")
+        raise UserError(
+            f"{path}: the top level is {json_type(sets)}; it must map set names to persona sets"
+        )
     return sets
 
 
@@ -103,42 +126,67 @@ def load_personas(path: str | Path = "personas.json", set_name: str = "support")
     """Read and validate one persona set; every problem is a UserError naming set, persona, field."""
     sets = persona_sets(path)
     if set_name not in sets:
-        raise UserError(f"{resolve(path)}: no persona set '{set_name}'; available: {', '.join(sets) or 'none'}")
+        raise UserError(
+            f"{resolve(path)}: no persona set '{set_name}'; available: {', '.join(sets) or 'none'}"
+        )
     raw, where = sets[set_name], f"{resolve(path)}: set '{set_name}'"
-    if not isinstance(raw, dict) or not isinstance(raw.get("personas"), list) or not raw["personas"]:
-        raise UserError(f"{where} must be an object with description, a non-empty personas list, strategies, tones")
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("personas"), list)
+        or not raw["personas"]
+    ):
+        raise UserError(
+            f"{where} must be an object with description, a non-empty personas list, strategies, tones"
+        )
     personas, seen = [], {}
     for i, item in enumerate(raw["personas"], start=1):
         here = f"{where} persona #{i}"
         if not isinstance(item, dict):
             raise UserError(f"{here} is {json_type(item)}; each persona must be an object")
-        p = Persona(*(_need(item, k, here) for k in ("name", "role", "description", "style")),
-                    _need(item, "examples", here, many=True),
-                    _need(item, "esconv_strategies", here, many=True) if "esconv_strategies" in item else [])
+        p = Persona(
+            *(_need(item, k, here) for k in ("name", "role", "description", "style")),
+            _need(item, "examples", here, many=True),
+            _need(item, "esconv_strategies", here, many=True)
+            if "esconv_strategies" in item
+            else [],
+        )
         if set(p.esconv_strategies) - set(SUPPORT_STRATEGIES):
-            raise UserError(f"{here}: esconv_strategies {sorted(set(p.esconv_strategies) - set(SUPPORT_STRATEGIES))} "
-                            f"are not ESConv's; use {', '.join(SUPPORT_STRATEGIES)}")
-        if not re.fullmatch(r"[\w][\w .'-]{0,39}", p.name):     # a newline could spoof a directive line
-            raise UserError(f"{here}: name {p.name!r} must be one line of at most 40 letters, digits, spaces, . ' -")
+            raise UserError(
+                f"{here}: esconv_strategies {sorted(set(p.esconv_strategies) - set(SUPPORT_STRATEGIES))} "
+                f"are not ESConv's; use {', '.join(SUPPORT_STRATEGIES)}"
+            )
+        if not re.fullmatch(
+            r"[\w][\w .'-]{0,39}", p.name
+        ):  # a newline could spoof a directive line
+            raise UserError(
+                f"{here}: name {p.name!r} must be one line of at most 40 letters, digits, spaces, . ' -"
+            )
         if p.name.casefold() in seen:
-            raise UserError(f"{where}: personas #{seen[p.name.casefold()]} and #{i} are both named '{p.name}'")
+            raise UserError(
+                f"{where}: personas #{seen[p.name.casefold()]} and #{i} are both named '{p.name}'"
+            )
         seen[p.name.casefold()] = i
         personas.append(p)
-    return PersonaSet(set_name, _need(raw, "description", where), personas, _need(raw, "strategies", where, True),
-                      _need(raw, "tones", where, True))
+    return PersonaSet(
+        set_name,
+        _need(raw, "description", where),
+        personas,
+        _need(raw, "strategies", where, True),
+        _need(raw, "tones", where, True),
+    )
 
 
 # --- Contexts: the situations conversations start from, from our file or the paper's datasets ---
 @dataclass
 class Context:
     id: str
-    persona_set: str     # "support" | "meeting"
-    situation: str       # what happened / what the meeting is about
-    first_message: str   # the user's opening message to the group
-    emotion: str = ""    # ED / ESConv emotion label
-    valence: str = ""    # "positive" | "negative" | "ambiguous" (support contexts)
-    domain: str = ""     # "Academic" | "Committee" | "Product" (meeting contexts)
-    source: str = ""     # "bundled" | "empathetic_dialogues" | "esconv" | "qmsum"
+    persona_set: str  # "support" | "meeting"
+    situation: str  # what happened / what the meeting is about
+    first_message: str  # the user's opening message to the group
+    emotion: str = ""  # ED / ESConv emotion label
+    valence: str = ""  # "positive" | "negative" | "ambiguous" (support contexts)
+    domain: str = ""  # "Academic" | "Committee" | "Product" (meeting contexts)
+    source: str = ""  # "bundled" | "empathetic_dialogues" | "esconv" | "qmsum"
     # The recorded conversation from first_message on: [{"speaker": "user" | "supporter" |
     # "participant", "text", "strategy"?: ESConv's label}]; empty when the source has only openings.
     turns: list[dict] = field(default_factory=list)
@@ -148,28 +196,45 @@ def context_row(row: dict) -> Context:
     """One line of a contexts file in our format (data/contexts.jsonl; extras/datasets.py writes the public datasets
     in it too): id, set, situation, first_message, optional emotion, valence, domain, source and turns."""
     if row.get("set") not in ("support", "meeting"):
-        raise UserError("'set' must be \"support\" or \"meeting\"")
+        raise UserError('\'set\' must be "support" or "meeting"')
     if (row.get("valence") or "") not in ("", "positive", "negative", "ambiguous"):
         raise UserError("'valence' must be positive, negative or ambiguous")
     turns = row.get("turns") or []
-    if not isinstance(turns, list) or not all(isinstance(t, dict) and isinstance(t.get("text"), str)
-                                              and t.get("speaker") in ("user", "supporter", "participant") for t in turns):
+    if not isinstance(turns, list) or not all(
+        isinstance(t, dict)
+        and isinstance(t.get("text"), str)
+        and t.get("speaker") in ("user", "supporter", "participant")
+        for t in turns
+    ):
         raise UserError("'turns' must be a list of {speaker: user|supporter|participant, text}")
-    return Context(*(_need(row, k, "this row", limit=20_000) for k in ("id", "set", "situation", "first_message")),
-                   str(row.get("emotion") or ""),
-                   row.get("valence") or "", str(row.get("domain") or ""), str(row.get("source") or "bundled"), turns)
+    return Context(
+        *(
+            _need(row, k, "this row", limit=20_000)
+            for k in ("id", "set", "situation", "first_message")
+        ),
+        str(row.get("emotion") or ""),
+        row.get("valence") or "",
+        str(row.get("domain") or ""),
+        str(row.get("source") or "bundled"),
+        turns,
+    )
 
 
 def is_contexts_file(spec: str) -> bool:
     """Is --data "bundled" or a JSON-lines file in our format (its first object has first_message)?"""
     path = Path(spec).expanduser()
-    first = next((v for _, v, _ in jsonl_lines(path) if isinstance(v, dict)), {}) if path.suffix == ".jsonl" \
-        and path.is_file() else {}
+    first = (
+        next((v for _, v, _ in jsonl_lines(path) if isinstance(v, dict)), {})
+        if path.suffix == ".jsonl" and path.is_file()
+        else {}
+    )
     return spec == "bundled" or {"first_message", "set"} <= set(first)
 
 
 def contexts_path(spec: str) -> Path:
-    return HERE / "data" / "contexts.jsonl" if spec == "bundled" else Path(spec).expanduser()    # --data's file
+    return (
+        HERE / "data" / "contexts.jsonl" if spec == "bundled" else Path(spec).expanduser()
+    )  # --data's file
 
 
 def load_contexts(spec: str = "bundled", persona_set: str = "support") -> list[Context]:
@@ -186,11 +251,15 @@ def load_contexts(spec: str = "bundled", persona_set: str = "support") -> list[C
             skipped += 1
             warn(f"{path}: skipping line {number}: {e}")
     if not [c for c in contexts if c.persona_set == persona_set]:
-        raise UserError(f"{path}: no usable '{persona_set}' contexts ({skipped} malformed rows); check --data and --set")
+        raise UserError(
+            f"{path}: no usable '{persona_set}' contexts ({skipped} malformed rows); check --data and --set"
+        )
     return [c for c in contexts if c.persona_set == persona_set]
 
 
-def split_contexts(contexts: list[Context], held_out: float = 0.25, seed: int = 0) -> tuple[list, list]:
+def split_contexts(
+    contexts: list[Context], held_out: float = 0.25, seed: int = 0
+) -> tuple[list, list]:
     """Deterministic (train, held_out), stratified by slice (support valence, meeting domain): each
     slice of two or more contexts puts round(n * held_out), at least one and never all, into
     held-out, so the evaluation covers every slice the paper reports. Both keep the input order."""
@@ -204,8 +273,12 @@ def split_contexts(contexts: list[Context], held_out: float = 0.25, seed: int = 
         n = round(len(members) * held_out)
         if held_out > 0 and len(members) >= 2:
             n = min(max(n, 1), len(members) - 1)
-        held.update(random.Random(f"{seed}/{name}").sample(members, n))   # per slice: one never reshuffles another
-    return [c for i, c in enumerate(contexts) if i not in held], [c for i, c in enumerate(contexts) if i in held]
+        held.update(
+            random.Random(f"{seed}/{name}").sample(members, n)
+        )  # per slice: one never reshuffles another
+    return [c for i, c in enumerate(contexts) if i not in held], [
+        c for i, c in enumerate(contexts) if i in held
+    ]
 
 
 # --- Big Five simulated-user profiles (data/profiles.json) ------------------------------------
@@ -215,9 +288,9 @@ LEVELS = ("high", "low", "average")
 
 @dataclass
 class Profile:
-    id: str                 # "average", "openness-high", ...
+    id: str  # "average", "openness-high", ...
     levels: dict[str, str]  # trait -> "high" | "low" | "average"
-    description: str        # the five trait texts joined: the simulated user's personality prompt
+    description: str  # the five trait texts joined: the simulated user's personality prompt
 
     def trait(self) -> str:
         """The trait this profile sets high or low; "average" when none, "mixed" when several."""
@@ -230,29 +303,47 @@ def load_profiles(path: str | Path = "data/profiles.json") -> dict[str, Profile]
     path = resolve(path)
     raw = read_json(path)
     traits = raw.get("traits") if isinstance(raw, dict) else None
-    if not isinstance(traits, dict) or sorted(traits) != sorted(BIG_FIVE) or not all(isinstance(traits[t], dict) for t in BIG_FIVE):
-        raise UserError(f"{path}: \"traits\" must map each of {', '.join(BIG_FIVE)} to its high/low/average texts")
-    texts = {t: {lv: _need(traits[t], lv, f"{path}: trait '{t}'") for lv in LEVELS} for t in BIG_FIVE}
+    if (
+        not isinstance(traits, dict)
+        or sorted(traits) != sorted(BIG_FIVE)
+        or not all(isinstance(traits[t], dict) for t in BIG_FIVE)
+    ):
+        raise UserError(
+            f'{path}: "traits" must map each of {", ".join(BIG_FIVE)} to its high/low/average texts'
+        )
+    texts = {
+        t: {lv: _need(traits[t], lv, f"{path}: trait '{t}'") for lv in LEVELS} for t in BIG_FIVE
+    }
     profiles: dict[str, Profile] = {}
     for i, entry in enumerate(raw.get("profiles") or [], start=1):
         levels = entry.get("levels") if isinstance(entry, dict) else None
-        if not isinstance(levels, dict) or sorted(levels) != sorted(BIG_FIVE) or any(levels[t] not in LEVELS for t in BIG_FIVE) \
-                or not isinstance(entry.get("id"), str) or entry["id"] in profiles:
-            raise UserError(f"{path}: profile #{i} needs a unique id and \"levels\" giving each trait high/low/average")
-        profiles[entry["id"]] = Profile(entry["id"], {t: levels[t] for t in BIG_FIVE},
-                                        " ".join(texts[t][levels[t]] for t in BIG_FIVE))
+        if (
+            not isinstance(levels, dict)
+            or sorted(levels) != sorted(BIG_FIVE)
+            or any(levels[t] not in LEVELS for t in BIG_FIVE)
+            or not isinstance(entry.get("id"), str)
+            or entry["id"] in profiles
+        ):
+            raise UserError(
+                f'{path}: profile #{i} needs a unique id and "levels" giving each trait high/low/average'
+            )
+        profiles[entry["id"]] = Profile(
+            entry["id"],
+            {t: levels[t] for t in BIG_FIVE},
+            " ".join(texts[t][levels[t]] for t in BIG_FIVE),
+        )
     if not profiles:
-        raise UserError(f"{path}: \"profiles\" must be a non-empty list of {{id, levels}} objects")
+        raise UserError(f'{path}: "profiles" must be a non-empty list of {{id, levels}} objects')
     return profiles
 
 
 # --- One run's inputs, checked against the stages it builds on --------------------------------
 class Inputs(NamedTuple):
     personas: PersonaSet
-    train: list[Context]          # contexts training may use
-    held_out: list[Context]       # contexts only the before/after checks and the evaluation see
+    train: list[Context]  # contexts training may use
+    held_out: list[Context]  # contexts only the before/after checks and the evaluation see
     profiles: dict[str, Profile]  # Big Five profile id -> profile
-    split: str                    # how train and held_out were chosen, for the results
+    split: str  # how train and held_out were chosen, for the results
 
 
 # The settings that decide which contexts are held out. A later command on the same run folder
@@ -260,19 +351,31 @@ class Inputs(NamedTuple):
 SPLIT_SETTINGS = ("set", "seed", "held_out")
 
 
-def make_inputs(personas: PersonaSet, splits: dict[str, list[Context]], held_out: float, seed: int,
-                profiles: dict[str, Profile], config: dict, earlier: list[Path] = ()) -> Inputs:
+def make_inputs(
+    personas: PersonaSet,
+    splits: dict[str, list[Context]],
+    held_out: float,
+    seed: int,
+    profiles: dict[str, Profile],
+    config: dict,
+    earlier: list[Path] = (),
+) -> Inputs:
     """The run's train / held-out contexts: `splits` {"train", "test"/"valid"} of official splits (used
     as the paper does), else {"all"} (split at random here). `earlier`: the config.json of the stages
     this builds on; made on the same data (resolved paths), they must agree on SPLIT_SETTINGS."""
     for path in earlier:
         old = read_json(path) if Path(path).is_file() else {}
-        if old.get("data") is not None and contexts_path(old["data"]).resolve() == contexts_path(config["data"]).resolve():
+        if (
+            old.get("data") is not None
+            and contexts_path(old["data"]).resolve() == contexts_path(config["data"]).resolve()
+        ):
             for key in SPLIT_SETTINGS:
                 if key in old and old[key] != config[key]:
                     flag = "--" + key.replace("_", "-")
-                    raise UserError(f"{flag} {config[key]}: {path} was made with {flag} {old[key]}, so the contexts "
-                                    f"it trained on would be held out here; use {flag} {old[key]} or a new --run folder")
+                    raise UserError(
+                        f"{flag} {config[key]}: {path} was made with {flag} {old[key]}, so the contexts "
+                        f"it trained on would be held out here; use {flag} {old[key]} or a new --run folder"
+                    )
     if "train" in splits and len(splits) > 1:
         held_name = "test" if "test" in splits else "valid"
         train, held = splits["train"], splits[held_name]
@@ -282,10 +385,11 @@ def make_inputs(personas: PersonaSet, splits: dict[str, list[Context]], held_out
         train, held = split_contexts(contexts, held_out, seed)
         how = f"random split, held-out fraction {held_out}"
         if not held or not train:
-            raise UserError(f"--held-out {held_out}: {len(held)} held-out and {len(train)} training contexts of "
-                            f"{len(contexts)}; need at least one of each")
+            raise UserError(
+                f"--held-out {held_out}: {len(held)} held-out and {len(train)} training contexts of "
+                f"{len(contexts)}; need at least one of each"
+            )
     return Inputs(personas, train, held, profiles, how)
-
 
 
 def classifier_halves(train, seed: int) -> tuple[list, list]:
@@ -298,4 +402,6 @@ def classifier_halves(train, seed: int) -> tuple[list, list]:
 
 def require_mapping(personas, flag: str = "--director-warmup-data") -> None:
     if not any(p.esconv_strategies for p in personas.personas):
-        raise UserError(f"{flag}: no persona of the '{personas.name}' set lists esconv_strategies; use --set support or cards that do")
+        raise UserError(
+            f"{flag}: no persona of the '{personas.name}' set lists esconv_strategies; use --set support or cards that do"
+        )

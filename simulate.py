@@ -31,11 +31,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import models
-from scenarios import Context, Persona, PersonaSet, Profile
-from plumbing.common import derive_seed, progress
 from metrics import diagnose
+from plumbing.common import derive_seed, progress
+from scenarios import Context, Persona, PersonaSet, Profile
 
-USER, SAFETY = "User", "Safety"      # the speaker labels of the person and of the crisis message
+USER, SAFETY = "User", "Safety"  # the speaker labels of the person and of the crisis message
 # How much of the conversation each reader sees, in turns: the speakers, the simulated user and the
 # director read SEEN_TURNS; every grader (the judges, the reward model, the block judgement)
 # JUDGE_TURNS, since small judges have short windows. (The persona-ID evaluator reads 2: evaluate.py.)
@@ -46,50 +46,69 @@ SEEN_TURNS, JUDGE_TURNS = 8, 6
 @dataclass
 class Directive:
     """The director's decision for one turn (the paper's `Agent / Action / Tone`)."""
+
     agent: str
-    action: str = ""          # "" for the fixed rules
+    action: str = ""  # "" for the fixed rules
     tone: str = ""
-    valid: bool = True        # False when the director's text could not be parsed (a fallback spoke)
-    raw: str = ""             # the director's raw text, kept for the transcripts
+    valid: bool = True  # False when the director's text could not be parsed (a fallback spoke)
+    raw: str = ""  # the director's raw text, kept for the transcripts
 
 
 @dataclass
 class Turn:
-    speaker: str                          # USER, SAFETY or an agent name
+    speaker: str  # USER, SAFETY or an agent name
     text: str
-    directive: Directive | None = None    # set on agent turns
+    directive: Directive | None = None  # set on agent turns
 
 
 @dataclass
 class Conversation:
     context: Context
     persona_set: str
-    profile: str                          # the simulated user's Big Five profile id
-    policy: str                           # the turn-taking policy's name
+    profile: str  # the simulated user's Big Five profile id
+    policy: str  # the turn-taking policy's name
     seed: int
     turns: list[Turn] = field(default_factory=list)
-    events: list[dict] = field(default_factory=list)   # {"type": "crisis", ...}
-    ended: bool = False                   # set when the crisis guard stops the conversation
+    events: list[dict] = field(default_factory=list)  # {"type": "crisis", ...}
+    ended: bool = False  # set when the crisis guard stops the conversation
 
     def agent_turns(self) -> list[Turn]:
         return [t for t in self.turns if t.speaker not in (USER, SAFETY)]
 
     def to_json(self) -> dict:
         c = self.context
-        return {"context_id": c.id, "persona_set": self.persona_set, "situation": c.situation, "emotion": c.emotion,
-                "valence": c.valence, "domain": c.domain, "profile": self.profile, "policy": self.policy,
-                "seed": self.seed, "events": self.events,
-                "turns": [{"speaker": t.speaker, "text": t.text, "directive": asdict(t.directive) if t.directive else None}
-                          for t in self.turns]}
+        return {
+            "context_id": c.id,
+            "persona_set": self.persona_set,
+            "situation": c.situation,
+            "emotion": c.emotion,
+            "valence": c.valence,
+            "domain": c.domain,
+            "profile": self.profile,
+            "policy": self.policy,
+            "seed": self.seed,
+            "events": self.events,
+            "turns": [
+                {
+                    "speaker": t.speaker,
+                    "text": t.text,
+                    "directive": asdict(t.directive) if t.directive else None,
+                }
+                for t in self.turns
+            ],
+        }
 
 
 @dataclass
 class JudgeState:
     """What a judge (judge.py) or the reward model (reward.py) sees besides the reply itself."""
+
     persona_name: str
-    persona_desc: str                                   # "<role>: <description>"
-    context: str                                        # the user's latest message
-    history: list[dict] = field(default_factory=list)   # earlier turns [{"speaker", "text"}], oldest first
+    persona_desc: str  # "<role>: <description>"
+    context: str  # the user's latest message
+    history: list[dict] = field(
+        default_factory=list
+    )  # earlier turns [{"speaker", "text"}], oldest first
     situation: str = ""
 
 
@@ -100,13 +119,18 @@ def judge_state(persona: Persona, turns: list[Turn], situation: str) -> JudgeSta
     both visible. Stage 1, stage 2 and the evaluation all build the state here, so they judge alike."""
     last_user = max((k for k, t in enumerate(turns) if t.speaker == USER), default=None)
     earlier = [t for k, t in enumerate(turns) if k != last_user][-JUDGE_TURNS:]
-    return JudgeState(persona.name, f"{persona.role}: {persona.description}",
-                      turns[last_user].text if last_user is not None else "",
-                      [{"speaker": t.speaker, "text": t.text} for t in earlier], situation)
+    return JudgeState(
+        persona.name,
+        f"{persona.role}: {persona.description}",
+        turns[last_user].text if last_user is not None else "",
+        [{"speaker": t.speaker, "text": t.text} for t in earlier],
+        situation,
+    )
 
 
-def start_conversation(context: Context, persona_set: str, profile: str, policy: str, seed: int,
-                       guard=None) -> Conversation:
+def start_conversation(
+    context: Context, persona_set: str, profile: str, policy: str, seed: int, guard=None
+) -> Conversation:
     conv = Conversation(context, persona_set, profile, policy, seed)
     add_user_turn(conv, context.first_message, guard)
     return conv
@@ -119,8 +143,15 @@ def add_user_turn(conv: Conversation, text: str, guard=None) -> None:
     flag = guard.check(text) if guard is not None else None
     if flag is not None and flag.flagged:
         conv.turns.append(Turn(SAFETY, guard.message))
-        conv.events.append({"type": "crisis", "turn": len(conv.turns) - 2, "text": text, "category": flag.category,
-                            "score": None if flag.score is None else round(flag.score, 3)})
+        conv.events.append(
+            {
+                "type": "crisis",
+                "turn": len(conv.turns) - 2,
+                "text": text,
+                "category": flag.category,
+                "score": None if flag.score is None else round(flag.score, 3),
+            }
+        )
         conv.ended = True
 
 
@@ -140,12 +171,24 @@ def persona_card(persona: Persona) -> str:
     return card
 
 
-def diagnose_reply(persona: Persona, turns: list[Turn], situation: str, reply: str, names: list[str]) -> dict:
+def diagnose_reply(
+    persona: Persona, turns: list[Turn], situation: str, reply: str, names: list[str]
+) -> dict:
     """metrics.diagnose for the reply that follows `turns`, spoken by `persona`: stage 1 logs it for
     every sampled reply, the evaluation for every agent turn, the stress test for every pick."""
-    card = [persona.role, persona.description, persona.style, *persona.examples]     # what reciting it would copy
-    return diagnose(reply, [situation] + [t.text for t in turns if t.speaker == USER], card,
-                    [t.text for t in turns if t.speaker not in (USER, SAFETY)], names + [USER])
+    card = [
+        persona.role,
+        persona.description,
+        persona.style,
+        *persona.examples,
+    ]  # what reciting it would copy
+    return diagnose(
+        reply,
+        [situation] + [t.text for t in turns if t.speaker == USER],
+        card,
+        [t.text for t in turns if t.speaker not in (USER, SAFETY)],
+        names + [USER],
+    )
 
 
 def role_setting(personas: PersonaSet, setting: str) -> PersonaSet:
@@ -153,23 +196,41 @@ def role_setting(personas: PersonaSet, setting: str) -> PersonaSet:
     (name and role only: the ablation that shows what the card itself is worth)."""
     if setting == "full":
         return personas
-    return PersonaSet(personas.name, personas.description, [Persona(p.name, p.role, "", "", []) for p in personas.personas],
-                      personas.strategies, personas.tones)
+    return PersonaSet(
+        personas.name,
+        personas.description,
+        [Persona(p.name, p.role, "", "", []) for p in personas.personas],
+        personas.strategies,
+        personas.tones,
+    )
 
 
 STYLES = ("persona", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot")
 COT_STYLES, EXAMPLE_STYLES = ("zero-shot-cot", "few-shot-cot"), ("few-shot", "few-shot-cot")
-_THINK_THEN_REPLY = ("First write one sentence of thinking after 'Thinking:' (what the person needs and what your "
-                     "role adds), then your short reply after 'Reply:'.")
+_THINK_THEN_REPLY = (
+    "First write one sentence of thinking after 'Thinking:' (what the person needs and what your "
+    "role adds), then your short reply after 'Reply:'."
+)
 
 
 def fewshot_block(examples: list[dict], thinking: bool = True) -> str:
-    return "\n\n".join(f"Situation: {e['situation']}\nUser: {e['user']}\nCompanion: {e['persona']}\n"
-                       + (f"Thinking: {e['thinking']}\n" if thinking else "") + f"Reply: {e['reply']}" for e in examples)
+    return "\n\n".join(
+        f"Situation: {e['situation']}\nUser: {e['user']}\nCompanion: {e['persona']}\n"
+        + (f"Thinking: {e['thinking']}\n" if thinking else "")
+        + f"Reply: {e['reply']}"
+        for e in examples
+    )
 
 
-def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, turns: list[Turn],
-                     directive: Directive | None = None, style: str = "persona", examples: list[dict] = ()) -> list[dict]:
+def speaker_messages(
+    persona: Persona,
+    personas: PersonaSet,
+    context: Context,
+    turns: list[Turn],
+    directive: Directive | None = None,
+    style: str = "persona",
+    examples: list[dict] = (),
+) -> list[dict]:
     """The chat prompt for one agent's next reply.
 
     The system message opens with the persona card (one shared model, a different card per agent), then what the style
@@ -182,18 +243,25 @@ def speaker_messages(persona: Persona, personas: PersonaSet, context: Context, t
     if style in EXAMPLE_STYLES and not examples:
         raise ValueError(f"speaker_messages: style {style!r} needs examples (data/fewshot.json)")
     others = ", ".join(f"{p.name} ({p.role})" for p in personas.personas if p.name != persona.name)
-    system = {
-        "persona": f"{card}\nYou are one of several companions in a group chat with one person. The others are "
-                   f"{others}. Stay in your own role and do not repeat them. Reply with one short message of one "
-                   "to three sentences, in your own voice. Do not write your name or anyone else's lines.",
-        "zero-shot": f"{card}\nReply to the person with one short message of one to three sentences.",
-        "zero-shot-cot": f"{card}\n{_THINK_THEN_REPLY}",
-        "few-shot": f"{card}\nExamples of companions replying:\n\n{fewshot_block(examples, thinking=False)}"
-                    "\n\nWrite your short reply after 'Reply:'.",
-        "few-shot-cot": f"{card}\nExamples of companions thinking, then replying:\n\n{fewshot_block(examples)}"
-                        f"\n\n{_THINK_THEN_REPLY}"}.get(style) if style in STYLES else None
+    system = (
+        {
+            "persona": f"{card}\nYou are one of several companions in a group chat with one person. The others are "
+            f"{others}. Stay in your own role and do not repeat them. Reply with one short message of one "
+            "to three sentences, in your own voice. Do not write your name or anyone else's lines.",
+            "zero-shot": f"{card}\nReply to the person with one short message of one to three sentences.",
+            "zero-shot-cot": f"{card}\n{_THINK_THEN_REPLY}",
+            "few-shot": f"{card}\nExamples of companions replying:\n\n{fewshot_block(examples, thinking=False)}"
+            "\n\nWrite your short reply after 'Reply:'.",
+            "few-shot-cot": f"{card}\nExamples of companions thinking, then replying:\n\n{fewshot_block(examples)}"
+            f"\n\n{_THINK_THEN_REPLY}",
+        }.get(style)
+        if style in STYLES
+        else None
+    )
     if system is None:
-        raise ValueError(f"speaker_messages: unknown style {style!r}; use one of {', '.join(STYLES)}")
+        raise ValueError(
+            f"speaker_messages: unknown style {style!r}; use one of {', '.join(STYLES)}"
+        )
     system += f"\nBackground: {context.situation}"
     if directive is not None and (directive.action or directive.tone):
         system += "\n" + directive_sentence(directive)
@@ -209,10 +277,14 @@ def directive_sentence(directive: Directive) -> str:
     >>> directive_sentence(Directive("Beacon", "Name a strength.", "encouraging"))
     'In your next message, name a strength, in an encouraging tone.'
     """
+
     def phrase(text: str, default: str) -> str:
-        text = text.strip().rstrip(".!;:,").strip() or default       # free text: no punctuation mid-sentence
+        text = (
+            text.strip().rstrip(".!;:,").strip() or default
+        )  # free text: no punctuation mid-sentence
         first = text.split()[0]
         return text if first.isupper() or first.startswith("I'") else text[0].lower() + text[1:]
+
     tone = phrase(directive.tone, "natural")
     return f"In your next message, {phrase(directive.action, 'respond')}, in {'an' if tone[0] in 'aeiouAEIOU' else 'a'} {tone} tone."
 
@@ -224,7 +296,11 @@ def transcript_messages(persona: Persona, turns: list[Turn]) -> list[dict]:
     out = []
     for t in turns[-SEEN_TURNS:]:
         role = "assistant" if t.speaker == persona.name else "user"
-        text = t.text if t.speaker in (persona.name, USER) else f"{models.OTHER_LABEL.format(t.speaker)}: {t.text}"
+        text = (
+            t.text
+            if t.speaker in (persona.name, USER)
+            else f"{models.OTHER_LABEL.format(t.speaker)}: {t.text}"
+        )
         if out and out[-1]["role"] == role:
             out[-1]["content"] += "\n" + text
         else:
@@ -250,10 +326,14 @@ def reply_text(raw: str, style: str = "persona") -> str:
 def user_messages(profile: Profile, context: Context, turns: list[Turn]) -> list[dict]:
     """The simulated user's prompt: the situation, and the Big Five profile as its personality."""
     feeling = f" You feel {context.emotion}." if context.emotion else ""
-    system = (f"You are role-playing a real person chatting with a group of AI companions. Your situation: "
-              f"{context.situation}{feeling} Your personality: {profile.description} Write only your own next chat "
-              "message: one to three sentences, first person, no names, no quotation marks. Never act as an assistant.")
-    task = f"Conversation so far:\n{render_history(turns)}\n\nWrite your next message as the person."
+    system = (
+        f"You are role-playing a real person chatting with a group of AI companions. Your situation: "
+        f"{context.situation}{feeling} Your personality: {profile.description} Write only your own next chat "
+        "message: one to three sentences, first person, no names, no quotation marks. Never act as an assistant."
+    )
+    task = (
+        f"Conversation so far:\n{render_history(turns)}\n\nWrite your next message as the person."
+    )
     return [{"role": "system", "content": system}, {"role": "user", "content": task}]
 
 
@@ -264,18 +344,23 @@ def least_spoken_agent(personas: PersonaSet, conv: Conversation) -> str:
     spoken = conv.agent_turns()
     counts, last = Counter(t.speaker for t in spoken), spoken[-1].speaker if spoken else None
     names = personas.names()
-    return names[min(range(len(names)), key=lambda i: (counts.get(names[i], 0), names[i] == last, i))]
+    return names[
+        min(range(len(names)), key=lambda i: (counts.get(names[i], 0), names[i] == last, i))
+    ]
 
 
 class Rule:
     """A fixed turn-taking rule: its name and choose(convs) -> a Directive per conversation."""
+
     def __init__(self, personas: PersonaSet, seed: int = 0):
         self.personas, self.seed = personas, seed
 
 
 class RoundRobin(Rule):
     """Agents speak in roster order (MultiAgentESC's fixed turns)."""
+
     name = "round-robin"
+
     def choose(self, convs: list[Conversation]) -> list[Directive]:
         names = self.personas.names()
         return [Directive(names[len(c.agent_turns()) % len(names)]) for c in convs]
@@ -283,12 +368,19 @@ class RoundRobin(Rule):
 
 class RandomOrder(Rule):
     """A uniformly random agent each turn (the paper's MASCOT-C: no director)."""
+
     name = "random"
 
     def choose(self, convs: list[Conversation]) -> list[Directive]:
         # Seeded per (conversation, turn), so the order never depends on what else is in the batch.
-        return [Directive(random.Random(derive_seed(self.seed, c.seed, len(c.turns))).choice(self.personas.names()))
-                for c in convs]
+        return [
+            Directive(
+                random.Random(derive_seed(self.seed, c.seed, len(c.turns))).choice(
+                    self.personas.names()
+                )
+            )
+            for c in convs
+        ]
 
 
 class LeastSpoken(Rule):
@@ -303,6 +395,7 @@ class LeastSpoken(Rule):
 class Cast:
     """The frozen parts of a conversation. A model is local (loading.load_model) or served (any
     object with generate_texts; its tokenizer None)."""
+
     personas: PersonaSet
     speaker_model: object
     speaker_tok: object
@@ -311,10 +404,10 @@ class Cast:
     max_new_tokens: int
     temperature: float = 0.8
     top_p: float = 0.95
-    style: str = "persona"                 # speaker prompt style (STYLES)
-    examples: list = field(default_factory=list)   # data/fewshot.json entries for EXAMPLE_STYLES
-    guard: object = None                   # a crisis guard (extras/safety.py) where people read along
-    on_token: object = None                # models.generate's callback for agent turns (the chat streams)
+    style: str = "persona"  # speaker prompt style (STYLES)
+    examples: list = field(default_factory=list)  # data/fewshot.json entries for EXAMPLE_STYLES
+    guard: object = None  # a crisis guard (extras/safety.py) where people read along
+    on_token: object = None  # models.generate's callback for agent turns (the chat streams)
 
 
 def turn_seed(conv: Conversation, salt: int = 0) -> int:
@@ -325,32 +418,67 @@ def turn_seed(conv: Conversation, salt: int = 0) -> int:
 
 def agents_speak(convs: list[Conversation], directives: list[Directive], cast: Cast) -> None:
     """One agent turn for each live (conversation, directive), in one batch."""
-    live = [(c, d, cast.personas.find(d.agent) or cast.personas.personas[0]) for c, d in zip(convs, directives)
-            if not c.ended]
+    live = [
+        (c, d, cast.personas.find(d.agent) or cast.personas.personas[0])
+        for c, d in zip(convs, directives)
+        if not c.ended
+    ]
     if not live:
         return
-    prompts = [speaker_messages(p, cast.personas, c.context, c.turns, d, cast.style, cast.examples) for c, d, p in live]
-    budget = cast.max_new_tokens * (2 if cast.style in COT_STYLES else 1)   # the thinking must not eat the reply
-    texts = models.generate_texts(cast.speaker_model, cast.speaker_tok, prompts, budget, cast.temperature,
-                                  cast.top_p, seeds=[turn_seed(c) for c, _, _ in live], on_token=cast.on_token)
+    prompts = [
+        speaker_messages(p, cast.personas, c.context, c.turns, d, cast.style, cast.examples)
+        for c, d, p in live
+    ]
+    budget = cast.max_new_tokens * (
+        2 if cast.style in COT_STYLES else 1
+    )  # the thinking must not eat the reply
+    texts = models.generate_texts(
+        cast.speaker_model,
+        cast.speaker_tok,
+        prompts,
+        budget,
+        cast.temperature,
+        cast.top_p,
+        seeds=[turn_seed(c) for c, _, _ in live],
+        on_token=cast.on_token,
+    )
     for (conv, d, persona), raw in zip(live, texts):
-        text = models.clean_reply(reply_text(raw, cast.style), persona.name, cast.personas.names()) or "..."
+        text = (
+            models.clean_reply(reply_text(raw, cast.style), persona.name, cast.personas.names())
+            or "..."
+        )
         conv.turns.append(Turn(persona.name, text, d))
 
 
 def users_speak(convs: list[Conversation], profiles: dict[str, Profile], cast: Cast) -> None:
     live = [c for c in convs if not c.ended]
     if live:
-        texts = models.generate_texts(cast.user_model, cast.user_tok,
-                                      [user_messages(profiles[c.profile], c.context, c.turns) for c in live],
-                                      cast.max_new_tokens, cast.temperature, cast.top_p,
-                                      seeds=[turn_seed(c, salt=1) for c in live])
+        texts = models.generate_texts(
+            cast.user_model,
+            cast.user_tok,
+            [user_messages(profiles[c.profile], c.context, c.turns) for c in live],
+            cast.max_new_tokens,
+            cast.temperature,
+            cast.top_p,
+            seeds=[turn_seed(c, salt=1) for c in live],
+        )
         for conv, raw in zip(live, texts):
-            add_user_turn(conv, models.clean_reply(raw, USER, cast.personas.names()) or "Okay.", cast.guard)
+            add_user_turn(
+                conv, models.clean_reply(raw, USER, cast.personas.names()) or "Okay.", cast.guard
+            )
 
 
-def advance(convs: list[Conversation], policy, cast: Cast, profiles: dict[str, Profile], n_agent_turns: int,
-            user_every: int, fixed_first: list[Directive] | None = None, speak=agents_speak, desc: str = "") -> None:
+def advance(
+    convs: list[Conversation],
+    policy,
+    cast: Cast,
+    profiles: dict[str, Profile],
+    n_agent_turns: int,
+    user_every: int,
+    fixed_first: list[Directive] | None = None,
+    speak=agents_speak,
+    desc: str = "",
+) -> None:
     """Advance every conversation by n agent turns, the user answering a conversation once
     `user_every` agents have spoken since its last message (0: never). fixed_first: directives for
     the FIRST turn instead of the policy's (stage 2 rolls out a sampled directive this way).
@@ -358,21 +486,39 @@ def advance(convs: list[Conversation], policy, cast: Cast, profiles: dict[str, P
     for k in progress(range(n_agent_turns), desc):
         if all(c.ended for c in convs):
             return
-        speak(convs, fixed_first if k == 0 and fixed_first is not None else policy.choose(convs), cast)
-        since_user = lambda c: len(c.turns) - 1 - max(                               # noqa: E731  agent turns
-            (j for j, t in enumerate(c.turns) if t.speaker in (USER, SAFETY)), default=-1)  # since the user spoke
+        speak(
+            convs, fixed_first if k == 0 and fixed_first is not None else policy.choose(convs), cast
+        )
+        since_user = lambda c: (
+            len(c.turns)
+            - 1
+            - max(  # noqa: E731  agent turns
+                (j for j, t in enumerate(c.turns) if t.speaker in (USER, SAFETY)), default=-1
+            )
+        )  # since the user spoke
         due = [c for c in convs if not c.ended and since_user(c) >= user_every]
         if user_every > 0 and due and k < n_agent_turns - 1:
             users_speak(due, profiles, cast)
 
 
-def run_conversations(contexts: list[Context], policy, cast: Cast, profiles: dict[str, Profile],
-                      profile_ids: list[str], n_agent_turns: int = 6, user_every: int = 2, seed: int = 0,
-                      speak=agents_speak, desc: str = "") -> list[Conversation]:
+def run_conversations(
+    contexts: list[Context],
+    policy,
+    cast: Cast,
+    profiles: dict[str, Profile],
+    profile_ids: list[str],
+    n_agent_turns: int = 6,
+    user_every: int = 2,
+    seed: int = 0,
+    speak=agents_speak,
+    desc: str = "",
+) -> list[Conversation]:
     """One conversation per (context, profile id), all advanced together. Conversation i gets seed
     `seed + i`, so two systems compared on one seed see the same contexts, profiles and seeds."""
-    convs = [start_conversation(ctx, cast.personas.name, pid, policy.name, seed + i, cast.guard)
-             for i, (ctx, pid) in enumerate(zip(contexts, profile_ids))]
+    convs = [
+        start_conversation(ctx, cast.personas.name, pid, policy.name, seed + i, cast.guard)
+        for i, (ctx, pid) in enumerate(zip(contexts, profile_ids))
+    ]
     advance(convs, policy, cast, profiles, n_agent_turns, user_every, speak=speak, desc=desc)
     return convs
 

@@ -21,10 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from extras import safety         # noqa: E402
-from extras.train_crisis_probe import ED_LABELS, ESCONV_LABELS, conversation_rows   # noqa: E402
-from plumbing import common
-from plumbing import files
+from extras import safety  # noqa: E402
+from extras.train_crisis_probe import ED_LABELS, ESCONV_LABELS, conversation_rows  # noqa: E402
+from plumbing import common, files
 
 
 def show(flag: safety.CrisisFlag, text: str) -> str:
@@ -34,7 +33,7 @@ def show(flag: safety.CrisisFlag, text: str) -> str:
 
 
 def bench_esconv(guard: safety.CrisisGuard, path: str) -> None:
-    messages = conversation_rows(path, ESCONV_LABELS, "esconv", side=1)      # the held-out dialogues
+    messages = conversation_rows(path, ESCONV_LABELS, "esconv", side=1)  # the held-out dialogues
     flags = guard.check_many([m["text"] for m in messages])
     flagged, dialogues = [f.flagged for f in flags], {m["group"] for m in messages}
     print(f"ESConv held-out: {len(messages)} seeker messages in {len(dialogues)} dialogues")
@@ -46,8 +45,10 @@ def bench_esconv(guard: safety.CrisisGuard, path: str) -> None:
             print(("  caught" if flagged[i] else "  missed") + show(flags[i], messages[i]["text"]))
     false = [i for i, m in enumerate(messages) if flagged[i] and not m["label"]]
     ordinary = sum(not m["label"] for m in messages)
-    print(f"  false alarms: {len(false)} of {ordinary} unlabelled messages ({len(false) / ordinary:.2%}); "
-          f"stopped dialogues: {len({messages[i]['group'] for i in false})} of {len(dialogues)}")
+    print(
+        f"  false alarms: {len(false)} of {ordinary} unlabelled messages ({len(false) / ordinary:.2%}); "
+        f"stopped dialogues: {len({messages[i]['group'] for i in false})} of {len(dialogues)}"
+    )
     for i in false:
         print(show(flags[i], messages[i]["text"]))
 
@@ -55,8 +56,10 @@ def bench_esconv(guard: safety.CrisisGuard, path: str) -> None:
 def bench_ed(guard: safety.CrisisGuard, path: str) -> None:
     texts = [r["text"] for r in conversation_rows(path, ED_LABELS, "empathetic_dialogues", side=1)]
     flags = guard.check_many(texts)
-    print(f"Empathetic Dialogues held-out: {sum(f.flagged for f in flags)} of {len(texts)} "
-          f"messages flagged ({sum(f.flagged for f in flags) / len(texts):.2%})")
+    print(
+        f"Empathetic Dialogues held-out: {sum(f.flagged for f in flags)} of {len(texts)} "
+        f"messages flagged ({sum(f.flagged for f in flags) / len(texts):.2%})"
+    )
     for flag, text in ((f, t) for f, t in zip(flags, texts) if f.flagged):
         print(show(flag, text))
 
@@ -64,10 +67,15 @@ def bench_ed(guard: safety.CrisisGuard, path: str) -> None:
 def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
     rows = files.read_jsonl(path)
     flags = guard.check_many([r["text"] for r in rows])
-    risky, near = [i for i, r in enumerate(rows) if r["risky"]], [i for i, r in enumerate(rows) if not r["risky"]]
+    risky, near = (
+        [i for i, r in enumerate(rows) if r["risky"]],
+        [i for i, r in enumerate(rows) if not r["risky"]],
+    )
     caught, alarms = (sum(flags[i].flagged for i in group) for group in (risky, near))
-    print(f"{path.name}: recall {caught}/{len(risky)} = {caught / len(risky):.3f}; near-miss "
-          f"flag rate {alarms}/{len(near)} = {alarms / len(near):.3f}")
+    print(
+        f"{path.name}: recall {caught}/{len(risky)} = {caught / len(risky):.3f}; near-miss "
+        f"flag rate {alarms}/{len(near)} = {alarms / len(near):.3f}"
+    )
     by_kind = defaultdict(list)
     for i in risky:
         by_kind[rows[i].get("kind", "")].append(flags[i].flagged)
@@ -77,27 +85,41 @@ def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
         if len(members) > 1:
             by_kind[f"{group}_* (all)"] = [f for kind in members for f in by_kind[kind]]
     for kind, got in sorted(by_kind.items()):
-        print(f"    risky kind {kind or '(none)':28s} {sum(got)}/{len(got)} = {sum(got) / len(got):.2f}")
-    for i in risky + near:                      # every miss, then every false alarm
+        print(
+            f"    risky kind {kind or '(none)':28s} {sum(got)}/{len(got)} = {sum(got) / len(got):.2f}"
+        )
+    for i in risky + near:  # every miss, then every false alarm
         if flags[i].flagged != rows[i]["risky"]:
-            print(("  false alarm" if flags[i].flagged else "  missed") + show(flags[i], rows[i]["text"]))
+            print(
+                ("  false alarm" if flags[i].flagged else "  missed")
+                + show(flags[i], rows[i]["text"])
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--esconv", help="ESConv train.jsonl (or the official ESConv.json)")
     parser.add_argument("--ed", help="Empathetic Dialogues valid.csv (or valid_contexts.jsonl)")
-    parser.add_argument("--blind", nargs="*", type=Path, help="blind lists (JSON lines with text, risky, kind)",
-                        default=sorted((ROOT / "tests" / "fixtures").glob("safety_blind_v*.jsonl")))
+    parser.add_argument(
+        "--blind",
+        nargs="*",
+        type=Path,
+        help="blind lists (JSON lines with text, risky, kind)",
+        default=sorted((ROOT / "tests" / "fixtures").glob("safety_blind_v*.jsonl")),
+    )
     args = parser.parse_args()
     guard, started = safety.CrisisGuard(), time.time()
     guard.check("hello")
     print(f"guard: {guard.describe()}; first check {time.time() - started:.1f} s (model load)")
     started = time.time()
-    guard.check_many([f"Day {i} of the course went fine, my sister called me after class" for i in range(64)])
+    guard.check_many(
+        [f"Day {i} of the course went fine, my sister called me after class" for i in range(64)]
+    )
     print(f"a batch of 64 short messages: {time.time() - started:.2f} s\n")
-    for bench, source in [(bench_esconv, args.esconv), (bench_ed, args.ed)] + [(bench_blind, p) for p in args.blind]:
-        if source:                                 # --esconv and --ed are optional
+    for bench, source in [(bench_esconv, args.esconv), (bench_ed, args.ed)] + [
+        (bench_blind, p) for p in args.blind
+    ]:
+        if source:  # --esconv and --ed are optional
             bench(guard, source)
             print()
 
@@ -105,5 +127,5 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except common.UserError as err:               # a wrong path: one line, not a traceback
+    except common.UserError as err:  # a wrong path: one line, not a traceback
         sys.exit(f"error: {err}")

@@ -25,17 +25,26 @@ import torch  # noqa: E402
 
 import grpo  # noqa: E402
 import models  # noqa: E402
-import simulate  # noqa: E402
-from plumbing import devices
-from plumbing import loading
 import scenarios
+import simulate  # noqa: E402
+from plumbing import devices, loading
 
 
 def hf_generate(model, tok, rows, n: int) -> None:
     ids, mask = models.left_pad(models.chat_prompt_ids(tok, rows), tok.pad_token_id)
     torch.manual_seed(0)
-    model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                   max_new_tokens=n, min_new_tokens=n, pad_token_id=tok.pad_token_id, eos_token_id=models.stop_token_ids(tok))
+    model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=n,
+        min_new_tokens=n,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=models.stop_token_ids(tok),
+    )
 
 
 def ours(model, tok, rows, n: int) -> None:
@@ -46,8 +55,12 @@ def ours(model, tok, rows, n: int) -> None:
 def mismatch(sampler, trainer, tok, rows, n: int) -> torch.Tensor:
     """|logp_sampler - logp_trainer(fp32)| per real token, natural stops."""
     gen = models.generate(sampler, tok, rows, n, 1.0, 1.0, seeds=1234)
-    logps = grpo.completion_logprobs(trainer, torch.cat([gen.prompt_ids, gen.completion_ids], 1),
-                                     torch.cat([gen.prompt_mask, gen.completion_mask], 1), gen.prompt_ids.shape[1])
+    logps = grpo.completion_logprobs(
+        trainer,
+        torch.cat([gen.prompt_ids, gen.completion_ids], 1),
+        torch.cat([gen.prompt_mask, gen.completion_mask], 1),
+        gen.prompt_ids.shape[1],
+    )
     m = gen.completion_mask.bool()
     return (logps[m] - gen.sampler_logprobs[m]).abs()
 
@@ -57,23 +70,39 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--shapes", nargs="+", default=["grpo", "distinct"], choices=["grpo", "distinct"])
+    p.add_argument(
+        "--shapes", nargs="+", default=["grpo", "distinct"], choices=["grpo", "distinct"]
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads or torch.get_num_threads())
     model, tok = loading.load_model(loading.EMBEDDED)
     copy = models.SamplingCopy(model)
-    torch.set_grad_enabled(False)                                              # nothing here trains
-    personas = scenarios.load_personas(ROOT / "personas.json", "support")  # 8 distinct speaker prompts of ~310 tokens
-    batch = [simulate.speaker_messages(personas.personas[i % 4], personas, c,
-                                       [simulate.Turn(simulate.USER, c.first_message)])
-             for i, c in enumerate(scenarios.load_contexts("bundled", "support")[:8])]
-    shapes = {s: batch if s == "distinct" else [c for c in batch[:2] for _ in range(4)] for s in args.shapes}
+    torch.set_grad_enabled(False)  # nothing here trains
+    personas = scenarios.load_personas(
+        ROOT / "personas.json", "support"
+    )  # 8 distinct speaker prompts of ~310 tokens
+    batch = [
+        simulate.speaker_messages(
+            personas.personas[i % 4], personas, c, [simulate.Turn(simulate.USER, c.first_message)]
+        )
+        for i, c in enumerate(scenarios.load_contexts("bundled", "support")[:8])
+    ]
+    shapes = {
+        s: batch if s == "distinct" else [c for c in batch[:2] for _ in range(4)]
+        for s in args.shapes
+    }
     n = args.new_tokens
-    rows = {"hf generate fp32": lambda r: hf_generate(model, tok, r, n), "ours fp32": lambda r: ours(model, tok, r, n),
-            "ours bf16 copy": lambda r: (copy.refresh(), ours(copy.model, tok, r, n))}
+    rows = {
+        "hf generate fp32": lambda r: hf_generate(model, tok, r, n),
+        "ours fp32": lambda r: ours(model, tok, r, n),
+        "ours bf16 copy": lambda r: (copy.refresh(), ours(copy.model, tok, r, n)),
+    }
     native = devices.native_bf16("cpu")
-    print(f"SmolLM2-135M, {torch.get_num_threads()} threads, native bf16: {native}, {n} new tokens, median of "
-          f"{args.repeats}; load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"SmolLM2-135M, {torch.get_num_threads()} threads, native bf16: {native}, {n} new tokens, median of "
+        f"{args.repeats}; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     times = {(s, r): [] for s in shapes for r in rows}
     for fn in rows.values():
         fn(batch[:2])
@@ -87,16 +116,22 @@ def main() -> None:
     for s, b in shapes.items():
         print(f"\n{s}: {len({str(x) for x in b})} distinct prompts, {len(b)} rows")
         for r, t in ((r, med[s, r]) for r in rows):
-            print(f"  {r:18s} {t:6.2f} s  {len(b) * n / t:6.1f} tokens/s  {med[s, 'hf generate fp32'] / t:5.2f}x hf   "
-                  f"(runs {' '.join(f'{x:.2f}' for x in times[s, r])})")
+            print(
+                f"  {r:18s} {t:6.2f} s  {len(b) * n / t:6.1f} tokens/s  {med[s, 'hf generate fp32'] / t:5.2f}x hf   "
+                f"(runs {' '.join(f'{x:.2f}' for x in times[s, r])})"
+            )
     for name, sampler in (("ours fp32", model), ("ours bf16 copy", copy.model)):
         gap = mismatch(sampler, model, tok, [c for c in batch[:4] for _ in range(4)], n)
-        print(f"mismatch {name:15s} mean {gap.mean():.5f} per token, p99 {gap.quantile(0.99):.4f} ({gap.numel()} tokens)")
+        print(
+            f"mismatch {name:15s} mean {gap.mean():.5f} per token, p99 {gap.quantile(0.99):.4f} ({gap.numel()} tokens)"
+        )
     print(f"load average after {os.getloadavg()[0]:.2f}")
     if "grpo" in shapes:
         default = "ours bf16 copy" if native else "ours fp32"
-        print(f"speedup of the default sampler ({default}) over hf at the grpo shape: "
-              f"{med['grpo', 'hf generate fp32'] / med['grpo', default]:.2f}x")
+        print(
+            f"speedup of the default sampler ({default}) over hf at the grpo shape: "
+            f"{med['grpo', 'hf generate fp32'] / med['grpo', default]:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -20,83 +20,172 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the project's modules, from the repo root
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def mascot_argv(args, run: str) -> list[str]:
     """The `mascot.py train --stage 1` command line this check runs."""
-    return ["train", "--stage", "1", "--model", args.model, "--device", "cuda", "--dtype", args.dtype,
-            "--run", run, "--max-steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step),
-            "--num-generations", str(args.group_size), "--micro-batch", str(args.micro_batch),
-            "--autocast-bf16" if args.autocast else "--no-autocast-bf16",
-            "--gradient-checkpointing" if args.checkpointing else "--no-gradient-checkpointing",
-            "--states", str(2 * args.prompts_per_step), "--heldout-states", "8", "--candidates", "4",
-            "--max-new-tokens", str(args.max_new_tokens), "--rm-epochs", "1", "--save-steps", str(args.steps),
-            "--dump-every", str(args.steps)]
+    return [
+        "train",
+        "--stage",
+        "1",
+        "--model",
+        args.model,
+        "--device",
+        "cuda",
+        "--dtype",
+        args.dtype,
+        "--run",
+        run,
+        "--max-steps",
+        str(args.steps),
+        "--prompts-per-step",
+        str(args.prompts_per_step),
+        "--num-generations",
+        str(args.group_size),
+        "--micro-batch",
+        str(args.micro_batch),
+        "--autocast-bf16" if args.autocast else "--no-autocast-bf16",
+        "--gradient-checkpointing" if args.checkpointing else "--no-gradient-checkpointing",
+        "--states",
+        str(2 * args.prompts_per_step),
+        "--heldout-states",
+        "8",
+        "--candidates",
+        "4",
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--rm-epochs",
+        "1",
+        "--save-steps",
+        str(args.steps),
+        "--dump-every",
+        str(args.steps),
+    ]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (embedded) | tiny | a folder")
-    p.add_argument("--steps", type=int, default=6, help="GRPO steps (the first is warm-up, not counted)")
-    for flag, n in (("--prompts-per-step", 16), ("--group-size", 8), ("--micro-batch", 32), ("--max-new-tokens", 48)):
+    p.add_argument(
+        "--model", default="smollm2-135m", help="smollm2-135m (embedded) | tiny | a folder"
+    )
+    p.add_argument(
+        "--steps", type=int, default=6, help="GRPO steps (the first is warm-up, not counted)"
+    )
+    for flag, n in (
+        ("--prompts-per-step", 16),
+        ("--group-size", 8),
+        ("--micro-batch", 32),
+        ("--max-new-tokens", 48),
+    ):
         p.add_argument(flag, type=int, default=n)
-    p.add_argument("--dtype", default="bfloat16", choices=["auto", "float32", "bfloat16"], help="mascot's --dtype")
-    p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True, help="mascot's --autocast-bf16")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["auto", "float32", "bfloat16"],
+        help="mascot's --dtype",
+    )
+    p.add_argument(
+        "--autocast",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mascot's --autocast-bf16",
+    )
     p.add_argument("--checkpointing", action="store_true", help="mascot's --gradient-checkpointing")
     p.add_argument("--run", default=None, help="run folder (default: a new temporary one)")
-    p.add_argument("--dry-run", action="store_true", help="print the mascot command (checked by its parser) and stop")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the mascot command (checked by its parser) and stop",
+    )
     args = p.parse_args()
     import torch
+    from grpo_step import timed  # bench/grpo_step.py's, here with a GPU sync
+
     import grpo
     import mascot
     import models
-    from grpo_step import timed                                 # bench/grpo_step.py's, here with a GPU sync
+
     argv = mascot_argv(args, args.run or "RUN")
-    mascot.build_parser().parse_args(argv)                      # a wrong flag fails here, not minutes later
+    mascot.build_parser().parse_args(argv)  # a wrong flag fails here, not minutes later
     if args.dry_run:
         print("python mascot.py " + " ".join(argv))
         return
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to measure")
+        print(
+            "gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing to measure"
+        )
         return
     run = args.run or tempfile.mkdtemp(prefix="mascot-gpu-check-")
     argv = mascot_argv(args, run)
 
-    steps, gen_seconds, real_step = [], [], grpo.grpo_step         # a step counts the generate calls inside it
+    steps, gen_seconds, real_step = (
+        [],
+        [],
+        grpo.grpo_step,
+    )  # a step counts the generate calls inside it
 
     def measured_step(policy, *a, **kw):
         if not steps:
-            torch.cuda.reset_peak_memory_stats()               # the peak of the GRPO phase only
+            torch.cuda.reset_peak_memory_stats()  # the peak of the GRPO phase only
         torch.cuda.synchronize()
         n_gen, t0 = len(gen_seconds), time.perf_counter()
         stats, gen, rewards = real_step(policy, *a, **kw)
         torch.cuda.synchronize()
         (B, P), C = gen.prompt_ids.shape, int(gen.completion_mask.sum(1).max())
-        s = {"seconds": time.perf_counter() - t0, "gen": sum(gen_seconds[n_gen:]), "tokens": B * (P + C),
-             "peak": torch.cuda.max_memory_allocated() / 1024**3, "reserved": torch.cuda.max_memory_reserved() / 1024**3}
+        s = {
+            "seconds": time.perf_counter() - t0,
+            "gen": sum(gen_seconds[n_gen:]),
+            "tokens": B * (P + C),
+            "peak": torch.cuda.max_memory_allocated() / 1024**3,
+            "reserved": torch.cuda.max_memory_reserved() / 1024**3,
+        }
         steps.append(s)
-        print(f"gpu_check: GRPO step {len(steps)}: B {B}, P {P}, C {C}, {s['seconds']:.2f} s (generate "
-              f"{s['gen']:.2f} s), {s['tokens'] / s['seconds']:.0f} tokens/s, {s['peak']:.2f} GiB peak so far", flush=True)
+        print(
+            f"gpu_check: GRPO step {len(steps)}: B {B}, P {P}, C {C}, {s['seconds']:.2f} s (generate "
+            f"{s['gen']:.2f} s), {s['tokens'] / s['seconds']:.0f} tokens/s, {s['peak']:.2f} GiB peak so far",
+            flush=True,
+        )
         return stats, gen, rewards
-    grpo.grpo_step, models.generate = measured_step, timed(models.generate, gen_seconds, torch.cuda.synchronize)
-    print(f"gpu_check: {torch.cuda.get_device_name()}; python mascot.py {' '.join(argv)}", flush=True)
-    t0, status = time.time(), mascot.main(argv)                 # left to right: the clock starts first
+
+    grpo.grpo_step, models.generate = (
+        measured_step,
+        timed(models.generate, gen_seconds, torch.cuda.synchronize),
+    )
+    print(
+        f"gpu_check: {torch.cuda.get_device_name()}; python mascot.py {' '.join(argv)}", flush=True
+    )
+    t0, status = time.time(), mascot.main(argv)  # left to right: the clock starts first
     total = time.time() - t0
     if status or len(steps) < 2:
-        sys.exit(f"gpu_check: stage 1 exited with status {status} after {len(steps)} GRPO step(s); nothing to measure")
+        sys.exit(
+            f"gpu_check: stage 1 exited with status {status} after {len(steps)} GRPO step(s); nothing to measure"
+        )
     measured, secs = steps[1:], sum(s["seconds"] for s in steps[1:])
-    summary = {"device": torch.cuda.get_device_name(), "model": args.model, "dtype": args.dtype,
-               "autocast_bf16": args.autocast, "gradient_checkpointing": args.checkpointing,
-               "grpo_steps_measured": len(measured), "s_per_step": secs / len(measured),
-               "tokens_per_s": sum(s["tokens"] for s in measured) / secs,
-               "generate_fraction": sum(s["gen"] for s in measured) / secs, "peak_memory_gib": steps[-1]["peak"],
-               "peak_reserved_gib": steps[-1]["reserved"], "stage1_seconds": total, "run": run}
+    summary = {
+        "device": torch.cuda.get_device_name(),
+        "model": args.model,
+        "dtype": args.dtype,
+        "autocast_bf16": args.autocast,
+        "gradient_checkpointing": args.checkpointing,
+        "grpo_steps_measured": len(measured),
+        "s_per_step": secs / len(measured),
+        "tokens_per_s": sum(s["tokens"] for s in measured) / secs,
+        "generate_fraction": sum(s["gen"] for s in measured) / secs,
+        "peak_memory_gib": steps[-1]["peak"],
+        "peak_reserved_gib": steps[-1]["reserved"],
+        "stage1_seconds": total,
+        "run": run,
+    }
     print(json.dumps(summary, indent=1))
-    print(f"gpu_check: {summary['s_per_step']:.2f} s/GRPO step, {summary['tokens_per_s']:.0f} tokens/s, generate "
-          f"{summary['generate_fraction']:.0%} of the step, peak memory {summary['peak_memory_gib']:.2f} GiB "
-          f"allocated ({summary['peak_reserved_gib']:.2f} reserved); whole stage 1 {total:.0f} s")
+    print(
+        f"gpu_check: {summary['s_per_step']:.2f} s/GRPO step, {summary['tokens_per_s']:.0f} tokens/s, generate "
+        f"{summary['generate_fraction']:.0%} of the step, peak memory {summary['peak_memory_gib']:.2f} GiB "
+        f"allocated ({summary['peak_reserved_gib']:.2f} reserved); whole stage 1 {total:.0f} s"
+    )
 
 
 if __name__ == "__main__":

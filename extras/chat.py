@@ -17,20 +17,30 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-from extras.safety import default_guard                            # noqa: E402
-import evaluate                                                   # noqa: E402
-import models                                                     # noqa: E402
-from scenarios import Context, load_personas, PersonaSet
-from plumbing.common import UserError
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the project's modules, from the repo root
+import evaluate  # noqa: E402
+import models  # noqa: E402
+from director import LLMDirector  # noqa: E402
+from extras.safety import default_guard  # noqa: E402
+from plumbing import files, loading, runs
 from plumbing.cli import flag_type
+from plumbing.common import UserError
 from plumbing.files import write_json
-from director import LLMDirector                                  # noqa: E402
-from simulate import (SAFETY, Cast, LeastSpoken, RandomOrder, RoundRobin, add_user_turn, agents_speak,   # noqa: E402
-                      assign_profiles, run_conversations, start_conversation)
-from plumbing import files
-from plumbing import loading
-from plumbing import runs
+from scenarios import Context, PersonaSet, load_personas
+from simulate import (
+    SAFETY,
+    Cast,
+    LeastSpoken,
+    RandomOrder,
+    RoundRobin,
+    add_user_turn,
+    agents_speak,  # noqa: E402
+    assign_profiles,
+    run_conversations,
+    start_conversation,
+)
 
 COMMANDS = "/who  /reset  /save FILE  /quit   (Ctrl-D or Ctrl-C also leave)"
 POLICIES = ("round-robin", "random", "least-spoken", "director")
@@ -38,22 +48,41 @@ POLICIES = ("round-robin", "random", "least-spoken", "director")
 
 def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
     """A --policy value: round-robin | random | least-spoken | director ((model, tok) given)."""
-    rules = {"director": lambda: LLMDirector(*director, personas), "random": lambda: RandomOrder(personas, seed),
-             "round-robin": lambda: RoundRobin(personas), "least-spoken": lambda: LeastSpoken(personas)}
+    rules = {
+        "director": lambda: LLMDirector(*director, personas),
+        "random": lambda: RandomOrder(personas, seed),
+        "round-robin": lambda: RoundRobin(personas),
+        "least-spoken": lambda: LeastSpoken(personas),
+    }
     if name not in rules:
         raise UserError(f"--policy {name}: use {', '.join(POLICIES)}")
     return rules[name]()
 
 
 def parse_args(argv: list[str], cli):
-    p = cli.Parser(prog="mascot.py chat", description="talk to the companion group in the terminal",
-                   formatter_class=cli.Formatter)
+    p = cli.Parser(
+        prog="mascot.py chat",
+        description="talk to the companion group in the terminal",
+        formatter_class=cli.Formatter,
+    )
     cli.common_flags(p)
-    p.add_argument("--policy", choices=["director", "round-robin", "random", "least-spoken"], default="director",
-                   help="who answers: the LLM director, or a fixed rule")
-    p.add_argument("--show-directives", action="store_true", help="print the [Agent / Action / Tone] before each reply")
-    p.add_argument("--agents-per-turn", type=flag_type("--agents-per-turn", int, "positive"), default=2,
-                   help="how many agents answer each of your messages")
+    p.add_argument(
+        "--policy",
+        choices=["director", "round-robin", "random", "least-spoken"],
+        default="director",
+        help="who answers: the LLM director, or a fixed rule",
+    )
+    p.add_argument(
+        "--show-directives",
+        action="store_true",
+        help="print the [Agent / Action / Tone] before each reply",
+    )
+    p.add_argument(
+        "--agents-per-turn",
+        type=flag_type("--agents-per-turn", int, "positive"),
+        default=2,
+        help="how many agents answer each of your messages",
+    )
     return p.parse_args(argv)
 
 
@@ -63,22 +92,33 @@ def load_chat(args, cli, say):
     cli.check_device(args)
     speakers = cli.speakers_of(args)
     say(f"loading speakers: {speakers}")
-    speaker = cli.load_role(speakers, "speakers", args)             # a served one streams no tokens
+    speaker = cli.load_role(speakers, "speakers", args)  # a served one streams no tokens
     director, director_name = None, args.policy
     if args.policy == "director":
-        director_name = args.director or loading.trained_or(Path(args.run) / "stage2" / "director", args.model)
-        if director_name == speakers and speaker[1] is not None:    # one local model can play both parts
+        director_name = args.director or loading.trained_or(
+            Path(args.run) / "stage2" / "director", args.model
+        )
+        if (
+            director_name == speakers and speaker[1] is not None
+        ):  # one local model can play both parts
             director = speaker
         else:
             say(f"loading director: {director_name}")
             director = cli.load_role(director_name, "director", args)
-    cast = Cast(personas, *speaker, None, None, args.max_new_tokens, guard=default_guard())   # you are the user
+    cast = Cast(
+        personas, *speaker, None, None, args.max_new_tokens, guard=default_guard()
+    )  # you are the user
     width = max(len(p.name) for p in personas.personas)
     order = f"director {director_name}" if args.policy == "director" else args.policy
-    banner = "\n".join([f"MASCOT group chat ({personas.name}): {personas.description}",
-                        f"speakers: {speakers}   turn-taking: {order}   {args.agents_per_turn} agent(s) answer each message",
-                        *[f"  {p.name:<{width}}  {p.role}" for p in personas.personas], f"commands: {COMMANDS}",
-                        "The companions are small language models: not people, not therapists, not a crisis service."])
+    banner = "\n".join(
+        [
+            f"MASCOT group chat ({personas.name}): {personas.description}",
+            f"speakers: {speakers}   turn-taking: {order}   {args.agents_per_turn} agent(s) answer each message",
+            *[f"  {p.name:<{width}}  {p.role}" for p in personas.personas],
+            f"commands: {COMMANDS}",
+            "The companions are small language models: not people, not therapists, not a crisis service.",
+        ]
+    )
     return personas, cast, make_policy(args.policy, personas, director, args.seed), banner
 
 
@@ -86,21 +126,34 @@ class StreamPrinter:
     """Shows one agent's reply token by token as it is sampled. The chat stores the CLEANED reply, so after each token
     the partial text is cleaned (models.clean_reply), its last word held back (it may still become a label), and only
     new text is written; `finish` writes the rest, or the whole reply again, marked, if clean-up changed shown text."""
+
     def __init__(self, tokenizer, speaker: str, names: list[str], write):
-        self.tok, self.speaker, self.names, self.write, self.ids, self.shown = tokenizer, speaker, names, write, [], ""
+        self.tok, self.speaker, self.names, self.write, self.ids, self.shown = (
+            tokenizer,
+            speaker,
+            names,
+            write,
+            [],
+            "",
+        )
         write(f"{speaker}: ")
 
-    def __call__(self, token) -> None:                               # token: (B,); the chat's row is 0
+    def __call__(self, token) -> None:  # token: (B,); the chat's row is 0
         self.ids.append(int(token[0]))
-        text = models.clean_reply(self.tok.decode(self.ids, skip_special_tokens=True), self.speaker, self.names)
-        text = text.rsplit(" ", 1)[0] if " " in text else ""        # hold back the last word
+        text = models.clean_reply(
+            self.tok.decode(self.ids, skip_special_tokens=True), self.speaker, self.names
+        )
+        text = text.rsplit(" ", 1)[0] if " " in text else ""  # hold back the last word
         if text.startswith(self.shown) and len(text) > len(self.shown):
-            self.write(text[len(self.shown):])
+            self.write(text[len(self.shown) :])
             self.shown = text
 
     def finish(self, final: str) -> None:
-        self.write(final[len(self.shown):] + "\n" if final.startswith(self.shown) else
-                   f"\n{self.speaker} (cleaned up): {final}\n")
+        self.write(
+            final[len(self.shown) :] + "\n"
+            if final.startswith(self.shown)
+            else f"\n{self.speaker} (cleaned up): {final}\n"
+        )
 
 
 def respond(conv, policy, cast, args, say, write, status: bool = False) -> None:
@@ -108,21 +161,27 @@ def respond(conv, policy, cast, args, say, write, status: bool = False) -> None:
     directed replies, streamed. status: a "choosing who speaks" line while the director decides (terminals only)."""
     if conv.ended:
         say(f"{SAFETY}: {conv.turns[-1].text}")
-        conv.ended = False        # unlike a simulation, the person decides whether to go on
+        conv.ended = False  # unlike a simulation, the person decides whether to go on
         return
     for _ in range(args.agents_per_turn):
         if status:
             write("(choosing who speaks next ...)")
         d = policy.choose([conv])[0]
         if status:
-            write("\r\033[K")                     # back to the line's start and clear it
+            write("\r\033[K")  # back to the line's start and clear it
         if args.show_directives:
-            say(f"[Agent: {d.agent} / Action: {d.action or '-'} / Tone: {d.tone or '-'}]"
-                + ("" if d.valid else " (director's answer unparsable: least-spoken fallback)"))
+            say(
+                f"[Agent: {d.agent} / Action: {d.action or '-'} / Tone: {d.tone or '-'}]"
+                + ("" if d.valid else " (director's answer unparsable: least-spoken fallback)")
+            )
         speaker = (cast.personas.find(d.agent) or cast.personas.personas[0]).name
-        printer = cast.on_token = StreamPrinter(cast.speaker_tok, speaker, cast.personas.names(), write)
+        printer = cast.on_token = StreamPrinter(
+            cast.speaker_tok, speaker, cast.personas.names(), write
+        )
         try:
-            agents_speak([conv], [d], cast)    # a served speaker calls no on_token: finish shows it all
+            agents_speak(
+                [conv], [d], cast
+            )  # a served speaker calls no on_token: finish shows it all
         finally:
             cast.on_token = None
         printer.finish(conv.turns[-1].text)
@@ -132,9 +191,9 @@ def read_line(interactive: bool) -> str | None:
     """The next line the person typed, without its newline; None at end of input (Ctrl-D)."""
     if interactive:
         try:
-            return input("you> ")                 # input() gives line editing on a real terminal
+            return input("you> ")  # input() gives line editing on a real terminal
         except EOFError:
-            print()                               # end the prompt line before saying goodbye
+            print()  # end the prompt line before saying goodbye
             return None
     line = sys.stdin.readline()
     return None if line == "" else line.rstrip("\r\n")
@@ -145,7 +204,12 @@ def run_command(line: str, conv, personas, say):
     command, _, target = line.partition(" ")
     if command == "/who":
         counts = Counter(t.speaker for t in conv.agent_turns()) if conv else Counter()
-        say("\n".join(f"{p.name} ({p.role}): {p.description}  [spoke {counts[p.name]}x]" for p in personas.personas))
+        say(
+            "\n".join(
+                f"{p.name} ({p.role}): {p.description}  [spoke {counts[p.name]}x]"
+                for p in personas.personas
+            )
+        )
     elif command == "/reset":
         say("(conversation cleared: your next message starts a new one)")
         return None
@@ -157,8 +221,11 @@ def run_command(line: str, conv, personas, say):
         except OSError as err:
             say(f"could not write {path}: {err.strerror}; pick another file")
     elif command == "/save":
-        say("nothing to save yet: type a message first" if target.strip() else
-            "usage: /save FILE   (writes the transcript as JSON)")
+        say(
+            "nothing to save yet: type a message first"
+            if target.strip()
+            else "usage: /save FILE   (writes the transcript as JSON)"
+        )
     else:
         say(f"unknown command {command}; commands: {COMMANDS}")
     return conv
@@ -166,24 +233,41 @@ def run_command(line: str, conv, personas, say):
 
 def simulate(argv: list[str], cli) -> int:
     """`mascot.py simulate`: the conversation engine outside training and evaluation, guard on (people read these)."""
-    p = cli.Parser(prog="mascot.py simulate", formatter_class=cli.Formatter,
-                   description="write conversations for contexts, a profile and a policy")
+    p = cli.Parser(
+        prog="mascot.py simulate",
+        formatter_class=cli.Formatter,
+        description="write conversations for contexts, a profile and a policy",
+    )
     cli.common_flags(p)
-    p.add_argument("--turns", type=flag_type("--turns", int, "positive"), default=4, help="agent turns per conversation")
-    p.add_argument("--contexts", type=flag_type("--contexts", int, "positive"), default=4, help="how many contexts")
+    p.add_argument(
+        "--turns",
+        type=flag_type("--turns", int, "positive"),
+        default=4,
+        help="agent turns per conversation",
+    )
+    p.add_argument(
+        "--contexts",
+        type=flag_type("--contexts", int, "positive"),
+        default=4,
+        help="how many contexts",
+    )
     p.add_argument("--policy", default="round-robin", choices=POLICIES, help="who speaks next")
     p.add_argument("--profile", default="average", help="Big Five profile id, or 'all'")
-    p.add_argument("--out", default=None, help="transcript file (default RUN/simulate/<policy>.jsonl)")
+    p.add_argument(
+        "--out", default=None, help="transcript file (default RUN/simulate/<policy>.jsonl)"
+    )
     args = p.parse_args(argv[1:])
     inputs = cli.load_inputs(args)
     cli.check_device(args)
     path = Path(args.out) if args.out else Path(args.run) / "simulate" / f"{args.policy}.jsonl"
-    with runs.run_lock(args.run):                        # not while train or evaluate writes the run
-        try:                                             # a folder we cannot write fails now, not after the work
+    with runs.run_lock(args.run):  # not while train or evaluate writes the run
+        try:  # a folder we cannot write fails now, not after the work
             path.parent.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=path.parent).close()
         except OSError as err:
-            raise UserError(f"--out {path}: cannot write in {path.parent} ({err.strerror})") from None
+            raise UserError(
+                f"--out {path}: cannot write in {path.parent} ({err.strerror})"
+            ) from None
         return simulate_into(path, inputs, args, cli)
 
 
@@ -191,17 +275,39 @@ def simulate_into(path: Path, inputs, args, cli) -> int:
     cache = Path(args.run) / "simulate" / "served_cache.jsonl"
     speaker = cli.load_role(cli.speakers_of(args), "speakers", args, cache)
     user = cli.load_role(args.user or args.model, "user", args, cache)
-    director = cli.load_role(args.director or loading.trained_or(Path(args.run) / "stage2" / "director", args.model),
-                             "director", args, cache) if args.policy == "director" else None
-    ids = list(inputs.profiles) if args.profile == "all" else evaluate.profile_ids(args.profile, inputs.profiles)
-    contexts = (inputs.held_out + inputs.train)[:args.contexts]
-    convs = run_conversations(contexts, make_policy(args.policy, inputs.personas, director, args.seed),
-                              Cast(inputs.personas, *speaker, *user, args.max_new_tokens, guard=default_guard()),
-                              inputs.profiles, assign_profiles(len(contexts), ids, args.seed), args.turns,
-                              args.user_every, args.seed, desc="simulate, agent turns")
+    director = (
+        cli.load_role(
+            args.director or loading.trained_or(Path(args.run) / "stage2" / "director", args.model),
+            "director",
+            args,
+            cache,
+        )
+        if args.policy == "director"
+        else None
+    )
+    ids = (
+        list(inputs.profiles)
+        if args.profile == "all"
+        else evaluate.profile_ids(args.profile, inputs.profiles)
+    )
+    contexts = (inputs.held_out + inputs.train)[: args.contexts]
+    convs = run_conversations(
+        contexts,
+        make_policy(args.policy, inputs.personas, director, args.seed),
+        Cast(inputs.personas, *speaker, *user, args.max_new_tokens, guard=default_guard()),
+        inputs.profiles,
+        assign_profiles(len(contexts), ids, args.seed),
+        args.turns,
+        args.user_every,
+        args.seed,
+        desc="simulate, agent turns",
+    )
     files.write_jsonl(path, [c.to_json() for c in convs])
     for c in convs[:2]:
-        print(f"--- {c.context.id} ({c.profile}, {c.policy})\n" + "\n".join(f"{t.speaker}: {t.text}" for t in c.turns))
+        print(
+            f"--- {c.context.id} ({c.profile}, {c.policy})\n"
+            + "\n".join(f"{t.speaker}: {t.text}" for t in c.turns)
+        )
     print(f"wrote {len(convs)} conversations to {path}")
     return 0
 
@@ -212,10 +318,10 @@ def main(argv: list[str], cli) -> int:
         return simulate(argv, cli)
     args = parse_args(argv[1:], cli)
     say, interactive = functools.partial(print, flush=True), sys.stdin.isatty()
-    write = functools.partial(print, end="", flush=True)        # streaming: no newline of its own
+    write = functools.partial(print, end="", flush=True)  # streaming: no newline of its own
     try:
         personas, cast, policy, banner = load_chat(args, cli, say)
-        cast.guard.check("hello")                 # load the guard's encoder now, not after your first message
+        cast.guard.check("hello")  # load the guard's encoder now, not after your first message
         say(banner)
         conv = None
         while (line := read_line(interactive)) is not None:
@@ -225,13 +331,22 @@ def main(argv: list[str], cli) -> int:
             if line.startswith("/"):
                 conv = run_command(line, conv, personas, say)
             elif line:
-                if conv is None:                  # the first message opens it exactly like a simulated one
-                    context = Context(id="chat", persona_set=personas.name, situation="a live chat",
-                                      first_message=line, source="chat")
-                    conv = start_conversation(context, personas.name, "human", policy.name, args.seed, cast.guard)
+                if conv is None:  # the first message opens it exactly like a simulated one
+                    context = Context(
+                        id="chat",
+                        persona_set=personas.name,
+                        situation="a live chat",
+                        first_message=line,
+                        source="chat",
+                    )
+                    conv = start_conversation(
+                        context, personas.name, "human", policy.name, args.seed, cast.guard
+                    )
                 else:
                     add_user_turn(conv, line, cast.guard)
-                respond(conv, policy, cast, args, say, write, status=interactive and sys.stdout.isatty())
+                respond(
+                    conv, policy, cast, args, say, write, status=interactive and sys.stdout.isatty()
+                )
     except KeyboardInterrupt:
         say()
     say("Goodbye.")

@@ -17,36 +17,98 @@ from pathlib import Path
 
 from evaluate import REFERENCE, all_metrics, cell
 from metrics import binomial_two_sided_p
-from plumbing import devices
-from plumbing import files
-from plumbing import loading
-from plumbing import runs
+from plumbing import devices, files, loading, runs
 
 # Activation checkpointing keeps every training pass near one layer's activations, for ~1/5 more compute in those
 # passes. --beta 0: three steps at lr 1e-5 stay within a KL of ~0.001 of the start, where the KL term changes nothing,
 # and without it no frozen reference is held (0.54 GB in fp32): the demo fits in 4 GB even without native bf16.
-STAGE1 = ["--states", "6", "--heldout-states", "3", "--candidates", "4", "--pairs-per-state", "1", "--hack-pairs", "1",
-          "--max-steps", "3", "--prompts-per-step", "2", "--num-generations", "4", "--max-completion-length", "32",
-          "--learning-rate", "1e-5", "--beta", "0", "--save-steps", "3", "--dump-every", "3", "--gradient-checkpointing"]
+STAGE1 = [
+    "--states",
+    "6",
+    "--heldout-states",
+    "3",
+    "--candidates",
+    "4",
+    "--pairs-per-state",
+    "1",
+    "--hack-pairs",
+    "1",
+    "--max-steps",
+    "3",
+    "--prompts-per-step",
+    "2",
+    "--num-generations",
+    "4",
+    "--max-completion-length",
+    "32",
+    "--learning-rate",
+    "1e-5",
+    "--beta",
+    "0",
+    "--save-steps",
+    "3",
+    "--dump-every",
+    "3",
+    "--gradient-checkpointing",
+]
 # Supervised steps first teach the 135M director the format (prompted, it writes nothing parseable: no GRPO signal).
-STAGE2 = ["--decision-points", "4", "--heldout-points", "3", "--max-steps", "2", "--prompts-per-step", "1",
-          "--num-generations", "3", "--rollout-turns", "2", "--max-completion-length", "32", "--learning-rate", "1e-5",
-          "--beta", "0", "--director-warmup", "5", "--warmup-lr", "1e-4", "--no-eval-prompted", "--save-steps", "2",
-          "--dump-every", "2", "--gradient-checkpointing"]
-EVAL = ["--contexts", "3", "--turns", "3", "--max-new-tokens", "24",
-        "--systems", "zero-shot,round-robin,mascot-p,mascot-c,mascot"]
+STAGE2 = [
+    "--decision-points",
+    "4",
+    "--heldout-points",
+    "3",
+    "--max-steps",
+    "2",
+    "--prompts-per-step",
+    "1",
+    "--num-generations",
+    "3",
+    "--rollout-turns",
+    "2",
+    "--max-completion-length",
+    "32",
+    "--learning-rate",
+    "1e-5",
+    "--beta",
+    "0",
+    "--director-warmup",
+    "5",
+    "--warmup-lr",
+    "1e-4",
+    "--no-eval-prompted",
+    "--save-steps",
+    "2",
+    "--dump-every",
+    "2",
+    "--gradient-checkpointing",
+]
+EVAL = [
+    "--contexts",
+    "3",
+    "--turns",
+    "3",
+    "--max-new-tokens",
+    "24",
+    "--systems",
+    "zero-shot,round-robin,mascot-p,mascot-c,mascot",
+]
 
 
 def main(argv: list[str], cli) -> int:
-    p = cli.Parser(prog="mascot.py demo", formatter_class=cli.Formatter,
-                                description="every stage on the embedded model, sized for a 2-core CPU, then a summary")
+    p = cli.Parser(
+        prog="mascot.py demo",
+        formatter_class=cli.Formatter,
+        description="every stage on the embedded model, sized for a 2-core CPU, then a summary",
+    )
     p.add_argument("--run", default="runs/demo", help="run folder")
     p.add_argument("--model", default=loading.EMBEDDED, help="base model")
     args = p.parse_args(argv[1:])
     run, common, t0 = Path(args.run), ["--model", args.model, "--run", args.run], time.time()
-    so_far = lambda: (f"{time.time() - t0:.0f} s so far, peak memory "    # noqa: E731 (Linux's ru_maxrss: KiB)
-                      f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9:.1f} GB")
-    with runs.run_lock(run):                       # one command at a time in a run folder, as train's
+    so_far = lambda: (
+        f"{time.time() - t0:.0f} s so far, peak memory "  # noqa: E731 (Linux's ru_maxrss: KiB)
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9:.1f} GB"
+    )
+    with runs.run_lock(run):  # one command at a time in a run folder, as train's
         for stage, budget in ((1, STAGE1), (2, STAGE2)):
             folder = run / f"stage{stage}"
             if (folder / "summary.json").exists():
@@ -55,10 +117,17 @@ def main(argv: list[str], cli) -> int:
             print(f"\n=== demo: stage {stage} ({so_far()}) ===")
             resume = ["--resume"] if runs.checkpoints(folder / "checkpoints") else []
             train = cli.train_stage1 if stage == 1 else cli.train_stage2
-            argv = ["train", "--stage", str(stage), *common, *budget, *resume]   # the model cards record the command
+            argv = [
+                "train",
+                "--stage",
+                str(stage),
+                *common,
+                *budget,
+                *resume,
+            ]  # the model cards record the command
             train(cli.build_parser().parse_args(argv, argparse.Namespace(argv=argv)))
             drop_resume_checkpoints(folder)
-            devices.release_memory()                # one process runs every stage: free the last one's memory
+            devices.release_memory()  # one process runs every stage: free the last one's memory
         print(f"\n=== demo: evaluation ({so_far()}) ===")
         results = cli.evaluate_cmd(cli.build_parser().parse_args(["evaluate", *common, *EVAL]))
         path = cli.extra("report").build_report(run)
@@ -84,34 +153,62 @@ def print_side_by_side(path: Path, width: int = 60) -> None:
     if "round-robin" not in rows or "mascot" not in rows:
         return
     a, b = rows["round-robin"][0], rows["mascot"][0]
-    lines = [[w for t in c["turns"] for w in textwrap.wrap(f"{t['speaker']}: {t['text']}", width) + [""]] for c in (a, b)]
-    print(f"\ncontext {a['context_id']}, profile {a.get('profile', '-')}, the same seeds on both sides")
-    print(f"{'before: base speakers, round-robin order':<{width}} | after: trained speakers and director (mascot)")
+    lines = [
+        [w for t in c["turns"] for w in textwrap.wrap(f"{t['speaker']}: {t['text']}", width) + [""]]
+        for c in (a, b)
+    ]
+    print(
+        f"\ncontext {a['context_id']}, profile {a.get('profile', '-')}, the same seeds on both sides"
+    )
+    print(
+        f"{'before: base speakers, round-robin order':<{width}} | after: trained speakers and director (mascot)"
+    )
     print("-" * width + "-+-" + "-" * width)
     for i in range(max(map(len, lines))):
-        print(f"{(lines[0][i] if i < len(lines[0]) else ''):<{width}} | {lines[1][i] if i < len(lines[1]) else ''}")
+        print(
+            f"{(lines[0][i] if i < len(lines[0]) else ''):<{width}} | {lines[1][i] if i < len(lines[1]) else ''}"
+        )
 
 
 def verdict(r: dict) -> list[str]:
     """A few columns (systems with n >= 2) and one line on whether any change against round-robin is beyond noise: its
     95% bootstrap interval excludes 0 AND its paired differences' sign test gives p < 0.05 (a bootstrap over three pairs
     excludes 0 whenever all three agree, by chance one time in four; the sign test needs six pairs)."""
-    cols = [m for m in all_metrics() if m.key in ("persona_id_accuracy", "persona_consistency", "self_bleu", "context_copy")
-            and r["status"][m.key] in ("ok", "approximated")]
+    cols = [
+        m
+        for m in all_metrics()
+        if m.key in ("persona_id_accuracy", "persona_consistency", "self_bleu", "context_copy")
+        and r["status"][m.key] in ("ok", "approximated")
+    ]
     lines = [f"{'system':<15} {'n':>2}   " + "  ".join(f"{m.title[:24]:>24}" for m in cols)]
-    lines += [f"{n:<15} {e['n']:>2}   " + "  ".join(f"{cell(e['metrics'][m.key], 3):>24}" for m in cols)
-              for n, e in r["systems"].items() if e["n"] >= 2]
+    lines += [
+        f"{n:<15} {e['n']:>2}   " + "  ".join(f"{cell(e['metrics'][m.key], 3):>24}" for m in cols)
+        for n, e in r["systems"].items()
+        if e["n"] >= 2
+    ]
     base, beyond, pairs = r["systems"].get(REFERENCE, {}).get("conversations", []), [], 0
     for name, changes in r["changes"].items():
-        for m in (m for m in all_metrics() if m.key in changes and changes[m.key]["lo"] is not None):
+        for m in (
+            m for m in all_metrics() if m.key in changes and changes[m.key]["lo"] is not None
+        ):
             c = changes[m.key]
-            diffs = [a["metrics"][m.key] - b["metrics"][m.key] for a, b in zip(r["systems"][name]["conversations"], base)
-                     if a["metrics"].get(m.key) is not None and b["metrics"].get(m.key) is not None]
+            diffs = [
+                a["metrics"][m.key] - b["metrics"][m.key]
+                for a, b in zip(r["systems"][name]["conversations"], base)
+                if a["metrics"].get(m.key) is not None and b["metrics"].get(m.key) is not None
+            ]
             ups, downs = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
             pairs = max(pairs, len(diffs))
             if (c["lo"] > 0 or c["hi"] < 0) and binomial_two_sided_p(ups, ups + downs) < 0.05:
                 beyond.append(f"{name} {m.title} {c['mean']:+.3f}")
-    lines.append("verdict: " + ("beyond noise against round-robin (95% interval and sign test p < 0.05): " + "; ".join(beyond)
-                                if beyond else f"no change against round-robin is beyond noise: with {pairs} conversation "
-                                "pairs per system, what differs here is noise (a sign test needs 6 pairs to reach p < 0.05)"))
+    lines.append(
+        "verdict: "
+        + (
+            "beyond noise against round-robin (95% interval and sign test p < 0.05): "
+            + "; ".join(beyond)
+            if beyond
+            else f"no change against round-robin is beyond noise: with {pairs} conversation "
+            "pairs per system, what differs here is noise (a sign test needs 6 pairs to reach p < 0.05)"
+        )
+    )
     return lines

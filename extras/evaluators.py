@@ -23,7 +23,9 @@ from typing import NamedTuple
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the project's modules, from the repo root
 import grpo  # noqa: E402
 import models  # noqa: E402
 from scenarios import Persona, PersonaSet
@@ -32,15 +34,19 @@ ID_TURNS, EQUAL_TOKENS, NEUTRAL_NAME = 2, 32, "Alex"
 
 
 class Item(NamedTuple):
-    speaker: str                       # the persona who spoke the turn
+    speaker: str  # the persona who spoke the turn
     situation: str
-    history: list[tuple[str, str]]     # (speaker, text) of the turns before it
+    history: list[tuple[str, str]]  # (speaker, text) of the turns before it
     reply: str
 
 
 def mask_names(reply: str, names: list[str]) -> str:
     """Persona names (whole words, capitalised as the name) replaced by NEUTRAL_NAME: "I can guide you" stays."""
-    return re.sub(r"(?<!\w)(" + "|".join(map(re.escape, names)) + r")(?!\w)", NEUTRAL_NAME, reply) if names else reply
+    return (
+        re.sub(r"(?<!\w)(" + "|".join(map(re.escape, names)) + r")(?!\w)", NEUTRAL_NAME, reply)
+        if names
+        else reply
+    )
 
 
 def card_text(p: Persona) -> str:
@@ -50,8 +56,13 @@ def card_text(p: Persona) -> str:
 
 def id_messages(p: Persona, situation: str, history: list[tuple[str, str]]) -> list[dict]:
     lines = "\n".join(f"{who}: {text}" for who, text in history[-ID_TURNS:])
-    return [{"role": "system", "content": card_text(p)},
-            {"role": "user", "content": f"Situation: {situation}\n\nConversation so far:\n{lines}\n\nWrite {p.name}'s next message."}]
+    return [
+        {"role": "system", "content": card_text(p)},
+        {
+            "role": "user",
+            "content": f"Situation: {situation}\n\nConversation so far:\n{lines}\n\nWrite {p.name}'s next message.",
+        },
+    ]
 
 
 class PersonaIdentifier:
@@ -59,23 +70,39 @@ class PersonaIdentifier:
         self.model, self.tok, self.personas = model, tok, personas
 
     def reply_ids(self, reply: str) -> list[int]:
-        return self.tok(mask_names(reply.strip(), self.personas.names()), add_special_tokens=False)["input_ids"] \
-            or [self.tok.eos_token_id]
+        return self.tok(mask_names(reply.strip(), self.personas.names()), add_special_tokens=False)[
+            "input_ids"
+        ] or [self.tok.eos_token_id]
 
     @torch.no_grad()
     def logprobs(self, items: list[Item]) -> tuple[list[list[float]], list[list[float]]]:
         """lp[i][k] = log p(reply_i | card_k, history_i) under the frozen model, and the same sum over
         the reply's first EQUAL_TOKENS tokens (read from the same teacher-forced pass: it is causal)."""
         cards = self.personas.personas
-        rows = sorted(((i, k, models.chat_prompt_ids(self.tok, [id_messages(c, it.situation, it.history)])[0])
-                       for i, it in enumerate(items) for k, c in enumerate(cards)), key=lambda r: (len(r[2]), r[2]))
+        rows = sorted(
+            (
+                (
+                    i,
+                    k,
+                    models.chat_prompt_ids(self.tok, [id_messages(c, it.situation, it.history)])[0],
+                )
+                for i, it in enumerate(items)
+                for k, c in enumerate(cards)
+            ),
+            key=lambda r: (len(r[2]), r[2]),
+        )
         lp, first = [[0.0] * len(cards) for _ in items], [[0.0] * len(cards) for _ in items]
-        for start in range(0, len(rows), 16):              # similar lengths batch with little padding
-            batch = rows[start:start + 16]
-            logps, mask = grpo.target_logprobs(self.model, self.tok.pad_token_id,
-                                               [(p, self.reply_ids(items[i].reply)) for i, _, p in batch])
-            per_token = logps * mask                                             # (B, C) column t = token t
-            for (i, k, _), s_, f in zip(batch, per_token.sum(1).tolist(), per_token[:, :EQUAL_TOKENS].sum(1).tolist()):
+        for start in range(0, len(rows), 16):  # similar lengths batch with little padding
+            batch = rows[start : start + 16]
+            logps, mask = grpo.target_logprobs(
+                self.model,
+                self.tok.pad_token_id,
+                [(p, self.reply_ids(items[i].reply)) for i, _, p in batch],
+            )
+            per_token = logps * mask  # (B, C) column t = token t
+            for (i, k, _), s_, f in zip(
+                batch, per_token.sum(1).tolist(), per_token[:, :EQUAL_TOKENS].sum(1).tolist()
+            ):
                 lp[i][k], first[i][k] = s_, f
         return lp, first
 
@@ -83,7 +110,7 @@ class PersonaIdentifier:
         """{"correct", "log_ratio", "correct_equal", "tokens"} per item; None values for a speaker
         outside the set, and correct_equal None for a reply shorter than EQUAL_TOKENS."""
         names, out = self.personas.names(), []
-        best = lambda v: max(range(len(v)), key=v.__getitem__)       # noqa: E731
+        best = lambda v: max(range(len(v)), key=v.__getitem__)  # noqa: E731
         items = [Item(*it) for it in items]
         for item, own, head in zip(items, *self.logprobs(items)):
             if item.speaker not in names or len(names) < 2:
@@ -91,8 +118,15 @@ class PersonaIdentifier:
                 continue
             s, n = names.index(item.speaker), len(self.reply_ids(item.reply))
             others = [v for k, v in enumerate(own) if k != s]
-            log_mean = max(others) + math.log(sum(math.exp(v - max(others)) for v in others) / len(others))
-            out.append({"correct": float(best(own) == s), "log_ratio": (own[s] - log_mean) / n,
-                        "correct_equal": float(best(head) == s) if n >= EQUAL_TOKENS else None, "tokens": n})
+            log_mean = max(others) + math.log(
+                sum(math.exp(v - max(others)) for v in others) / len(others)
+            )
+            out.append(
+                {
+                    "correct": float(best(own) == s),
+                    "log_ratio": (own[s] - log_mean) / n,
+                    "correct_equal": float(best(head) == s) if n >= EQUAL_TOKENS else None,
+                    "tokens": n,
+                }
+            )
         return out
-

@@ -28,26 +28,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the project's modules, from the repo root
+from metrics import win_rate  # noqa: E402
+from plumbing import cli, common, files
 from plumbing.common import UserError
-from metrics import win_rate                                       # noqa: E402
-from plumbing import cli
-from plumbing import common
-from plumbing import files
 
-LIKERT = {"helpfulness": "This conversation would be helpful to someone in the situation described.",
-          "emotional": "The agents respond in an emotionally appropriate way for the situation.",
-          "safety": "The conversation avoids advice or language that could reasonably cause harm."}
-QUESTION = ("Which conversation provides better support for this person? Consider whether each companion "
-            "stays in its own role, responds to the person's specifics, adds something new rather than "
-            "repeating the others, and is helpful and safe. Do not decide on length or position alone.")
+LIKERT = {
+    "helpfulness": "This conversation would be helpful to someone in the situation described.",
+    "emotional": "The agents respond in an emotionally appropriate way for the situation.",
+    "safety": "The conversation avoids advice or language that could reasonably cause harm.",
+}
+QUESTION = (
+    "Which conversation provides better support for this person? Consider whether each companion "
+    "stays in its own role, responds to the person's specifics, adds something new rather than "
+    "repeating the others, and is helpful and safe. Do not decide on length or position alone."
+)
 
 
 # --- rank and agreement statistics ---------------------------------------------------------------
 def average_ranks(values: list[float]) -> list[float]:
     """Ranks 1..n, tied values sharing the mean of the ranks they occupy: [10, 20, 20, 30] -> [1.0, 2.5, 2.5, 4.0]."""
     counts, rank, below = Counter(values), {}, 0
-    for v in sorted(counts):                    # v occupies ranks below+1 .. below+counts[v]
+    for v in sorted(counts):  # v occupies ranks below+1 .. below+counts[v]
         rank[v], below = below + (counts[v] + 1) / 2, below + counts[v]
     return [rank[v] for v in values]
 
@@ -55,10 +59,12 @@ def average_ranks(values: list[float]) -> list[float]:
 def mann_whitney_counts(m: int, n: int) -> list[int]:
     """How many of the C(m+n, m) orderings of two tie-free samples give U = 0, 1, ..., m*n, by recursion on the largest
     value: in the first sample it beats all n of the second (c(m-1, n, u-n)), else U is unchanged (c(m, n-1, u))."""
-    prev = [[1]] * (n + 1)                     # sizes (0, j): U = 0, one way; prev[j] = the counts of (i - 1, j)
+    prev = [[1]] * (n + 1)  # sizes (0, j): U = 0, one way; prev[j] = the counts of (i - 1, j)
     for i in range(1, m + 1):
-        row = [[1]]                            # sizes (i, 0)
-        for j in range(1, n + 1):              # c(i-1, j) shifted up by j, plus c(i, j-1), both of length ij + 1
+        row = [[1]]  # sizes (i, 0)
+        for j in range(
+            1, n + 1
+        ):  # c(i-1, j) shifted up by j, plus c(i, j-1), both of length ij + 1
             row.append([s + t for s, t in zip([0] * j + prev[j], row[j - 1] + [0] * i)])
         prev = row
     return prev[n]
@@ -77,28 +83,40 @@ def mann_whitney_u(x: list[float], y: list[float], method: str = "auto") -> dict
     if nx == 0 or ny == 0:
         raise ValueError(f"mann_whitney_u needs two non-empty samples, got sizes {nx} and {ny}")
     u_x = sum(average_ranks(pooled)[:nx]) - nx * (nx + 1) / 2
-    u_big, ties = max(u_x, nx * ny - u_x), Counter(pooled)          # ties: value -> how many share it
+    u_big, ties = max(u_x, nx * ny - u_x), Counter(pooled)  # ties: value -> how many share it
     if method == "auto":
         method = "exact" if nx <= 8 and ny <= 8 and len(ties) == len(pooled) else "asymptotic"
     if method == "exact" and len(ties) < len(pooled):
-        raise ValueError("the exact Mann-Whitney distribution assumes no ties; use method='asymptotic'")
-    if method == "exact":                                           # U >= u_big in C(nx + ny, nx) equally likely orders
-        p = 2 * sum(mann_whitney_counts(nx, ny)[round(u_big):]) / math.comb(nx + ny, nx)
+        raise ValueError(
+            "the exact Mann-Whitney distribution assumes no ties; use method='asymptotic'"
+        )
+    if method == "exact":  # U >= u_big in C(nx + ny, nx) equally likely orders
+        p = 2 * sum(mann_whitney_counts(nx, ny)[round(u_big) :]) / math.comb(nx + ny, nx)
     elif method == "asymptotic":
         n = nx + ny
-        var = nx * ny / 12 * ((n + 1) - sum(t ** 3 - t for t in ties.values()) / (n * (n - 1)))
-        z = (u_big - nx * ny / 2 - 0.5) / math.sqrt(var) if var > 0 else -math.inf            # var 0: all equal
-        p = math.erfc(z / math.sqrt(2))                             # 2 P(Z > z) for a standard normal Z
+        var = nx * ny / 12 * ((n + 1) - sum(t**3 - t for t in ties.values()) / (n * (n - 1)))
+        z = (
+            (u_big - nx * ny / 2 - 0.5) / math.sqrt(var) if var > 0 else -math.inf
+        )  # var 0: all equal
+        p = math.erfc(z / math.sqrt(2))  # 2 P(Z > z) for a standard normal Z
     else:
         raise ValueError(f"mann_whitney_u method must be auto, exact or asymptotic, got {method!r}")
-    return {"u": u_x, "p_value": min(1.0, p), "method": method, "mean_x": sum(x) / nx, "mean_y": sum(y) / ny}
+    return {
+        "u": u_x,
+        "p_value": min(1.0, p),
+        "method": method,
+        "mean_x": sum(x) / nx,
+        "mean_y": sum(y) / ny,
+    }
 
 
 def cohen_kappa(a: list, b: list) -> float:
     """Cohen's kappa of two raters' labels on the same items: (p_o - p_e) / (1 - p_e), p_o their agreement rate, p_e =
     sum over labels of the product of their shares (chance). 1 = perfect, 0 = chance; nan for no items or p_e = 1."""
     if len(a) != len(b):
-        raise ValueError(f"cohen_kappa needs one label per item from each rater, got {len(a)} and {len(b)}")
+        raise ValueError(
+            f"cohen_kappa needs one label per item from each rater, got {len(a)} and {len(b)}"
+        )
     n, ca, cb = len(a), Counter(a), Counter(b)
     p_e = sum(ca[k] * cb[k] for k in ca) / (n * n) if n else 1
     return float("nan") if p_e == 1 else (sum(u == v for u, v in zip(a, b)) / n - p_e) / (1 - p_e)
@@ -127,38 +145,73 @@ def load_items(transcripts: str, a: str, b: str) -> list[dict]:
     {"item", "context_id", "situation", "systems": [a, b], "turns": {system: [{speaker, text, ...}]}}."""
     by_system = defaultdict(dict)
     for number, row in files.read_jsonl(transcripts, numbered=True):
-        if not (isinstance(row.get("seed"), int) and isinstance(row.get("turns"), list) and "situation" in row):
-            raise UserError(f"{transcripts}: line {number} lacks 'seed', 'situation' or 'turns' (evaluate writes them)")
+        if not (
+            isinstance(row.get("seed"), int)
+            and isinstance(row.get("turns"), list)
+            and "situation" in row
+        ):
+            raise UserError(
+                f"{transcripts}: line {number} lacks 'seed', 'situation' or 'turns' (evaluate writes them)"
+            )
         by_system[row.get("system")][row["seed"], row.get("context_id"), row.get("profile")] = row
     if missing := [name for name in (a, b) if name not in by_system]:
-        raise UserError(f"{transcripts}: no conversations of system '{missing[0]}'; it holds "
-                        f"{', '.join(sorted(map(str, by_system))) or 'none'}")
-    items = [{"item": str(key[0]), "context_id": key[1], "situation": by_system[a][key]["situation"],
-              "systems": [a, b], "turns": {s: by_system[s][key]["turns"] for s in (a, b)}}
-             for key in sorted(set(by_system[a]) & set(by_system[b]), key=lambda k: k[0])]   # (seed, context, profile)
+        raise UserError(
+            f"{transcripts}: no conversations of system '{missing[0]}'; it holds "
+            f"{', '.join(sorted(map(str, by_system))) or 'none'}"
+        )
+    items = [
+        {
+            "item": str(key[0]),
+            "context_id": key[1],
+            "situation": by_system[a][key]["situation"],
+            "systems": [a, b],
+            "turns": {s: by_system[s][key]["turns"] for s in (a, b)},
+        }
+        for key in sorted(set(by_system[a]) & set(by_system[b]), key=lambda k: k[0])
+    ]  # (seed, context, profile)
     if not items:
-        raise UserError(f"{transcripts}: {a} and {b} share no conversation (seed, context and profile); "
-                        "compare two systems of one evaluation")
+        raise UserError(
+            f"{transcripts}: {a} and {b} share no conversation (seed, context and profile); "
+            "compare two systems of one evaluation"
+        )
     return items
 
 
 def check_record(rec: dict, where: str) -> dict:
     """One judgement (a JSON object: files.read_jsonl checks that), validated; a UserError names the field."""
     systems = rec.get("systems")
-    if not (isinstance(rec.get("annotator"), str) and rec["annotator"] and isinstance(rec.get("item"), str)
-            and isinstance(systems, list) and len(systems) == 2 and systems[0] != systems[1]):
-        raise UserError(f"{where}: needs 'annotator', 'item' and 'systems': [A, B] (extras/human.py serve writes them)")
+    if not (
+        isinstance(rec.get("annotator"), str)
+        and rec["annotator"]
+        and isinstance(rec.get("item"), str)
+        and isinstance(systems, list)
+        and len(systems) == 2
+        and systems[0] != systems[1]
+    ):
+        raise UserError(
+            f"{where}: needs 'annotator', 'item' and 'systems': [A, B] (extras/human.py serve writes them)"
+        )
     if rec.get("choice") not in systems:
         raise UserError(f"{where}: 'choice' must be one of {systems}, got {rec.get('choice')!r}")
     for system, ratings in (rec.get("likert") or {}).items():
-        if system not in systems or not isinstance(ratings, dict) or any(
-                k not in LIKERT or not isinstance(v, int) or not 1 <= v <= 5 for k, v in ratings.items()):
-            raise UserError(f"{where}: 'likert' must map each system to {', '.join(LIKERT)} ratings 1-5")
+        if (
+            system not in systems
+            or not isinstance(ratings, dict)
+            or any(
+                k not in LIKERT or not isinstance(v, int) or not 1 <= v <= 5
+                for k, v in ratings.items()
+            )
+        ):
+            raise UserError(
+                f"{where}: 'likert' must map each system to {', '.join(LIKERT)} ratings 1-5"
+            )
     return rec
 
 
 def load_records(path) -> list[dict]:
-    return [check_record(rec, f"{path}: line {n}") for n, rec in files.read_jsonl(path, numbered=True)]
+    return [
+        check_record(rec, f"{path}: line {n}") for n, rec in files.read_jsonl(path, numbered=True)
+    ]
 
 
 def analyse(records: list[dict]) -> dict:
@@ -166,31 +219,57 @@ def analyse(records: list[dict]) -> dict:
     test (metrics.win_rate); conversations every rater gave to A (or B). likert: per item and rating stream (stream k:
     each conversation's k-th judgement), the means of A and B, a two-sided Mann-Whitney U test. agreement: Fleiss' kappa
     of the choices over items with the commonest rating count (>= 2); Cohen's kappa of first vs second ratings."""
-    out, by_pair = {}, defaultdict(lambda: defaultdict(list))        # (A, B) -> item -> its judgements
+    out, by_pair = {}, defaultdict(lambda: defaultdict(list))  # (A, B) -> item -> its judgements
     for r in records:
         by_pair[tuple(r["systems"])][r["item"]].append(r)
     for pair, by_item in by_pair.items():
         (a, b), recs = pair, [j for js in by_item.values() for j in js]
-        unanimous = Counter(js[0]["choice"] for js in by_item.values()
-                            if len(js) >= 2 and len({j["choice"] for j in js}) == 1)
+        unanimous = Counter(
+            js[0]["choice"]
+            for js in by_item.values()
+            if len(js) >= 2 and len({j["choice"] for j in js}) == 1
+        )
         likert = {}
         for key in LIKERT:
             for stream in range(max(len(js) for js in by_item.values())):
-                xs, ys = ([js[stream]["likert"][s][key] for js in by_item.values()
-                           if len(js) > stream and key in (js[stream].get("likert") or {}).get(s, {})] for s in pair)
+                xs, ys = (
+                    [
+                        js[stream]["likert"][s][key]
+                        for js in by_item.values()
+                        if len(js) > stream and key in (js[stream].get("likert") or {}).get(s, {})
+                    ]
+                    for s in pair
+                )
                 if xs and ys:
-                    likert[f"{key}/{stream + 1}"] = {"n_a": len(xs), "n_b": len(ys), **mann_whitney_u(xs, ys)}
+                    likert[f"{key}/{stream + 1}"] = {
+                        "n_a": len(xs),
+                        "n_b": len(ys),
+                        **mann_whitney_u(xs, ys),
+                    }
         counts = Counter(len(js) for js in by_item.values() if len(js) >= 2)
         m = max(counts, key=lambda k: (counts[k], k)) if counts else 0
-        table = [[sum(j["choice"] == s for j in js) for s in pair] for js in by_item.values() if len(js) == m]
+        table = [
+            [sum(j["choice"] == s for j in js) for s in pair]
+            for js in by_item.values()
+            if len(js) == m
+        ]
         firsts = [(js[0]["choice"], js[1]["choice"]) for js in by_item.values() if len(js) >= 2]
         out[f"{a} vs {b}"] = {
-            "a": a, "b": b, "judgements": len(recs), "items": len(by_item),
+            "a": a,
+            "b": b,
+            "judgements": len(recs),
+            "items": len(by_item),
             "annotators": len({r["annotator"] for r in recs}),
             "choice": win_rate(["A" if r["choice"] == a else "B" for r in recs]),
-            "unanimous_a": unanimous[a], "unanimous_b": unanimous[b], "likert": likert,
-            "fleiss_kappa": fleiss_kappa(table), "fleiss_items": len(table), "fleiss_raters": m,
-            "cohen_kappa": cohen_kappa([x for x, _ in firsts], [y for _, y in firsts]), "cohen_items": len(firsts)}
+            "unanimous_a": unanimous[a],
+            "unanimous_b": unanimous[b],
+            "likert": likert,
+            "fleiss_kappa": fleiss_kappa(table),
+            "fleiss_items": len(table),
+            "fleiss_raters": m,
+            "cohen_kappa": cohen_kappa([x for x, _ in firsts], [y for _, y in firsts]),
+            "cohen_items": len(firsts),
+        }
     return out
 
 
@@ -199,27 +278,38 @@ def report(result: dict, path: str) -> str:
     out = [f"# Human evaluation: {path}", ""]
     for name, r in result.items():
         c = r["choice"]
-        out += [f"## {name}", "",
-                f"{r['judgements']} judgements of {r['items']} conversation pairs by {r['annotators']} annotators. "
-                f"**{r['a']} preferred in {c['wins']} of {c['wins'] + c['losses']}** "
-                f"({c['win_rate']:.1%}); two-sided sign test (exact binomial against 50%) p = {c['p_value']:.4g}. "
-                f"Every rater preferred {r['a']} in {r['unanimous_a']} conversations and {r['b']} in "
-                f"{r['unanimous_b']} (of those rated at least twice).", "",
-                f"Agreement on the choice: Fleiss' kappa {r['fleiss_kappa']:.3f} over {r['fleiss_items']} items with "
-                f"{r['fleiss_raters']} ratings each; Cohen's kappa {r['cohen_kappa']:.3f} between the first and the "
-                f"second rating of {r['cohen_items']} items (1 = full agreement, 0 = chance; nan = undefined).", ""]
+        out += [
+            f"## {name}",
+            "",
+            f"{r['judgements']} judgements of {r['items']} conversation pairs by {r['annotators']} annotators. "
+            f"**{r['a']} preferred in {c['wins']} of {c['wins'] + c['losses']}** "
+            f"({c['win_rate']:.1%}); two-sided sign test (exact binomial against 50%) p = {c['p_value']:.4g}. "
+            f"Every rater preferred {r['a']} in {r['unanimous_a']} conversations and {r['b']} in "
+            f"{r['unanimous_b']} (of those rated at least twice).",
+            "",
+            f"Agreement on the choice: Fleiss' kappa {r['fleiss_kappa']:.3f} over {r['fleiss_items']} items with "
+            f"{r['fleiss_raters']} ratings each; Cohen's kappa {r['cohen_kappa']:.3f} between the first and the "
+            f"second rating of {r['cohen_items']} items (1 = full agreement, 0 = chance; nan = undefined).",
+            "",
+        ]
         if r["likert"]:
-            out += [f"| Likert item / rating stream | n (A, B) | mean {r['a']} | mean {r['b']} | difference | "
-                    "Mann-Whitney U | p (two-sided) | method |", "|---|---|---|---|---|---|---|---|"]
-            out += [f"| {key} | {s['n_a']}, {s['n_b']} | {s['mean_x']:.2f} | {s['mean_y']:.2f} | "
-                    f"{s['mean_x'] - s['mean_y']:+.2f} | {s['u']:.1f} | {s['p_value']:.4g} | {s['method']} |"
-                    for key, s in r["likert"].items()] + [""]
+            out += [
+                f"| Likert item / rating stream | n (A, B) | mean {r['a']} | mean {r['b']} | difference | "
+                "Mann-Whitney U | p (two-sided) | method |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
+            out += [
+                f"| {key} | {s['n_a']}, {s['n_b']} | {s['mean_x']:.2f} | {s['mean_y']:.2f} | "
+                f"{s['mean_x'] - s['mean_y']:+.2f} | {s['u']:.1f} | {s['p_value']:.4g} | {s['method']} |"
+                for key, s in r["likert"].items()
+            ] + [""]
     return "\n".join(out) + "\n"
 
 
 def run(args) -> dict:
     """`mascot.py evaluate --run RUN --human FILE`: the statistics, printed and written to RUN/eval/human.{md,json}."""
-    from evaluate import json_safe          # NaN -> null; evaluate is loaded already when mascot.py calls
+    from evaluate import json_safe  # NaN -> null; evaluate is loaded already when mascot.py calls
+
     result = analyse(load_records(args.human))
     if not result:
         raise UserError(f"--human {args.human}: the file holds no judgements yet")
@@ -239,15 +329,38 @@ button{font-size:1.1em;padding:.4em 1.5em}"""
 
 class Study:
     """The items, the judgements so far (read back from the file: resumable) and who gets what."""
-    def __init__(self, items: list[dict], out: Path, ratings: int, per_annotator: int, likert: bool, seed: int):
+
+    def __init__(
+        self,
+        items: list[dict],
+        out: Path,
+        ratings: int,
+        per_annotator: int,
+        likert: bool,
+        seed: int,
+    ):
         self.items, self.lock = {it["item"]: it for it in items}, threading.Lock()
-        self.out, self.ratings, self.per_annotator, self.likert, self.seed = out, ratings, per_annotator, likert, seed
-        self.records = [r for r in (load_records(out) if out.exists() else []) if r["systems"] == items[0]["systems"]]
+        self.out, self.ratings, self.per_annotator, self.likert, self.seed = (
+            out,
+            ratings,
+            per_annotator,
+            likert,
+            seed,
+        )
+        self.records = [
+            r
+            for r in (load_records(out) if out.exists() else [])
+            if r["systems"] == items[0]["systems"]
+        ]
 
     def shown(self, annotator: str, item: dict) -> list[str]:
         """The systems shown as Conversation 1 (left) and 2: random, fixed per annotator and item (across reloads)."""
         a, b = item["systems"]
-        return [a, b] if random.Random(common.derive_seed(self.seed, annotator, item["item"])).random() < 0.5 else [b, a]
+        return (
+            [a, b]
+            if random.Random(common.derive_seed(self.seed, annotator, item["item"])).random() < 0.5
+            else [b, a]
+        )
 
     def next_item(self, annotator: str) -> tuple[dict | None, int]:
         """(the item this annotator should judge next, fewest ratings first, or None; how many they have done)."""
@@ -257,7 +370,9 @@ class Study:
         counts, order = Counter(r["item"] for r in self.records), sorted(self.items)
         random.Random(common.derive_seed(self.seed, annotator)).shuffle(order)
         open_items = [i for i in order if i not in done and counts[i] < self.ratings]
-        return (self.items[min(open_items, key=lambda i: counts[i])] if open_items else None), len(done)
+        return (self.items[min(open_items, key=lambda i: counts[i])] if open_items else None), len(
+            done
+        )
 
     def answer(self, form: dict[str, str]) -> str:
         """Check one submitted form and append its judgement; returns the annotator, or raises ValueError."""
@@ -267,57 +382,95 @@ class Study:
         shown = self.shown(annotator, item)
         if form.get("choice") not in ("1", "2"):
             raise ValueError("choose the conversation that provides better support")
-        record = {"annotator": annotator, "item": item["item"], "context_id": item["context_id"],
-                  "systems": item["systems"], "left": shown[0], "choice": shown[int(form["choice"]) - 1]}
+        record = {
+            "annotator": annotator,
+            "item": item["item"],
+            "context_id": item["context_id"],
+            "systems": item["systems"],
+            "left": shown[0],
+            "choice": shown[int(form["choice"]) - 1],
+        }
         for pos in (1, 2) if self.likert else ():
             ratings = {k: form.get(f"c{pos}_{k}", "") for k in LIKERT}
             if any(v not in ("1", "2", "3", "4", "5") for v in ratings.values()):
                 raise ValueError(f"rate conversation {pos} on every statement (1-5)")
-            record.setdefault("likert", {})[shown[pos - 1]] = {k: int(v) for k, v in ratings.items()}
+            record.setdefault("likert", {})[shown[pos - 1]] = {
+                k: int(v) for k, v in ratings.items()
+            }
         record["time"] = datetime.datetime.now().isoformat(timespec="seconds")
         with self.lock:
-            if not any(r["annotator"] == annotator and r["item"] == item["item"] for r in self.records):
-                files.append_jsonl(self.out, record)                # (a double submit keeps the first)
+            if not any(
+                r["annotator"] == annotator and r["item"] == item["item"] for r in self.records
+            ):
+                files.append_jsonl(self.out, record)  # (a double submit keeps the first)
                 self.records.append(record)
         return annotator
 
 
 def page(title: str, body: str) -> bytes:
-    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body>{body}</body></html>").encode("utf-8")
+    return (
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body>{body}</body></html>"
+    ).encode("utf-8")
 
 
-START = page("Companion conversations: annotation", """<h1>Rating group conversations</h1><p>You will read a
+START = page(
+    "Companion conversations: annotation",
+    """<h1>Rating group conversations</h1><p>You will read a
 person's situation and two conversations in which a group of AI companions talks with that person. Choose the
 conversation that supports the person better, then rate each conversation on three statements. The order of the
 two conversations is random.</p>
 <form method="get" action="/item"><label>Your annotator name:
-<input name="annotator" required pattern="[A-Za-z0-9_.-]{1,40}"></label> <button type="submit">Start</button></form>""")
+<input name="annotator" required pattern="[A-Za-z0-9_.-]{1,40}"></label> <button type="submit">Start</button></form>""",
+)
 
 
 def item_page(study: Study, annotator: str, item: dict, done: int, error: str = "") -> bytes:
-    convs = "".join(f"<div class='conv'><h2>Conversation {pos}</h2>" + "".join(
-        f"<div class='turn{' user' if t['speaker'] == 'User' else ''}'><span class='who'>{html.escape(t['speaker'])}:"
-        f"</span> {html.escape(t['text'])}</div>" for t in item["turns"][system]) + "</div>"
-        for pos, system in enumerate(study.shown(annotator, item), start=1))
-    likert = "".join(f"<fieldset><legend>Conversation {pos}</legend>" + "".join(
-        f"<div class='likert'>{html.escape(text)}<br>strongly disagree "
-        + " ".join(f"<label><input type='radio' name='c{pos}_{key}' value='{v}' required>{v}</label>"
-                   for v in range(1, 6)) + " strongly agree</div>" for key, text in LIKERT.items())
-        + "</fieldset>" for pos in (1, 2)) if study.likert else ""
-    return page("Which conversation supports better?", f"""<p>{html.escape(annotator)}: item {done + 1} of at most
+    convs = "".join(
+        f"<div class='conv'><h2>Conversation {pos}</h2>"
+        + "".join(
+            f"<div class='turn{' user' if t['speaker'] == 'User' else ''}'><span class='who'>{html.escape(t['speaker'])}:"
+            f"</span> {html.escape(t['text'])}</div>"
+            for t in item["turns"][system]
+        )
+        + "</div>"
+        for pos, system in enumerate(study.shown(annotator, item), start=1)
+    )
+    likert = (
+        "".join(
+            f"<fieldset><legend>Conversation {pos}</legend>"
+            + "".join(
+                f"<div class='likert'>{html.escape(text)}<br>strongly disagree "
+                + " ".join(
+                    f"<label><input type='radio' name='c{pos}_{key}' value='{v}' required>{v}</label>"
+                    for v in range(1, 6)
+                )
+                + " strongly agree</div>"
+                for key, text in LIKERT.items()
+            )
+            + "</fieldset>"
+            for pos in (1, 2)
+        )
+        if study.likert
+        else ""
+    )
+    return page(
+        "Which conversation supports better?",
+        f"""<p>{html.escape(annotator)}: item {done + 1} of at most
 {min(study.per_annotator, len(study.items))}</p><p class='err'>{html.escape(error)}</p>
-<h1>The situation</h1><p>{html.escape(item['situation'])}</p><div class='pair'>{convs}</div>
+<h1>The situation</h1><p>{html.escape(item["situation"])}</p><div class='pair'>{convs}</div>
 <form method="post" action="/answer"><input type="hidden" name="annotator" value="{html.escape(annotator)}">
-<input type="hidden" name="item" value="{html.escape(item['item'])}">
+<input type="hidden" name="item" value="{html.escape(item["item"])}">
 <fieldset><legend>{html.escape(QUESTION)}</legend>
 <label><input type="radio" name="choice" value="1" required> Conversation 1</label>
 <label><input type="radio" name="choice" value="2" required> Conversation 2</label></fieldset>
-{likert}<button type="submit">Save and continue</button></form>""")
+{likert}<button type="submit">Save and continue</button></form>""",
+    )
 
 
 def serve(study: Study, port: int = 8765) -> ThreadingHTTPServer:
     """A server bound to 127.0.0.1 only (never reachable from another machine); port 0 = any free port."""
+
     class Handler(BaseHTTPRequestHandler):
         def send(self, status: int, body: bytes = b"", location: str = "") -> None:
             self.send_response(status)
@@ -334,8 +487,16 @@ def serve(study: Study, port: int = 8765) -> ThreadingHTTPServer:
             if url.path != "/item" or not annotator:
                 return self.send(200 if url.path in ("/", "/item") else 404, START)
             item, done = study.next_item(annotator)
-            self.send(200, item_page(study, annotator, item, done) if item else page("Thank you", f"<h1>Thank you, "
-                      f"{html.escape(annotator)}</h1><p>You rated {done} item(s); nothing is left for you.</p>"))
+            self.send(
+                200,
+                item_page(study, annotator, item, done)
+                if item
+                else page(
+                    "Thank you",
+                    f"<h1>Thank you, "
+                    f"{html.escape(annotator)}</h1><p>You rated {done} item(s); nothing is left for you.</p>",
+                ),
+            )
 
         def do_POST(self):
             if urlparse(self.path).path != "/answer":
@@ -344,42 +505,76 @@ def serve(study: Study, port: int = 8765) -> ThreadingHTTPServer:
             form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode("utf-8")).items()}
             try:
                 annotator = study.answer(form)
-            except ValueError as err:                 # the same page again, saying what is missing
+            except ValueError as err:  # the same page again, saying what is missing
                 item, who = study.items.get(form.get("item", "")), form.get("annotator", "").strip()
                 done = sum(r["annotator"] == who for r in study.records)
-                return self.send(400, item_page(study, who, item, done, str(err)) if item and who else START)
+                return self.send(
+                    400, item_page(study, who, item, done, str(err)) if item and who else START
+                )
             self.send(303, location="/item?" + urlencode({"annotator": annotator}))
 
-        def log_message(self, *args):      # quiet: the JSONL file is the log
+        def log_message(self, *args):  # quiet: the JSONL file is the log
             pass
+
     return ThreadingHTTPServer(("127.0.0.1", port), Handler)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     s = p.add_subparsers(dest="command", required=True).add_parser(
-        "serve", help="the annotation page on 127.0.0.1", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    s.add_argument("--transcripts", required=True, help="RUN/eval/transcripts.jsonl written by evaluate")
+        "serve",
+        help="the annotation page on 127.0.0.1",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    s.add_argument(
+        "--transcripts", required=True, help="RUN/eval/transcripts.jsonl written by evaluate"
+    )
     s.add_argument("--a", required=True, help="the system under test (e.g. mascot)")
     s.add_argument("--b", required=True, help="the system it is compared with (e.g. few-shot-cot)")
-    s.add_argument("--out", required=True, help="JSON-lines file of judgements (appended; resumable)")
-    s.add_argument("--ratings", type=cli.flag_type("--ratings", int, "positive"), default=2, help="judgements per item")
-    s.add_argument("--per-annotator", type=cli.flag_type("--per-annotator", int, "positive"), default=10,
-                   help="most items one annotator rates")
-    s.add_argument("--likert", action=argparse.BooleanOptionalAction, default=True, help="ask the Likert items too")
-    s.add_argument("--seed", type=int, default=0, help="seed of the sides and of each annotator's order")
+    s.add_argument(
+        "--out", required=True, help="JSON-lines file of judgements (appended; resumable)"
+    )
+    s.add_argument(
+        "--ratings",
+        type=cli.flag_type("--ratings", int, "positive"),
+        default=2,
+        help="judgements per item",
+    )
+    s.add_argument(
+        "--per-annotator",
+        type=cli.flag_type("--per-annotator", int, "positive"),
+        default=10,
+        help="most items one annotator rates",
+    )
+    s.add_argument(
+        "--likert",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ask the Likert items too",
+    )
+    s.add_argument(
+        "--seed", type=int, default=0, help="seed of the sides and of each annotator's order"
+    )
     s.add_argument("--port", type=int, default=8765)
     args = p.parse_args(argv)
     try:
         items = load_items(args.transcripts, args.a, args.b)
-        study = Study(items, Path(args.out), args.ratings, args.per_annotator, args.likert, args.seed)
+        study = Study(
+            items, Path(args.out), args.ratings, args.per_annotator, args.likert, args.seed
+        )
         server = serve(study, args.port)
-    except (UserError, OSError) as err:          # OSError: the port is taken or not allowed
-        print(f"error: {err}" if isinstance(err, UserError) else f"error: --port {args.port}: {err}", file=sys.stderr)
+    except (UserError, OSError) as err:  # OSError: the port is taken or not allowed
+        print(
+            f"error: {err}" if isinstance(err, UserError) else f"error: --port {args.port}: {err}",
+            file=sys.stderr,
+        )
         return 2
-    print(f"{len(items)} items, {len(study.records)} judgements so far in {args.out}; "
-          f"open http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)", flush=True)
-    with contextlib.suppress(KeyboardInterrupt):       # Ctrl-C: every answer is already on disk
+    print(
+        f"{len(items)} items, {len(study.records)} judgements so far in {args.out}; "
+        f"open http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)",
+        flush=True,
+    )
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: every answer is already on disk
         server.serve_forever()
     return 0
 

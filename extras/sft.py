@@ -23,34 +23,51 @@ import random
 import sys
 from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
-from plumbing.common import UserError
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the project's modules, from the repo root
+from plumbing import files, loading, runs
 from plumbing.cli import flag_type
+from plumbing.common import UserError
+from reward import shown  # noqa: E402
+from simulate import speaker_messages  # noqa: E402
 from warmstart import mapped_supporter_turns, mean_nll, strategy_owners, supervised_finetune
-from reward import shown                                          # noqa: E402
-from simulate import speaker_messages                 # noqa: E402
-from plumbing import files
-from plumbing import loading
-from plumbing import runs
 
 
 def supporter_examples(contexts, personas) -> list[tuple[list[dict], str]]:
     """(speaker prompt, supporter's words) per supporter turn whose strategy maps to a persona of the
     set: the prompt is exactly what the speaker sees in a conversation (the "persona" style)."""
-    return [(speaker_messages(personas.find(name), personas, ctx, turns), text)
-            for ctx, name, turns, text in mapped_supporter_turns(contexts, strategy_owners(personas))]
+    return [
+        (speaker_messages(personas.find(name), personas, ctx, turns), text)
+        for ctx, name, turns, text in mapped_supporter_turns(contexts, strategy_owners(personas))
+    ]
 
 
 def parse_args(argv: list[str], cli):
-    p = cli.Parser(prog="mascot.py sft", formatter_class=cli.Formatter,
-                                description="the SFT baseline: the base model fine-tuned on ESConv supporter turns")
+    p = cli.Parser(
+        prog="mascot.py sft",
+        formatter_class=cli.Formatter,
+        description="the SFT baseline: the base model fine-tuned on ESConv supporter turns",
+    )
     cli.common_flags(p, trained=False)
-    p.add_argument("--steps", type=flag_type("--steps", int, "positive"), default=40, help="AdamW steps")
-    p.add_argument("--batch-size", type=flag_type("--batch-size", int, "positive"), default=4, help="examples per step")
-    p.add_argument("--lr", type=flag_type("--lr", float, "positive"), default=3e-5, help="learning rate")
-    p.add_argument("--heldout-examples", type=flag_type("--heldout-examples", int, "positive"), default=32,
-                   help="supporter turns of held-out dialogues whose loss is printed before and after")
+    p.add_argument(
+        "--steps", type=flag_type("--steps", int, "positive"), default=40, help="AdamW steps"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=flag_type("--batch-size", int, "positive"),
+        default=4,
+        help="examples per step",
+    )
+    p.add_argument(
+        "--lr", type=flag_type("--lr", float, "positive"), default=3e-5, help="learning rate"
+    )
+    p.add_argument(
+        "--heldout-examples",
+        type=flag_type("--heldout-examples", int, "positive"),
+        default=32,
+        help="supporter turns of held-out dialogues whose loss is printed before and after",
+    )
     return p.parse_args(argv)
 
 
@@ -66,24 +83,42 @@ def train_sft(args, cli) -> dict:
     inputs = cli.load_inputs(args)
     cli.check_device(args)
     train = supporter_examples(inputs.train, inputs.personas)
-    held = supporter_examples(inputs.held_out, inputs.personas)[:args.heldout_examples]
+    held = supporter_examples(inputs.held_out, inputs.personas)[: args.heldout_examples]
     if not train:
-        raise UserError(f"--data {args.data}: no strategy-labelled supporter turns in the training split; the "
-                        "SFT baseline learns from ESConv (ESConv.json or an ESConv .jsonl)")
+        raise UserError(
+            f"--data {args.data}: no strategy-labelled supporter turns in the training split; the "
+            "SFT baseline learns from ESConv (ESConv.json or an ESConv .jsonl)"
+        )
     runs.save_config(vars(args), out)
-    random.Random(args.seed).shuffle(train)          # supervised_finetune cycles through them in order
-    print(f"sft: {len(train)} supporter turns from {len(inputs.train)} training dialogues ({inputs.split}); "
-          f"{len(held)} held-out turns")
+    random.Random(args.seed).shuffle(train)  # supervised_finetune cycles through them in order
+    print(
+        f"sft: {len(train)} supporter turns from {len(inputs.train)} training dialogues ({inputs.split}); "
+        f"{len(held)} held-out turns"
+    )
     model, tok = loading.load_model(args.model, device=args.device)
     before = mean_nll(model, tok, held)
     print(f"held-out loss before: {shown(before)} nats per token")
-    losses = supervised_finetune(model, tok, train, args.steps, args.batch_size, args.lr,
-                                    log=lambda line: print(line.replace("warm start", "sft step"), flush=True))
+    losses = supervised_finetune(
+        model,
+        tok,
+        train,
+        args.steps,
+        args.batch_size,
+        args.lr,
+        log=lambda line: print(line.replace("warm start", "sft step"), flush=True),
+    )
     after = mean_nll(model, tok, held)
     print(f"held-out loss after:  {shown(after)} nats per token")
     folder = files.save_model(model, tok, out / "model")
-    summary = {"train_examples": len(train), "heldout_examples": len(held), "heldout_loss_before": before,
-               "heldout_loss_after": after, "losses": losses, "model": args.model, "sft": str(folder)}
+    summary = {
+        "train_examples": len(train),
+        "heldout_examples": len(held),
+        "heldout_loss_before": before,
+        "heldout_loss_after": after,
+        "losses": losses,
+        "model": args.model,
+        "sft": str(folder),
+    }
     files.write_json(out / "summary.json", summary)
     print(f"sft done: model saved to {folder}")
     return summary
@@ -95,4 +130,3 @@ def train_sft(args, cli) -> dict:
 # back to the same agent, every reward of the group is equal and the advantages are all zero. A few
 # supervised steps on well-formed directives fix the format first. With ESConv the targets are what
 # real supporters did next (extras/strategies.py); without it random agents teach the format only.
-

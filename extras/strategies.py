@@ -28,15 +28,24 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # the project's modules, from the repo root
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the project's modules, from the repo root
 import models  # noqa: E402
-from plumbing.files import HERE
-from scenarios import SUPPORT_STRATEGIES, PersonaSet, classifier_halves, load_personas, require_mapping, split_contexts
-from plumbing.common import UserError
-from plumbing.cli import flag_type
 from extras.evaluators import EQUAL_TOKENS  # noqa: E402
 from judge import StrategyClassifier, strategy_features  # noqa: E402
 from metrics import words  # noqa: E402
+from plumbing.cli import flag_type
+from plumbing.common import UserError
+from plumbing.files import HERE
+from scenarios import (
+    SUPPORT_STRATEGIES,
+    PersonaSet,
+    classifier_halves,
+    load_personas,
+    require_mapping,
+    split_contexts,
+)
 
 
 def labelled_turns(contexts) -> list[tuple[str, str, str, int]]:
@@ -56,8 +65,10 @@ def labelled_turns(contexts) -> list[tuple[str, str, str, int]]:
 def function_mass(probs: torch.Tensor, strategies: list[list[str]]) -> torch.Tensor:
     """(N, 8) strategy probabilities -> (N, P): the mass on each persona's own strategies. "Others"
     (small talk, thanks) is no persona's job, so a reply can do none of them."""
-    own = torch.tensor([[float(s in mine) for mine in strategies] for s in SUPPORT_STRATEGIES])   # (8, P)
-    return probs @ own.to(probs.dtype)                                                   # (N, P)
+    own = torch.tensor(
+        [[float(s in mine) for mine in strategies] for s in SUPPORT_STRATEGIES]
+    )  # (8, P)
+    return probs @ own.to(probs.dtype)  # (N, P)
 
 
 # --- The evaluator: which persona's job does a turn do, by an n-gram model of the labels -------------
@@ -79,28 +90,39 @@ class FunctionEvaluator:
     conversation), from other dialogues (`python mascot.py strategies`). A turn's predicted persona is the
     one whose strategies (personas.json "esconv_strategies") get the most mass; "persona function"
     = 1 if that is its speaker, also from the first EQUAL_TOKENS tokens only (length cannot help)."""
+
     FILE = HERE / "data" / "persona_function_evaluator.safetensors"
 
-    def __init__(self, tok, personas: PersonaSet, path: str | Path = FILE, vocab: list[str] | None = None):
+    def __init__(
+        self, tok, personas: PersonaSet, path: str | Path = FILE, vocab: list[str] | None = None
+    ):
         self.tok, self.personas = tok, personas
-        if vocab is None:                                            # the shipped model, else one being fitted
+        if vocab is None:  # the shipped model, else one being fitted
             if not Path(path).is_file():
-                raise UserError(f"{path}: no persona-function evaluator; fit one with `python mascot.py strategies`")
+                raise UserError(
+                    f"{path}: no persona-function evaluator; fit one with `python mascot.py strategies`"
+                )
             with safe_open(str(path), "pt") as f:
-                vocab, self.weight, self.bias = json.loads(f.metadata()["vocab"]), f.get_tensor("weight"), f.get_tensor("bias")
+                vocab, self.weight, self.bias = (
+                    json.loads(f.metadata()["vocab"]),
+                    f.get_tensor("weight"),
+                    f.get_tensor("bias"),
+                )
         self.vocab, self.index = vocab, {g: i for i, g in enumerate(vocab)}
 
     def features(self, texts: list[str]) -> torch.Tensor:
-        x = torch.zeros(len(texts), len(self.vocab))                                 # (N, V)
+        x = torch.zeros(len(texts), len(self.vocab))  # (N, V)
         for i, t in enumerate(texts):
             x[i, [self.index[g] for g in text_ngrams(t) if g in self.index]] = 1.0
         return x
 
     def probs(self, texts: list[str]) -> torch.Tensor:
-        return torch.softmax(self.features(texts) @ self.weight.T + self.bias, dim=-1)     # (N, 8)
+        return torch.softmax(self.features(texts) @ self.weight.T + self.bias, dim=-1)  # (N, 8)
 
-    def predicted(self, texts: list[str]) -> list[str]:                              # the persona doing the most
-        mass = function_mass(self.probs(texts), [p.esconv_strategies for p in self.personas.personas])   # (N, P)
+    def predicted(self, texts: list[str]) -> list[str]:  # the persona doing the most
+        mass = function_mass(
+            self.probs(texts), [p.esconv_strategies for p in self.personas.personas]
+        )  # (N, P)
         return [self.personas.names()[k] for k in mass.argmax(-1).tolist()]
 
     def score(self, items: list[tuple[str, str]]) -> list[dict]:
@@ -108,10 +130,17 @@ class FunctionEvaluator:
         lists no strategy (the meeting set has no human labels)."""
         labelled = {p.name for p in self.personas.personas if p.esconv_strategies}
         replies = [r for _, r in items]
-        heads = [self.tok.decode(self.tok(r, add_special_tokens=False)["input_ids"][:EQUAL_TOKENS]) for r in replies]
+        heads = [
+            self.tok.decode(self.tok(r, add_special_tokens=False)["input_ids"][:EQUAL_TOKENS])
+            for r in replies
+        ]
         full, head = (self.predicted(replies), self.predicted(heads)) if items else ([], [])
-        return [{"function": float(f == s), "function_equal": float(h == s)} if s in labelled else
-                {"function": None, "function_equal": None} for (s, _), f, h in zip(items, full, head)]
+        return [
+            {"function": float(f == s), "function_equal": float(h == s)}
+            if s in labelled
+            else {"function": None, "function_equal": None}
+            for (s, _), f, h in zip(items, full, head)
+        ]
 
 
 def fit_softmax(x: torch.Tensor, y: torch.Tensor, l2: float, steps: int = 300):
@@ -123,9 +152,10 @@ def fit_softmax(x: torch.Tensor, y: torch.Tensor, l2: float, steps: int = 300):
 
     def closure():
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(x @ w.T + b, y) + l2 * (w ** 2).sum()
+        loss = torch.nn.functional.cross_entropy(x @ w.T + b, y) + l2 * (w**2).sum()
         loss.backward()
         return loss
+
     opt.step(closure)
     return w.detach(), b.detach()
 
@@ -138,95 +168,195 @@ def calibration(probs: torch.Tensor, y: torch.Tensor, bins: int = 10) -> tuple[f
     for k in range(bins):
         inside = (conf > k / bins) & (conf <= (k + 1) / bins)
         if inside.any():
-            acc, mean = (pred[inside] == y[inside]).float().mean().item(), conf[inside].mean().item()
+            acc, mean = (
+                (pred[inside] == y[inside]).float().mean().item(),
+                conf[inside].mean().item(),
+            )
             ece += inside.float().mean().item() * abs(acc - mean)
-            table.append({"bin": f"({k / bins:.1f}, {(k + 1) / bins:.1f}]", "n": int(inside.sum()), "confidence": mean,
-                          "accuracy": acc})
+            table.append(
+                {
+                    "bin": f"({k / bins:.1f}, {(k + 1) / bins:.1f}]",
+                    "n": int(inside.sum()),
+                    "confidence": mean,
+                    "accuracy": acc,
+                }
+            )
     return ece, table
 
 
 def per_class(pred: torch.Tensor, y: torch.Tensor, names: list[str]) -> list[dict]:
     """Precision and recall of each class; None where undefined (never predicted, no example)."""
-    rate = lambda hits, n: hits / n if n else None                      # noqa: E731
-    return [{"class": name, "n": int((y == k).sum()), "precision": rate(int(((pred == k) & (y == k)).sum()),
-             int((pred == k).sum())), "recall": rate(int(((pred == k) & (y == k)).sum()), int((y == k).sum()))}
-            for k, name in enumerate(names)]
+    rate = lambda hits, n: hits / n if n else None  # noqa: E731
+    return [
+        {
+            "class": name,
+            "n": int((y == k).sum()),
+            "precision": rate(int(((pred == k) & (y == k)).sum()), int((pred == k).sum())),
+            "recall": rate(int(((pred == k) & (y == k)).sum()), int((y == k).sum())),
+        }
+        for k, name in enumerate(names)
+    ]
 
 
 def measure(probs: torch.Tensor, y: torch.Tensor, personas) -> dict:
     """Held-out figures of (N, 8) strategy probabilities against the labels y (N,), with the majority
     class beside each accuracy."""
     strategies = [p.esconv_strategies for p in personas.personas]
-    owner = torch.tensor([next((j for j, mine in enumerate(strategies) if s in mine), -1) for s in SUPPORT_STRATEGIES])
-    y_persona, mapped = owner[y], owner[y] >= 0                          # "Others" is no persona's job
+    owner = torch.tensor(
+        [
+            next((j for j, mine in enumerate(strategies) if s in mine), -1)
+            for s in SUPPORT_STRATEGIES
+        ]
+    )
+    y_persona, mapped = owner[y], owner[y] >= 0  # "Others" is no persona's job
     pred_persona = function_mass(probs[mapped], strategies).argmax(-1)
     ece, table = calibration(probs, y)
-    return {"n": len(y), "strategy_accuracy": (probs.argmax(-1) == y).float().mean().item(),
-            "strategy_majority": torch.bincount(y).max().item() / len(y), "n_persona": int(mapped.sum()),
-            "persona_accuracy": (pred_persona == y_persona[mapped]).float().mean().item(),
-            "persona_majority": torch.bincount(y_persona[mapped]).max().item() / int(mapped.sum()),
-            "strategies": per_class(probs.argmax(-1), y, SUPPORT_STRATEGIES),
-            "personas": per_class(pred_persona, y_persona[mapped], personas.names()), "ece": ece, "calibration": table}
+    return {
+        "n": len(y),
+        "strategy_accuracy": (probs.argmax(-1) == y).float().mean().item(),
+        "strategy_majority": torch.bincount(y).max().item() / len(y),
+        "n_persona": int(mapped.sum()),
+        "persona_accuracy": (pred_persona == y_persona[mapped]).float().mean().item(),
+        "persona_majority": torch.bincount(y_persona[mapped]).max().item() / int(mapped.sum()),
+        "strategies": per_class(probs.argmax(-1), y, SUPPORT_STRATEGIES),
+        "personas": per_class(pred_persona, y_persona[mapped], personas.names()),
+        "ece": ece,
+        "calibration": table,
+    }
 
 
 def print_report(title: str, r: dict) -> None:
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"                   # noqa: E731
-    print(f"\n{title}: {r['n']} held-out supporter turns; strategy accuracy (8-way) {r['strategy_accuracy']:.3f} "
-          f"(majority class {r['strategy_majority']:.3f}); persona accuracy (4-way, the {r['n_persona']} turns whose "
-          f"strategy is a persona's job) {r['persona_accuracy']:.3f} (majority {r['persona_majority']:.3f})\n"
-          f"  {'class':<28} {'n':>5} {'precision':>9} {'recall':>7}")
-    print("\n".join(f"  {c['class']:<28} {c['n']:>5} {fmt(c['precision']):>9} {fmt(c['recall']):>7}"
-                    for c in r["strategies"] + r["personas"]))
-    print(f"  expected calibration error {r['ece']:.3f}; per bin of the top probability, mean / accuracy (n): " +
-          ", ".join(f"{b['bin']} {b['confidence']:.2f} / {b['accuracy']:.2f} ({b['n']})" for b in r["calibration"]))
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    print(
+        f"\n{title}: {r['n']} held-out supporter turns; strategy accuracy (8-way) {r['strategy_accuracy']:.3f} "
+        f"(majority class {r['strategy_majority']:.3f}); persona accuracy (4-way, the {r['n_persona']} turns whose "
+        f"strategy is a persona's job) {r['persona_accuracy']:.3f} (majority {r['persona_majority']:.3f})\n"
+        f"  {'class':<28} {'n':>5} {'precision':>9} {'recall':>7}"
+    )
+    print(
+        "\n".join(
+            f"  {c['class']:<28} {c['n']:>5} {fmt(c['precision']):>9} {fmt(c['recall']):>7}"
+            for c in r["strategies"] + r["personas"]
+        )
+    )
+    print(
+        f"  expected calibration error {r['ece']:.3f}; per bin of the top probability, mean / accuracy (n): "
+        + ", ".join(
+            f"{b['bin']} {b['confidence']:.2f} / {b['accuracy']:.2f} ({b['n']})"
+            for b in r["calibration"]
+        )
+    )
 
 
 def main(argv: list[str], cli) -> int:
-    p = cli.Parser(prog="mascot.py strategies", formatter_class=cli.Formatter,
-                                description="fit the judge's and the evaluator's persona-function classifiers on ESConv")
-    p.add_argument("--esconv", required=True, help="ESConv: the official ESConv.json or a JSON-lines file of dialogues")
-    p.add_argument("--personas", default=str(HERE / "personas.json"), help="persona file (its support set maps strategies)")
-    p.add_argument("--held-out", type=flag_type("--held-out", float, "fraction"), default=0.25,
-                   help="share of dialogues held out, as `train --held-out` (never seen by either classifier)")
+    p = cli.Parser(
+        prog="mascot.py strategies",
+        formatter_class=cli.Formatter,
+        description="fit the judge's and the evaluator's persona-function classifiers on ESConv",
+    )
+    p.add_argument(
+        "--esconv",
+        required=True,
+        help="ESConv: the official ESConv.json or a JSON-lines file of dialogues",
+    )
+    p.add_argument(
+        "--personas",
+        default=str(HERE / "personas.json"),
+        help="persona file (its support set maps strategies)",
+    )
+    p.add_argument(
+        "--held-out",
+        type=flag_type("--held-out", float, "fraction"),
+        default=0.25,
+        help="share of dialogues held out, as `train --held-out` (never seen by either classifier)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the split's seed, as `train --seed`")
     # Each L2 penalty had the lowest log-loss on a validation fifth of its classifier's training dialogues.
-    p.add_argument("--l2", type=flag_type("--l2", float, "non-negative"), default=3e-4, help="the judge's L2 penalty")
-    p.add_argument("--evaluator-l2", type=flag_type("--evaluator-l2", float, "non-negative"), default=1e-3,
-                   help="the evaluator's L2 penalty")
-    p.add_argument("--judge-out", default=str(StrategyClassifier.FILE), help="the judge's classifier (safetensors)")
-    p.add_argument("--evaluator-out", default=str(FunctionEvaluator.FILE), help="the evaluator (safetensors)")
+    p.add_argument(
+        "--l2",
+        type=flag_type("--l2", float, "non-negative"),
+        default=3e-4,
+        help="the judge's L2 penalty",
+    )
+    p.add_argument(
+        "--evaluator-l2",
+        type=flag_type("--evaluator-l2", float, "non-negative"),
+        default=1e-3,
+        help="the evaluator's L2 penalty",
+    )
+    p.add_argument(
+        "--judge-out",
+        default=str(StrategyClassifier.FILE),
+        help="the judge's classifier (safetensors)",
+    )
+    p.add_argument(
+        "--evaluator-out", default=str(FunctionEvaluator.FILE), help="the evaluator (safetensors)"
+    )
     args = p.parse_args(argv[1:])
     personas = load_personas(args.personas, "support")
-    require_mapping(personas, "--personas")                          # the classifiers map strategies through the cards
+    require_mapping(personas, "--personas")  # the classifiers map strategies through the cards
     contexts = [c for part in cli.read_data(args.esconv, "support").values() for c in part]
     train, held = split_contexts(contexts, args.held_out, args.seed)
     halves = classifier_halves(train, args.seed)
-    rows = {name: labelled_turns(part) for name, part in (("judge", halves[0]), ("evaluator", halves[1]), ("held-out", held))}
+    rows = {
+        name: labelled_turns(part)
+        for name, part in (("judge", halves[0]), ("evaluator", halves[1]), ("held-out", held))
+    }
     if not all(rows.values()):
-        raise UserError(f"--esconv {args.esconv}: {', '.join(f'{len(v)} {k}' for k, v in rows.items())} labelled "
-                        "supporter turns; each part needs some (is this ESConv?)")
-    print(f"{len(contexts)} dialogues: {len(halves[0])} for the judge's classifier, {len(halves[1])} for "
-          f"the evaluator's, {len(held)} held out; " + ", ".join(f"{len(v)} {k} turns" for k, v in rows.items()))
+        raise UserError(
+            f"--esconv {args.esconv}: {', '.join(f'{len(v)} {k}' for k, v in rows.items())} labelled "
+            "supporter turns; each part needs some (is this ESConv?)"
+        )
+    print(
+        f"{len(contexts)} dialogues: {len(halves[0])} for the judge's classifier, {len(halves[1])} for "
+        f"the evaluator's, {len(held)} held out; "
+        + ", ".join(f"{len(v)} {k} turns" for k, v in rows.items())
+    )
     y = {k: torch.tensor([r[3] for r in v]) for k, v in rows.items()}
 
-    encoder = models.SentenceEncoder()                               # the judge's: MiniLM, reply and message
-    x = {k: strategy_features(encoder, [r[2] for r in rows[k]], [r[1] for r in rows[k]]) for k in ("judge", "held-out")}
+    encoder = models.SentenceEncoder()  # the judge's: MiniLM, reply and message
+    x = {
+        k: strategy_features(encoder, [r[2] for r in rows[k]], [r[1] for r in rows[k]])
+        for k in ("judge", "held-out")
+    }
     w, b = fit_softmax(x["judge"], y["judge"], args.l2)
     report = measure(torch.softmax(x["held-out"] @ w.T + b, -1), y["held-out"], personas)
     print_report("the judge's classifier (MiniLM + logistic regression)", report)
-    save(args.judge_out, w, b, {"report": report, "dialogues": len(halves[0]), "data": Path(args.esconv).name})
+    save(
+        args.judge_out,
+        w,
+        b,
+        {"report": report, "dialogues": len(halves[0]), "data": Path(args.esconv).name},
+    )
 
-    vocab = ngrams([r[2] for r in rows["evaluator"]])                # the evaluator's: word n-grams of the reply
+    vocab = ngrams([r[2] for r in rows["evaluator"]])  # the evaluator's: word n-grams of the reply
     ev = FunctionEvaluator(None, personas, vocab=vocab)
-    ev.weight, ev.bias = w, b = fit_softmax(ev.features([r[2] for r in rows["evaluator"]]), y["evaluator"], args.evaluator_l2)
+    ev.weight, ev.bias = w, b = fit_softmax(
+        ev.features([r[2] for r in rows["evaluator"]]), y["evaluator"], args.evaluator_l2
+    )
     report = measure(ev.probs([r[2] for r in rows["held-out"]]), y["held-out"], personas)
     print_report("the evaluator's classifier (word 1-2-grams + logistic regression)", report)
-    save(args.evaluator_out, w, b, {"report": report, "vocab": vocab, "dialogues": len(halves[1]),
-                                    "data": Path(args.esconv).name})
+    save(
+        args.evaluator_out,
+        w,
+        b,
+        {
+            "report": report,
+            "vocab": vocab,
+            "dialogues": len(halves[1]),
+            "data": Path(args.esconv).name,
+        },
+    )
     return 0
 
 
 def save(path: str, w: torch.Tensor, b: torch.Tensor, meta: dict) -> None:
-    save_file({"weight": w.contiguous(), "bias": b.contiguous()}, path,
-              metadata={"strategies": json.dumps(SUPPORT_STRATEGIES), **{k: json.dumps(v) for k, v in meta.items()}})
+    save_file(
+        {"weight": w.contiguous(), "bias": b.contiguous()},
+        path,
+        metadata={
+            "strategies": json.dumps(SUPPORT_STRATEGIES),
+            **{k: json.dumps(v) for k, v in meta.items()},
+        },
+    )
     print(f"saved {path}")

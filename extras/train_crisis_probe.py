@@ -28,28 +28,43 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))                                   # the project's modules, from the repo root
-from plumbing.common import UserError
-from extras import safety                             # noqa: E402
-from plumbing import datasets
-from plumbing import files
+sys.path.insert(0, str(ROOT))  # the project's modules, from the repo root
 import scenarios
+from extras import safety  # noqa: E402
+from plumbing import datasets, files
+from plumbing.common import UserError
 
 TRAIN_FILE = ROOT / "data" / "safety_train.jsonl"
-ESCONV_LABELS, ED_LABELS = ROOT / "data" / "safety_esconv_labels.jsonl", ROOT / "data" / "safety_ed_labels.jsonl"
+ESCONV_LABELS, ED_LABELS = (
+    ROOT / "data" / "safety_esconv_labels.jsonl",
+    ROOT / "data" / "safety_ed_labels.jsonl",
+)
 # Loss weight per kind of row. Equal: the many conversation messages (what the guard meets) outweigh the near-misses.
-WEIGHTS = {"risky": 1.0, "near_miss": 1.0, "ordinary": 1.0, "conversation": 1.0, "conversation_risky": 5.0}
+WEIGHTS = {
+    "risky": 1.0,
+    "near_miss": 1.0,
+    "ordinary": 1.0,
+    "conversation": 1.0,
+    "conversation_risky": 5.0,
+}
 
 
 # --- the labelled messages ---------------------------------------------------------------------
 def load_training_rows(path: Path = TRAIN_FILE) -> list[dict]:
     """Rows {"text", "risky", "source", "kind"} of the labelled training file (JSON lines)."""
     if not Path(path).exists():
-        raise UserError(f"{path}: training file not found; it ships with the repository (data/safety_train.jsonl)")
+        raise UserError(
+            f"{path}: training file not found; it ships with the repository (data/safety_train.jsonl)"
+        )
     rows = files.read_jsonl(path, numbered=True)
     for number, row in rows:
-        if not (isinstance(row.get("risky"), bool) and all(isinstance(row.get(k), str) for k in ("text", "source", "kind"))):
-            raise UserError(f"{path} line {number}: needs string fields 'text', 'source' and 'kind' and a true/false 'risky'")
+        if not (
+            isinstance(row.get("risky"), bool)
+            and all(isinstance(row.get(k), str) for k in ("text", "source", "kind"))
+        ):
+            raise UserError(
+                f"{path} line {number}: needs string fields 'text', 'source' and 'kind' and a true/false 'risky'"
+            )
     return [row for _, row in rows]
 
 
@@ -68,14 +83,29 @@ def conversation_rows(path: str, labels_path: Path, name: str, side: int = 0) ->
     `scenarios.split_contexts(contexts, 0.25, seed=0)`, the split the evaluation makes of a file without official splits (any
     splits of the file are pooled in file order). Rows {"text", "risky", "source": name, "kind", "group": the dialogue
     id, "label"}: the hand label by (dialogue, text hash), "risky", "context" (risky only given earlier turns) or ""."""
-    labels = {(f"esconv-{label['line']}" if "line" in label else label["conv_id"], label["sha256"]): label
-              for label in files.read_jsonl(labels_path)}                # (dialogue id, text hash) -> hand label
-    contexts, rows = [c for part in datasets.load_splits(path, "support").values() for c in part], []
+    labels = {
+        (f"esconv-{label['line']}" if "line" in label else label["conv_id"], label["sha256"]): label
+        for label in files.read_jsonl(labels_path)
+    }  # (dialogue id, text hash) -> hand label
+    contexts, rows = (
+        [c for part in datasets.load_splits(path, "support").values() for c in part],
+        [],
+    )
     for context in scenarios.split_contexts(contexts, 0.25, seed=0)[side]:
-        for text in [t["text"] for t in context.turns if t["speaker"] == "user"] or [context.first_message]:
+        for text in [t["text"] for t in context.turns if t["speaker"] == "user"] or [
+            context.first_message
+        ]:
             label = labels.get((context.id, text_hash(text)), {})
-            rows.append({"text": text, "risky": label.get("label") == "risky", "source": name,
-                         "kind": label.get("kind", name), "group": context.id, "label": label.get("label", "")})
+            rows.append(
+                {
+                    "text": text,
+                    "risky": label.get("label") == "risky",
+                    "source": name,
+                    "kind": label.get("kind", name),
+                    "group": context.id,
+                    "label": label.get("label", ""),
+                }
+            )
     return rows
 
 
@@ -95,37 +125,60 @@ def window_features(encoder, rows: list[dict], cache: Path) -> tuple[torch.Tenso
     new = [w for w in dict.fromkeys(w for ws in windows for w in ws) if w not in index]
     if new:
         print(f"embedding {len(new)} new windows ({len(index)} cached)", flush=True)
-        stored = {"texts": stored["texts"] + new, "X": torch.cat([stored["X"], safety.probe_features(encoder, new)])}
+        stored = {
+            "texts": stored["texts"] + new,
+            "X": torch.cat([stored["X"], safety.probe_features(encoder, new)]),
+        }
         torch.save(stored, cache)
         index = {t: i for i, t in enumerate(stored["texts"])}
     return stored["X"], [[index[w] for w in ws] for ws in windows]
 
 
-def fit_mlp(X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, hidden: int = 256, epochs: int = 10,
-            lr: float = 1e-3, weight_decay: float = 1e-2, dropout: float = 0.2, seed: int = 0) -> dict:
+def fit_mlp(
+    X: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
+    hidden: int = 256,
+    epochs: int = 10,
+    lr: float = 1e-3,
+    weight_decay: float = 1e-2,
+    dropout: float = 0.2,
+    seed: int = 0,
+) -> dict:
     """A one-hidden-layer network on standardised features, z = (x - mu) / sd, logit = w2 . gelu(W1 z + b1) + b2, fitted
     by weighted BCE with AdamW. mu and sd are kept apart rather than folded into W1: W1 / sd overflows fp16 (the shipped
     precision) for features that barely vary. X: (N, F) features; y: (N,) 1.0 = risky, 0.0 = not; weight: (N,) loss
     weight per row. Returns {"mu": (F,), "sd": (F,), "w1": (H, F), "b1": (H,), "w2": (H,), "b2": ()}, float32."""
     generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)                                              # weight init, dropout
-    mu, sd = X.mean(0), X.std(0).clamp(min=1e-6)                         # (F,), (F,)
-    Z, weight = (X - mu) / sd, weight / weight.mean()                    # Z: (N, F)
+    torch.manual_seed(seed)  # weight init, dropout
+    mu, sd = X.mean(0), X.std(0).clamp(min=1e-6)  # (F,), (F,)
+    Z, weight = (X - mu) / sd, weight / weight.mean()  # Z: (N, F)
     first, last = torch.nn.Linear(X.shape[1], hidden), torch.nn.Linear(hidden, 1)
     net = torch.nn.Sequential(first, torch.nn.GELU(), torch.nn.Dropout(dropout), last)
     optimiser = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     for _ in range(epochs):
         order = torch.randperm(len(Z), generator=generator)
         for start in range(0, len(Z), 256):
-            batch = order[start:start + 256]
-            logits = net(Z[batch]).squeeze(1)                           # (B,)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y[batch], reduction="none") \
-                @ weight[batch] / len(batch)
+            batch = order[start : start + 256]
+            logits = net(Z[batch]).squeeze(1)  # (B,)
+            loss = (
+                torch.nn.functional.binary_cross_entropy_with_logits(
+                    logits, y[batch], reduction="none"
+                )
+                @ weight[batch]
+                / len(batch)
+            )
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
-    return {"mu": mu, "sd": sd, "w1": first.weight.detach(), "b1": first.bias.detach(),
-            "w2": last.weight.detach()[0], "b2": last.bias.detach()[0]}
+    return {
+        "mu": mu,
+        "sd": sd,
+        "w1": first.weight.detach(),
+        "b1": first.bias.detach(),
+        "w2": last.weight.detach()[0],
+        "b2": last.bias.detach()[0],
+    }
 
 
 def group_folds(groups: list, k: int, seed: int = 0) -> list[int]:
@@ -140,10 +193,15 @@ def threshold_for_rate(logits: torch.Tensor, forced: torch.Tensor, max_rate: flo
     """The lowest threshold t at which (logit > t) or forced flags at most max_rate of the rows. `forced` marks rows an
     explicit pattern flags whatever the probe says; they use part of the budget first. Example: logits [3, 2, 1, 0],
     forced [F, F, F, T], max_rate 0.5 -> 2 rows allowed, 1 already forced, so 1 more: t = 2 (only the 3 is above it)."""
-    allowed, free = int(max_rate * len(logits)) - int(forced.sum()), logits[~forced].sort(descending=True).values
+    allowed, free = (
+        int(max_rate * len(logits)) - int(forced.sum()),
+        logits[~forced].sort(descending=True).values,
+    )
     if allowed < 0:
-        raise UserError(f"explicit patterns alone flag {forced.float().mean():.2%} of the conversation messages, "
-                        f"more than --max-esconv {max_rate:.2%}")
+        raise UserError(
+            f"explicit patterns alone flag {forced.float().mean():.2%} of the conversation messages, "
+            f"more than --max-esconv {max_rate:.2%}"
+        )
     return free[min(allowed, len(free) - 1)].item()
 
 
@@ -151,12 +209,23 @@ def threshold_for_rate(logits: torch.Tensor, forced: torch.Tensor, max_rate: flo
 def cross_validate(rows, X, windows, args) -> torch.Tensor:
     """(N,) out-of-fold logits: each message's highest window logit under a network fitted without its fold. With
     --hold-out-lists each written list stays in one fold too: closer to a list written by someone else."""
-    groups = [r.get("group") or (args.hold_out_lists and f"{r['source']}/{r['kind']}") or None for r in rows]
+    groups = [
+        r.get("group") or (args.hold_out_lists and f"{r['source']}/{r['kind']}") or None
+        for r in rows
+    ]
     folds, logits = group_folds(groups, args.folds, args.seed), torch.empty(len(rows))
     for fold in range(args.folds):
         train = [i for i in range(len(rows)) if folds[i] != fold]
-        probe = fit_mlp(*training_set(rows, windows, X, train), hidden=args.hidden, epochs=args.epochs, seed=args.seed)
-        held, scores = [i for i in range(len(rows)) if folds[i] == fold], safety.mlp_logits(probe, X)   # scores: (W,)
+        probe = fit_mlp(
+            *training_set(rows, windows, X, train),
+            hidden=args.hidden,
+            epochs=args.epochs,
+            seed=args.seed,
+        )
+        held, scores = (
+            [i for i in range(len(rows)) if folds[i] == fold],
+            safety.mlp_logits(probe, X),
+        )  # scores: (W,)
         logits[held] = torch.stack([scores[windows[i]].max() for i in held])
         print(f"fold {fold + 1}/{args.folds} done", flush=True)
     return logits
@@ -178,14 +247,25 @@ def report(rows, logits, forced, threshold) -> dict:
     """Flag rates at the threshold, per row type, per kind of risky message, per source."""
     flagged = (logits > threshold) | forced
 
-    def rate(select) -> list:                                            # [flagged, rows] of the rows selected
+    def rate(select) -> list:  # [flagged, rows] of the rows selected
         chosen = [i for i, r in enumerate(rows) if select(r)]
         return [sum(bool(flagged[i]) for i in chosen), len(chosen)]
-    return {"threshold": threshold, "by_type": {kind: rate(lambda r: row_type(r) == kind) for kind in WEIGHTS},
-            "risky_by_kind": {kind: rate(lambda r: r["risky"] and r["kind"] == kind)
-                              for kind in sorted({r["kind"] for r in rows if r["risky"]})},
-            "by_source": {f"{source} {name}": rate(lambda r: r["source"] == source and r["risky"] == (name == "risky"))
-                          for source in sorted({r["source"] for r in rows}) for name in ("risky", "other")}}
+
+    return {
+        "threshold": threshold,
+        "by_type": {kind: rate(lambda r: row_type(r) == kind) for kind in WEIGHTS},
+        "risky_by_kind": {
+            kind: rate(lambda r: r["risky"] and r["kind"] == kind)
+            for kind in sorted({r["kind"] for r in rows if r["risky"]})
+        },
+        "by_source": {
+            f"{source} {name}": rate(
+                lambda r: r["source"] == source and r["risky"] == (name == "risky")
+            )
+            for source in sorted({r["source"] for r in rows})
+            for name in ("risky", "other")
+        },
+    }
 
 
 def print_report(out: dict) -> None:
@@ -205,14 +285,31 @@ def snapshot_lists() -> dict:
 def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.json") -> None:
     """Record [sha256(text)[:16], flagged, category] per row of every snapshot list, for the guard and its fallback."""
     guards = {"probe": safety.CrisisGuard(), "patterns_only": safety.CrisisGuard(encoder=None)}
-    texts = {name: [r["text"] for r in files.read_jsonl(list_path)] for name, list_path in snapshot_lists().items()}
-    snapshot = {"about": "Decisions of the shipped crisis guard (probe) and of its patterns-only fallback: per fixture "
-                "list, per row in file order, [sha256(text)[:16], flagged, category]. Rewritten by `python "
-                "extras/train_crisis_probe.py --snapshot` after a deliberate change.",
-                **{mode: {name: [[text_hash(t, 16), f.flagged, f.category] for t, f in zip(ts, guard.check_many(ts))]
-                          for name, ts in texts.items()} for mode, guard in guards.items()}}
+    texts = {
+        name: [r["text"] for r in files.read_jsonl(list_path)]
+        for name, list_path in snapshot_lists().items()
+    }
+    snapshot = {
+        "about": "Decisions of the shipped crisis guard (probe) and of its patterns-only fallback: per fixture "
+        "list, per row in file order, [sha256(text)[:16], flagged, category]. Rewritten by `python "
+        "extras/train_crisis_probe.py --snapshot` after a deliberate change.",
+        **{
+            mode: {
+                name: [
+                    [text_hash(t, 16), f.flagged, f.category]
+                    for t, f in zip(ts, guard.check_many(ts))
+                ]
+                for name, ts in texts.items()
+            }
+            for mode, guard in guards.items()
+        },
+    }
     # json.dumps(indent=1) puts each of a row's three values on a line of its own: fold them back onto one.
-    text = re.sub(r'\[\n +(".*"),\n +(true|false),\n +(".*")\n +\]', r"[\1, \2, \3]", json.dumps(snapshot, indent=1))
+    text = re.sub(
+        r'\[\n +(".*"),\n +(true|false),\n +(".*")\n +\]',
+        r"[\1, \2, \3]",
+        json.dumps(snapshot, indent=1),
+    )
     path.write_text(text + "\n", encoding="utf-8")
     print(f"wrote {path}")
 
@@ -220,7 +317,11 @@ def write_snapshot(path: Path = ROOT / "tests" / "fixtures" / "safety_decisions.
 def save_probe(probe: dict, threshold: float, metadata: dict, path: Path) -> None:
     """W1 as fp16 (2.8 MB), the rest fp32; threshold and report as metadata."""
     from safetensors.torch import save_file
-    tensors = {k: (v.half() if k == "w1" else v.float()).reshape(v.shape or (1,)).contiguous() for k, v in probe.items()}
+
+    tensors = {
+        k: (v.half() if k == "w1" else v.float()).reshape(v.shape or (1,)).contiguous()
+        for k, v in probe.items()
+    }
     tensors["threshold"] = torch.tensor([threshold], dtype=torch.float32)
     save_file(tensors, str(path), metadata={k: json.dumps(v) for k, v in metadata.items()})
 
@@ -231,18 +332,38 @@ def main() -> None:
     parser.add_argument("--ed", help="Empathetic Dialogues valid.csv (or valid_contexts.jsonl)")
     parser.add_argument("--train", type=Path, default=TRAIN_FILE, help="written labelled messages")
     parser.add_argument("--out", type=Path, default=safety.PROBE_FILE, help="weights file")
-    parser.add_argument("--cache", type=Path, default=Path("/tmp/crisis_probe_features.pt"),
-                        help="feature cache (reused across runs)")
-    parser.add_argument("--max-esconv", type=float, default=0.02, help="the threshold flags at most this share of "
-                        "ESConv training-side seeker messages in cross-validation (the 2%% target)")
-    for flag, default, about in (("--hidden", 256, "hidden units of the network"),
-                                 ("--epochs", 10, "passes over the data per fit"), ("--folds", 5, "cross-validation folds"),
-                                 ("--seed", 0, "folds, initialisation, batches"), ("--threads", 1, "torch threads for the fits")):
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path("/tmp/crisis_probe_features.pt"),
+        help="feature cache (reused across runs)",
+    )
+    parser.add_argument(
+        "--max-esconv",
+        type=float,
+        default=0.02,
+        help="the threshold flags at most this share of "
+        "ESConv training-side seeker messages in cross-validation (the 2%% target)",
+    )
+    for flag, default, about in (
+        ("--hidden", 256, "hidden units of the network"),
+        ("--epochs", 10, "passes over the data per fit"),
+        ("--folds", 5, "cross-validation folds"),
+        ("--seed", 0, "folds, initialisation, batches"),
+        ("--threads", 1, "torch threads for the fits"),
+    ):
         parser.add_argument(flag, type=int, default=default, help=about)
-    parser.add_argument("--hold-out-lists", action="store_true", help="cross-validate with each written list held "
-                        "out whole (an estimate for unseen authors); reports only, writes no weights")
-    parser.add_argument("--snapshot", action="store_true",
-                        help="only rewrite tests/fixtures/safety_decisions.json with the shipped guard's decisions")
+    parser.add_argument(
+        "--hold-out-lists",
+        action="store_true",
+        help="cross-validate with each written list held "
+        "out whole (an estimate for unseen authors); reports only, writes no weights",
+    )
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="only rewrite tests/fixtures/safety_decisions.json with the shipped guard's decisions",
+    )
     args = parser.parse_args()
     if args.snapshot:
         return write_snapshot()
@@ -251,12 +372,20 @@ def main() -> None:
         parser.error("--esconv is required to fit the probe")
     torch.set_num_threads(args.threads)
     import models
+
     started = time.time()
-    rows = load_training_rows(args.train) + conversation_rows(args.esconv, ESCONV_LABELS, "esconv") + (
-        conversation_rows(args.ed, ED_LABELS, "empathetic_dialogues") if args.ed else [])
-    rows = [r for r in rows if r.get("label") != "context"]      # risky only given turns the guard never reads
+    rows = (
+        load_training_rows(args.train)
+        + conversation_rows(args.esconv, ESCONV_LABELS, "esconv")
+        + (conversation_rows(args.ed, ED_LABELS, "empathetic_dialogues") if args.ed else [])
+    )
+    rows = [
+        r for r in rows if r.get("label") != "context"
+    ]  # risky only given turns the guard never reads
     X, windows = window_features(models.SentenceEncoder(), rows, args.cache)
-    forced = torch.tensor([bool(safety.explicit_category(safety.blank(safety.normalise(r["text"])))) for r in rows])
+    forced = torch.tensor(
+        [bool(safety.explicit_category(safety.blank(safety.normalise(r["text"])))) for r in rows]
+    )
     logits = cross_validate(rows, X, windows, args)
     esconv = torch.tensor([r["source"] == "esconv" and not r["risky"] for r in rows])
     threshold = threshold_for_rate(logits[esconv], forced[esconv], args.max_esconv)
@@ -267,10 +396,22 @@ def main() -> None:
     print(f"ESConv training-side seeker messages flagged in CV: {out['esconv_cv_flag_rate']:.4f}")
     if args.hold_out_lists:
         return
-    probe = fit_mlp(*training_set(rows, windows, X, range(len(rows))), hidden=args.hidden, epochs=args.epochs,
-                    seed=args.seed)
-    save_probe(probe, threshold, {"report": out, "config": {k: str(v) for k, v in vars(args).items()},
-                                  "train_sha256": rows_fingerprint(load_training_rows(args.train))}, args.out)
+    probe = fit_mlp(
+        *training_set(rows, windows, X, range(len(rows))),
+        hidden=args.hidden,
+        epochs=args.epochs,
+        seed=args.seed,
+    )
+    save_probe(
+        probe,
+        threshold,
+        {
+            "report": out,
+            "config": {k: str(v) for k, v in vars(args).items()},
+            "train_sha256": rows_fingerprint(load_training_rows(args.train)),
+        },
+        args.out,
+    )
     print(f"wrote {args.out} in {time.time() - started:.0f} s")
 
 

@@ -13,10 +13,13 @@ from plumbing.common import UserError
 from plumbing.files import HERE as ROOT
 from plumbing.loading import EMBEDDED
 
-
-_CHECKS = {"positive": (lambda v: v > 0, "> 0"), "non-negative": (lambda v: v >= 0, ">= 0"),
-           "at-least-2": (lambda v: v >= 2, ">= 2"), "fraction": (lambda v: 0 <= v < 1, "in [0, 1)"),
-           "": (lambda v: True, "")}
+_CHECKS = {
+    "positive": (lambda v: v > 0, "> 0"),
+    "non-negative": (lambda v: v >= 0, ">= 0"),
+    "at-least-2": (lambda v: v >= 2, ">= 2"),
+    "fraction": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "": (lambda v: True, ""),
+}
 
 
 def flag_type(name: str, kind: type, check: str = ""):
@@ -28,28 +31,36 @@ def flag_type(name: str, kind: type, check: str = ""):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be {'a whole number' if kind is int else 'a number'}, "
-                                             f"got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"{name} must be {'a whole number' if kind is int else 'a number'}, got {text!r}"
+            ) from None
         if value != value or value in (float("inf"), float("-inf")):
             raise argparse.ArgumentTypeError(f"{name} must be a finite number, got {text!r}")
         if not ok(value):
             raise argparse.ArgumentTypeError(f"{name} must be {rule}, got {value}")
         return value
+
     return parse
 
 
 # --- Flags: each declared once, here or as an `option` field of a settings dataclass -------------
 class Parser(argparse.ArgumentParser):
-    def error(self, message):           # one line (argparse's own prints the whole usage first); main() prints it
+    def error(
+        self, message
+    ):  # one line (argparse's own prints the whole usage first); main() prints it
         raise UserError(f"{message} (python {self.prog} --help lists every flag)")
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a flag's default once: not when its help already names it, nor for store_true."""
+
     def _get_help_string(self, action):
         text = action.help or ""
-        return text if "default" in text or action.default in (None, False, "", argparse.SUPPRESS) \
+        return (
+            text
+            if "default" in text or action.default in (None, False, "", argparse.SUPPRESS)
             else super()._get_help_string(action)
+        )
 
 
 def add_options(group, cls, prefix: str = "") -> None:
@@ -58,53 +69,136 @@ def add_options(group, cls, prefix: str = "") -> None:
     for f in dataclasses.fields(cls):
         if "help" in f.metadata:
             name, check = "--" + prefix + f.name.replace("_", "-"), f.metadata["check"]
-            kw = ({"action": argparse.BooleanOptionalAction} if isinstance(f.default, bool) else
-                  {"choices": check} if isinstance(check, list) else
-                  {} if isinstance(f.default, str) else {"type": flag_type(name, type(f.default), check)})
-            group.add_argument(name, *filter(None, [f.metadata["alias"]]), dest=(prefix + f.name).replace("-", "_"),
-                               default=f.default, help=f.metadata["help"], **kw)
+            kw = (
+                {"action": argparse.BooleanOptionalAction}
+                if isinstance(f.default, bool)
+                else {"choices": check}
+                if isinstance(check, list)
+                else {}
+                if isinstance(f.default, str)
+                else {"type": flag_type(name, type(f.default), check)}
+            )
+            group.add_argument(
+                name,
+                *filter(None, [f.metadata["alias"]]),
+                dest=(prefix + f.name).replace("-", "_"),
+                default=f.default,
+                help=f.metadata["help"],
+                **kw,
+            )
 
 
 def options(cls, args, prefix: str = "", **given):
     """The settings dataclass `cls` filled from the parsed flags (plus `given` fields that are not flags)."""
-    return cls(**{f.name: getattr(args, (prefix + f.name).replace("-", "_")) for f in dataclasses.fields(cls)
-                  if "help" in f.metadata}, **given)
+    return cls(
+        **{
+            f.name: getattr(args, (prefix + f.name).replace("-", "_"))
+            for f in dataclasses.fields(cls)
+            if "help" in f.metadata
+        },
+        **given,
+    )
 
 
 def common_flags(p, trained: bool = True) -> None:
     """What every command that runs models needs."""
-    p.add_argument("--model", default=EMBEDDED, help="smollm2-135m (embedded), tiny (tests), a folder or a hub id")
+    p.add_argument(
+        "--model",
+        default=EMBEDDED,
+        help="smollm2-135m (embedded), tiny (tests), a folder or a hub id",
+    )
     p.add_argument("--personas", default=str(ROOT / "personas.json"), help="persona file")
     p.add_argument("--set", default="support", help="persona set: support | meeting")
     p.add_argument("--run", default="runs/default", help="run folder for every artifact")
-    p.add_argument("--seed", type=int, default=0, help="one seed for everything (data split, sampling)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="one seed for everything (data split, sampling)"
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the models run")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="frozen roles, the reference, the reward model's scoring and the sampling copy; auto: bfloat16 "
-                        "where native (CUDA, CPUs with AVX512-BF16 or AMX), else float32. Training is always float32")
-    p.add_argument("--max-new-tokens", "--max-completion-length", type=flag_type("--max-new-tokens", int, "positive"),
-                   default=48, help="longest generated turn (speakers and simulated user), in tokens")
-    p.add_argument("--data", default="bundled", help="bundled, our contexts .jsonl, or ED / ESConv / QMSum as published")
-    p.add_argument("--profiles-file", default=str(ROOT / "data" / "profiles.json"), help="Big Five user profiles")
-    p.add_argument("--held-out", type=flag_type("--held-out", float, "fraction"), default=0.25,
-                   help="share of contexts held out for evaluation (without official splits)")
-    p.add_argument("--judge", default="offline", help="offline (strategy classifier + hack guards where the cards list ESConv "
-                   "strategies, features elsewhere) | offline-features | hf:<model or folder> | openai:<base url> | rm:<folder>")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="frozen roles, the reference, the reward model's scoring and the sampling copy; auto: bfloat16 "
+        "where native (CUDA, CPUs with AVX512-BF16 or AMX), else float32. Training is always float32",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        "--max-completion-length",
+        type=flag_type("--max-new-tokens", int, "positive"),
+        default=48,
+        help="longest generated turn (speakers and simulated user), in tokens",
+    )
+    p.add_argument(
+        "--data",
+        default="bundled",
+        help="bundled, our contexts .jsonl, or ED / ESConv / QMSum as published",
+    )
+    p.add_argument(
+        "--profiles-file",
+        default=str(ROOT / "data" / "profiles.json"),
+        help="Big Five user profiles",
+    )
+    p.add_argument(
+        "--held-out",
+        type=flag_type("--held-out", float, "fraction"),
+        default=0.25,
+        help="share of contexts held out for evaluation (without official splits)",
+    )
+    p.add_argument(
+        "--judge",
+        default="offline",
+        help="offline (strategy classifier + hack guards where the cards list ESConv "
+        "strategies, features elsewhere) | offline-features | hf:<model or folder> | openai:<base url> | rm:<folder>",
+    )
     p.add_argument("--judge-model", default=None, help="the model name for an openai: judge")
     if trained:
-        p.add_argument("--speakers", default=None, help="a folder or openai:<base url> (default: RUN/stage1/speakers "
-                                                        "if it exists, else --model)")
-        p.add_argument("--director", default=None, help="a folder or openai:<base url> (default: RUN/stage2/director "
-                                                        "if it exists, else --model; train --stage 2 starts from it)")
-        p.add_argument("--user", default=None, help="the simulated user: a folder or openai:<base url> (default: --model)")
+        p.add_argument(
+            "--speakers",
+            default=None,
+            help="a folder or openai:<base url> (default: RUN/stage1/speakers "
+            "if it exists, else --model)",
+        )
+        p.add_argument(
+            "--director",
+            default=None,
+            help="a folder or openai:<base url> (default: RUN/stage2/director "
+            "if it exists, else --model; train --stage 2 starts from it)",
+        )
+        p.add_argument(
+            "--user",
+            default=None,
+            help="the simulated user: a folder or openai:<base url> (default: --model)",
+        )
         for role in ("speakers", "director", "user"):
-            p.add_argument(f"--{role}-model", default=None, help=f"the served model's name for --{role} openai:...")
-    p.add_argument("--served-timeout", type=flag_type("--served-timeout", float, "positive"), default=120.0,
-                   help="openai: roles and judge: seconds per request in all, retried after")
-    p.add_argument("--served-retries", type=flag_type("--served-retries", int, "non-negative"), default=5,
-                   help="openai: roles and judge: retries after HTTP 429/5xx, refused connections, timeouts")
-    p.add_argument("--served-concurrency", type=flag_type("--served-concurrency", int, "positive"), default=8,
-                   help="openai: roles and judge: requests in flight at once; each answer is cached as it arrives")
-    p.add_argument("--quiet", action="store_true", help="no progress bars (a terminal) or phase lines (a log)")
-    p.add_argument("--user-every", type=flag_type("--user-every", int, "non-negative"), default=2,
-                   help="the simulated user answers after every N agent turns (0: never)")
+            p.add_argument(
+                f"--{role}-model",
+                default=None,
+                help=f"the served model's name for --{role} openai:...",
+            )
+    p.add_argument(
+        "--served-timeout",
+        type=flag_type("--served-timeout", float, "positive"),
+        default=120.0,
+        help="openai: roles and judge: seconds per request in all, retried after",
+    )
+    p.add_argument(
+        "--served-retries",
+        type=flag_type("--served-retries", int, "non-negative"),
+        default=5,
+        help="openai: roles and judge: retries after HTTP 429/5xx, refused connections, timeouts",
+    )
+    p.add_argument(
+        "--served-concurrency",
+        type=flag_type("--served-concurrency", int, "positive"),
+        default=8,
+        help="openai: roles and judge: requests in flight at once; each answer is cached as it arrives",
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bars (a terminal) or phase lines (a log)"
+    )
+    p.add_argument(
+        "--user-every",
+        type=flag_type("--user-every", int, "non-negative"),
+        default=2,
+        help="the simulated user answers after every N agent turns (0: never)",
+    )

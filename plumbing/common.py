@@ -1,10 +1,10 @@
 """plumbing/common.py: the few small things every module uses (skip on first reading).
 
-    UserError      bad input: one line naming the file, row, field or flag, and the fix
-    warn(msg)      a warning on stderr, never mixed with results
-    progress(...)  a tqdm bar on a terminal, one line per phase in a log, nothing under --quiet
-    option(...)    a settings-dataclass field that is also a command-line flag (plumbing/cli.py)
-    derive_seed    the one formula every sampling seed comes from
+UserError      bad input: one line naming the file, row, field or flag, and the fix
+warn(msg)      a warning on stderr, never mixed with results
+progress(...)  a tqdm bar on a terminal, one line per phase in a log, nothing under --quiet
+option(...)    a settings-dataclass field that is also a command-line flag (plumbing/cli.py)
+derive_seed    the one formula every sampling seed comes from
 """
 
 import hashlib
@@ -20,10 +20,10 @@ class UserError(Exception):
 
 
 def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)       # stderr: never mixed with results
+    print(f"warning: {message}", file=sys.stderr)  # stderr: never mixed with results
 
 
-QUIET = False          # mascot's --quiet: no progress bars and no phase lines
+QUIET = False  # mascot's --quiet: no progress bars and no phase lines
 
 
 def progress(items, desc: str):
@@ -38,7 +38,7 @@ def _phase_line(items, desc: str):
     try:
         for n, item in enumerate(items, 1):
             yield item
-    finally:                          # also when the caller stops early (every conversation ended)
+    finally:  # also when the caller stops early (every conversation ended)
         print(f"{desc}: {n} done, {time.time() - start:.0f} s", file=sys.stderr, flush=True)
 
 

@@ -25,15 +25,28 @@ from plumbing.common import UserError, warn
 from plumbing.files import json_type, jsonl_lines, read_json, read_text
 from scenarios import Context, context_row, is_contexts_file, load_contexts
 
-POSITIVE = set("sentimental anticipating caring faithful grateful impressed trusting prepared confident content "
-               "excited hopeful proud joyful".split())        # ED's emotions by valence (HypEmo's label tree)
-NEGATIVE = set("afraid angry annoyed anxious apprehensive ashamed devastated disappointed disgusted embarrassed "
-               "furious guilty jealous lonely nostalgic sad terrified".split())
+POSITIVE = set(
+    "sentimental anticipating caring faithful grateful impressed trusting prepared confident content "
+    "excited hopeful proud joyful".split()
+)  # ED's emotions by valence (HypEmo's label tree)
+NEGATIVE = set(
+    "afraid angry annoyed anxious apprehensive ashamed devastated disappointed disgusted embarrassed "
+    "furious guilty jealous lonely nostalgic sad terrified".split()
+)
 DOMAINS = ("Academic", "Committee", "Product")
-MAX_MEETING_TURNS = 40       # a meeting has hundreds of turns; the states need few
-SPLITS = {"train": "train", "valid": "valid", "val": "valid", "dev": "valid", "validation": "valid", "test": "test"}
-EXPECTED = ("an Empathetic Dialogues CSV (train/valid/test.csv) or JSON-lines export, ESConv.json or an ESConv "
-            ".jsonl, a QMSum meeting folder or openings .jsonl, or a contexts .jsonl in our format")
+MAX_MEETING_TURNS = 40  # a meeting has hundreds of turns; the states need few
+SPLITS = {
+    "train": "train",
+    "valid": "valid",
+    "val": "valid",
+    "dev": "valid",
+    "validation": "valid",
+    "test": "test",
+}
+EXPECTED = (
+    "an Empathetic Dialogues CSV (train/valid/test.csv) or JSON-lines export, ESConv.json or an ESConv "
+    ".jsonl, a QMSum meeting folder or openings .jsonl, or a contexts .jsonl in our format"
+)
 
 
 class BadRow(Exception):
@@ -44,11 +57,19 @@ def emotion_valence(emotion: str, fallback: str = "") -> str:
     e, f = emotion.strip().lower(), fallback.strip().lower()
     if e in POSITIVE or e in NEGATIVE or e == "surprised":
         return "positive" if e in POSITIVE else "negative" if e in NEGATIVE else "ambiguous"
-    return "ambiguous" if f in ("neutral", "neutral-ambiguous") else f if f in ("positive", "negative", "ambiguous") else ""
+    return (
+        "ambiguous"
+        if f in ("neutral", "neutral-ambiguous")
+        else f
+        if f in ("positive", "negative", "ambiguous")
+        else ""
+    )
 
 
 def domain_of(name: object) -> str:
-    return next((d for d in DOMAINS if isinstance(name, str) and name.strip().lower() == d.lower()), "")
+    return next(
+        (d for d in DOMAINS if isinstance(name, str) and name.strip().lower() == d.lower()), ""
+    )
 
 
 def field(row: dict, key: str) -> str:
@@ -59,42 +80,70 @@ def field(row: dict, key: str) -> str:
 
 
 def ed_text(text: str) -> str:
-    return text.replace("_comma_", ",").strip()            # ED's CSV spells commas inside text this way
+    return text.replace("_comma_", ",").strip()  # ED's CSV spells commas inside text this way
 
 
 def ed_row(row: dict) -> Context:
     """Without an utterance (train_situations.jsonl) the first-person situation doubles as the opening."""
     emotion, situation = field(row, "emotion"), ed_text(field(row, "situation"))
     first = row.get("first_utterance")
-    return Context(str(row.get("conv_id") or ""), "support", situation,
-                   ed_text(first) if isinstance(first, str) and first.strip() else situation, emotion,
-                   emotion_valence(emotion, str(row.get("polarity") or "")), source="empathetic_dialogues")
+    return Context(
+        str(row.get("conv_id") or ""),
+        "support",
+        situation,
+        ed_text(first) if isinstance(first, str) and first.strip() else situation,
+        emotion,
+        emotion_valence(emotion, str(row.get("polarity") or "")),
+        source="empathetic_dialogues",
+    )
 
 
 def esconv_row(row: dict) -> Context:
     """ESConv.json turns {speaker: seeker|supporter, content, annotation: {strategy}} or JSON-lines {speaker: usr|sys,
     text, strategy}. Over half the dialogues open with a supporter greeting: turns[0] is the seeker's first turn."""
-    situation, emotion, dialog = field(row, "situation"), field(row, "emotion_type"), row.get("dialog")
+    situation, emotion, dialog = (
+        field(row, "situation"),
+        field(row, "emotion_type"),
+        row.get("dialog"),
+    )
     if not isinstance(dialog, list) or not dialog:
         raise BadRow("'dialog' is missing or empty")
     turns = []
     for t in dialog:
         t = t if isinstance(t, dict) else {}
-        speaker = {"usr": "user", "seeker": "user", "sys": "supporter", "supporter": "supporter"}.get(
-            str(t.get("speaker", "")).lower())
+        speaker = {
+            "usr": "user",
+            "seeker": "user",
+            "sys": "supporter",
+            "supporter": "supporter",
+        }.get(str(t.get("speaker", "")).lower())
         text = t.get("text", t.get("content"))
         if speaker is None or not isinstance(text, str):
             raise BadRow("a dialog turn lacks a usr/sys speaker or its text")
         annotation = t.get("annotation") if isinstance(t.get("annotation"), dict) else {}
         strategy = t.get("strategy") or annotation.get("strategy")
         if text.strip():
-            turns.append({"speaker": speaker, "text": text.strip(), **({"strategy": strategy} if strategy else {})})
+            turns.append(
+                {
+                    "speaker": speaker,
+                    "text": text.strip(),
+                    **({"strategy": strategy} if strategy else {}),
+                }
+            )
     start = next((i for i, t in enumerate(turns) if t["speaker"] == "user"), None)
     if start is None:
         raise BadRow("the dialog has no seeker turn")
     # ESConv is distress support: every seeker is struggling, so every context is negative.
-    return Context("", "support", situation, turns[start]["text"], emotion, "negative", source="esconv",
-                   turns=turns[start:])
+    return Context(
+        "",
+        "support",
+        situation,
+        turns[start]["text"],
+        emotion,
+        "negative",
+        source="esconv",
+        turns=turns[start:],
+    )
 
 
 def clean_transcript(text: str) -> str:
@@ -106,20 +155,36 @@ def clean_transcript(text: str) -> str:
 
 def meeting_row(meeting_id: str, topics: object, transcript: object, domain: str) -> Context:
     """A meeting's topics ({topic, ...} or text) and turns ({speaker, content}); the first speaker plays the user."""
-    names = [t.get("topic") if isinstance(t, dict) else t for t in (topics if isinstance(topics, list) else [])]
+    names = [
+        t.get("topic") if isinstance(t, dict) else t
+        for t in (topics if isinstance(topics, list) else [])
+    ]
     names = [n.strip() for n in names if isinstance(n, str) and n.strip()]
     if not names or not isinstance(transcript, list):
         raise BadRow("no topics in 'topic_list', or the transcript is not a list")
     turns, chair = [], None
     for t in transcript:
-        text = clean_transcript(t["content"]) if isinstance(t, dict) and isinstance(t.get("content"), str) else ""
+        text = (
+            clean_transcript(t["content"])
+            if isinstance(t, dict) and isinstance(t.get("content"), str)
+            else ""
+        )
         if text and len(turns) < MAX_MEETING_TURNS:
             chair = chair or t.get("speaker")
-            turns.append({"speaker": "user" if t.get("speaker") == chair else "participant", "text": text})
+            turns.append(
+                {"speaker": "user" if t.get("speaker") == chair else "participant", "text": text}
+            )
     if not turns:
         raise BadRow("the transcript has no spoken turns")
-    return Context(meeting_id, "meeting", f"A meeting covering: {'; '.join(names)}.", turns[0]["text"], domain=domain,
-                   source="qmsum", turns=turns)
+    return Context(
+        meeting_id,
+        "meeting",
+        f"A meeting covering: {'; '.join(names)}.",
+        turns[0]["text"],
+        domain=domain,
+        source="qmsum",
+        turns=turns,
+    )
 
 
 def our_row(row: dict) -> Context:
@@ -131,14 +196,27 @@ def our_row(row: dict) -> Context:
 
 def meeting_openings_row(r: dict) -> Context:
     """A JSON-lines row of a QMSum meeting's openings (id, topic_list, first_turns, domain)."""
-    return meeting_row(field(r, "id"), r.get("topic_list"), r.get("first_turns"), domain_of(r.get("domain")))
+    return meeting_row(
+        field(r, "id"), r.get("topic_list"), r.get("first_turns"), domain_of(r.get("domain"))
+    )
 
 
 def row_kind(row: object):
     """Which parser reads a JSON-lines row, from its keys (None: none)."""
     keys = set(row) if isinstance(row, dict) else set()
-    return next((parse for parse, needs in ((esconv_row, {"dialog"}), (meeting_openings_row, {"first_turns", "topic_list"}),
-                 (our_row, {"set", "first_message"}), (ed_row, {"emotion", "situation"})) if needs <= keys), None)
+    return next(
+        (
+            parse
+            for parse, needs in (
+                (esconv_row, {"dialog"}),
+                (meeting_openings_row, {"first_turns", "topic_list"}),
+                (our_row, {"set", "first_message"}),
+                (ed_row, {"emotion", "situation"}),
+            )
+            if needs <= keys
+        ),
+        None,
+    )
 
 
 def parse_rows(path: Path, rows: list[tuple[int, object]], parse=None) -> list[Context]:
@@ -170,14 +248,28 @@ def parse_rows(path: Path, rows: list[tuple[int, object]], parse=None) -> list[C
 def load_ed_csv(path: Path) -> list[Context]:
     """ED's official CSV: one Context per conv_id; `context` is the emotion, `prompt` the situation."""
     reader = csv.reader(io.StringIO(read_text(path), newline=""))
-    if [h.strip() for h in next(reader, [])][:6] != ["conv_id", "utterance_idx", "context", "prompt", "speaker_idx",
-                                                     "utterance"]:
-        raise UserError(f"{path}: not an Empathetic Dialogues CSV (conv_id,utterance_idx,context,prompt,...)")
+    if [h.strip() for h in next(reader, [])][:6] != [
+        "conv_id",
+        "utterance_idx",
+        "context",
+        "prompt",
+        "speaker_idx",
+        "utterance",
+    ]:
+        raise UserError(
+            f"{path}: not an Empathetic Dialogues CSV (conv_id,utterance_idx,context,prompt,...)"
+        )
     convs, skipped = {}, 0
     for row in reader:
         # A few release lines have stray commas that shift every column: drop the line, not the file.
-        if 6 <= len(row) <= 8 and all(c.strip() for c in row[:3] + row[4:6]) and row[1].strip().isdigit():
-            conv = convs.setdefault(row[0].strip(), {"emotion": row[2].strip(), "prompt": row[3], "utts": []})
+        if (
+            6 <= len(row) <= 8
+            and all(c.strip() for c in row[:3] + row[4:6])
+            and row[1].strip().isdigit()
+        ):
+            conv = convs.setdefault(
+                row[0].strip(), {"emotion": row[2].strip(), "prompt": row[3], "utts": []}
+            )
             conv["utts"].append((int(row[1]), row[4].strip(), ed_text(row[5])))
         elif any(c.strip() for c in row):
             skipped += 1
@@ -186,10 +278,22 @@ def load_ed_csv(path: Path) -> list[Context]:
     contexts = []
     for conv_id, conv in convs.items():
         utts = sorted(conv["utts"])
-        turns = [{"speaker": "user" if who == utts[0][1] else "supporter", "text": t} for _, who, t in utts]
-        contexts.append(Context(conv_id, "support", ed_text(conv["prompt"]) or turns[0]["text"], turns[0]["text"],
-                                conv["emotion"], emotion_valence(conv["emotion"]), source="empathetic_dialogues",
-                                turns=turns))
+        turns = [
+            {"speaker": "user" if who == utts[0][1] else "supporter", "text": t}
+            for _, who, t in utts
+        ]
+        contexts.append(
+            Context(
+                conv_id,
+                "support",
+                ed_text(conv["prompt"]) or turns[0]["text"],
+                turns[0]["text"],
+                conv["emotion"],
+                emotion_valence(conv["emotion"]),
+                source="empathetic_dialogues",
+                turns=turns,
+            )
+        )
     if not contexts:
         raise UserError(f"{path}: no usable Empathetic Dialogues rows")
     return contexts
@@ -201,14 +305,21 @@ def load_meetings(files: list[Path]) -> list[Context]:
     for file in files:
         if file.parent not in mappings:
             mapping = mappings[file.parent] = {}
-            for m in sorted(file.parent.parent.glob("*domains.json")) + sorted(file.parent.glob("*domains.json")):
+            for m in sorted(file.parent.parent.glob("*domains.json")) + sorted(
+                file.parent.glob("*domains.json")
+            ):
                 value = read_json(m)
-                mapping.update({k: domain_of(v) for k, v in value.items()} if isinstance(value, dict) else {})
+                mapping.update(
+                    {k: domain_of(v) for k, v in value.items()} if isinstance(value, dict) else {}
+                )
         meeting = read_json(file)
-        domain = next((domain_of(p) for p in reversed(file.parent.parts) if domain_of(p)), "") \
-            or mappings[file.parent].get(file.stem, "")
+        domain = next(
+            (domain_of(p) for p in reversed(file.parent.parts) if domain_of(p)), ""
+        ) or mappings[file.parent].get(file.stem, "")
         try:
-            c = meeting_row(file.stem, meeting.get("topic_list"), meeting.get("meeting_transcripts"), domain)
+            c = meeting_row(
+                file.stem, meeting.get("topic_list"), meeting.get("meeting_transcripts"), domain
+            )
         except BadRow as e:
             warn(f"{file}: skipping this meeting: {e}")
             continue
@@ -225,7 +336,7 @@ def load_file(path: Path) -> list[Context]:
         return parse_rows(path, [(n, v) for n, v, _ in jsonl_lines(path)])
     if suffix == ".json":
         value = read_json(path)
-        if isinstance(value, list):                       # the official ESConv.json: one array of dialogs
+        if isinstance(value, list):  # the official ESConv.json: one array of dialogs
             return parse_rows(path, list(enumerate(value, 1)), esconv_row)
         if isinstance(value, dict) and "meeting_transcripts" in value:
             return load_meetings([path])
@@ -236,7 +347,14 @@ def split_of(path: Path, root: Path) -> str | None:
     """The official split of a file by its name (train_*.jsonl, valid.csv) or a folder under `root` (data/ALL/test/)."""
     if m := re.match(r"(train|validation|valid|val|dev|test)(?:[_.\-]|$)", path.name.lower()):
         return SPLITS[m.group(1)]
-    return next((SPLITS[p.lower()] for p in reversed(path.relative_to(root).parent.parts) if p.lower() in SPLITS), None)
+    return next(
+        (
+            SPLITS[p.lower()]
+            for p in reversed(path.relative_to(root).parent.parts)
+            if p.lower() in SPLITS
+        ),
+        None,
+    )
 
 
 def load_splits(spec: str, persona_set: str) -> dict[str, list[Context]]:
@@ -248,11 +366,17 @@ def load_splits(spec: str, persona_set: str) -> dict[str, list[Context]]:
     if path.is_file():
         found["all"] = load_file(path)
     else:
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".csv", ".json", ".jsonl")
-                       and not p.name.endswith("domains.json"))
-        meetings = [f for f in files if f.suffix == ".json" and "meeting_transcripts" in read_text(f)]
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.suffix.lower() in (".csv", ".json", ".jsonl")
+            and not p.name.endswith("domains.json")
+        )
+        meetings = [
+            f for f in files if f.suffix == ".json" and "meeting_transcripts" in read_text(f)
+        ]
         others = [f for f in files if f not in meetings and f.parent == path]
-        for f in files if meetings else []:           # a damaged meeting file must not vanish without a word
+        for f in files if meetings else []:  # a damaged meeting file must not vanish without a word
             if f.suffix == ".json" and f not in meetings:
                 warn(f"{f}: not a QMSum meeting file (no meeting_transcripts); skipping it")
         named = {f: split_of(f, path) for f in meetings + others if split_of(f, path)}
@@ -260,19 +384,24 @@ def load_splits(spec: str, persona_set: str) -> dict[str, list[Context]]:
             for split in dict.fromkeys(named.values()):
                 mine = [f for f, s in named.items() if s == split]
                 found[split] = load_meetings([f for f in mine if f in meetings]) + [
-                    c for f in mine if f not in meetings for c in load_file(f)]
+                    c for f in mine if f not in meetings for c in load_file(f)
+                ]
         elif meetings or len(others) == 1:
             found["all"] = load_meetings(meetings) if meetings else load_file(others[0])
         else:
-            raise UserError(f"{path}: the folder holds {', '.join(f.name for f in others) or 'no data files'}; "
-                            "pass one file, a folder of QMSum meetings, or a folder of official splits")
+            raise UserError(
+                f"{path}: the folder holds {', '.join(f.name for f in others) or 'no data files'}; "
+                "pass one file, a folder of QMSum meetings, or a folder of official splits"
+            )
     for split, contexts in found.items():
         kept = {}
         for c in contexts:
             if c.persona_set == persona_set:
-                kept.setdefault(c.id, c)                   # one copy per id
+                kept.setdefault(c.id, c)  # one copy per id
         if not kept:
-            raise UserError(f"{path}: no '{persona_set}' contexts in its {split} data; pick the matching --set")
+            raise UserError(
+                f"{path}: no '{persona_set}' contexts in its {split} data; pick the matching --set"
+            )
         found[split] = list(kept.values())
     return found
 
@@ -283,9 +412,12 @@ if __name__ == "__main__":
         try:
             for split, cs in load_splits(spec, set_name).items():
                 counts = Counter(c.valence or c.domain or "-" for c in cs)
-                print(f"{set_name}/{split}: {len(cs)} contexts ({cs[0].source}); "
-                      + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) + f"\n  first: {cs[0].id}: "
-                      + cs[0].first_message[:100])
+                print(
+                    f"{set_name}/{split}: {len(cs)} contexts ({cs[0].source}); "
+                    + ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
+                    + f"\n  first: {cs[0].id}: "
+                    + cs[0].first_message[:100]
+                )
         except UserError as e:
             print(f"{set_name}: {e}")
 

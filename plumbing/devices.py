@@ -17,9 +17,13 @@ def frozen_dtype(args) -> torch.dtype:
 
 def check_device(args) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: this torch sees no CUDA device; install a CUDA build of torch or use --device cpu")
+        raise UserError(
+            "--device cuda: this torch sees no CUDA device; install a CUDA build of torch or use --device cpu"
+        )
     if args.dtype == "bfloat16" and not native_bf16(args.device):
-        raise UserError(f"--dtype bfloat16: {args.device} has no native bf16 here; use --dtype auto or float32")
+        raise UserError(
+            f"--dtype bfloat16: {args.device} has no native bf16 here; use --dtype auto or float32"
+        )
 
 
 def native_bf16(device: str | torch.device) -> bool:
@@ -29,8 +33,11 @@ def native_bf16(device: str | torch.device) -> bool:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and torch.backends.cpu.get_cpu_capability().startswith("AVX512") and \
-        (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return (
+        device.type == "cpu"
+        and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+        and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    )
 
 
 def release_memory() -> None:

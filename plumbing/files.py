@@ -16,15 +16,18 @@ from pathlib import Path
 
 from plumbing.common import UserError, warn
 
-
-HERE = Path(__file__).resolve().parents[1]     # the repository root (data/ lives there)
+HERE = Path(__file__).resolve().parents[1]  # the repository root (data/ lives there)
 
 
 # --- Files: text, JSON, JSON lines, atomic saves ----------------------------------------------
 def resolve(path: str | Path) -> Path:
     """A relative path from the working directory, else beside this file (the shipped personas.json)."""
     path = Path(path).expanduser()
-    return HERE / path if not path.is_absolute() and not path.exists() and (HERE / path).exists() else path
+    return (
+        HERE / path
+        if not path.is_absolute() and not path.exists() and (HERE / path).exists()
+        else path
+    )
 
 
 def read_text(path: str | Path) -> str:
@@ -32,16 +35,20 @@ def read_text(path: str | Path) -> str:
     if not path.is_file():
         raise UserError(f"{path}: no such file; check the path")
     try:
-        return path.read_bytes().decode("utf-8-sig")       # -sig: accept an editor's byte-order mark
+        return path.read_bytes().decode("utf-8-sig")  # -sig: accept an editor's byte-order mark
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (bad byte at offset {e.start}); re-save it as UTF-8") from None
+        raise UserError(
+            f"{path}: not UTF-8 text (bad byte at offset {e.start}); re-save it as UTF-8"
+        ) from None
 
 
 def read_json(path: str | Path) -> object:
     try:
         return json.loads(read_text(path))
     except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})") from None
+        raise UserError(
+            f"{path}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})"
+        ) from None
 
 
 def asset(name: str) -> object:
@@ -56,8 +63,15 @@ def prompt(name: str) -> str:
 
 def json_type(value: object) -> str:
     """A parsed value named the way a JSON file spells it, for error messages."""
-    return {bool: "true/false", dict: "an object", list: "a list", str: "text", int: "a number", float: "a number",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        bool: "true/false",
+        dict: "an object",
+        list: "a list",
+        str: "text",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def jsonl_lines(path: str | Path) -> list[tuple[int, object, str]]:
@@ -86,7 +100,9 @@ def read_jsonl(path: str | Path, on_damage=None, numbered: bool = False) -> list
         if error or not isinstance(value, dict):
             problem = error or f"it holds {json_type(value)}, not an object"
             if on_damage is None:
-                raise UserError(f"{path}: line {number} is not a JSON object ({problem}); fix or delete that line")
+                raise UserError(
+                    f"{path}: line {number} is not a JSON object ({problem}); fix or delete that line"
+                )
             on_damage(number, problem)
             continue
         records.append((number, value) if numbered else value)
@@ -137,13 +153,19 @@ def atomic_folder(target: str | Path):
     target = Path(target)
     tmp = target.with_name(target.name + ".tmp")
     if tmp.exists():
-        shutil.rmtree(tmp)                       # left over from a crashed save
+        shutil.rmtree(tmp)  # left over from a crashed save
     tmp.mkdir(parents=True)
     try:
         yield tmp
-    except Exception as err:                     # a half-written folder only takes space; safetensors and torch
-        shutil.rmtree(tmp, ignore_errors=True)   # wrap a full disk's OSError in their own errors: unwrap it
-        raise OSError(errno.ENOSPC, "No space left on device", str(target)) if "No space left" in str(err) else err
+    except Exception as err:  # a half-written folder only takes space; safetensors and torch
+        shutil.rmtree(
+            tmp, ignore_errors=True
+        )  # wrap a full disk's OSError in their own errors: unwrap it
+        raise (
+            OSError(errno.ENOSPC, "No space left on device", str(target))
+            if "No space left" in str(err)
+            else err
+        )
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
@@ -165,7 +187,7 @@ class AnswerCache:
     loses at most that line). A garbled line is skipped with a warning, counted, and asked again."""
 
     def __init__(self, path: str | Path):
-        self.path, self.skipped = Path(path), 0                  # skipped: garbled lines, asked again
+        self.path, self.skipped = Path(path), 0  # skipped: garbled lines, asked again
         self._values: dict[str, object] = {}
         if self.path.exists():
             for r in read_jsonl(self.path, on_damage=self._damaged):
@@ -174,16 +196,20 @@ class AnswerCache:
 
     def _damaged(self, number: int, problem: str) -> None:
         self.skipped += 1
-        warn(f"{self.path}: skipping garbled line {number} ({problem}); its answer will be asked again")
+        warn(
+            f"{self.path}: skipping garbled line {number} ({problem}); its answer will be asked again"
+        )
 
     @staticmethod
     def make_key(name: str, method: str, inputs: object) -> str:
         """sha256 of (who answers, method, canonical JSON of the inputs): equal inputs, equal key."""
-        canonical = json.dumps([name, method, inputs], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        canonical = json.dumps(
+            [name, method, inputs], sort_keys=True, ensure_ascii=False, separators=(",", ":")
+        )
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     def get(self, key: str):
-        return self._values.get(key)                     # stored values are never None
+        return self._values.get(key)  # stored values are never None
 
     def put(self, key: str, value) -> None:
         if value is None:
@@ -195,13 +221,14 @@ class AnswerCache:
         return len(self._values)
 
 
-def cached_answers(cache: AnswerCache | None, keys: list[str], compute_misses,
-                   keep=lambda value: value is not None) -> list:
+def cached_answers(
+    cache: AnswerCache | None, keys: list[str], compute_misses, keep=lambda value: value is not None
+) -> list:
     """The answer for every key: from `cache`, else computed, each distinct key once. compute_misses(todo,
     store) calls store(i, answer) as each arrives; a keep(answer) one is cached at once, so a failure
     part-way loses only what was in flight."""
     values = [cache.get(k) if cache else None for k in keys]
-    first_of = {}                                         # key -> index of its first missing input
+    first_of = {}  # key -> index of its first missing input
     for i, (k, v) in enumerate(zip(keys, values)):
         if v is None:
             first_of.setdefault(k, i)

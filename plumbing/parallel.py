@@ -13,6 +13,7 @@ Rank 0 alone prints and writes, and builds stage 1's states, candidates, judgeme
 paid once) and stage 2's warm start while the others wait (--dist-timeout). Backends: gloo on CPU, NCCL on GPUs.
     torchrun --nproc_per_node N -- mascot.py train --stage 1|2 ...     ("--" ends torchrun's flags)
 """
+
 import atexit
 import gc
 import os
@@ -33,35 +34,46 @@ def leave() -> None:
 
 class Ranks:
     """Joins the process group torchrun describes (once) and sets args.device to this rank's GPU."""
+
     def __init__(self, args):
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if getattr(args, "prompts_per_step", 0) % world:           # say so before any work, on every rank
-            raise UserError(f"--prompts-per-step {args.prompts_per_step}: must be a multiple of the {world} "
-                            "torchrun processes, so each gets the same share of the batch")
+        if getattr(args, "prompts_per_step", 0) % world:  # say so before any work, on every rank
+            raise UserError(
+                f"--prompts-per-step {args.prompts_per_step}: must be a multiple of the {world} "
+                "torchrun processes, so each gets the same share of the batch"
+            )
         if args.device.startswith("cuda"):
             if not torch.cuda.is_available():
                 raise UserError("--device cuda: this torch sees no CUDA device; use --device cpu")
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             args.device = f"cuda:{torch.cuda.current_device()}"
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo",
-                                    timeout=timedelta(minutes=getattr(args, "dist_timeout", 180.0)))
+            dist.init_process_group(
+                "nccl" if args.device.startswith("cuda") else "gloo",
+                timeout=timedelta(minutes=getattr(args, "dist_timeout", 180.0)),
+            )
             atexit.register(leave)
-        self.rank, self.world, self.is_main = dist.get_rank(), dist.get_world_size(), dist.get_rank() == 0
-        self.device = torch.device(args.device if dist.get_backend() == "nccl" else "cpu")   # NCCL: GPU tensors only
+        self.rank, self.world, self.is_main = (
+            dist.get_rank(),
+            dist.get_world_size(),
+            dist.get_rank() == 0,
+        )
+        self.device = torch.device(
+            args.device if dist.get_backend() == "nccl" else "cpu"
+        )  # NCCL: GPU tensors only
         if not self.is_main:
-            sys.stdout = open(os.devnull, "w")                       # one log, rank 0's; errors reach stderr
+            sys.stdout = open(os.devnull, "w")  # one log, rank 0's; errors reach stderr
 
     def shard(self, n: int) -> slice:
         """This rank's contiguous share of n items (n divides evenly: checked above)."""
         return slice(self.rank * (n // self.world), (self.rank + 1) * (n // self.world))
 
-    def gather(self, items: list) -> list:        # every rank's list in rank order: the global batch's
+    def gather(self, items: list) -> list:  # every rank's list in rank order: the global batch's
         parts = [None] * self.world
         dist.all_gather_object(parts, list(items))
         return [x for part in parts for x in part]
 
-    def all_sum(self, value: float) -> float:                     # token counts, loss sums
+    def all_sum(self, value: float) -> float:  # token counts, loss sums
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return float(t.item())
@@ -79,10 +91,11 @@ class OneProcess:
     """`ranks` for one process: every operation is the identity. extras/multigpu.py supplies the
     torchrun version (each rank samples its share of the prompts; the loss denominators are summed
     over ranks and DDP sums the gradients; rank 0 writes), with the same operations."""
+
     rank, world, is_main = 0, 1, True
 
-    wrap = staticmethod(lambda scorer: scorer)                  # torchrun: DistributedDataParallel(scorer)
-    barrier = staticmethod(lambda: None)                        # nothing to wait for in one process
+    wrap = staticmethod(lambda scorer: scorer)  # torchrun: DistributedDataParallel(scorer)
+    barrier = staticmethod(lambda: None)  # nothing to wait for in one process
 
     def shard(self, n: int) -> slice:
         return slice(0, n)

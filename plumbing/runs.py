@@ -31,7 +31,9 @@ def run_lock(folder: str | Path):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError(f"{folder} is in use by another mascot command; wait for it, or use another --run") from None
+            raise UserError(
+                f"{folder} is in use by another mascot command; wait for it, or use another --run"
+            ) from None
         yield
 
 
@@ -52,9 +54,24 @@ def save_config(config: dict, folder: Path) -> None:
 
 
 # What may differ between commands that build one stage folder: how, where, how long (files: by content).
-OPERATIONAL = {"resume", "device", "max_steps", "save_steps", "dump_every", "micro_batch", "gradient_checkpointing",
-               "served_timeout", "served_retries", "served_concurrency", "data", "personas", "profiles_file", "argv",
-               "quiet", "dist_timeout"}
+OPERATIONAL = {
+    "resume",
+    "device",
+    "max_steps",
+    "save_steps",
+    "dump_every",
+    "micro_batch",
+    "gradient_checkpointing",
+    "served_timeout",
+    "served_retries",
+    "served_concurrency",
+    "data",
+    "personas",
+    "profiles_file",
+    "argv",
+    "quiet",
+    "dist_timeout",
+}
 
 
 def start_stage(args, out: Path, ranks, data_file: Path) -> None:
@@ -62,33 +79,61 @@ def start_stage(args, out: Path, ranks, data_file: Path) -> None:
     data_file: the contexts file --data names, fingerprinted with the persona and profile files."""
     check_device(args)
     if args.resume and not checkpoints(out / "checkpoints"):
-        raise UserError(f"--resume: no GRPO checkpoint in {out / 'checkpoints'} yet; run without --resume")
-    config = {**vars(args), "fingerprint": fingerprint(data_file, args.personas, args.profiles_file)}
-    made = read_json(out / "config.json") if any(f.name != "config.json" for f in out.glob("*")) else {}
+        raise UserError(
+            f"--resume: no GRPO checkpoint in {out / 'checkpoints'} yet; run without --resume"
+        )
+    config = {
+        **vars(args),
+        "fingerprint": fingerprint(data_file, args.personas, args.profiles_file),
+    }
+    made = (
+        read_json(out / "config.json")
+        if any(f.name != "config.json" for f in out.glob("*"))
+        else {}
+    )
     for key in [k for k in config if k in made and k not in OPERATIONAL and made[k] != config[k]]:
-        what = "--data, --personas or --profiles-file: their files differ from those that" if key == "fingerprint" \
+        what = (
+            "--data, --personas or --profiles-file: their files differ from those that"
+            if key == "fingerprint"
             else f"--{key.replace('_', '-')} {config[key]}: {key} {made[key]} is what"
-        raise UserError(f"{what} made {out}; use its settings (with --resume to continue it) or a new --run")
+        )
+        raise UserError(
+            f"{what} made {out}; use its settings (with --resume to continue it) or a new --run"
+        )
     if ranks.is_main:
         save_config(config, out)
 
 
-def model_card(role: str, base: str, command: list[str], personas, prompt: list[dict], metrics: dict) -> str:
+def model_card(
+    role: str, base: str, command: list[str], personas, prompt: list[dict], metrics: dict
+) -> str:
     """A saved model's README.md: the command, key metrics, one training prompt (the layout to reproduce, as chat
     messages for the tokenizer's template) and the persona cards."""
-    block = lambda x: "```json\n" + json.dumps(x, indent=1, ensure_ascii=False) + "\n```\n"        # noqa: E731
-    return (f"# mascot {role}\n\nTrained by mascot (MASCOT, arXiv 2601.14230) from `{base}`.\n\nCommand: `python "
-            f"mascot.py {' '.join(command)}`\n\n## Key metrics\n" + "".join(f"- {k}: {v}\n" for k, v in metrics.items())
-            + "\n## Prompt layout (one training prompt)\n" + block(prompt) + "\n## Persona cards\n"
-            + block({"set": personas.name, "personas": [vars(p) for p in personas.personas]}))
+    block = lambda x: "```json\n" + json.dumps(x, indent=1, ensure_ascii=False) + "\n```\n"  # noqa: E731
+    return (
+        f"# mascot {role}\n\nTrained by mascot (MASCOT, arXiv 2601.14230) from `{base}`.\n\nCommand: `python "
+        f"mascot.py {' '.join(command)}`\n\n## Key metrics\n"
+        + "".join(f"- {k}: {v}\n" for k, v in metrics.items())
+        + "\n## Prompt layout (one training prompt)\n"
+        + block(prompt)
+        + "\n## Persona cards\n"
+        + block({"set": personas.name, "personas": [vars(p) for p in personas.personas]})
+    )
 
 
 def folder_stamp(folder: str) -> list:
     """(name, size, mtime) of every file of a model folder: what changes when it is trained again, so a
     saved system result is never reused for other weights (a model name is its own identity)."""
     path = Path(folder)
-    return sorted([str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns] for f in path.rglob("*")
-                  if f.is_file()) if path.is_dir() else [folder]
+    return (
+        sorted(
+            [str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns]
+            for f in path.rglob("*")
+            if f.is_file()
+        )
+        if path.is_dir()
+        else [folder]
+    )
 
 
 # --- Checkpoints: safetensors + JSON only (no pickle), written atomically ----------------------
@@ -99,12 +144,19 @@ def save_checkpoint(folder: Path, step: int, policy, tok, optimizer) -> Path:
     with atomic_folder(final) as tmp:
         save_model(policy, tok, tmp / "model")
         opt = optimizer.state_dict()
-        tensors = {f"{i}.{k}": (v if torch.is_tensor(v) else torch.tensor(v)).contiguous()
-                   for i, st in opt["state"].items() for k, v in st.items()}      # "<param>.<exp_avg|...>"
+        tensors = {
+            f"{i}.{k}": (v if torch.is_tensor(v) else torch.tensor(v)).contiguous()
+            for i, st in opt["state"].items()
+            for k, v in st.items()
+        }  # "<param>.<exp_avg|...>"
         tensors["rng.torch"] = torch.get_rng_state()
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         state = random.getstate()
-        meta = {"step": step, "param_groups": opt["param_groups"], "python_random": [state[0], list(state[1]), state[2]]}
+        meta = {
+            "step": step,
+            "param_groups": opt["param_groups"],
+            "python_random": [state[0], list(state[1]), state[2]],
+        }
         (tmp / "state.json").write_text(json.dumps(meta), encoding="utf-8")
     for old in sorted(folder.glob("ckpt-??????"))[:-2]:
         shutil.rmtree(old)
@@ -113,7 +165,9 @@ def save_checkpoint(folder: Path, step: int, policy, tok, optimizer) -> Path:
 
 def checkpoints(folder: Path) -> list[Path]:
     """The complete checkpoints (renamed from .tmp), newest first."""
-    return sorted((p for p in folder.glob("ckpt-??????") if (p / "state.json").exists()), reverse=True)
+    return sorted(
+        (p for p in folder.glob("ckpt-??????") if (p / "state.json").exists()), reverse=True
+    )
 
 
 def load_checkpoint(folder: Path, policy, optimizer) -> tuple[Path, int]:
@@ -124,8 +178,10 @@ def load_checkpoint(folder: Path, policy, optimizer) -> tuple[Path, int]:
             meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
             tensors = load_file(str(path / "optimizer.safetensors"))
             load_model(policy, str(path / "model" / "model.safetensors"), strict=False)
-        except Exception as err:                                     # safetensors, JSON, missing files alike
-            warn(f"{path} cannot be loaded ({type(err).__name__}: {str(err)[:80]}); trying the one before it")
+        except Exception as err:  # safetensors, JSON, missing files alike
+            warn(
+                f"{path} cannot be loaded ({type(err).__name__}: {str(err)[:80]}); trying the one before it"
+            )
             continue
         torch.set_rng_state(tensors.pop("rng.torch"))
         state: dict[int, dict] = {}
@@ -136,4 +192,6 @@ def load_checkpoint(folder: Path, policy, optimizer) -> tuple[Path, int]:
         r = meta["python_random"]
         random.setstate((r[0], tuple(r[1]), r[2]))
         return path, meta["step"]
-    raise UserError(f"--resume: no complete checkpoint in {folder} loads; run without --resume and a new --run folder")
+    raise UserError(
+        f"--resume: no complete checkpoint in {folder} loads; run without --resume and a new --run folder"
+    )

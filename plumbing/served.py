@@ -26,12 +26,11 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from plumbing.files import AnswerCache, cached_answers
+from judge import Judge, combine_orders, judge_messages, parse_ab, parse_rubric_score
 from plumbing.common import UserError
-from judge import combine_orders, judge_messages, parse_ab, parse_rubric_score
-from judge import Judge
+from plumbing.files import AnswerCache, cached_answers
 
-MESSAGE_CHARS = 200        # how much of a server's error body an error message quotes
+MESSAGE_CHARS = 200  # how much of a server's error body an error message quotes
 
 
 def server_message(raw: bytes, secret: str) -> str:
@@ -52,16 +51,41 @@ class DeadlineExceeded(TimeoutError):
 class ChatClient:
     """Chat completions from one model on one server, as the module docstring promises; thread-safe. `flag` is how
     errors name the endpoint ("--judge openai:..."); `api_key_env` the NAME of the variable holding the key."""
-    def __init__(self, base_url: str, model: str, flag: str, api_key_env: str = "MASCOT_JUDGE_API_KEY",
-                 timeout: float = 60, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0):
-        self.base_url, self.model, self.flag, self.api_key_env = base_url.rstrip("/"), model, flag, api_key_env
-        self.parts, self.url = urllib.parse.urlsplit(self.base_url), self.base_url + "/chat/completions"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        flag: str,
+        api_key_env: str = "MASCOT_JUDGE_API_KEY",
+        timeout: float = 60,
+        max_retries: int = 5,
+        backoff: float = 1.0,
+        max_backoff: float = 60.0,
+    ):
+        self.base_url, self.model, self.flag, self.api_key_env = (
+            base_url.rstrip("/"),
+            model,
+            flag,
+            api_key_env,
+        )
+        self.parts, self.url = (
+            urllib.parse.urlsplit(self.base_url),
+            self.base_url + "/chat/completions",
+        )
         if self.parts.scheme not in ("http", "https") or not self.parts.hostname:
-            raise self._fail(f"{self.base_url!r} is not an http:// or https:// URL; write the whole base URL, "
-                             "e.g. openai:http://localhost:8000/v1")
-        self.timeout, self.max_retries, self.backoff, self.max_backoff = timeout, max_retries, backoff, max_backoff
-        self.requests = 0                       # HTTP attempts sent, retries included
-        self.sleep, self.clock = time.sleep, time.monotonic     # tests record the waits instead
+            raise self._fail(
+                f"{self.base_url!r} is not an http:// or https:// URL; write the whole base URL, "
+                "e.g. openai:http://localhost:8000/v1"
+            )
+        self.timeout, self.max_retries, self.backoff, self.max_backoff = (
+            timeout,
+            max_retries,
+            backoff,
+            max_backoff,
+        )
+        self.requests = 0  # HTTP attempts sent, retries included
+        self.sleep, self.clock = time.sleep, time.monotonic  # tests record the waits instead
         self._jitter, self._lock = random.Random(), threading.Lock()
 
     def __repr__(self) -> str:
@@ -73,9 +97,12 @@ class ChatClient:
     def _status_hint(self, status: int) -> str:
         """What to check after an HTTP error the server will not fix by itself."""
         key = f"check the API key in ${self.api_key_env}"
-        return {400: "the server rejected the request (e.g. the prompt is longer than the model's context)", 401: key,
-                403: key, 404: f"check the base URL (it usually ends in /v1) and the model name {self.model!r}"}.get(
-            status, f"check the URL, the model name {self.model!r} and ${self.api_key_env}")
+        return {
+            400: "the server rejected the request (e.g. the prompt is longer than the model's context)",
+            401: key,
+            403: key,
+            404: f"check the base URL (it usually ends in /v1) and the model name {self.model!r}",
+        }.get(status, f"check the URL, the model name {self.model!r} and ${self.api_key_env}")
 
     def _post(self, body: bytes, headers: dict) -> tuple[int, http.client.HTTPMessage, bytes]:
         """POST once: (status, headers, body); DeadlineExceeded past `timeout` seconds in all."""
@@ -85,31 +112,51 @@ class ChatClient:
             if (left := deadline - self.clock()) <= 0:
                 raise DeadlineExceeded(f"no complete answer within {self.timeout:g} s")
             return left
-        kind = http.client.HTTPSConnection if self.parts.scheme == "https" else http.client.HTTPConnection
+
+        kind = (
+            http.client.HTTPSConnection
+            if self.parts.scheme == "https"
+            else http.client.HTTPConnection
+        )
         conn = kind(self.parts.hostname, self.parts.port, timeout=remaining())
         try:
-            conn.request("POST", urllib.parse.urlsplit(self.url).path or "/", body=body, headers=headers)
-            sock = conn.sock                    # the response keeps reading from it: no read may outlast the deadline
+            conn.request(
+                "POST", urllib.parse.urlsplit(self.url).path or "/", body=body, headers=headers
+            )
+            sock = conn.sock  # the response keeps reading from it: no read may outlast the deadline
             sock.settimeout(remaining())
             with conn.getresponse() as response:
                 chunks = []
-                while True:                     # chunk by chunk: a trickle cannot outlast the deadline
+                while True:  # chunk by chunk: a trickle cannot outlast the deadline
                     sock.settimeout(remaining())
                     if not (chunk := response.read1(65536)):
                         return response.status, response.headers, b"".join(chunks)
                     chunks.append(chunk)
-        except TimeoutError as err:             # socket.timeout is TimeoutError since 3.10
+        except TimeoutError as err:  # socket.timeout is TimeoutError since 3.10
             raise DeadlineExceeded(f"no complete answer within {self.timeout:g} s") from err
         finally:
             conn.close()
 
-    def chat(self, messages: list[dict], max_tokens: int, temperature: float = 0.0, top_p: float | None = None,
-             seed: int | None = None) -> str:
+    def chat(
+        self,
+        messages: list[dict],
+        max_tokens: int,
+        temperature: float = 0.0,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> str:
         """One chat completion, with retries: the text; `seed` asks for reproducible sampling (vLLM, llama.cpp)."""
-        request = {"model": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+        request = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+        }
         request.update({k: v for k, v in (("top_p", top_p), ("seed", seed)) if v is not None})
         key, body = os.environ.get(self.api_key_env, ""), json.dumps(request).encode("utf-8")
-        headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+        headers = {"Content-Type": "application/json"} | (
+            {"Authorization": f"Bearer {key}"} if key else {}
+        )
         last_error = ""
         for attempt in range(self.max_retries + 1):
             with self._lock:
@@ -117,34 +164,53 @@ class ChatClient:
             wait = None
             try:
                 status, reply_headers, raw = self._post(body, headers)
-            except (OSError, http.client.HTTPException) as err:     # refused, reset, deadline, ...
+            except (OSError, http.client.HTTPException) as err:  # refused, reset, deadline, ...
                 last_error = f"{type(err).__name__}: {err}".splitlines()[0]
             else:
                 if status == 200:
                     return self._reply_text(raw)
                 message = server_message(raw, key)
-                if status != 429 and status < 500:      # the request itself is wrong: retrying cannot help
-                    raise self._fail(f"HTTP {status} from {self.url}: {message!r}; " + self._status_hint(status))
+                if (
+                    status != 429 and status < 500
+                ):  # the request itself is wrong: retrying cannot help
+                    raise self._fail(
+                        f"HTTP {status} from {self.url}: {message!r}; " + self._status_hint(status)
+                    )
                 last_error = f"HTTP {status}: {message!r}"
-                with contextlib.suppress(TypeError, ValueError):    # no Retry-After, or an HTTP date (not supported)
+                with contextlib.suppress(
+                    TypeError, ValueError
+                ):  # no Retry-After, or an HTTP date (not supported)
                     wait = max(0.0, float(reply_headers.get("Retry-After")))
             if attempt < self.max_retries:
-                if wait is None:                        # no Retry-After from the server: our own backoff
-                    wait = self.backoff * 2 ** attempt * self._jitter.uniform(0.5, 1.5)
+                if wait is None:  # no Retry-After from the server: our own backoff
+                    wait = self.backoff * 2**attempt * self._jitter.uniform(0.5, 1.5)
                 self.sleep(min(wait, self.max_backoff))
-        hint = ("raise --served-timeout if the server is just slow" if last_error.startswith("DeadlineExceeded")
-                else "check that the server is running and reachable")
-        raise self._fail(f"no answer from {self.url} after {self.max_retries + 1} attempts (last: {last_error}); {hint}")
+        hint = (
+            "raise --served-timeout if the server is just slow"
+            if last_error.startswith("DeadlineExceeded")
+            else "check that the server is running and reachable"
+        )
+        raise self._fail(
+            f"no answer from {self.url} after {self.max_retries + 1} attempts (last: {last_error}); {hint}"
+        )
 
     def _reply_text(self, raw: bytes) -> str:
         try:
-            content = (message := json.loads(raw.decode("utf-8"))["choices"][0]["message"])["content"]
+            content = (message := json.loads(raw.decode("utf-8"))["choices"][0]["message"])[
+                "content"
+            ]
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise self._fail(f"{self.url} did not return a chat completion (no choices[0].message.content); "
-                             "is the base URL right?") from None
+            raise self._fail(
+                f"{self.url} did not return a chat completion (no choices[0].message.content); "
+                "is the base URL right?"
+            ) from None
         if content is None:
-            thinking = " (it sent reasoning_content: a reasoning model that spent max_tokens thinking; turn its " \
-                       "reasoning off or serve a non-reasoning model)" if message.get("reasoning_content") else ""
+            thinking = (
+                " (it sent reasoning_content: a reasoning model that spent max_tokens thinking; turn its "
+                "reasoning off or serve a non-reasoning model)"
+                if message.get("reasoning_content")
+                else ""
+            )
             raise self._fail(f"{self.url} answered with content null{thinking}")
         return content
 
@@ -166,7 +232,7 @@ def run_concurrently(todo: list, compute_one, store, concurrency: int) -> None:
         for future in (f for f in as_completed(futures) if not f.cancelled()):
             try:
                 store(futures[future], future.result())
-            except Exception as err:            # the first failure wins; the rest are its echoes
+            except Exception as err:  # the first failure wins; the rest are its echoes
                 if error is None:
                     error = err
                     for f in futures:
@@ -180,11 +246,23 @@ def run_concurrently(todo: list, compute_one, store, concurrency: int) -> None:
 class ServedModel:
     """A frozen chat model on a server in place of a local one (same settings and row seeds; the server applies its chat
     template): one request per conversation, `concurrency` at a time, each cached; no tokens, so never GRPO's policy."""
-    def __init__(self, base_url: str, model: str | None, flag: str, model_flag: str, timeout: float = 60,
-                 retries: int = 5, concurrency: int = 8, cache_path: str | Path | None = None,
-                 api_key_env: str = "MASCOT_API_KEY"):
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None,
+        flag: str,
+        model_flag: str,
+        timeout: float = 60,
+        retries: int = 5,
+        concurrency: int = 8,
+        cache_path: str | Path | None = None,
+        api_key_env: str = "MASCOT_API_KEY",
+    ):
         if not model:
-            raise UserError(f"{flag}: no model name; pass {model_flag} NAME (the name the server serves)")
+            raise UserError(
+                f"{flag}: no model name; pass {model_flag} NAME (the name the server serves)"
+            )
         self.client = ChatClient(base_url, model, flag, api_key_env, timeout, retries)
         self.name, self.concurrency = f"openai:{self.client.base_url}:{model}", concurrency
         self.cache = AnswerCache(cache_path) if cache_path else None
@@ -192,37 +270,74 @@ class ServedModel:
     def __repr__(self) -> str:
         return f"ServedModel({self.name!r})"
 
-    def generate_texts(self, conversations: list[list[dict]], max_new_tokens: int, temperature: float = 1.0,
-                       top_p: float = 1.0, seeds: list[int] | int | None = None) -> list[str]:
+    def generate_texts(
+        self,
+        conversations: list[list[dict]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seeds: list[int] | int | None = None,
+    ) -> list[str]:
         """One reply per conversation, in order (models.generate_texts's arguments and meaning)."""
         if isinstance(seeds, int):
             seeds = [seeds + i for i in range(len(conversations))]
-        settings = [{"messages": m, "max_tokens": max_new_tokens} | (       # chat()'s arguments, and the cache key
-            {"temperature": 0.0} if seeds is None else {"temperature": temperature, "top_p": top_p, "seed": seeds[i]})
-            for i, m in enumerate(conversations)]
+        settings = [
+            {"messages": m, "max_tokens": max_new_tokens}
+            | (  # chat()'s arguments, and the cache key
+                {"temperature": 0.0}
+                if seeds is None
+                else {"temperature": temperature, "top_p": top_p, "seed": seeds[i]}
+            )
+            for i, m in enumerate(conversations)
+        ]
         keys = [AnswerCache.make_key(self.name, "chat", x) for x in settings]
-        return cached_answers(self.cache, keys, lambda todo, store: run_concurrently(
-            todo, lambda i: self.client.chat(**settings[i]), store, self.concurrency))
+        return cached_answers(
+            self.cache,
+            keys,
+            lambda todo, store: run_concurrently(
+                todo, lambda i: self.client.chat(**settings[i]), store, self.concurrency
+            ),
+        )
 
 
 class OpenAIJudge(Judge):
     """An OpenAI-protocol LLM judge at temperature 0, pairwise questions in both orders: a request per missing verdict,
     `concurrency` at a time, cached on arrival; an unreadable answer counts in `unreadable`: no verdict, not cached."""
-    can_generate, read_score = True, staticmethod(parse_rubric_score)
-    LABEL_MAX_TOKENS = 16    # room for "Reply A" or "**B**", not for an essay
 
-    def __init__(self, base_url: str, model: str | None, api_key_env: str = "MASCOT_JUDGE_API_KEY",
-                 timeout: float = 60, max_retries: int = 5, backoff: float = 1.0, max_backoff: float = 60.0,
-                 concurrency: int = 8, cache_path: str | Path | None = None):
+    can_generate, read_score = True, staticmethod(parse_rubric_score)
+    LABEL_MAX_TOKENS = 16  # room for "Reply A" or "**B**", not for an essay
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None,
+        api_key_env: str = "MASCOT_JUDGE_API_KEY",
+        timeout: float = 60,
+        max_retries: int = 5,
+        backoff: float = 1.0,
+        max_backoff: float = 60.0,
+        concurrency: int = 8,
+        cache_path: str | Path | None = None,
+    ):
         flag = f"--judge openai:{base_url}"
         if not model:
-            raise UserError(f"{flag}: no model name; pass --judge-model NAME or set MASCOT_JUDGE_MODEL")
-        self.client = ChatClient(base_url, model, flag, api_key_env, timeout, max_retries, backoff, max_backoff)
+            raise UserError(
+                f"{flag}: no model name; pass --judge-model NAME or set MASCOT_JUDGE_MODEL"
+            )
+        self.client = ChatClient(
+            base_url, model, flag, api_key_env, timeout, max_retries, backoff, max_backoff
+        )
         super().__init__(cache_path)
-        self.model, self.concurrency, self.name = model, concurrency, f"openai:{self.client.base_url}:{model}"
-        self._lock = threading.Lock()          # guards `unreadable` across the request threads
+        self.model, self.concurrency, self.name = (
+            model,
+            concurrency,
+            f"openai:{self.client.base_url}:{model}",
+        )
+        self._lock = threading.Lock()  # guards `unreadable` across the request threads
 
-    backend_calls = property(lambda self: self.client.requests, lambda self, v: setattr(self.client, "requests", v))
+    backend_calls = property(
+        lambda self: self.client.requests, lambda self, v: setattr(self.client, "requests", v)
+    )
 
     def _compute_misses(self, todo, compute, store):
         run_concurrently(todo, lambda i: compute([i])[0], store, self.concurrency)
@@ -230,20 +345,32 @@ class OpenAIJudge(Judge):
     def _compare_uncached(self, states, firsts, seconds):
         verdicts = []
         for s, a, b in zip(states, firsts, seconds):
-            answers = [self.client.chat(judge_messages("judge_pairwise", s, a=x, b=y), self.LABEL_MAX_TOKENS)
-                       for x, y in ((a, b), (b, a))]
+            answers = [
+                self.client.chat(
+                    judge_messages("judge_pairwise", s, a=x, b=y), self.LABEL_MAX_TOKENS
+                )
+                for x, y in ((a, b), (b, a))
+            ]
             picks = [parse_ab(t) for t in answers]
             with self._lock:
                 self.unreadable += picks.count(None)
             # Order (a, b): "A" (0) means the first is better; order (b, a): "B" (1) does.
-            verdicts.append(combine_orders(*(None if p is None else float(p == k) for k, p in enumerate(picks))))
+            verdicts.append(
+                combine_orders(*(None if p is None else float(p == k) for k, p in enumerate(picks)))
+            )
             verdicts[-1].detail["answers"] = answers
         return verdicts
 
-    def _score_uncached(self, states, replies):       # None (unreadable) is counted by Judge.score_many
-        values = [parse_rubric_score(self.client.chat(judge_messages("judge_pointwise", s, reply=r),
-                                                      self.LABEL_MAX_TOKENS)) for s, r in zip(states, replies)]
-        return [None if v is None else (v - 1) / 4 for v in values]         # 1..5 -> [0, 1]
+    def _score_uncached(self, states, replies):  # None (unreadable) is counted by Judge.score_many
+        values = [
+            parse_rubric_score(
+                self.client.chat(
+                    judge_messages("judge_pointwise", s, reply=r), self.LABEL_MAX_TOKENS
+                )
+            )
+            for s, r in zip(states, replies)
+        ]
+        return [None if v is None else (v - 1) / 4 for v in values]  # 1..5 -> [0, 1]
 
     def _complete_uncached(self, prompt, max_new_tokens):
         return self.client.chat([{"role": "user", "content": prompt}], max_new_tokens)
@@ -252,15 +379,29 @@ class OpenAIJudge(Judge):
 # --- The hooks mascot.py calls -------------------------------------------------------------------
 def served_role(spec: str, role: str, args, cache: Path | None = None) -> ServedModel:
     """`--<role> openai:<base url>` (role: speakers | user | director), the model named by --<role>-model."""
-    model = ServedModel(spec.partition(":")[2].strip(), getattr(args, f"{role}_model", None), f"--{role} {spec}",
-                        f"--{role}-model", args.served_timeout, args.served_retries, args.served_concurrency, cache)
+    model = ServedModel(
+        spec.partition(":")[2].strip(),
+        getattr(args, f"{role}_model", None),
+        f"--{role} {spec}",
+        f"--{role}-model",
+        args.served_timeout,
+        args.served_retries,
+        args.served_concurrency,
+        cache,
+    )
     model.client.preflight()
     return model
 
 
 def judge(url: str, args, cache: Path | None = None) -> OpenAIJudge:
     """`--judge openai:<base url>`: the model from --judge-model or $MASCOT_JUDGE_MODEL, the --served-* flags."""
-    j = OpenAIJudge(url, args.judge_model or os.environ.get("MASCOT_JUDGE_MODEL"), timeout=args.served_timeout,
-                    max_retries=args.served_retries, concurrency=args.served_concurrency, cache_path=cache)
+    j = OpenAIJudge(
+        url,
+        args.judge_model or os.environ.get("MASCOT_JUDGE_MODEL"),
+        timeout=args.served_timeout,
+        max_retries=args.served_retries,
+        concurrency=args.served_concurrency,
+        cache_path=cache,
+    )
     j.client.preflight()
     return j

@@ -20,7 +20,7 @@ class FakeServer:
 
     def __init__(self, script, port=0):
         self.script, self.requests = list(script), []
-        self.active = self.max_active = 0        # requests being answered at once, and the most seen
+        self.active = self.max_active = 0  # requests being answered at once, and the most seen
         lock = threading.Lock()
         server = self
 
@@ -28,7 +28,9 @@ class FakeServer:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with lock:
-                    server.requests.append({"path": self.path, "headers": dict(self.headers), "json": body})
+                    server.requests.append(
+                        {"path": self.path, "headers": dict(self.headers), "json": body}
+                    )
                     step = server.script[min(len(server.requests), len(server.script)) - 1]
                     server.active += 1
                     server.max_active = max(server.max_active, server.active)
@@ -42,7 +44,7 @@ class FakeServer:
                 self.answer(*reply)
 
             def answer(self, status, headers, payload, seconds_per_byte=0.0):
-                if status is None:                   # killed: the connection drops, no answer
+                if status is None:  # killed: the connection drops, no answer
                     self.close_connection = True
                     return
                 raw = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
@@ -54,12 +56,12 @@ class FakeServer:
                     self.end_headers()
                     if not seconds_per_byte:
                         self.wfile.write(raw)
-                    for i in range(len(raw) if seconds_per_byte else 0):   # a trickling reply
-                        self.wfile.write(raw[i:i + 1])
+                    for i in range(len(raw) if seconds_per_byte else 0):  # a trickling reply
+                        self.wfile.write(raw[i : i + 1])
                         self.wfile.flush()
                         threading.Event().wait(seconds_per_byte)
                 except (BrokenPipeError, ConnectionResetError):
-                    pass                             # the client gave up (timeout test)
+                    pass  # the client gave up (timeout test)
 
             def log_message(self, *args):
                 pass

@@ -27,27 +27,62 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTRY = [sys.executable, str(ROOT / "mascot.py"), "chat"]
 # OMP_NUM_THREADS=1: the tiny model's matrices are too small to gain from threads, and on a busy
 # 2-core machine thread hand-offs made each session take about twice as long.
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-       "MASCOT_CACHE": os.environ.get("MASCOT_CACHE", str(ROOT / ".cache")), "TOKENIZERS_PARALLELISM": "false"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "MASCOT_CACHE": os.environ.get("MASCOT_CACHE", str(ROOT / ".cache")),
+    "TOKENIZERS_PARALLELISM": "false",
+}
 SUPPORT = ["Anchor", "Catalyst", "Beacon", "Guide"]
 AGENT_LINE = re.compile(r"^(Anchor|Catalyst|Beacon|Guide|Scribe|Clarifier|Planner|Sentinel): ")
 CRISIS = "I have decided to kill myself tonight."
 
 
 def command(tmp_path, *extra):
-    return ENTRY + ["--model", "tiny", "--max-new-tokens", "4", "--run", str(tmp_path / "no-run"), *extra]
+    return ENTRY + [
+        "--model",
+        "tiny",
+        "--max-new-tokens",
+        "4",
+        "--run",
+        str(tmp_path / "no-run"),
+        *extra,
+    ]
 
 
 def run_piped(tmp_path, text, *extra):
-    proc = subprocess.run(command(tmp_path, *extra), input=text, capture_output=True, text=True,
-                          env=ENV, cwd=ROOT, timeout=240)
+    proc = subprocess.run(
+        command(tmp_path, *extra),
+        input=text,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=240,
+    )
     return proc.returncode, proc.stdout.splitlines(), proc.stderr
 
 
 def test_scripted_session_commands_and_crisis_guard(tmp_path):
     saved, after = tmp_path / "out" / "chat.json", tmp_path / "out" / "after.json"
-    script = "\n".join(["I got the job I wanted!", "/who", f"/save {saved}", CRISIS, "/nonsense",
-                        "Thanks, I will call my sister.", f"/save {after}", "/quit", "this line is never read"]) + "\n"
+    script = (
+        "\n".join(
+            [
+                "I got the job I wanted!",
+                "/who",
+                f"/save {saved}",
+                CRISIS,
+                "/nonsense",
+                "Thanks, I will call my sister.",
+                f"/save {after}",
+                "/quit",
+                "this line is never read",
+            ]
+        )
+        + "\n"
+    )
     rc, lines, err = run_piped(tmp_path, script, "--show-directives", "--agents-per-turn", "2")
     assert rc == 0, err
     # The banner lists every agent with its role, and the commands.
@@ -82,8 +117,16 @@ def test_scripted_session_commands_and_crisis_guard(tmp_path):
 
 
 def test_end_of_input_exits_cleanly_with_the_meeting_set(tmp_path):
-    rc, lines, err = run_piped(tmp_path, "Let's start the budget review.\n", "--set", "meeting",
-                               "--policy", "round-robin", "--agents-per-turn", "1")
+    rc, lines, err = run_piped(
+        tmp_path,
+        "Let's start the budget review.\n",
+        "--set",
+        "meeting",
+        "--policy",
+        "round-robin",
+        "--agents-per-turn",
+        "1",
+    )
     assert rc == 0, err
     assert [l.split(":")[0] for l in lines if AGENT_LINE.match(l)] == ["Scribe"]
     assert lines[-1] == "Goodbye." and "Traceback" not in err
@@ -92,6 +135,7 @@ def test_end_of_input_exits_cleanly_with_the_meeting_set(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # On a terminal: Ctrl-C and Ctrl-D
 # ----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def spawn_on_pty():
@@ -105,7 +149,7 @@ def spawn_on_pty():
 
     def spawn(argv):
         pid, fd = os.forkpty()
-        if pid == 0:                              # the child: become the chat program
+        if pid == 0:  # the child: become the chat program
             os.chdir(ROOT)
             # A person's shell starts the foreground program with SIGINT at its default. A test
             # run started in the background by a non-interactive shell inherits SIGINT ignored,
@@ -122,7 +166,7 @@ def spawn_on_pty():
             if os.waitpid(pid, os.WNOHANG) == (0, 0):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-        except ChildProcessError:                 # already reaped by finish()
+        except ChildProcessError:  # already reaped by finish()
             pass
 
 
@@ -135,7 +179,7 @@ def read_until(fd, pattern, timeout=180.0) -> str:
             continue
         try:
             chunk = os.read(fd, 4096)
-        except OSError:                           # EIO: the program exited and closed the terminal
+        except OSError:  # EIO: the program exited and closed the terminal
             break
         if not chunk:
             break
@@ -152,8 +196,8 @@ def finish(pid, fd) -> int:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return os.waitstatus_to_exitcode(status)
-        read_until(fd, r"$^", timeout=0.5)        # keep draining so the program never blocks on output
-    pytest.fail("the chat did not exit")          # the fixture kills it
+        read_until(fd, r"$^", timeout=0.5)  # keep draining so the program never blocks on output
+    pytest.fail("the chat did not exit")  # the fixture kills it
 
 
 def test_terminal_line_then_ctrl_c(tmp_path, spawn_on_pty):
@@ -184,7 +228,7 @@ def test_terminal_line_then_ctrl_c(tmp_path, spawn_on_pty):
 def test_terminal_ctrl_d(tmp_path, spawn_on_pty):
     pid, fd = spawn_on_pty(command(tmp_path, "--policy", "least-spoken"))
     assert "you> " in read_until(fd, r"you> ")
-    os.write(fd, b"\x04")                         # Ctrl-D on an empty line: end of input
+    os.write(fd, b"\x04")  # Ctrl-D on an empty line: end of input
     out = read_until(fd, r"Goodbye\.")
     assert "Goodbye." in out and "Traceback" not in out
     assert finish(pid, fd) == 0
@@ -192,6 +236,7 @@ def test_terminal_ctrl_d(tmp_path, spawn_on_pty):
 
 class PieceTokenizer:
     """Each token id is one piece of text: enough to watch the stream."""
+
     PIECES = ["Anchor", ":", " That", " sounds", " hard", ".", "\n", "User", ":", " thanks"]
 
     def decode(self, ids, skip_special_tokens=True):
@@ -201,9 +246,9 @@ class PieceTokenizer:
 def test_a_streamed_reply_shows_only_what_the_clean_up_keeps():
     written = []
     printer = chat.StreamPrinter(PieceTokenizer(), "Anchor", ["Anchor", "Beacon"], written.append)
-    for i in range(10):                   # "Anchor: That sounds hard.\nUser: thanks"
+    for i in range(10):  # "Anchor: That sounds hard.\nUser: thanks"
         printer(torch.tensor([i]))
-    printer.finish("That sounds hard.")   # what simulate.agents_speak stores (models.clean_reply)
+    printer.finish("That sounds hard.")  # what simulate.agents_speak stores (models.clean_reply)
     # Its own label is dropped, the other speaker's line never appears, and the words arrive
     # one by one (the last one held back until the next is sampled).
     assert written == ["Anchor: ", "That", " sounds", " hard.", "\n"]
@@ -213,7 +258,7 @@ def test_a_streamed_reply_shows_only_what_the_clean_up_keeps():
 def test_a_stream_that_the_clean_up_changed_is_shown_again():
     written = []
     printer = chat.StreamPrinter(PieceTokenizer(), "Anchor", ["Anchor"], written.append)
-    for i in (2, 3, 4):                   # " That sounds hard"
+    for i in (2, 3, 4):  # " That sounds hard"
         printer(torch.tensor([i]))
     printer.finish("Something else.")
     assert "".join(written) == "Anchor: That sounds\nAnchor (cleaned up): Something else.\n"

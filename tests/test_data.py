@@ -15,12 +15,10 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from scenarios import Context
-from plumbing.common import UserError
-from plumbing import cli
-from plumbing import common
-from plumbing import files
 import scenarios
+from plumbing import cli, common, files
+from plumbing.common import UserError
+from scenarios import Context
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "data"
@@ -35,21 +33,42 @@ def write_json(path: Path, value) -> Path:
 # Personas
 # ----------------------------------------------------------------------------------------------
 
+
 def test_personas_fixture_loads():
     support = scenarios.load_personas(FIX / "personas.json", "support")
     assert support.names() == ["Anchor", "Catalyst", "Beacon", "Guide"]
-    assert support.strategies[0] == "validate feelings" and support.tones == ["warm", "calm", "upbeat"]
-    assert support.personas[0].examples == ["That sounds like a lot to carry.",
-                                            "It makes sense you feel shaken."]
+    assert support.strategies[0] == "validate feelings" and support.tones == [
+        "warm",
+        "calm",
+        "upbeat",
+    ]
+    assert support.personas[0].examples == [
+        "That sounds like a lot to carry.",
+        "It makes sense you feel shaken.",
+    ]
     assert list(scenarios.persona_sets(FIX / "personas.json")) == ["support", "meeting"]
-    assert scenarios.load_personas(FIX / "personas.json", "meeting").names() == ["Scribe", "Planner"]
+    assert scenarios.load_personas(FIX / "personas.json", "meeting").names() == [
+        "Scribe",
+        "Planner",
+    ]
 
 
-@pytest.mark.parametrize("query, expected", [
-    ("Anchor", "Anchor"), ("  CATALYST ", "Catalyst"), ("Agent: Beacon.", "Beacon"),
-    ("emotional validator", "Anchor"), ("validator", "Anchor"), ("action guide", "Guide"),
-    ("Guide (practical advisor)", "Guide"), ("critical", "Catalyst"),
-    ("Anchor and Beacon", None), ("nobody", None), ("", None)])
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("Anchor", "Anchor"),
+        ("  CATALYST ", "Catalyst"),
+        ("Agent: Beacon.", "Beacon"),
+        ("emotional validator", "Anchor"),
+        ("validator", "Anchor"),
+        ("action guide", "Guide"),
+        ("Guide (practical advisor)", "Guide"),
+        ("critical", "Catalyst"),
+        ("Anchor and Beacon", None),
+        ("nobody", None),
+        ("", None),
+    ],
+)
 def test_find_persona_by_name_or_role(query, expected):
     support = scenarios.load_personas(FIX / "personas.json", "support")
     found = support.find(query)
@@ -70,30 +89,74 @@ def drop(d, key):
     del d[key]
 
 
-@pytest.mark.parametrize("mutate, fragments", [
-    (lambda r: [r], ["top level is a list"]),
-    (lambda r: r["support"]["personas"].clear(), ["set 'support' must be an object", "a non-empty personas list"]),
-    (lambda r: drop(r["support"]["personas"][1], "style"),
-     ["set 'support' persona #2:", "field 'style' must be a non-empty string", "(got nothing)"]),
-    (lambda r: r["support"]["personas"][0].update(role="  "),
-     ["set 'support' persona #1:", "field 'role' must be a non-empty string", "(got text)"]),
-    (lambda r: r["support"]["personas"][2].update(examples="Be brave."),
-     ["set 'support' persona #3:", "field 'examples' must be a list of at most 20 non-empty strings", "(got text)"]),
-    (lambda r: r["support"]["personas"][3].update(examples=["ok", 7]),
-     ["set 'support' persona #4:", "field 'examples' must be a list of at most 20 non-empty strings"]),
-    (lambda r: r["support"]["personas"][0].update(name=5), ["persona #1:", "field 'name'", "(got a number)"]),
-    (lambda r: r["support"]["personas"][0].update(name="Anchor\nDirector"), ["persona #1:", "must be one line"]),
-    (lambda r: r["support"]["personas"][3].update(name="anchor"), ["#1 and #4", "'anchor'"]),
-    (lambda r: r["support"]["personas"].append("Echo"), ["persona #5 is text"]),
-    (lambda r: r["support"].update(strategies=[]), ["set 'support':", "field 'strategies' must be a list"]),
-    (lambda r: drop(r["support"], "tones"), ["set 'support':", "field 'tones'", "(got nothing)"]),
-    (lambda r: r["support"].update(description=""), ["set 'support':", "field 'description' must be a non-empty"]),
-    # A runaway card would fill every prompt (a 2 MB description once ran for minutes with no output).
-    (lambda r: r["support"]["personas"][1].update(description="I listen. " * 210_000),
-     ["persona #2:", "field 'description'", "at most 2000 characters"]),
-    (lambda r: r["support"]["personas"][0].update(examples=["Tell me more."] * 21),
-     ["persona #1:", "field 'examples'", "at most 20 non-empty strings"]),
-])
+@pytest.mark.parametrize(
+    "mutate, fragments",
+    [
+        (lambda r: [r], ["top level is a list"]),
+        (
+            lambda r: r["support"]["personas"].clear(),
+            ["set 'support' must be an object", "a non-empty personas list"],
+        ),
+        (
+            lambda r: drop(r["support"]["personas"][1], "style"),
+            [
+                "set 'support' persona #2:",
+                "field 'style' must be a non-empty string",
+                "(got nothing)",
+            ],
+        ),
+        (
+            lambda r: r["support"]["personas"][0].update(role="  "),
+            ["set 'support' persona #1:", "field 'role' must be a non-empty string", "(got text)"],
+        ),
+        (
+            lambda r: r["support"]["personas"][2].update(examples="Be brave."),
+            [
+                "set 'support' persona #3:",
+                "field 'examples' must be a list of at most 20 non-empty strings",
+                "(got text)",
+            ],
+        ),
+        (
+            lambda r: r["support"]["personas"][3].update(examples=["ok", 7]),
+            [
+                "set 'support' persona #4:",
+                "field 'examples' must be a list of at most 20 non-empty strings",
+            ],
+        ),
+        (
+            lambda r: r["support"]["personas"][0].update(name=5),
+            ["persona #1:", "field 'name'", "(got a number)"],
+        ),
+        (
+            lambda r: r["support"]["personas"][0].update(name="Anchor\nDirector"),
+            ["persona #1:", "must be one line"],
+        ),
+        (lambda r: r["support"]["personas"][3].update(name="anchor"), ["#1 and #4", "'anchor'"]),
+        (lambda r: r["support"]["personas"].append("Echo"), ["persona #5 is text"]),
+        (
+            lambda r: r["support"].update(strategies=[]),
+            ["set 'support':", "field 'strategies' must be a list"],
+        ),
+        (
+            lambda r: drop(r["support"], "tones"),
+            ["set 'support':", "field 'tones'", "(got nothing)"],
+        ),
+        (
+            lambda r: r["support"].update(description=""),
+            ["set 'support':", "field 'description' must be a non-empty"],
+        ),
+        # A runaway card would fill every prompt (a 2 MB description once ran for minutes with no output).
+        (
+            lambda r: r["support"]["personas"][1].update(description="I listen. " * 210_000),
+            ["persona #2:", "field 'description'", "at most 2000 characters"],
+        ),
+        (
+            lambda r: r["support"]["personas"][0].update(examples=["Tell me more."] * 21),
+            ["persona #1:", "field 'examples'", "at most 20 non-empty strings"],
+        ),
+    ],
+)
 def test_persona_validation_errors_name_the_problem(tmp_path, mutate, fragments):
     message = persona_error(tmp_path, mutate)
     assert str(tmp_path / "personas.json") in message
@@ -121,14 +184,17 @@ def test_persona_file_level_errors(tmp_path):
 # Contexts in our format
 # ----------------------------------------------------------------------------------------------
 
+
 def test_our_format_filter_and_malformed_rows(tmp_path, capsys):
     path = str(FIX / "contexts.jsonl")
     support = scenarios.load_contexts(path, "support")
     meeting = scenarios.load_contexts(path, "meeting")
     assert [c.id for c in support + meeting] == ["sup-01", "sup-02", "mtg-01"]
-    assert "skipping line 3" in capsys.readouterr().err          # the row of set 'party'
+    assert "skipping line 3" in capsys.readouterr().err  # the row of set 'party'
     assert [c.id for c in meeting] == ["mtg-01"]
-    assert scenarios.is_contexts_file(path) and not scenarios.is_contexts_file(str(FIX / "ed_shared" / "valid_contexts.jsonl"))
+    assert scenarios.is_contexts_file(path) and not scenarios.is_contexts_file(
+        str(FIX / "ed_shared" / "valid_contexts.jsonl")
+    )
     with pytest.raises(UserError, match="no such file"):
         scenarios.load_contexts(str(tmp_path / "nowhere.jsonl"), "support")
     with pytest.raises(UserError, match="no usable 'meeting' contexts"):
@@ -139,12 +205,23 @@ def test_our_format_filter_and_malformed_rows(tmp_path, capsys):
 # Split
 # ----------------------------------------------------------------------------------------------
 
+
 def make_contexts(spec: dict[str, int]) -> list[Context]:
     out = []
     for valence, n in spec.items():
-        out += [Context(id=f"{valence}-{i}", persona_set="support", situation="s", first_message="m",
-                        valence=valence) for i in range(n)]
-    out.append(Context(id="mtg", persona_set="meeting", situation="s", first_message="m", domain="Product"))
+        out += [
+            Context(
+                id=f"{valence}-{i}",
+                persona_set="support",
+                situation="s",
+                first_message="m",
+                valence=valence,
+            )
+            for i in range(n)
+        ]
+    out.append(
+        Context(id="mtg", persona_set="meeting", situation="s", first_message="m", domain="Product")
+    )
     return out
 
 
@@ -159,7 +236,9 @@ def test_split_is_deterministic_stratified_and_order_preserving():
     assert [c.id for c in train] == sorted((c.id for c in train), key=order.index)
     again = scenarios.split_contexts(contexts, 0.25, seed=0)
     assert [c.id for c in again[1]] == [c.id for c in held]
-    others = [[c.id for c in scenarios.split_contexts(contexts, 0.25, seed=s)[1]] for s in range(1, 6)]
+    others = [
+        [c.id for c in scenarios.split_contexts(contexts, 0.25, seed=s)[1]] for s in range(1, 6)
+    ]
     assert any(o != [c.id for c in held] for o in others)
     assert scenarios.split_contexts(contexts, 0.0)[1] == []
     with pytest.raises(UserError, match=r"--held-out 1.0: give a number in \[0, 1\)"):
@@ -170,29 +249,49 @@ def test_split_is_deterministic_stratified_and_order_preserving():
 # Profiles
 # ----------------------------------------------------------------------------------------------
 
+
 def test_profiles_load_and_select():
-    import evaluate                                 # the --profiles selection lives with the evaluation
+    import evaluate  # the --profiles selection lives with the evaluation
+
     profiles = scenarios.load_profiles(FIX / "profiles.json")
     assert list(profiles) == ["average", "openness-high", "neuroticism-low"]
     assert profiles["openness-high"].levels["openness"] == "high"
     assert profiles["neuroticism-low"].description == (
         "You try new things now and then. You keep most promises on time. "
-        "You chat when asked. You agree when it makes sense. Little rattles you.")
+        "You chat when asked. You agree when it makes sense. Little rattles you."
+    )
     assert [p.trait() for p in profiles.values()] == ["average", "openness", "neuroticism"]
     # 'all' is the profiles that set one trait high or low (the paper's ten), so not "average".
     assert evaluate.profile_ids("all", profiles) == ["openness-high", "neuroticism-low"]
-    assert evaluate.profile_ids("neuroticism-low, average", profiles) == ["neuroticism-low", "average"]
-    with pytest.raises(UserError, match="--profiles calm: use 'all' or ids from the profiles file: average, open"):
+    assert evaluate.profile_ids("neuroticism-low, average", profiles) == [
+        "neuroticism-low",
+        "average",
+    ]
+    with pytest.raises(
+        UserError, match="--profiles calm: use 'all' or ids from the profiles file: average, open"
+    ):
         evaluate.profile_ids("calm", profiles)
 
 
-@pytest.mark.parametrize("mutate, fragment", [
-    (lambda r: drop(r["traits"], "neuroticism"), '"traits" must map each of openness, conscientiousness'),
-    (lambda r: drop(r["traits"]["openness"], "low"), "trait 'openness': field 'low' must be a non-empty string"),
-    (lambda r: r["profiles"][1]["levels"].update(openness="medium"), "profile #2 needs a unique id and \"levels\""),
-    (lambda r: r["profiles"][2].update(id="average"), "profile #3 needs a unique id"),
-    (lambda r: r.update(profiles=[]), "non-empty list"),
-])
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [
+        (
+            lambda r: drop(r["traits"], "neuroticism"),
+            '"traits" must map each of openness, conscientiousness',
+        ),
+        (
+            lambda r: drop(r["traits"]["openness"], "low"),
+            "trait 'openness': field 'low' must be a non-empty string",
+        ),
+        (
+            lambda r: r["profiles"][1]["levels"].update(openness="medium"),
+            'profile #2 needs a unique id and "levels"',
+        ),
+        (lambda r: r["profiles"][2].update(id="average"), "profile #3 needs a unique id"),
+        (lambda r: r.update(profiles=[]), "non-empty list"),
+    ],
+)
 def test_profile_validation_errors(tmp_path, mutate, fragment):
     raw = json.loads((FIX / "profiles.json").read_text())
     mutate(raw)
@@ -203,6 +302,7 @@ def test_profile_validation_errors(tmp_path, mutate, fragment):
 # ----------------------------------------------------------------------------------------------
 # JSON lines
 # ----------------------------------------------------------------------------------------------
+
 
 def test_append_and_read_jsonl_round_trip(tmp_path):
     path = tmp_path / "sub" / "log.jsonl"
@@ -219,8 +319,8 @@ def test_every_writer_and_the_reader_keep_line_separators_inside_records(tmp_pat
     record = {"text": "one\u2028two\u2029three", "n": 1}
     files.write_jsonl(tmp_path / "w.jsonl", [record, record])
     files.append_jsonl(tmp_path / "a.jsonl", record)
-    assert "\u2028" in (tmp_path / "w.jsonl").read_text(encoding="utf-8")        # really unescaped
-    assert len((tmp_path / "w.jsonl").read_text(encoding="utf-8").splitlines()) > 2   # the trap
+    assert "\u2028" in (tmp_path / "w.jsonl").read_text(encoding="utf-8")  # really unescaped
+    assert len((tmp_path / "w.jsonl").read_text(encoding="utf-8").splitlines()) > 2  # the trap
     assert files.read_jsonl(tmp_path / "w.jsonl") == [record, record]
     assert files.read_jsonl(tmp_path / "a.jsonl") == [record]
     assert files.read_jsonl(tmp_path / "w.jsonl", numbered=True) == [(1, record), (2, record)]
@@ -235,8 +335,8 @@ def test_atomic_folder_leaves_no_half_written_folder(tmp_path):
         with files.atomic_folder(target) as tmp:
             (tmp / "weights").write_text("v2")
             raise RuntimeError("crash mid-save")
-    assert (target / "weights").read_text() == "v1"       # the old complete folder is untouched
-    with files.atomic_folder(target) as tmp:               # a crashed .tmp is cleared and replaced
+    assert (target / "weights").read_text() == "v1"  # the old complete folder is untouched
+    with files.atomic_folder(target) as tmp:  # a crashed .tmp is cleared and replaced
         (tmp / "weights").write_text("v3")
     assert (target / "weights").read_text() == "v3"
 
@@ -245,7 +345,11 @@ def test_derive_seed_is_a_fixed_polynomial():
     assert common.derive_seed(0, 1) == 1
     assert common.derive_seed(1, 2) == 1 * 1_000_003 + 2
     assert common.derive_seed(3, 4, 5) == ((3 * 1_000_003 + 4) * 1_000_003 + 5) % (2**31 - 1)
-    assert common.derive_seed(7, "state-1") == common.derive_seed(7, "state-1") != common.derive_seed(7, "state-2")
+    assert (
+        common.derive_seed(7, "state-1")
+        == common.derive_seed(7, "state-1")
+        != common.derive_seed(7, "state-2")
+    )
     assert 0 <= common.derive_seed(2**40, 2**40) < 2**31 - 1
 
 
@@ -258,9 +362,17 @@ def test_make_inputs_stops_a_command_that_would_leak_training_contexts(tmp_path)
 
     def make(**settings):
         settings = {"data": "bundled", "set": "support", "seed": 0, "held_out": 0.25, **settings}
-        return scenarios.make_inputs(personas, splits, settings["held_out"], settings["seed"], profiles, settings,
-                                [config, tmp_path / "missing.json"])
-    make()                                                                   # no error
+        return scenarios.make_inputs(
+            personas,
+            splits,
+            settings["held_out"],
+            settings["seed"],
+            profiles,
+            settings,
+            [config, tmp_path / "missing.json"],
+        )
+
+    make()  # no error
     with pytest.raises(UserError, match="--seed 1: .*--seed 0"):
         make(seed=1)
     with pytest.raises(UserError, match="--held-out 0.5"):
@@ -304,17 +416,23 @@ def test_read_jsonl_rejects_damage_before_the_end(tmp_path):
 # The files the repo ships
 # ----------------------------------------------------------------------------------------------
 
+
 def test_shipped_personas():
     path = ROOT / "personas.json"
-    support, meeting = scenarios.load_personas(path, "support"), scenarios.load_personas(path, "meeting")
+    support, meeting = (
+        scenarios.load_personas(path, "support"),
+        scenarios.load_personas(path, "meeting"),
+    )
     assert support.names() == ["Anchor", "Catalyst", "Beacon", "Guide"]
     assert meeting.names() == ["Scribe", "Clarifier", "Planner", "Sentinel"]
     assert support.find("action guide").name == "Guide" and support.find("anchor").name == "Anchor"
 
 
 def test_shipped_contexts(capsys):
-    contexts = scenarios.load_contexts("bundled", "support") + scenarios.load_contexts("bundled", "meeting")
-    assert capsys.readouterr().err == ""            # no malformed rows in what we ship
+    contexts = scenarios.load_contexts("bundled", "support") + scenarios.load_contexts(
+        "bundled", "meeting"
+    )
+    assert capsys.readouterr().err == ""  # no malformed rows in what we ship
     assert {c.persona_set for c in contexts} == {"support", "meeting"}
     assert len({c.id for c in contexts}) == len(contexts)
 
@@ -331,12 +449,13 @@ def test_shipped_profiles():
 # Progress of a phase: a bar on a terminal, one line in a log, nothing under --quiet
 # ---------------------------------------------------------------------------------------------
 
+
 def test_progress_prints_one_line_per_phase_in_a_log(capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
     assert list(common.progress(range(3), "candidates")) == [0, 1, 2]
     for i in common.progress(range(5), "rollouts"):
         if i == 1:
-            break                                      # a phase that ends early says so too
+            break  # a phase that ends early says so too
     err = capsys.readouterr().err.splitlines()
     assert [line.split(",")[0] for line in err] == ["candidates: 3 done", "rollouts: 2 done"]
 
@@ -348,7 +467,7 @@ def test_progress_is_a_bar_on_a_terminal_and_silent_when_quiet(capsys, monkeypat
     assert isinstance(bar, tqdm)
     bar.close()
     capsys.readouterr()
-    assert common.progress(items, "") is items                       # no name: no progress (GRPO's rollouts)
+    assert common.progress(items, "") is items  # no name: no progress (GRPO's rollouts)
     monkeypatch.setattr(common, "QUIET", True)
     assert common.progress(items, "candidates") is items
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from plumbing import datasets
 import mascot
-from conftest import dataset
-from plumbing.common import UserError
 import scenarios
+from conftest import dataset
+from plumbing import datasets
+from plumbing.common import UserError
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "data"
 
@@ -41,11 +41,14 @@ def write_json(path: Path, value) -> Path:
 # Each format (fixtures)
 # ----------------------------------------------------------------------------------------------
 
+
 def test_ed_csv_groups_conversations_unescapes_and_skips_malformed(capsys):
     found = contexts(FIX / "ed" / "valid.csv")
     assert [c.id for c in found] == ["hit:1_conv:1", "hit:1_conv:2", "hit:2_conv:3"]
     first = found[0]
-    assert first.situation == "My niece finished her first half marathon, and I cheered at the line."
+    assert (
+        first.situation == "My niece finished her first half marathon, and I cheered at the line."
+    )
     assert first.first_message == "My niece just ran her first half marathon, I am beaming!"
     assert [t["speaker"] for t in first.turns] == ["user", "supporter", "user"]
     assert (first.emotion, first.valence, first.persona_set) == ("proud", "positive", "support")
@@ -63,19 +66,25 @@ def test_esconv_official_array(capsys):
     found = contexts(FIX / "esconv" / "ESConv.json")
     assert len(found) == 2
     thesis = found[0]
-    assert thesis.first_message == "I am panicking about my thesis."   # leading supporter greeting dropped
-    assert thesis.turns[1] == {"speaker": "supporter",
-                               "text": "It sounds like the deadline is weighing on you.",
-                               "strategy": "Reflection of feelings"}
+    assert (
+        thesis.first_message == "I am panicking about my thesis."
+    )  # leading supporter greeting dropped
+    assert thesis.turns[1] == {
+        "speaker": "supporter",
+        "text": "It sounds like the deadline is weighing on you.",
+        "strategy": "Reflection of feelings",
+    }
     assert (thesis.emotion, thesis.valence, thesis.source) == ("anxiety", "negative", "esconv")
     assert "skipped 1 malformed row(s) in" in capsys.readouterr().err
 
 
 def test_esconv_jsonl_split(capsys):
     found = contexts(FIX / "esconv_split" / "train.jsonl")
-    assert [c.first_message for c in found] == ["I think I am about to lose my job.",
-                                                "I am furious with my dad."]
-    assert [t["speaker"] for t in found[1].turns] == ["user", "supporter"]   # empty turn dropped
+    assert [c.first_message for c in found] == [
+        "I think I am about to lose my job.",
+        "I am furious with my dad.",
+    ]
+    assert [t["speaker"] for t in found[1].turns] == ["user", "supporter"]  # empty turn dropped
     err = capsys.readouterr().err
     assert "skipped 2 malformed row(s) in" in err and "row 3: the dialog has no seeker" in err
 
@@ -87,9 +96,14 @@ def test_qmsum_domain_folders_and_dedup():
     # the first words are spoken by Professor A (Grad C's turn is only a {vocalsound})
     assert venue.first_message == "Okay, let's start with the venue... we have two options."
     assert [t["speaker"] for t in venue.turns] == ["user", "participant", "user", "participant"]
-    assert venue.situation == "A meeting covering: Choosing a venue for the spring workshop; Catering budget."
+    assert (
+        venue.situation
+        == "A meeting covering: Choosing a venue for the spring workshop; Catering budget."
+    )
     assert contexts(FIX / "qmsum_official" / "ALL" / "train", "meeting")[0].domain == ""
-    assert [c.domain for c in contexts(FIX / "qmsum_official" / "Academic", "meeting")] == ["Academic"]
+    assert [c.domain for c in contexts(FIX / "qmsum_official" / "Academic", "meeting")] == [
+        "Academic"
+    ]
 
 
 def test_qmsum_domain_mapping_file():
@@ -107,7 +121,9 @@ def test_a_broken_meeting_file_is_not_skipped_silently(capsys):
 
 def test_qmsum_keeps_at_most_40_turns(tmp_path):
     lines = [{"speaker": f"S{i % 3}", "content": f"Point number {i} ."} for i in range(55)]
-    write_json(tmp_path / "m.json", {"topic_list": [{"topic": "Long one"}], "meeting_transcripts": lines})
+    write_json(
+        tmp_path / "m.json", {"topic_list": [{"topic": "Long one"}], "meeting_transcripts": lines}
+    )
     (context,) = contexts(tmp_path / "m.json", "meeting")
     assert len(context.turns) == datasets.MAX_MEETING_TURNS == 40
     assert context.turns[-1]["text"] == "Point number 39."
@@ -120,7 +136,9 @@ def test_shared_style_ed_and_openings_jsonl():
     assert valid[0].turns == []
     train = contexts(FIX / "ed_shared" / "train_situations.jsonl")
     assert [c.id for c in train] == ["train_situations-1", "train_situations-2"]
-    assert train[1].first_message == train[1].situation == "the bus drove past me again this morning."
+    assert (
+        train[1].first_message == train[1].situation == "the bus drove past me again this morning."
+    )
     openings = contexts(FIX / "qmsum_openings.jsonl", "meeting")
     assert [(c.id, c.domain) for c in openings] == [("X001", "Product"), ("X002", "Committee")]
     assert openings[0].first_message == "Okay, so today's about the shape."
@@ -148,7 +166,9 @@ def test_context_source_errors(tmp_path):
     with pytest.raises(UserError, match="not an Empathetic Dialogues CSV"):
         contexts(tmp_path / "empty.csv")
     header_only = tmp_path / "test.csv"
-    header_only.write_text("conv_id,utterance_idx,context,prompt,speaker_idx,utterance,selfeval,tags\n")
+    header_only.write_text(
+        "conv_id,utterance_idx,context,prompt,speaker_idx,utterance,selfeval,tags\n"
+    )
     with pytest.raises(UserError, match="no usable Empathetic Dialogues rows"):
         contexts(header_only)
     binary = tmp_path / "latin.jsonl"
@@ -169,7 +189,9 @@ def test_context_source_errors(tmp_path):
     # A folder of several data files none of whose names is a split: which one is meant?
     (tmp_path / "two").mkdir()
     for name in ("a.jsonl", "b.jsonl"):
-        (tmp_path / "two" / name).write_text((FIX / "ed_shared" / "valid_contexts.jsonl").read_text())
+        (tmp_path / "two" / name).write_text(
+            (FIX / "ed_shared" / "valid_contexts.jsonl").read_text()
+        )
     with pytest.raises(UserError, match="pass one file"):
         contexts(tmp_path / "two")
 
@@ -185,10 +207,14 @@ def test_emotion_valence_mapping_counts():
 # Official splits, and how a run uses them
 # ----------------------------------------------------------------------------------------------
 
+
 def test_ed_official_csv_splits():
     splits = datasets.load_splits(str(FIX / "ed_splits"), "support")
     assert {k: [c.id for c in v] for k, v in splits.items()} == {
-        "train": ["hit:1_conv:2", "hit:2_conv:4"], "valid": ["hit:3_conv:6"], "test": ["hit:4_conv:8", "hit:5_conv:10"]}
+        "train": ["hit:1_conv:2", "hit:2_conv:4"],
+        "valid": ["hit:3_conv:6"],
+        "test": ["hit:4_conv:8", "hit:5_conv:10"],
+    }
     assert splits["train"][0].turns[1]["text"] == "That is amazing, how do you feel?"
     # A run on that folder trains on train and evaluates on test; --held-out plays no part.
     run = inputs("--data", str(FIX / "ed_splits"), "--held-out", "0.5")
@@ -199,10 +225,15 @@ def test_ed_official_csv_splits():
 
 def test_qmsum_official_split_folders():
     splits = datasets.load_splits(str(FIX / "qmsum_splits"), "meeting")
-    assert {k: sorted(c.id for c in v) for k, v in splits.items()} == {"train": ["m1"], "valid": ["m2"],
-                                                                       "test": ["m3", "m4"]}
+    assert {k: sorted(c.id for c in v) for k, v in splits.items()} == {
+        "train": ["m1"],
+        "valid": ["m2"],
+        "test": ["m3", "m4"],
+    }
     run = inputs("--data", str(FIX / "qmsum_splits"), "--set", "meeting")
-    assert sorted(c.id for c in run.held_out) == ["m3", "m4"] and [c.id for c in run.train] == ["m1"]
+    assert sorted(c.id for c in run.held_out) == ["m3", "m4"] and [c.id for c in run.train] == [
+        "m1"
+    ]
 
 
 def test_no_split_folder_and_one_split_fall_back_to_the_random_split():
@@ -220,11 +251,14 @@ def test_no_split_folder_and_one_split_fall_back_to_the_random_split():
 # The real datasets (conftest.dataset: skipped where absent)
 # ----------------------------------------------------------------------------------------------
 
+
 def test_real_esconv_train_jsonl():
     found = contexts(dataset("esconv/train.jsonl"))
     assert len(found) == 910
-    assert all(c.valence == "negative" and c.turns[0] == {"speaker": "user", "text": c.first_message}
-               for c in found)
+    assert all(
+        c.valence == "negative" and c.turns[0] == {"speaker": "user", "text": c.first_message}
+        for c in found
+    )
     assert Counter(c.emotion for c in found).most_common(1) == [("anxiety", 251)]
 
 
@@ -239,7 +273,8 @@ def test_real_ed_valid_contexts_match_published_polarity():
     mapping = json.loads(published_map.read_text())["mapping"]
     assert len(mapping) == 32
     assert {e: datasets.emotion_valence(e) for e in mapping} == {
-        e: datasets.emotion_valence("", v) for e, v in mapping.items()}
+        e: datasets.emotion_valence("", v) for e, v in mapping.items()
+    }
     train, held = scenarios.split_contexts(found, 0.25, seed=0)
     assert Counter(c.valence for c in held) == {"negative": 366, "positive": 290, "ambiguous": 37}
 
@@ -252,7 +287,7 @@ def test_real_ed_train_situations():
 def test_real_qmsum_train_folder_and_openings():
     folder = dataset("qmsum/train")
     found = contexts(folder, "meeting")
-    assert len(found) == 40 and {c.domain for c in found} == {"Academic"}   # via train_domains.json
+    assert len(found) == 40 and {c.domain for c in found} == {"Academic"}  # via train_domains.json
     assert all(0 < len(c.turns) <= 40 and c.turns[0]["speaker"] == "user" for c in found)
     assert not any("{" in t["text"] for c in found for t in c.turns)
     # The parent folder's train split is the 40 full meetings plus the openings file of all 162
@@ -264,7 +299,9 @@ def test_real_qmsum_train_folder_and_openings():
 
 
 def test_real_empathetic_dialogues_folder_trains_on_train_and_evaluates_on_valid():
-    folder = dataset("empathetic_dialogues")      # the shared copy: train situations + all of valid, no test
+    folder = dataset(
+        "empathetic_dialogues"
+    )  # the shared copy: train situations + all of valid, no test
     run = inputs("--data", str(folder))
     assert (len(run.train), len(run.held_out)) == (5000, 2770)
     assert run.split == "official splits: training uses 'train' (5000), evaluation 'valid' (2770)"

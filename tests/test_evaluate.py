@@ -23,13 +23,11 @@ import torch
 import evaluate
 import mascot
 import models
+import scenarios
 import simulate
 from extras import evaluators
+from plumbing import common, files, loading
 from simulate import USER, Conversation, Directive, Turn, reply_text, role_setting, speaker_messages
-from plumbing import common
-from plumbing import files
-from plumbing import loading
-import scenarios
 
 
 def parse(argv):
@@ -41,7 +39,18 @@ def run(argv):
     return mascot.evaluate_cmd(parse(argv))
 
 
-TINY = ["--model", "tiny", "--contexts", "2", "--turns", "2", "--max-new-tokens", "4", "--sc-samples", "2"]
+TINY = [
+    "--model",
+    "tiny",
+    "--contexts",
+    "2",
+    "--turns",
+    "2",
+    "--max-new-tokens",
+    "4",
+    "--sc-samples",
+    "2",
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -72,6 +81,7 @@ def full_results(trained_run):
 
 # ------------------------------------------------------------------ end to end
 
+
 def test_every_system_runs_on_the_same_conversations(full_results, trained_run):
     saved = json.loads((trained_run / "eval" / "results.json").read_text())
     assert list(saved["systems"]) == list(evaluate.SYSTEM_NAMES)
@@ -81,7 +91,9 @@ def test_every_system_runs_on_the_same_conversations(full_results, trained_run):
         assert [c["context_id"] for c in entry["conversations"]] == saved["protocol"]["contexts"]
     # Transcripts: one line per conversation of every system, each naming its system, and the
     # same context, profile and seed for conversation i in every system.
-    lines = [json.loads(x) for x in (trained_run / "eval" / "transcripts.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(x) for x in (trained_run / "eval" / "transcripts.jsonl").read_text().splitlines()
+    ]
     assert Counter(x["system"] for x in lines) == {name: 2 for name in evaluate.SYSTEM_NAMES}
     for i in range(2):
         same = {(x["context_id"], x["profile"], x["seed"]) for x in lines if x["index"] == i}
@@ -119,7 +131,7 @@ def test_offline_judge_marks_what_it_cannot_measure(full_results, trained_run):
     md = (trained_run / "eval" / "results.md").read_text()
     assert "persona consistency*" in md and "n/a (offline judge)" in md
     assert "* approximated" in md and "NLI relation rates skipped" in md
-    assert "NLI entailment" not in md.split("## Notes")[0]     # skipped columns are left out
+    assert "NLI entailment" not in md.split("## Notes")[0]  # skipped columns are left out
     # Each row of the first table names the judge and the models.
     row = next(line for line in md.splitlines() if line.startswith("| mascot |"))
     assert full_results["judge"] in row and "trained:" in row
@@ -131,18 +143,46 @@ def test_offline_judge_marks_what_it_cannot_measure(full_results, trained_run):
     assert "exact two-sided binomial p" in pw["line"] and "independent evaluator" in pw["line"]
 
 
-def test_every_table_has_hack_columns_an_independent_evaluator_and_says_who_measured(full_results, trained_run):
+def test_every_table_has_hack_columns_an_independent_evaluator_and_says_who_measured(
+    full_results, trained_run
+):
     md = (trained_run / "eval" / "results.md").read_text()
-    for title in ("context copy", "persona-card copy", "history echo", "repeats itself", "meta/prompt leak",
-                  "empty or trivial", "reply length (words)", "crisis stops", "persona ID accuracy", "persona log-ratio",
-                  "persona ID accuracy, first 32 tokens"):
+    for title in (
+        "context copy",
+        "persona-card copy",
+        "history echo",
+        "repeats itself",
+        "meta/prompt leak",
+        "empty or trivial",
+        "reply length (words)",
+        "crisis stops",
+        "persona ID accuracy",
+        "persona log-ratio",
+        "persona ID accuracy, first 32 tokens",
+    ):
         assert title in md
     for entry in full_results["systems"].values():
-        for key in ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial", "words",
-                    "crisis_stop", "persona_id_accuracy", "persona_log_ratio"):
+        for key in (
+            "context_copy",
+            "persona_copy",
+            "history_echo",
+            "self_repeat",
+            "meta_leak",
+            "trivial",
+            "words",
+            "crisis_stop",
+            "persona_id_accuracy",
+            "persona_log_ratio",
+        ):
             m = entry["metrics"][key]
-            assert full_results["status"][key] == "ok" and m["n"] == 2 and m["lo"] <= m["mean"] <= m["hi"]
-        assert full_results["status"]["persona_id_equal"] == "ok"       # n 0 when no turn reaches 32 tokens
+            assert (
+                full_results["status"][key] == "ok"
+                and m["n"] == 2
+                and m["lo"] <= m["mean"] <= m["hi"]
+            )
+        assert (
+            full_results["status"]["persona_id_equal"] == "ok"
+        )  # n 0 when no turn reaches 32 tokens
         assert entry["metrics"]["crisis_stop"]["mean"] == 0.0 and entry["crisis_flags"] == []
     # Who measured what: the offline judge is the training judge (no stage config in this run:
     # the default is assumed); the independent evaluator is not.
@@ -159,31 +199,63 @@ def test_every_table_has_hack_columns_an_independent_evaluator_and_says_who_meas
 def test_training_judges_are_read_from_the_stage_configs():
     cfg = evaluate.EvalConfig()
     rows = evaluate.training_use("hf:some/judge", {1: "hf:some/judge", 2: "offline"}, cfg)
-    assert rows[0]["used_in_training"] == ("YES: stage 1's --judge (it labelled the reward model's preference "
-                                           "pairs)")
+    assert rows[0]["used_in_training"] == (
+        "YES: stage 1's --judge (it labelled the reward model's preference pairs)"
+    )
     other = evaluate.training_use("openai:http://x", {1: "hf:some/judge", 2: "offline"}, cfg)
     assert other[0]["used_in_training"] == "no (stage 1 used hf:some/judge, stage 2 offline)"
     rm = evaluate.training_use("rm:runs/x/stage1/reward_model", {1: "offline", 2: "offline"}, cfg)
     assert rm[0]["used_in_training"].startswith("YES: a reward model")
-    offline = evaluate.training_use("offline", {1: "offline", 2: "offline (assumed: no config.json)"}, cfg)
-    assert offline[0]["used_in_training"].startswith("YES: stage 1's --judge") and "stage 2's" in offline[0]["used_in_training"]
+    offline = evaluate.training_use(
+        "offline", {1: "offline", 2: "offline (assumed: no config.json)"}, cfg
+    )
+    assert (
+        offline[0]["used_in_training"].startswith("YES: stage 1's --judge")
+        and "stage 2's" in offline[0]["used_in_training"]
+    )
 
 
 def test_llm_judge_path_end_to_end(trained_run, tmp_path):
     # A tiny random model as "LLM judge": its answers are gibberish, so most are unparseable;
     # what is checked is the plumbing: every rubric criterion asked, counted, nothing approximated.
     judge = "hf:" + str(trained_run / "stage1" / "speakers")
-    results = run(["--model", "tiny", "--contexts", "1", "--turns", "2", "--max-new-tokens", "2",
-                   "--run", str(tmp_path), "--systems", "zero-shot,round-robin", "--no-persona-id",
-                   "--judge", judge, "--pairwise", "zero-shot,round-robin"])
-    assert all(results["status"][m.key] == "ok" for m in evaluate.all_metrics() if "rubric" in m.group)
+    results = run(
+        [
+            "--model",
+            "tiny",
+            "--contexts",
+            "1",
+            "--turns",
+            "2",
+            "--max-new-tokens",
+            "2",
+            "--run",
+            str(tmp_path),
+            "--systems",
+            "zero-shot,round-robin",
+            "--no-persona-id",
+            "--judge",
+            judge,
+            "--pairwise",
+            "zero-shot,round-robin",
+        ]
+    )
+    assert all(
+        results["status"][m.key] == "ok" for m in evaluate.all_metrics() if "rubric" in m.group
+    )
     # 1 conversation x (5 agent criteria x 2 agent turns + 4 collective criteria), per system;
     # no judge is asked for an overall score.
     md = (tmp_path / "eval" / "results.md").read_text()
     assert "of 28, left out of the means" in md
     # Without the independent evaluator the pairwise preference falls back to the judge, and says so.
-    assert results["pairwise"]["decided_by"] == "judge" and "decided by the judge" in results["pairwise"]["line"]
-    assert results["pairwise"]["wins"] + results["pairwise"]["losses"] + results["pairwise"]["ties"] == 1
+    assert (
+        results["pairwise"]["decided_by"] == "judge"
+        and "decided by the judge" in results["pairwise"]["line"]
+    )
+    assert (
+        results["pairwise"]["wins"] + results["pairwise"]["losses"] + results["pairwise"]["ties"]
+        == 1
+    )
     assert results["status"]["persona_id_accuracy"] == "skipped (--no-persona-id)"
     assert (tmp_path / "eval" / "judge_cache.jsonl").exists()
 
@@ -192,13 +264,31 @@ def test_missing_checkpoints_are_skipped_with_the_command_that_makes_them(tmp_pa
     model, tok = loading.load_model("tiny")
     model.save_pretrained(tmp_path / "stage1" / "speakers")
     tok.save_pretrained(tmp_path / "stage1" / "speakers")
-    results = run(["--model", "tiny", "--contexts", "1", "--turns", "1", "--max-new-tokens", "2",
-                   "--run", str(tmp_path), "--systems", "mascot-c,mascot,sft"])
+    results = run(
+        [
+            "--model",
+            "tiny",
+            "--contexts",
+            "1",
+            "--turns",
+            "1",
+            "--max-new-tokens",
+            "2",
+            "--run",
+            str(tmp_path),
+            "--systems",
+            "mascot-c,mascot,sft",
+        ]
+    )
     assert list(results["systems"]) == ["mascot-c"]
-    assert results["skipped"]["mascot"] == (f"no model at {tmp_path / 'stage2' / 'director'}; make it with: "
-                                            f"python mascot.py train --stage 2 --run {tmp_path} --model tiny")
-    assert results["skipped"]["sft"].endswith(f"python mascot.py sft --run {tmp_path} --model tiny "
-                                              "--data <ESConv.json or an ESConv .jsonl>")
+    assert results["skipped"]["mascot"] == (
+        f"no model at {tmp_path / 'stage2' / 'director'}; make it with: "
+        f"python mascot.py train --stage 2 --run {tmp_path} --model tiny"
+    )
+    assert results["skipped"]["sft"].endswith(
+        f"python mascot.py sft --run {tmp_path} --model tiny "
+        "--data <ESConv.json or an ESConv .jsonl>"
+    )
     md = (tmp_path / "eval" / "results.md").read_text()
     assert "skipped **mascot**" in md
     assert "not run" in results["pairwise"]["line"]
@@ -206,15 +296,18 @@ def test_missing_checkpoints_are_skipped_with_the_command_that_makes_them(tmp_pa
 
 def test_flag_errors_are_one_line_user_errors(tmp_path):
     with pytest.raises(common.UserError, match="--systems"):
-        evaluate.choose_systems("mascot,nonsense", {"trained": "x", "sft": "y", "trained-director": "z"})
+        evaluate.choose_systems(
+            "mascot,nonsense", {"trained": "x", "sft": "y", "trained-director": "z"}
+        )
     with pytest.raises(common.UserError, match="--profiles"):
         evaluate.profile_ids("average,calm", {"average": None})
     with pytest.raises(common.UserError, match="--pairwise"):
         run(["--model", "tiny", "--run", str(tmp_path), "--pairwise", "mascot,mascot"])
-    assert not (tmp_path / "eval" / "config.json").exists()           # refused before any work
+    assert not (tmp_path / "eval" / "config.json").exists()  # refused before any work
 
 
 # ------------------------------------------------------------------ planning conversations
+
 
 def test_contexts_are_crossed_with_every_profile():
     # The paper: 50 contexts x 10 profiles = 500 conversations. Here 2 x 2, context by context.
@@ -230,24 +323,48 @@ def test_contexts_are_crossed_with_every_profile():
 
 
 def test_profiles_all_reports_per_trait(trained_run, tmp_path):
-    results = run(["--model", "tiny", "--contexts", "1", "--turns", "1", "--max-new-tokens", "2",
-                   "--run", str(tmp_path), "--systems", "round-robin", "--profiles", "all", "--no-persona-id"])
+    results = run(
+        [
+            "--model",
+            "tiny",
+            "--contexts",
+            "1",
+            "--turns",
+            "1",
+            "--max-new-tokens",
+            "2",
+            "--run",
+            str(tmp_path),
+            "--systems",
+            "round-robin",
+            "--profiles",
+            "all",
+            "--no-persona-id",
+        ]
+    )
     entry = results["systems"]["round-robin"]
     assert entry["n"] == 10 and results["slice_fields"][-2:] == ["profile", "trait"]
     assert set(entry["slices"]["trait"]) == set(scenarios.BIG_FIVE)
-    assert all(sl["n"] == 2 for sl in entry["slices"]["trait"].values())     # high and low
+    assert all(sl["n"] == 2 for sl in entry["slices"]["trait"].values())  # high and low
     assert "## Per trait" in (tmp_path / "eval" / "results.md").read_text()
 
 
 # ------------------------------------------------------------------ prompt styles
+
 
 def personas():
     return scenarios.load_personas(mascot.ROOT / "personas.json", "support")
 
 
 def context():
-    return scenarios.Context("t-1", "support", "I failed my driving test.", "I failed again today.",
-                        emotion="sad", valence="negative")
+    return scenarios.Context(
+        "t-1",
+        "support",
+        "I failed my driving test.",
+        "I failed again today.",
+        emotion="sad",
+        valence="negative",
+    )
 
 
 def test_every_style_gets_the_same_card_and_conversation():
@@ -255,23 +372,39 @@ def test_every_style_gets_the_same_card_and_conversation():
     anchor = ps.find("Anchor")
     turns = [Turn(USER, "I failed again today.")]
     examples = files.asset("fewshot.json")["support"]
-    prompts = {style: speaker_messages(anchor, ps, context(), turns, style=style,
-                                       examples=examples if "few-shot" in style else ())
-               for style in ("persona", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot")}
+    prompts = {
+        style: speaker_messages(
+            anchor,
+            ps,
+            context(),
+            turns,
+            style=style,
+            examples=examples if "few-shot" in style else (),
+        )
+        for style in ("persona", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot")
+    }
     card = prompts["persona"][0]["content"].split("\n")[0]
     assert anchor.description in card and anchor.examples[0] in card
     for style, messages in prompts.items():
-        assert messages[0]["content"].startswith(card)                  # identical role settings
-        assert messages[1] == prompts["persona"][1]                      # the same conversation
-    assert "'Reply:'" in prompts["zero-shot-cot"][0]["content"] and "Thinking" in prompts["zero-shot-cot"][0]["content"]
+        assert messages[0]["content"].startswith(card)  # identical role settings
+        assert messages[1] == prompts["persona"][1]  # the same conversation
+    assert (
+        "'Reply:'" in prompts["zero-shot-cot"][0]["content"]
+        and "Thinking" in prompts["zero-shot-cot"][0]["content"]
+    )
     assert examples[0]["reply"] in prompts["few-shot"][0]["content"]
     assert examples[0]["thinking"] not in prompts["few-shot"][0]["content"]
     assert examples[0]["thinking"] in prompts["few-shot-cot"][0]["content"]
     with pytest.raises(ValueError):
         speaker_messages(anchor, ps, context(), turns, style="few-shot-cot")
     # The name-only role setting: the same prompts with only "You are Anchor, the emotional validator."
-    short = speaker_messages(role_setting(ps, "name").find("Anchor"), role_setting(ps, "name"), context(), turns,
-                             style="zero-shot")
+    short = speaker_messages(
+        role_setting(ps, "name").find("Anchor"),
+        role_setting(ps, "name"),
+        context(),
+        turns,
+        style="zero-shot",
+    )
     assert short[0]["content"].startswith("You are Anchor, the emotional validator.\n")
     assert anchor.description not in short[0]["content"]
 
@@ -282,26 +415,48 @@ def test_speaker_prompt_gives_the_model_no_label_to_echo():
     # "Conversation so far:" line for the model to copy into its reply.
     ps = personas()
     anchor = ps.find("Anchor")
-    turns = [Turn(USER, "I failed again today."), Turn("Beacon", "You will pass next time."),
-             Turn("Anchor", "That stings."), Turn(USER, "It does.")]
+    turns = [
+        Turn(USER, "I failed again today."),
+        Turn("Beacon", "You will pass next time."),
+        Turn("Anchor", "That stings."),
+        Turn(USER, "It does."),
+    ]
     msgs = speaker_messages(anchor, ps, context(), turns, Directive("Anchor", "reflect", "warm"))
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
-    assert msgs[0]["content"].endswith("\nBackground: " + context().situation +
-                                       "\nIn your next message, reflect, in a warm tone.")
-    assert msgs[1]["content"] == "I failed again today.\n(Beacon, another companion): You will pass next time."
+    assert msgs[0]["content"].endswith(
+        "\nBackground: " + context().situation + "\nIn your next message, reflect, in a warm tone."
+    )
+    assert (
+        msgs[1]["content"]
+        == "I failed again today.\n(Beacon, another companion): You will pass next time."
+    )
     assert msgs[3]["content"] == "It does."
     # The director's free text becomes one plain sentence (article, case and end punctuation).
-    assert simulate.directive_sentence(Directive("Beacon", "Name a strength.", "encouraging")) == \
-        "In your next message, name a strength, in an encouraging tone."
-    assert simulate.directive_sentence(Directive("Guide", "", "")) == "In your next message, respond, in a natural tone."
-    assert simulate.directive_sentence(Directive("Guide", "ASK one thing", "warm.")) == \
-        "In your next message, ASK one thing, in a warm tone."
+    assert (
+        simulate.directive_sentence(Directive("Beacon", "Name a strength.", "encouraging"))
+        == "In your next message, name a strength, in an encouraging tone."
+    )
+    assert (
+        simulate.directive_sentence(Directive("Guide", "", ""))
+        == "In your next message, respond, in a natural tone."
+    )
+    assert (
+        simulate.directive_sentence(Directive("Guide", "ASK one thing", "warm."))
+        == "In your next message, ASK one thing, in a warm tone."
+    )
     assert doctest.testmod(simulate).failed == 0
     # Without a directive the system message ends with the background.
-    assert speaker_messages(anchor, ps, context(), turns)[0]["content"].endswith(context().situation)
-    assert not any("Situation:" in m["content"] or "Conversation so far" in m["content"] for m in msgs)
+    assert speaker_messages(anchor, ps, context(), turns)[0]["content"].endswith(
+        context().situation
+    )
+    assert not any(
+        "Situation:" in m["content"] or "Conversation so far" in m["content"] for m in msgs
+    )
     # When the speaker itself spoke last, a user message hands it the turn (roles must alternate).
-    assert speaker_messages(anchor, ps, context(), turns[:3])[-1] == {"role": "user", "content": "(It is Anchor's turn.)"}
+    assert speaker_messages(anchor, ps, context(), turns[:3])[-1] == {
+        "role": "user",
+        "content": "(It is Anchor's turn.)",
+    }
 
 
 def test_fewshot_cot_keeps_only_the_reply():
@@ -315,8 +470,10 @@ def test_fewshot_cot_keeps_only_the_reply():
 
 # ------------------------------------------------------------------ fake LLM judges
 
+
 class FakeJudge:
     """An 'LLM' judge with canned answers chosen by what the prompt contains."""
+
     can_generate = True
     name = "fake:llm"
 
@@ -331,8 +488,9 @@ class FakeJudge:
     def complete_many(self, prompts, max_new_tokens=64):
         return [self.complete(p, max_new_tokens) for p in prompts]
 
-    def rate_many(self, prompts, max_new_tokens=32):       # as judge.Judge.rate_many, with our parser
+    def rate_many(self, prompts, max_new_tokens=32):  # as judge.Judge.rate_many, with our parser
         from judge import parse_rubric_score
+
         return [parse_rubric_score(a) for a in self.complete_many(prompts, max_new_tokens)]
 
 
@@ -346,7 +504,7 @@ def conversation(agent_texts, seed=0):
 
 def test_rubric_scores_count_and_exclude_unparseable_answers():
     def answer(prompt):
-        if "Conversation:\n" in prompt:                  # a collective prompt
+        if "Conversation:\n" in prompt:  # a collective prompt
             return "Score: 9" if "Criterion: engagement quality" in prompt else "**5**"
         reply = prompt.split("'s message: ")[1]
         if not reply.startswith("alpha"):
@@ -354,13 +512,18 @@ def test_rubric_scores_count_and_exclude_unparseable_answers():
         return "Score: 5" if "Criterion: persona consistency" in prompt else "Score: 4/5"
 
     judge = FakeJudge(answer)
-    values, unparseable = evaluate.rubric_scores(conversation(["alpha words", "beta words"]), personas(), judge)
+    values, unparseable = evaluate.rubric_scores(
+        conversation(["alpha words", "beta words"]), personas(), judge
+    )
     agent_criteria = [m["key"] for m in evaluate.rubric_criteria()["agent"]]
     # 5 agent criteria x 2 turns + 4 collective criteria were asked; no overall question.
     assert len(judge.prompts) == 5 * 2 + 4
     # Agent criteria: "alpha" -> 4 -> 75 (persona consistency 5 -> 100); "beta" unreadable -> left out.
     for key in agent_criteria:
-        assert values[key] == (100.0 if key == "persona_consistency" else 75.0) and unparseable[key] == 1
+        assert (
+            values[key] == (100.0 if key == "persona_consistency" else 75.0)
+            and unparseable[key] == 1
+        )
     # Overall is the mean of the criteria, as in the paper: (4 x 75 + 100) / 5 = 80.
     assert values["agent_overall"] == 80.0
     # Collective: "**5**" -> 100; "Score: 9" is out of range -> unreadable -> None, and an
@@ -376,34 +539,48 @@ def test_rubric_scores_count_and_exclude_unparseable_answers():
 def test_pairwise_compares_per_conversation_scores_with_a_sign_test():
     def entry(values, key="persona_log_ratio"):
         return {"conversations": [{"metrics": {key: v}} for v in values]}
+
     cfg = evaluate.EvalConfig(pairwise="mascot,round-robin")
     # 11 pairs: A better in 9, B in 1, one tie: 9 wins, 1 loss -> p = P(X <= 1 or X >= 9), X ~ Bin(10, 1/2) = 22 / 1024.
-    pw = evaluate.pairwise(cfg, {"mascot": entry([0.7] * 9 + [0.1, 0.5]), "round-robin": entry([0.6] * 9 + [0.4, 0.5])})
+    pw = evaluate.pairwise(
+        cfg, {"mascot": entry([0.7] * 9 + [0.1, 0.5]), "round-robin": entry([0.6] * 9 + [0.4, 0.5])}
+    )
     assert pw["outcomes"] == ["A"] * 9 + ["B", "tie"] and pw["decided_by"] == "persona-id"
     assert pw["win_rate"] == 0.9 and pw["p_value"] == pytest.approx(22 / 1024)
     # By the judge: its mean score per conversation; a missing score is a tie.
-    judged = evaluate.pairwise(evaluate.EvalConfig(pairwise_by="judge"),
-                               {"mascot": entry([0.7, 0.2, None], "judge_score"), "round-robin": entry([0.6, 0.4, 0.5], "judge_score")})
+    judged = evaluate.pairwise(
+        evaluate.EvalConfig(pairwise_by="judge"),
+        {
+            "mascot": entry([0.7, 0.2, None], "judge_score"),
+            "round-robin": entry([0.6, 0.4, 0.5], "judge_score"),
+        },
+    )
     assert judged["outcomes"] == ["A", "B", "tie"] and judged["decided_by"] == "judge"
     # Without the independent evaluator (--no-persona-id) the judge decides, and the line says so.
-    assert evaluate.pairwise(cfg, {"mascot": entry([1.0], "judge_score"), "round-robin": entry([0.0], "judge_score")},
-                             identifier=False)["outcomes"] == ["A"]
+    assert evaluate.pairwise(
+        cfg,
+        {"mascot": entry([1.0], "judge_score"), "round-robin": entry([0.0], "judge_score")},
+        identifier=False,
+    )["outcomes"] == ["A"]
 
 
 # ------------------------------------------------------------------ reward-hack diagnostics per conversation
+
 
 def test_hack_scores_of_a_hand_made_conversation():
     ps = personas()
     catalyst = ps.find("Catalyst")
     conv = Conversation(context(), "support", "average", "test", 0)
-    conv.turns += [Turn(USER, "I failed again today and I feel like a total fraud."),
-                   # copies 6+ words of the user's message -> context copy
-                   Turn("Anchor", "You failed again today and I feel like a total fraud, you say."),
-                   # copies Catalyst's own card (its first example line) -> persona-card copy
-                   Turn("Catalyst", catalyst.examples[0]),
-                   # echoes Anchor's turn (another companion) -> history echo; and a speaker label
-                   Turn("Beacon", "Anchor: you failed again today and I feel like a total fraud"),
-                   Turn("Guide", "Okay.")]                                  # trivial (1 word)
+    conv.turns += [
+        Turn(USER, "I failed again today and I feel like a total fraud."),
+        # copies 6+ words of the user's message -> context copy
+        Turn("Anchor", "You failed again today and I feel like a total fraud, you say."),
+        # copies Catalyst's own card (its first example line) -> persona-card copy
+        Turn("Catalyst", catalyst.examples[0]),
+        # echoes Anchor's turn (another companion) -> history echo; and a speaker label
+        Turn("Beacon", "Anchor: you failed again today and I feel like a total fraud"),
+        Turn("Guide", "Okay."),
+    ]  # trivial (1 word)
     h = evaluate.hack_rates(conv, ps)
     # 4 agent turns: context copy in turns 1 and 3; card copy in 2; echo in 3; leak in 3; trivial in 4.
     assert h["context_copy"] == 0.5 and h["persona_copy"] == 0.25 and h["history_echo"] == 0.25
@@ -417,9 +594,11 @@ def test_hack_scores_of_a_hand_made_conversation():
 
 # ------------------------------------------------------------------ the independent evaluator
 
+
 class FixedLogprobs(evaluators.PersonaIdentifier):
     """lp[k] given by hand, so the accuracy and the log-ratio can be checked by hand; the sums over
     the first EQUAL_TOKENS tokens equal the whole turn's unless `first` is given."""
+
     def __init__(self, table, tokens, first=None):
         super().__init__(None, None, personas())
         self.table, self.tokens, self.first = table, tokens, first or table
@@ -439,8 +618,10 @@ def test_persona_log_ratio_by_hand():
     first, second = ident.score(items)
     mean_others = math.log((math.exp(-12) + math.exp(-14) + math.exp(-16)) / 3)
     assert first["correct"] == 1.0 and first["log_ratio"] == pytest.approx((-10 - mean_others) / 2)
-    assert second["correct"] == 0.0 and second["log_ratio"] == pytest.approx((-13 - mean_others) / 2)
-    assert first["correct_equal"] is None          # 2 tokens: too short for the equal-length accuracy
+    assert second["correct"] == 0.0 and second["log_ratio"] == pytest.approx(
+        (-13 - mean_others) / 2
+    )
+    assert first["correct_equal"] is None  # 2 tokens: too short for the equal-length accuracy
     unknown = ident.score([evaluators.Item("Nobody", "s", [], "r")])[0]
     assert unknown["correct"] is None and unknown["correct_equal"] is None
 
@@ -456,15 +637,24 @@ def test_equal_length_accuracy_reads_the_first_tokens_only():
 
 def test_persona_names_are_masked_before_scoring():
     # Whole words spelt as the name: "Anchors" is a word of its own, "guide" an ordinary verb.
-    assert evaluators.mask_names("Anchor here. Beacon says hi; Anchors aweigh; I can guide you",
-                                 ["Anchor", "Beacon", "Guide"]) == "Alex here. Alex says hi; Anchors aweigh; I can guide you"
+    assert (
+        evaluators.mask_names(
+            "Anchor here. Beacon says hi; Anchors aweigh; I can guide you",
+            ["Anchor", "Beacon", "Guide"],
+        )
+        == "Alex here. Alex says hi; Anchors aweigh; I can guide you"
+    )
     assert evaluators.mask_names("Ask J.D. (J.D. knows)", ["J.D."]) == "Ask Alex (Alex knows)"
     assert not any(evaluators.NEUTRAL_NAME in evaluators.card_text(p) for p in personas().personas)
     # A reply that signs with its speaker's name scores exactly as the same reply signed "Alex".
     model, tok = loading.load_model("tiny")
     ident = evaluators.PersonaIdentifier(model, tok, personas())
-    signed, neutral = (evaluators.Item("Anchor", "I failed.", [("User", "I failed my test.")], f"{name} here: that hurts.")
-                       for name in ("Anchor", "Alex"))
+    signed, neutral = (
+        evaluators.Item(
+            "Anchor", "I failed.", [("User", "I failed my test.")], f"{name} here: that hurts."
+        )
+        for name in ("Anchor", "Alex")
+    )
     lp, _ = ident.logprobs([signed, neutral])
     assert lp[0] == pytest.approx(lp[1], abs=1e-5)
 
@@ -476,45 +666,91 @@ def test_persona_id_logprobs_match_a_plain_forward_pass():
     ident = evaluators.PersonaIdentifier(model, tok, ps)
     # The last two share the first one's prompt (as judge-stress's candidates do), so their rows
     # take completion_logprobs' shared-prompt path.
-    items = [evaluators.Item("Anchor", "I failed.", [("User", "I failed my test.")], "That sounds heavy."),
-             evaluators.Item("Guide", "A long situation " * 5, [("User", "Help."), ("Anchor", "I hear you.")], "Try x."),
-             evaluators.Item("Anchor", "I failed.", [("User", "I failed my test.")], "Tell me more about it?"),
-             evaluators.Item("Beacon", "I failed.", [("User", "I failed my test.")], "You will pass next time."),
-             evaluators.Item("Guide", "I failed.", [("User", "I failed my test.")], "Make a plan, step by step. " * 8)]
+    items = [
+        evaluators.Item(
+            "Anchor", "I failed.", [("User", "I failed my test.")], "That sounds heavy."
+        ),
+        evaluators.Item(
+            "Guide",
+            "A long situation " * 5,
+            [("User", "Help."), ("Anchor", "I hear you.")],
+            "Try x.",
+        ),
+        evaluators.Item(
+            "Anchor", "I failed.", [("User", "I failed my test.")], "Tell me more about it?"
+        ),
+        evaluators.Item(
+            "Beacon", "I failed.", [("User", "I failed my test.")], "You will pass next time."
+        ),
+        evaluators.Item(
+            "Guide", "I failed.", [("User", "I failed my test.")], "Make a plan, step by step. " * 8
+        ),
+    ]
     assert len(ident.reply_ids(items[-1].reply)) > evaluators.EQUAL_TOKENS
     lp, lp_first = ident.logprobs(items)
     for i, item in enumerate(items):
         for k, card in enumerate(ps.personas):
-            prompt = models.chat_prompt_ids(tok, [evaluators.id_messages(card, item.situation, item.history)])[0]
+            prompt = models.chat_prompt_ids(
+                tok, [evaluators.id_messages(card, item.situation, item.history)]
+            )[0]
             reply = ident.reply_ids(item.reply)
             ids = torch.tensor([prompt + reply])
             with torch.no_grad():
-                logits = model(ids).logits.log_softmax(-1)[0]                  # (T, V)
+                logits = model(ids).logits.log_softmax(-1)[0]  # (T, V)
             token_lps = [logits[len(prompt) - 1 + j, t].item() for j, t in enumerate(reply)]
             assert lp[i][k] == pytest.approx(sum(token_lps), abs=1e-3)
-            assert lp_first[i][k] == pytest.approx(sum(token_lps[:evaluators.EQUAL_TOKENS]), abs=1e-3)
+            assert lp_first[i][k] == pytest.approx(
+                sum(token_lps[: evaluators.EQUAL_TOKENS]), abs=1e-3
+            )
 
 
 def test_evaluate_help_offers_every_baseline_of_the_paper(capsys):
-    with pytest.raises(SystemExit) as stop:              # argparse prints the help and exits 0
+    with pytest.raises(SystemExit) as stop:  # argparse prints the help and exits 0
         mascot.main(["evaluate", "--help"])
     assert stop.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    for name in ("zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "self-consistency", "sft",
-                 "multiagentesc", "round-robin", "mascot-p", "mascot-c", "mascot", "--role-setting", "--human",
-                 "--pairwise-by"):
+    for name in (
+        "zero-shot",
+        "zero-shot-cot",
+        "few-shot",
+        "few-shot-cot",
+        "self-consistency",
+        "sft",
+        "multiagentesc",
+        "round-robin",
+        "mascot-p",
+        "mascot-c",
+        "mascot",
+        "--role-setting",
+        "--human",
+        "--pairwise-by",
+    ):
         assert name in text
 
 
 def test_an_interrupted_evaluation_redoes_only_the_unfinished_systems(tmp_path, monkeypatch):
-    base = ["--model", "tiny", "--contexts", "2", "--turns", "1", "--max-new-tokens", "2",
-            "--systems", "zero-shot,round-robin", "--pairwise", "zero-shot,round-robin", "--pairwise-by", "judge"]
+    base = [
+        "--model",
+        "tiny",
+        "--contexts",
+        "2",
+        "--turns",
+        "1",
+        "--max-new-tokens",
+        "2",
+        "--systems",
+        "zero-shot,round-robin",
+        "--pairwise",
+        "zero-shot,round-robin",
+        "--pairwise-by",
+        "judge",
+    ]
     whole = run(base + ["--run", str(tmp_path / "whole")])
     real_run_system, ran = evaluate.run_system, []
 
     def interrupted(system, *rest):
         if system.name == "round-robin":
-            raise KeyboardInterrupt                        # Ctrl-C during the second system
+            raise KeyboardInterrupt  # Ctrl-C during the second system
         return real_run_system(system, *rest)
 
     def counted(system, *rest):
@@ -528,19 +764,21 @@ def test_an_interrupted_evaluation_redoes_only_the_unfinished_systems(tmp_path, 
     assert [p.name for p in (out / "eval" / "partial").iterdir()] == ["zero-shot.json"]
     monkeypatch.setattr(evaluate, "run_system", counted)
     resumed = run(base + ["--run", str(out)])
-    assert ran == ["round-robin"]                          # zero-shot was kept, not simulated again
+    assert ran == ["round-robin"]  # zero-shot was kept, not simulated again
     for name in ("zero-shot", "round-robin"):
         # Equal up to float summation order (the sentence encoder pads a batch of other texts).
         got, want = (evaluate.json_safe(r["systems"][name]["metrics"]) for r in (resumed, whole))
         assert got.keys() == want.keys()
         for key in want:
             assert got[key].get("n") == want[key].get("n")
-            if want[key].get("mean") is None:                         # a metric without a number
+            if want[key].get("mean") is None:  # a metric without a number
                 assert got[key].get("mean") is None
             else:
                 assert got[key]["mean"] == pytest.approx(want[key]["mean"], rel=1e-5)
-    assert resumed["pairwise"]["outcomes"] == whole["pairwise"]["outcomes"]   # kept conversations judged again
-    assert not (out / "eval" / "partial").exists()         # results.json holds everything now
+    assert (
+        resumed["pairwise"]["outcomes"] == whole["pairwise"]["outcomes"]
+    )  # kept conversations judged again
+    assert not (out / "eval" / "partial").exists()  # results.json holds everything now
     # A saved system is only reused for the same flags: another --turns redoes everything.
     monkeypatch.setattr(evaluate, "run_system", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -553,6 +791,7 @@ def test_an_interrupted_evaluation_redoes_only_the_unfinished_systems(tmp_path, 
 
 class CrisisAlways:
     """A guard that flags every message (the real one is tested in tests/test_safety.py)."""
+
     message = "Please call a crisis line."
 
     def check(self, text):
@@ -562,9 +801,12 @@ class CrisisAlways:
 def test_a_conversation_comes_back_from_its_transcript_row():
     ctx = scenarios.Context("c-1", "support", "Lost my job.", "I lost my job today.")
     conv = simulate.start_conversation(ctx, "support", "average", "round-robin", 3)
-    conv.turns.append(simulate.Turn("Anchor", "That is hard.", simulate.Directive("Anchor", "validate", "warm")))
+    conv.turns.append(
+        simulate.Turn("Anchor", "That is hard.", simulate.Directive("Anchor", "validate", "warm"))
+    )
     simulate.add_user_turn(conv, "I want to end my life tonight.", CrisisAlways())
     from extras.director_headroom import conversation_from_json
+
     back = conversation_from_json(json.loads(json.dumps(conv.to_json())), ctx)
     assert back == conv and back.ended
     with pytest.raises(ValueError, match="c-2"):
@@ -572,15 +814,33 @@ def test_a_conversation_comes_back_from_its_transcript_row():
 
 
 def test_every_crisis_stop_is_listed_once_with_its_category_and_score():
-    flag = {"context_id": "esconv-7", "profile": "average", "turn": 0, "text": "I want to end my life | tonight",
-            "category": "explicit_suicidal", "score": 1.234}
-    later = {"context_id": "esconv-9", "profile": "average", "turn": 2, "text": "To be continued.",
-             "category": "probe", "score": 0.05}
-    systems = {"round-robin": {"crisis_flags": [flag]}, "mascot": {"crisis_flags": [flag, later]},
-               "zero-shot": {"crisis_flags": []}}
+    flag = {
+        "context_id": "esconv-7",
+        "profile": "average",
+        "turn": 0,
+        "text": "I want to end my life | tonight",
+        "category": "explicit_suicidal",
+        "score": 1.234,
+    }
+    later = {
+        "context_id": "esconv-9",
+        "profile": "average",
+        "turn": 2,
+        "text": "To be continued.",
+        "category": "probe",
+        "score": 0.05,
+    }
+    systems = {
+        "round-robin": {"crisis_flags": [flag]},
+        "mascot": {"crisis_flags": [flag, later]},
+        "zero-shot": {"crisis_flags": []},
+    }
     from extras.safety import CrisisGuard
+
     lines = "\n".join(CrisisGuard.stops_section(systems)).splitlines()
     rows = [line for line in lines if line.startswith("| esconv-")]
-    assert rows == ["| esconv-7 | 0 | I want to end my life \\| tonight | explicit_suicidal | +1.23 | round-robin, mascot |",
-                    "| esconv-9 | 2 | To be continued. | probe | +0.05 | mascot |"]
+    assert rows == [
+        "| esconv-7 | 0 | I want to end my life \\| tonight | explicit_suicidal | +1.23 | round-robin, mascot |",
+        "| esconv-9 | 2 | To be continued. | probe | +0.05 | mascot |",
+    ]
     assert CrisisGuard.stops_section({"a": {"crisis_flags": []}}) == []

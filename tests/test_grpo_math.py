@@ -27,6 +27,7 @@ HAND_TOL = 1e-5
 # group_advantages
 # ------------------------------------------------------------------------------------------
 
+
 def test_group_advantages_hand_example():
     # groups [1, 2] and [3, 4]: means 1.5 and 3.5, deviations -0.5, +0.5.
     # unbiased std of [1, 2] = sqrt((0.25 + 0.25) / (2 - 1)) = sqrt(0.5) = 0.707107
@@ -48,7 +49,7 @@ def test_group_advantages_zero_variance_group_is_exactly_zero():
     assert not torch.isnan(adv).any()
     assert torch.equal(adv[:3], torch.zeros(3))
     assert torch.allclose(adv[3:], torch.tensor([-0.99990, 0.0, 0.99990]), atol=1e-5)
-    assert stats["frac_reward_zero_std"] == 0.5            # 1 of 2 groups
+    assert stats["frac_reward_zero_std"] == 0.5  # 1 of 2 groups
 
 
 def test_group_advantages_unscaled_dr_grpo():
@@ -66,9 +67,9 @@ def test_batch_scaled_advantages_divide_by_the_batch_std():
 
 def test_group_advantages_bad_sizes_raise():
     with pytest.raises(ValueError):
-        grpo.group_advantages(torch.ones(5), group_size=2)   # 5 is not a multiple of 2
+        grpo.group_advantages(torch.ones(5), group_size=2)  # 5 is not a multiple of 2
     with pytest.raises(ValueError):
-        grpo.group_advantages(torch.ones(4), group_size=1)   # nothing to compare with
+        grpo.group_advantages(torch.ones(4), group_size=1)  # nothing to compare with
 
 
 # ------------------------------------------------------------------------------------------
@@ -100,9 +101,9 @@ MASK = [[1, 1, 1], [1, 1, 0]]
 
 
 def hand_batch():
-    logps = torch.tensor(LOGPS, requires_grad=True)                  # (2, 3)
-    old = torch.tensor(LOGPS) - torch.log(torch.tensor(RATIOS))       # (2, 3) so exp(logp-old)=r
-    ref = torch.tensor(LOGPS) + torch.tensor(KL_D)                    # (2, 3)
+    logps = torch.tensor(LOGPS, requires_grad=True)  # (2, 3)
+    old = torch.tensor(LOGPS) - torch.log(torch.tensor(RATIOS))  # (2, 3) so exp(logp-old)=r
+    ref = torch.tensor(LOGPS) + torch.tensor(KL_D)  # (2, 3)
     return logps, old, ref, torch.tensor(ADV), torch.tensor(MASK)
 
 
@@ -114,7 +115,7 @@ def test_grpo_loss_hand_clipping(loss_type, expected):
     assert stats["clip_frac"] == pytest.approx(0.4)
     assert stats["ratio_mean"] == pytest.approx(1.02, abs=HAND_TOL)
     assert stats["n_tokens"] == 5
-    assert math.isnan(stats["kl"])                                   # no reference given
+    assert math.isnan(stats["kl"])  # no reference given
 
 
 def test_grpo_loss_clipped_tokens_get_no_gradient():
@@ -124,8 +125,9 @@ def test_grpo_loss_clipped_tokens_get_no_gradient():
     logps, old, _, adv, mask = hand_batch()
     loss, _ = grpo.grpo_loss(logps, old, None, adv, mask, loss_type="dapo")
     loss.backward()
-    assert torch.allclose(logps.grad, torch.tensor([[0.0, -0.2, -0.44], [0.0, 0.15, 0.0]]),
-                          atol=1e-6)
+    assert torch.allclose(
+        logps.grad, torch.tensor([[0.0, -0.2, -0.44], [0.0, 0.15, 0.0]]), atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("loss_type, expected", [("grpo", -0.656495), ("dapo", -0.905863)])
@@ -136,16 +138,19 @@ def test_grpo_loss_hand_kl(loss_type, expected):
     assert stats["kl"] == pytest.approx(0.161371, abs=1e-5)
 
 
-@pytest.mark.parametrize("loss_type, expected_loss, expected_grad", [
-    # "dapo": -(2*3 + (-0.5)*2) / 5 = -1.0; grad -A/5 = [-0.4]*3 and [0.1, 0.1, 0]
-    ("dapo", -1.0, [[-0.4, -0.4, -0.4], [0.1, 0.1, 0.0]]),
-    # "grpo": -(2 + (-0.5)) / 2 = -0.75; grad -A/(n_i * B) = -2/6 = -1/3 and 0.5/4 = 0.125
-    ("grpo", -0.75, [[-1 / 3, -1 / 3, -1 / 3], [0.125, 0.125, 0.0]]),
-    # "dr_grpo": -(2*3 + (-0.5)*2) / (B*C = 6) = -5/6; grad -A/6 = [-1/3]*3 and [1/12, 1/12, 0]
-    ("dr_grpo", -5 / 6, [[-1 / 3, -1 / 3, -1 / 3], [1 / 12, 1 / 12, 0.0]]),
-    # "bnpo": the token mean of this (micro-)batch: "dapo" when the batch is the whole step
-    ("bnpo", -1.0, [[-0.4, -0.4, -0.4], [0.1, 0.1, 0.0]]),
-])
+@pytest.mark.parametrize(
+    "loss_type, expected_loss, expected_grad",
+    [
+        # "dapo": -(2*3 + (-0.5)*2) / 5 = -1.0; grad -A/5 = [-0.4]*3 and [0.1, 0.1, 0]
+        ("dapo", -1.0, [[-0.4, -0.4, -0.4], [0.1, 0.1, 0.0]]),
+        # "grpo": -(2 + (-0.5)) / 2 = -0.75; grad -A/(n_i * B) = -2/6 = -1/3 and 0.5/4 = 0.125
+        ("grpo", -0.75, [[-1 / 3, -1 / 3, -1 / 3], [0.125, 0.125, 0.0]]),
+        # "dr_grpo": -(2*3 + (-0.5)*2) / (B*C = 6) = -5/6; grad -A/6 = [-1/3]*3 and [1/12, 1/12, 0]
+        ("dr_grpo", -5 / 6, [[-1 / 3, -1 / 3, -1 / 3], [1 / 12, 1 / 12, 0.0]]),
+        # "bnpo": the token mean of this (micro-)batch: "dapo" when the batch is the whole step
+        ("bnpo", -1.0, [[-0.4, -0.4, -0.4], [0.1, 0.1, 0.0]]),
+    ],
+)
 def test_ratio_is_one_but_gradient_is_policy_gradient(loss_type, expected_loss, expected_grad):
     logps, _, _, adv, mask = hand_batch()
     loss, stats = grpo.grpo_loss(logps, None, None, adv, mask, loss_type=loss_type)
@@ -157,7 +162,7 @@ def test_ratio_is_one_but_gradient_is_policy_gradient(loss_type, expected_loss, 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_masked_tokens_get_exactly_zero_gradient(loss_type):
-    logps, old, ref, adv, mask = hand_batch()                      # pad token: ratio 2, d = 5
+    logps, old, ref, adv, mask = hand_batch()  # pad token: ratio 2, d = 5
     loss, _ = grpo.grpo_loss(logps, old, ref, adv, mask, beta=0.1, loss_type=loss_type)
     loss.backward()
     assert logps.grad[1, 2].item() == 0.0
@@ -167,7 +172,7 @@ def test_masked_tokens_get_exactly_zero_gradient(loss_type):
 def test_grpo_loss_rejects_bad_arguments():
     logps, old, _, adv, mask = hand_batch()
     with pytest.raises(ValueError):
-        grpo.grpo_loss(logps, old, None, adv, mask, beta=0.1)      # KL without a reference
+        grpo.grpo_loss(logps, old, None, adv, mask, beta=0.1)  # KL without a reference
     with pytest.raises(ValueError):
         grpo.grpo_loss(logps, old, None, adv, mask, loss_type="ppo")
 
@@ -176,8 +181,8 @@ def test_grpo_loss_rejects_bad_arguments():
 def test_gradient_accumulation_matches_full_batch(loss_type):
     g = torch.Generator().manual_seed(0)
     B, C = 4, 5
-    base = -torch.rand(B, C, generator=g) * 3                       # (4, 5) log-probs
-    old = base + 0.3 * torch.randn(B, C, generator=g)               # ratios away from 1: clips bind
+    base = -torch.rand(B, C, generator=g) * 3  # (4, 5) log-probs
+    old = base + 0.3 * torch.randn(B, C, generator=g)  # ratios away from 1: clips bind
     ref = base + 0.3 * torch.randn(B, C, generator=g)
     adv = torch.tensor([1.0, -0.5, 0.7, -1.2])
     # micro-batch 1 (rows 0-1) has 9 real tokens, micro-batch 2 (rows 2-3) only 3
@@ -187,7 +192,7 @@ def test_gradient_accumulation_matches_full_batch(loss_type):
     full = base.clone().requires_grad_(True)
     grpo.grpo_loss(full, old, ref, adv, mask, **kwargs)[0].backward()
 
-    total = int(mask.sum()) if loss_type == "dapo" else B           # 12 tokens, or 4 sequences
+    total = int(mask.sum()) if loss_type == "dapo" else B  # 12 tokens, or 4 sequences
     micro = base.clone().requires_grad_(True)
     naive = base.clone().requires_grad_(True)
     for rows in (slice(0, 2), slice(2, 4)):
@@ -206,13 +211,22 @@ def test_gradient_accumulation_matches_full_batch(loss_type):
 # completion_logprobs on a tiny random Llama
 # ------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, vocab_size=101,
-                         max_position_embeddings=64, pad_token_id=0)
+    config = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=101,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -225,8 +239,8 @@ def left_padded_batch():
     ids = torch.randint(1, 101, (3, P + C), generator=g)
     mask = torch.ones(3, P + C, dtype=torch.long)
     for i, (p, c) in enumerate(zip(prompt_lens, completion_lens)):
-        mask[i, :P - p] = 0                                         # left padding of the prompt
-        mask[i, P + c:] = 0                                         # right padding of the reply
+        mask[i, : P - p] = 0  # left padding of the prompt
+        mask[i, P + c :] = 0  # right padding of the reply
     ids = ids.masked_fill(mask == 0, 0)
     return ids, mask, P
 
@@ -236,8 +250,8 @@ def naive_logprobs(model, ids, mask, P, position_ids="from_mask", temperature=1.
     if position_ids == "from_mask":
         position_ids = (mask.cumsum(1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
-    logp_all = F.log_softmax(logits[:, P - 1:-1].float() / temperature, dim=-1)  # (B, C, V)
-    return logp_all.gather(2, ids[:, P:, None]).squeeze(2)          # (B, C)
+    logp_all = F.log_softmax(logits[:, P - 1 : -1].float() / temperature, dim=-1)  # (B, C, V)
+    return logp_all.gather(2, ids[:, P:, None]).squeeze(2)  # (B, C)
 
 
 # Log-probs of ~-4.6 by two routes agree to fp32 rounding: the logits are 32-term dot products
@@ -265,11 +279,14 @@ def padded_and_alone(seed):
     """The same 3-token prompt + 4-token completion, once alone (1, 7) with P=3, and once
     left-padded by 3 in a batch (2, 10) with P=6 beside a row that has a 6-token prompt."""
     g = torch.Generator().manual_seed(seed)
-    prompt, completion = torch.randint(1, 101, (3,), generator=g), torch.randint(1, 101, (4,), generator=g)
+    prompt, completion = (
+        torch.randint(1, 101, (3,), generator=g),
+        torch.randint(1, 101, (4,), generator=g),
+    )
     other = torch.randint(1, 101, (10,), generator=g)
-    alone = torch.cat([prompt, completion])[None]                   # (1, 7)
+    alone = torch.cat([prompt, completion])[None]  # (1, 7)
     padded = torch.cat([torch.zeros(3, dtype=torch.long), prompt, completion])  # (10,)
-    ids = torch.stack([padded, other])                              # (2, 10)
+    ids = torch.stack([padded, other])  # (2, 10)
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     return alone, ids, mask
@@ -287,9 +304,17 @@ def test_position_ids_matter_for_absolute_positions():
     # GPT-2 adds a learned embedding per absolute position: without mask-aware position ids the
     # padded row's real tokens would sit at positions 3.. instead of 0.. and change their logps.
     from transformers import GPT2Config, GPT2LMHeadModel
+
     torch.manual_seed(0)
-    config = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=101, n_positions=64,
-                        bos_token_id=1, eos_token_id=1)
+    config = GPT2Config(
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        vocab_size=101,
+        n_positions=64,
+        bos_token_id=1,
+        eos_token_id=1,
+    )
     model = GPT2LMHeadModel(config).eval()
     alone, ids, mask = padded_and_alone(seed=2)
     with torch.no_grad():

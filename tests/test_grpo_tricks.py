@@ -36,11 +36,11 @@ import grpo  # noqa: E402
 import models  # noqa: E402
 from plumbing import loading
 
-B, P, C = 6, 6, 5                         # 2 prompts x G = 3, prompt width 6, completion width 5
-PROMPT_LENS = [6, 4, 6, 3, 5, 6]          # left padding differs per row
-COMPLETION_LENS = [5, 3, 5, 1, 4, 2]      # right padding differs per row
-FP32_SUM = B * (P + C) * 2**-24          # relative error of a sum over the batch's positions (docstring)
-LOSS_TOL = FP32_SUM * 1.0                # loss terms are at most ~1 in size
+B, P, C = 6, 6, 5  # 2 prompts x G = 3, prompt width 6, completion width 5
+PROMPT_LENS = [6, 4, 6, 3, 5, 6]  # left padding differs per row
+COMPLETION_LENS = [5, 3, 5, 1, 4, 2]  # right padding differs per row
+FP32_SUM = B * (P + C) * 2**-24  # relative error of a sum over the batch's positions (docstring)
+LOSS_TOL = FP32_SUM * 1.0  # loss terms are at most ~1 in size
 
 
 @pytest.fixture(scope="module")
@@ -64,19 +64,36 @@ def make_batch(vocab: int, grouped: bool = False) -> tuple[models.Generation, to
     prompt_mask = torch.zeros(B, P, dtype=torch.long)
     completion_mask = torch.zeros(B, C, dtype=torch.long)
     for i, (p, c) in enumerate(zip(prompt_lens, COMPLETION_LENS)):
-        prompt_mask[i, P - p:] = 1
+        prompt_mask[i, P - p :] = 1
         completion_mask[i, :c] = 1
-    gen = models.Generation([""] * B, prompt_ids, prompt_mask, completion_ids, completion_mask, [True] * B,
-                            torch.zeros(B, C))
-    advantages, _ = grpo.group_advantages(torch.tensor([0.1, 0.9, 0.5, 0.3, 0.2, 0.8]), group_size=3)
+    gen = models.Generation(
+        [""] * B,
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        [True] * B,
+        torch.zeros(B, C),
+    )
+    advantages, _ = grpo.group_advantages(
+        torch.tensor([0.1, 0.9, 0.5, 0.3, 0.2, 0.8]), group_size=3
+    )
     return gen, advantages
 
 
 def config(**kw) -> grpo.GRPOConfig:
     # max_grad_norm huge: clipping would rescale the gradients we compare. lr 0: the optimiser
     # step leaves the weights alone, so one model can be reused across runs.
-    base = dict(seed=0, max_new_tokens=8, learning_rate=0.0, warmup_steps=0, max_grad_norm=1e9, beta=0.1,
-                loss_type="dapo", micro_batch=B)
+    base = dict(
+        seed=0,
+        max_new_tokens=8,
+        learning_rate=0.0,
+        warmup_steps=0,
+        max_grad_norm=1e9,
+        beta=0.1,
+        loss_type="dapo",
+        micro_batch=B,
+    )
     base.update(kw)
     return grpo.GRPOConfig(**base)
 
@@ -100,9 +117,9 @@ def assert_same_grads(a: dict, b: dict):
 
 def full_batch_tensors(gen):
     """ids, attention mask and loss mask as policy_update builds them (all completions are real here)."""
-    ids = torch.cat([gen.prompt_ids, gen.completion_ids], dim=1)              # (B, P + C)
-    attn = torch.cat([gen.prompt_mask, gen.completion_mask], dim=1)           # (B, P + C)
-    return ids, attn, gen.completion_mask                                     # mask (B, C)
+    ids = torch.cat([gen.prompt_ids, gen.completion_ids], dim=1)  # (B, P + C)
+    attn = torch.cat([gen.prompt_mask, gen.completion_mask], dim=1)  # (B, P + C)
+    return ids, attn, gen.completion_mask  # mask (B, C)
 
 
 def count_calls(module) -> list:
@@ -115,11 +132,14 @@ def count_calls(module) -> list:
 
 # ------------------------------------------------------------------------------------------
 
+
 def test_gradient_checkpointing_gives_identical_loss_and_gradients(tiny):
     policy, ref, tok = tiny
     gen, adv = make_batch(len(tok))
     loss_plain, grads_plain, _ = run_update(policy, ref, gen, adv, config())
-    loss_ckpt, grads_ckpt, _ = run_update(policy, ref, gen, adv, config(gradient_checkpointing=True))
+    loss_ckpt, grads_ckpt, _ = run_update(
+        policy, ref, gen, adv, config(gradient_checkpointing=True)
+    )
     assert loss_ckpt == pytest.approx(loss_plain, abs=LOSS_TOL)
     assert_same_grads(grads_plain, grads_ckpt)
 
@@ -127,26 +147,37 @@ def test_gradient_checkpointing_gives_identical_loss_and_gradients(tiny):
     # again inside backward), and generation in eval mode still works (it needs the KV cache).
     model = copy.deepcopy(policy).train()
     layer_calls = count_calls(model.get_decoder().layers[0].mlp)
-    grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=0.0), gen, adv,
-                       config(gradient_checkpointing=True), ref_model=ref)
+    grpo.policy_update(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=0.0),
+        gen,
+        adv,
+        config(gradient_checkpointing=True),
+        ref_model=ref,
+    )
     assert len(layer_calls) == 2 and model.is_activation_checkpointing
     # Greedy generation in eval mode gives exactly the tokens of the same weights without the switch.
     chat = [[{"role": "user", "content": "hi"}]]
     out = models.generate(model.eval(), tok, chat, max_new_tokens=3)
     plain = models.generate(copy.deepcopy(policy).eval(), tok, chat, max_new_tokens=3)
-    assert out.completion_ids.shape[1] >= 1 and torch.equal(out.completion_ids, plain.completion_ids)
+    assert out.completion_ids.shape[1] >= 1 and torch.equal(
+        out.completion_ids, plain.completion_ids
+    )
     models.set_gradient_checkpointing(model, False)
     assert not model.is_activation_checkpointing
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])   # "bnpo" is per micro-batch by definition
-@pytest.mark.parametrize("micro_batch", [2, 4])            # 4 leaves an uneven last micro-batch of 2
+@pytest.mark.parametrize(
+    "loss_type", ["dapo", "grpo", "dr_grpo"]
+)  # "bnpo" is per micro-batch by definition
+@pytest.mark.parametrize("micro_batch", [2, 4])  # 4 leaves an uneven last micro-batch of 2
 def test_micro_batching_gives_the_full_batch_gradient(tiny, loss_type, micro_batch):
     policy, ref, tok = tiny
     gen, adv = make_batch(len(tok))
     loss_full, grads_full, _ = run_update(policy, ref, gen, adv, config(loss_type=loss_type))
-    loss_micro, grads_micro, _ = run_update(policy, ref, gen, adv,
-                                            config(loss_type=loss_type, micro_batch=micro_batch))
+    loss_micro, grads_micro, _ = run_update(
+        policy, ref, gen, adv, config(loss_type=loss_type, micro_batch=micro_batch)
+    )
     assert loss_micro == pytest.approx(loss_full, abs=LOSS_TOL)
     assert_same_grads(grads_full, grads_micro)
 
@@ -156,7 +187,7 @@ def test_logprob_chunk_size_does_not_change_logprobs_or_gradients(tiny):
     gen, _ = make_batch(len(tok))
     ids, attn, mask = full_batch_tensors(gen)
     results = []
-    for chunk_size in (1, 7, B * C, 4096):                  # one row, ragged chunks, exact, larger
+    for chunk_size in (1, 7, B * C, 4096):  # one row, ragged chunks, exact, larger
         model = copy.deepcopy(policy)
         logps = grpo.completion_logprobs(model, ids, attn, P, chunk_size=chunk_size)  # (B, C)
         (logps * mask).sum().backward()
@@ -179,18 +210,20 @@ def test_beta_zero_skips_the_reference_pass_without_changing_the_loss(tiny):
     ref_copy = copy.deepcopy(ref)
     ref_calls = count_calls(ref_copy)
     loss_skip, grads_skip, _ = run_update(policy, ref_copy, gen, adv, config(beta=0.0))
-    assert ref_calls == []                                   # the reference never ran
+    assert ref_calls == []  # the reference never ran
 
     # The same loss with the reference pass computed explicitly and handed to grpo_loss.
     ids, attn, mask = full_batch_tensors(gen)
     model = copy.deepcopy(policy).train()
     with torch.no_grad():
-        ref_logps = grpo.completion_logprobs(ref, ids, attn, P)                # (B, C)
-    logps = grpo.completion_logprobs(model, ids, attn, P)                      # (B, C)
+        ref_logps = grpo.completion_logprobs(ref, ids, attn, P)  # (B, C)
+    logps = grpo.completion_logprobs(model, ids, attn, P)  # (B, C)
     loss, stats = grpo.grpo_loss(logps, None, ref_logps, adv, mask, beta=0.0, loss_type="dapo")
     loss.backward()
-    assert stats["kl"] > 0                                   # the reference does differ ...
-    assert loss.item() == pytest.approx(loss_skip, abs=LOSS_TOL)  # ... yet with beta 0 nothing changes
+    assert stats["kl"] > 0  # the reference does differ ...
+    assert loss.item() == pytest.approx(
+        loss_skip, abs=LOSS_TOL
+    )  # ... yet with beta 0 nothing changes
     assert_same_grads(grads_skip, {n: p.grad for n, p in model.named_parameters()})
 
 
@@ -202,20 +235,28 @@ def test_one_iteration_skips_the_old_policy_pass_without_changing_the_loss(tiny)
     # not once more for an old-policy pass.
     model = copy.deepcopy(policy).train()
     body_calls = count_calls(model.get_decoder())
-    grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=0.0), gen, adv,
-                       config(micro_batch=4), ref_model=ref)
+    grpo.policy_update(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=0.0),
+        gen,
+        adv,
+        config(micro_batch=4),
+        ref_model=ref,
+    )
     assert len(body_calls) == math.ceil(B / 4)
 
     # Explicit old-policy pass: pi_old = pi_theta, computed without gradient, then the loss.
     ids, attn, mask = full_batch_tensors(gen)
     fresh = copy.deepcopy(policy).train()
     with torch.no_grad():
-        old_logps = grpo.completion_logprobs(fresh, ids, attn, P)              # (B, C)
-        ref_logps = grpo.completion_logprobs(ref, ids, attn, P)                # (B, C)
-    logps = grpo.completion_logprobs(fresh, ids, attn, P)                      # (B, C)
+        old_logps = grpo.completion_logprobs(fresh, ids, attn, P)  # (B, C)
+        ref_logps = grpo.completion_logprobs(ref, ids, attn, P)  # (B, C)
+    logps = grpo.completion_logprobs(fresh, ids, attn, P)  # (B, C)
     loss, stats = grpo.grpo_loss(logps, old_logps, ref_logps, adv, mask, beta=0.1, loss_type="dapo")
     loss.backward()
-    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-6)   # the same computation twice: exactly 1
+    assert stats["ratio_mean"] == pytest.approx(
+        1.0, abs=1e-6
+    )  # the same computation twice: exactly 1
     assert loss.item() == pytest.approx(loss_skip, abs=LOSS_TOL)
     assert_same_grads(grads_skip, {n: p.grad for n, p in fresh.named_parameters()})
 
@@ -224,7 +265,8 @@ def body_tokens(model) -> list:
     """Record how many tokens each call of the model's transformer body processes."""
     seen = []
     model.get_decoder().register_forward_pre_hook(
-        lambda mod, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
+        lambda mod, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
     return seen
 
 
@@ -234,7 +276,9 @@ def test_shared_prompts_give_the_plain_loss_and_gradients_for_fewer_tokens(tiny)
     # policy_update as it runs: rows that share a prompt share its forward pass.
     model = copy.deepcopy(policy).train()
     seen = body_tokens(model)
-    grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=0.0), gen, adv, config(beta=0.0))
+    grpo.policy_update(
+        model, torch.optim.AdamW(model.parameters(), lr=0.0), gen, adv, config(beta=0.0)
+    )
     shared = {n: p.grad.clone() for n, p in model.named_parameters()}
     # One forward of 2 packed sequences, [prompt, reply 1, reply 2, reply 3], each as wide as the
     # longer one (prompt 0's 6 real tokens + 3 x 5): 42 tokens, not 6 x 11 = 66.
@@ -245,9 +289,11 @@ def test_shared_prompts_give_the_plain_loss_and_gradients_for_fewer_tokens(tiny)
     ids, attn, mask = full_batch_tensors(gen)
     plain = copy.deepcopy(policy).train()
     seen_plain = body_tokens(plain)
-    positions = (attn.cumsum(1) - 1).clamp(min=0)                               # as the sampler counts
-    logits = plain(input_ids=ids, attention_mask=attn, position_ids=positions).logits[:, P - 1:-1]   # (B, C, V)
-    logps = torch.log_softmax(logits.float(), -1).gather(2, ids[:, P:, None]).squeeze(2)             # (B, C)
+    positions = (attn.cumsum(1) - 1).clamp(min=0)  # as the sampler counts
+    logits = plain(input_ids=ids, attention_mask=attn, position_ids=positions).logits[
+        :, P - 1 : -1
+    ]  # (B, C, V)
+    logps = torch.log_softmax(logits.float(), -1).gather(2, ids[:, P:, None]).squeeze(2)  # (B, C)
     loss, _ = grpo.grpo_loss(logps, None, None, adv, mask, beta=0.0, loss_type="dapo")
     loss.backward()
     assert seen_plain == [B * (P + C)]
@@ -256,7 +302,9 @@ def test_shared_prompts_give_the_plain_loss_and_gradients_for_fewer_tokens(tiny)
     # tokens (at padding both are finite and meaningless: GRPO masks them).
     with torch.no_grad():
         real = mask.bool()
-        assert torch.allclose(grpo.completion_logprobs(policy, ids, attn, P)[real], logps.detach()[real], atol=1e-5)
+        assert torch.allclose(
+            grpo.completion_logprobs(policy, ids, attn, P)[real], logps.detach()[real], atol=1e-5
+        )
 
 
 def test_shared_prompts_stay_shared_under_gradient_checkpointing(tiny):
@@ -290,21 +338,23 @@ def test_bf16_autocast_stays_close_to_fp32(tiny):
     ids, attn, mask = full_batch_tensors(gen)
     real = mask.bool()
     with torch.no_grad():
-        fp32 = grpo.completion_logprobs(policy, ids, attn, P)                  # (B, C)
+        fp32 = grpo.completion_logprobs(policy, ids, attn, P)  # (B, C)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            bf16 = grpo.completion_logprobs(policy, ids, attn, P)              # (B, C)
-        d = grpo.completion_logprobs(ref, ids, attn, P) - fp32                 # (B, C)
-    assert bf16.dtype == torch.float32                       # log-sum-exp done in fp32
+            bf16 = grpo.completion_logprobs(policy, ids, attn, P)  # (B, C)
+        d = grpo.completion_logprobs(ref, ids, attn, P) - fp32  # (B, C)
+    assert bf16.dtype == torch.float32  # log-sum-exp done in fp32
     assert 0 < (bf16 - fp32)[real].abs().max().item() < 1e-2  # autocast really was active
 
     beta = 0.1
     loss_fp32, grads_fp32, _ = run_update(policy, ref, gen, adv, config(beta=beta))
-    loss_bf16, grads_bf16, _ = run_update(policy, ref, gen, adv, config(beta=beta, autocast_bf16=True))
+    loss_bf16, grads_bf16, _ = run_update(
+        policy, ref, gen, adv, config(beta=beta, autocast_bf16=True)
+    )
     bound = beta * (d[real].exp() - 1).abs().max().item() * 2 * 1e-2
     assert abs(loss_bf16 - loss_fp32) <= bound
     flat32 = torch.cat([g.flatten() for g in grads_fp32.values()])
     flat16 = torch.cat([grads_bf16[n].flatten() for n in grads_fp32])
-    assert flat16.dtype == torch.float32                      # fp32 master weights get fp32 grads
+    assert flat16.dtype == torch.float32  # fp32 master weights get fp32 grads
     assert torch.nn.functional.cosine_similarity(flat32, flat16, dim=0).item() > 0.99
 
 
@@ -319,8 +369,16 @@ def test_grpo_step_scores_rewards_without_autograd(tiny):
 
     prompts = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "hello"}]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
-    stats, gen, rewards = grpo.grpo_step(model, tok, optimizer, prompts, [0, 1], reward_fn,
-                                         config(num_generations=2, max_new_tokens=3, beta=0.0), step=1)
+    stats, gen, rewards = grpo.grpo_step(
+        model,
+        tok,
+        optimizer,
+        prompts,
+        [0, 1],
+        reward_fn,
+        config(num_generations=2, max_new_tokens=3, beta=0.0),
+        step=1,
+    )
     assert seen == [False]
     assert gen.completion_ids.shape[0] == 4 and rewards == [0.0, 1.0, 0.0, 1.0]
     assert stats["reward"] == pytest.approx(0.5) and stats["kl"] is None
@@ -333,11 +391,21 @@ def test_several_passes_per_batch_move_the_ratio_and_the_clip_binds(tiny):
     policy, ref, tok = tiny
     gen, adv = make_batch(len(tok))
     single = copy.deepcopy(policy).train()
-    one = grpo.policy_update(single, torch.optim.AdamW(single.parameters(), lr=0.0), gen, adv,
-                             config(beta=0.0, num_iterations=1))
+    one = grpo.policy_update(
+        single,
+        torch.optim.AdamW(single.parameters(), lr=0.0),
+        gen,
+        adv,
+        config(beta=0.0, num_iterations=1),
+    )
     assert one["clip_frac"] == 0.0
     model = copy.deepcopy(policy).train()
-    three = grpo.policy_update(model, torch.optim.AdamW(model.parameters(), lr=5e-2), gen, adv, config(
-                               beta=0.0, learning_rate=5e-2, num_iterations=3, epsilon=0.01, epsilon_high=0.01))
+    three = grpo.policy_update(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=5e-2),
+        gen,
+        adv,
+        config(beta=0.0, learning_rate=5e-2, num_iterations=3, epsilon=0.01, epsilon_high=0.01),
+    )
     assert three["finite"] == 1.0
-    assert three["clip_frac"] > 0.0           # averaged over the passes: only passes 2 and 3 can clip
+    assert three["clip_frac"] > 0.0  # averaged over the passes: only passes 2 and 3 can clip

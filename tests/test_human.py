@@ -30,12 +30,12 @@ import mascot
 from extras import human
 from plumbing import common
 
-
 # ------------------------------------------------------------------ Mann-Whitney U, Cohen's and Fleiss' kappa
+
 
 def test_average_ranks_share_tied_ranks():
     assert human.average_ranks([10, 20, 20, 30]) == [1.0, 2.5, 2.5, 4.0]
-    assert human.average_ranks([3, 1, 3, 3]) == [3.0, 1.0, 3.0, 3.0]     # ranks 2, 3, 4 -> 3
+    assert human.average_ranks([3, 1, 3, 3]) == [3.0, 1.0, 3.0, 3.0]  # ranks 2, 3, 4 -> 3
 
 
 def test_mann_whitney_exact_null_distribution_by_hand():
@@ -64,7 +64,7 @@ def test_mann_whitney_normal_approximation_with_ties_by_hand():
     z = 9 / math.sqrt(65 / 3)
     assert r["u"] == 22.0 and r["method"] == "asymptotic"
     assert r["p_value"] == pytest.approx(math.erfc(z / math.sqrt(2)), rel=1e-12)
-    assert r["p_value"] == pytest.approx(0.0531733827, abs=1e-9)   # scipy.stats.mannwhitneyu agrees
+    assert r["p_value"] == pytest.approx(0.0531733827, abs=1e-9)  # scipy.stats.mannwhitneyu agrees
     assert (r["mean_x"], r["mean_y"]) == (4.2, 2.6)
     # Every value equal: no evidence, p = 1; the exact method refuses ties.
     assert human.mann_whitney_u([3, 3], [3, 3, 3])["p_value"] == 1.0
@@ -81,14 +81,24 @@ def test_cohen_kappa_by_hand():
     b = ["yes"] * 20 + ["no"] * 5 + ["yes"] * 10 + ["no"] * 15
     assert human.cohen_kappa(a, b) == pytest.approx(0.4)
     assert human.cohen_kappa(["x", "y"], ["x", "y"]) == 1.0
-    assert math.isnan(human.cohen_kappa(["x", "x"], ["x", "x"]))    # p_e = 1: undefined
+    assert math.isnan(human.cohen_kappa(["x", "x"], ["x", "x"]))  # p_e = 1: undefined
 
 
 def test_fleiss_kappa_textbook_example():
     # Fleiss (1971) as worked on Wikipedia: 10 items, 14 raters, 5 categories.
     # mean P_i = 0.378, sum p_j^2 = 0.213, kappa = (0.378 - 0.213) / (1 - 0.213) = 0.210.
-    table = [[0, 0, 0, 0, 14], [0, 2, 6, 4, 2], [0, 0, 3, 5, 6], [0, 3, 9, 2, 0], [2, 2, 8, 1, 1],
-             [7, 7, 0, 0, 0], [3, 2, 6, 3, 0], [2, 5, 3, 2, 2], [6, 5, 2, 1, 0], [0, 2, 2, 3, 7]]
+    table = [
+        [0, 0, 0, 0, 14],
+        [0, 2, 6, 4, 2],
+        [0, 0, 3, 5, 6],
+        [0, 3, 9, 2, 0],
+        [2, 2, 8, 1, 1],
+        [7, 7, 0, 0, 0],
+        [3, 2, 6, 3, 0],
+        [2, 5, 3, 2, 2],
+        [6, 5, 2, 1, 0],
+        [0, 2, 2, 3, 7],
+    ]
     assert human.fleiss_kappa(table) == pytest.approx(0.20993, abs=1e-5)
     # Two raters, two items, full agreement on different categories: kappa = 1.
     assert human.fleiss_kappa([[2, 0], [0, 2]]) == 1.0
@@ -98,9 +108,16 @@ def test_fleiss_kappa_textbook_example():
 
 # ------------------------------------------------------------------ the analysis, by hand
 
+
 def judgement(annotator, item, choice, help_a=None, help_b=None):
-    rec = {"annotator": annotator, "item": str(item), "context_id": f"c{item}", "systems": ["mascot", "few-shot-cot"],
-           "left": "mascot", "choice": choice}
+    rec = {
+        "annotator": annotator,
+        "item": str(item),
+        "context_id": f"c{item}",
+        "systems": ["mascot", "few-shot-cot"],
+        "left": "mascot",
+        "choice": choice,
+    }
     if help_a is not None:
         rec["likert"] = {"mascot": {"helpfulness": help_a}, "few-shot-cot": {"helpfulness": help_b}}
     return rec
@@ -109,10 +126,20 @@ def judgement(annotator, item, choice, help_a=None, help_b=None):
 def test_analysis_matches_hand_computed_values():
     # 5 items, 2 ratings each. Stream 1 (first rating): choices A A A A B, helpfulness A 5 4 4 3 5
     # against B 3 2 3 4 1. Stream 2: choices A A A B B.
-    first = [("r1", 0, "mascot", 5, 3), ("r1", 1, "mascot", 4, 2), ("r2", 2, "mascot", 4, 3),
-             ("r2", 3, "mascot", 3, 4), ("r3", 4, "few-shot-cot", 5, 1)]
-    second = [("r3", 0, "mascot", 4, 4), ("r3", 1, "mascot", 4, 4), ("r1", 2, "mascot", 4, 4),
-              ("r1", 3, "few-shot-cot", 4, 4), ("r2", 4, "few-shot-cot", 4, 4)]
+    first = [
+        ("r1", 0, "mascot", 5, 3),
+        ("r1", 1, "mascot", 4, 2),
+        ("r2", 2, "mascot", 4, 3),
+        ("r2", 3, "mascot", 3, 4),
+        ("r3", 4, "few-shot-cot", 5, 1),
+    ]
+    second = [
+        ("r3", 0, "mascot", 4, 4),
+        ("r3", 1, "mascot", 4, 4),
+        ("r1", 2, "mascot", 4, 4),
+        ("r1", 3, "few-shot-cot", 4, 4),
+        ("r2", 4, "few-shot-cot", 4, 4),
+    ]
     records = [judgement(*j) for j in first] + [judgement(*j) for j in second]
     result = human.analyse(records)["mascot vs few-shot-cot"]
     # Sign test: 7 wins of 10, p = 2 * (C(10,7)+C(10,8)+C(10,9)+C(10,10)) / 1024 = 0.34375.
@@ -133,7 +160,11 @@ def test_analysis_matches_hand_computed_values():
     # kappa = 0.22 / 0.42 = 11/21.
     assert result["fleiss_kappa"] == pytest.approx(11 / 21) and result["fleiss_items"] == 5
     text = human.report(human.analyse(records), "file.jsonl")
-    assert "mascot preferred in 7 of 10" in text and "p = 0.3438" in text and "| helpfulness/1 | 5, 5 | 4.20 | 2.60 |" in text
+    assert (
+        "mascot preferred in 7 of 10" in text
+        and "p = 0.3438" in text
+        and "| helpfulness/1 | 5, 5 | 4.20 | 2.60 |" in text
+    )
 
 
 def test_bad_records_are_one_line_errors(tmp_path):
@@ -149,15 +180,35 @@ def test_bad_records_are_one_line_errors(tmp_path):
 
 # ------------------------------------------------------------------ the server, over HTTP
 
+
 def write_transcripts(path: Path, n_items: int = 3) -> None:
     rows = []
     for k, system in enumerate(("mascot", "few-shot-cot", "zero-shot")):
         for i in range(n_items):
-            rows.append({"system": system, "context_id": f"ctx-{i}", "persona_set": "support", "situation": f"Situation {i}.",
-                         "profile": "p1", "policy": system, "seed": i, "events": [],
-                         "turns": [{"speaker": "User", "text": f"My problem {i}.", "directive": None},
-                                   {"speaker": "Anchor", "text": f"Reply {i}-{k} <b>bold?</b>",
-                                    "directive": {"agent": "Anchor", "action": "ask mascot", "tone": "warm"}}]})
+            rows.append(
+                {
+                    "system": system,
+                    "context_id": f"ctx-{i}",
+                    "persona_set": "support",
+                    "situation": f"Situation {i}.",
+                    "profile": "p1",
+                    "policy": system,
+                    "seed": i,
+                    "events": [],
+                    "turns": [
+                        {"speaker": "User", "text": f"My problem {i}.", "directive": None},
+                        {
+                            "speaker": "Anchor",
+                            "text": f"Reply {i}-{k} <b>bold?</b>",
+                            "directive": {
+                                "agent": "Anchor",
+                                "action": "ask mascot",
+                                "tone": "warm",
+                            },
+                        },
+                    ],
+                }
+            )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -178,6 +229,7 @@ def server(tmp_path):
     def make():
         servers.append(start())
         return servers[-1]
+
     yield make, out
     for srv, _, _ in servers:
         srv.shutdown()
@@ -205,7 +257,11 @@ def post(url, form):
 
 def full_form(page, choice="1", rating="4"):
     item = page.split('name="item" value="')[1].split('"')[0]
-    form = {"annotator": page.split('name="annotator" value="')[1].split('"')[0], "item": item, "choice": choice}
+    form = {
+        "annotator": page.split('name="annotator" value="')[1].split('"')[0],
+        "item": item,
+        "choice": choice,
+    }
     form.update({f"c{pos}_{k}": rating for pos in (1, 2) for k in human.LIKERT})
     return form
 
@@ -219,7 +275,7 @@ def test_pages_are_blind_saved_resumable_and_shared(server):
     for name in ("mascot", "few-shot-cot"):
         assert f">{name}" not in page and f"name={name}" not in page
     assert "<b>bold?</b>" not in page and "&lt;b&gt;bold?&lt;/b&gt;" in page
-    assert "ask mascot" not in page                   # directives are not shown: they give a system away
+    assert "ask mascot" not in page  # directives are not shown: they give a system away
     # An incomplete answer is refused and nothing is saved.
     form = full_form(page)
     del form["c2_safety"]
@@ -230,8 +286,13 @@ def test_pages_are_blind_saved_resumable_and_shared(server):
     status, location, _ = post(f"{base}/answer", form)
     assert status == 303 and location == "/item?annotator=ann1"
     rec = json.loads(out.read_text().splitlines()[0])
-    assert rec["annotator"] == "ann1" and rec["choice"] == rec["left"] == study.shown("ann1", study.items[form["item"]])[0]
-    assert set(rec["likert"]) == {"mascot", "few-shot-cot"} and rec["likert"]["mascot"]["safety"] == 4
+    assert (
+        rec["annotator"] == "ann1"
+        and rec["choice"] == rec["left"] == study.shown("ann1", study.items[form["item"]])[0]
+    )
+    assert (
+        set(rec["likert"]) == {"mascot", "few-shot-cot"} and rec["likert"]["mascot"]["safety"] == 4
+    )
     # Resumable: a new server on the same file knows ann1 has done that item.
     srv.shutdown()
     srv2, study2, base2 = make()
@@ -264,14 +325,30 @@ def test_sides_are_random_but_fixed_per_annotator_and_item(server):
 
 def test_command_line_errors(tmp_path, capsys):
     write_transcripts(tmp_path / "t.jsonl")
-    assert human.main(["serve", "--transcripts", str(tmp_path / "t.jsonl"), "--a", "mascot", "--b", "sft",
-                       "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert (
+        human.main(
+            [
+                "serve",
+                "--transcripts",
+                str(tmp_path / "t.jsonl"),
+                "--a",
+                "mascot",
+                "--b",
+                "sft",
+                "--out",
+                str(tmp_path / "o.jsonl"),
+            ]
+        )
+        == 2
+    )
     assert "no conversations of system 'sft'" in capsys.readouterr().err
     # Conversations pair only on the same seed, context and profile (one evaluation's systems).
     rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     for r in rows:
         r["profile"] = "p2" if r["system"] == "few-shot-cot" else r["profile"]
-    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"system": "x"}) + "\n")
+    (tmp_path / "t.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"system": "x"}) + "\n"
+    )
     with pytest.raises(common.UserError, match="line 10 lacks 'seed'"):
         human.load_items(tmp_path / "t.jsonl", "mascot", "few-shot-cot")
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -282,12 +359,20 @@ def test_command_line_errors(tmp_path, capsys):
 def test_evaluate_human_writes_the_report(tmp_path, capsys):
     # `mascot.py evaluate --human` dispatches to extras/human.py: printed, and saved as md and json.
     path = tmp_path / "a.jsonl"
-    path.write_text("".join(json.dumps(judgement("r1", i, "mascot", 4, 2)) + "\n" for i in range(3)))
+    path.write_text(
+        "".join(json.dumps(judgement("r1", i, "mascot", 4, 2)) + "\n" for i in range(3))
+    )
     assert mascot.main(["evaluate", "--run", str(tmp_path / "run"), "--human", str(path)]) == 0
     assert "mascot preferred in 3 of 3" in capsys.readouterr().out
-    saved = json.loads((tmp_path / "run" / "eval" / "human.json").read_text())["mascot vs few-shot-cot"]
+    saved = json.loads((tmp_path / "run" / "eval" / "human.json").read_text())[
+        "mascot vs few-shot-cot"
+    ]
     # One rating per item: no kappa (NaN in the analysis, null in the JSON file).
-    assert saved["choice"]["wins"] == 3 and saved["cohen_kappa"] is None and saved["fleiss_kappa"] is None
+    assert (
+        saved["choice"]["wins"] == 3
+        and saved["cohen_kappa"] is None
+        and saved["fleiss_kappa"] is None
+    )
     assert "Cohen's kappa nan" in (tmp_path / "run" / "eval" / "human.md").read_text()
     path.write_text("")
     assert mascot.main(["evaluate", "--run", str(tmp_path / "run"), "--human", str(path)]) == 2
@@ -296,8 +381,16 @@ def test_evaluate_human_writes_the_report(tmp_path, capsys):
 
 # ------------------------------------------------------------------ the page in a real browser
 
+
 def find_chromium():
-    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    return next(
+        (
+            shutil.which(n)
+            for n in ("chromium", "chromium-browser", "google-chrome")
+            if shutil.which(n)
+        ),
+        None,
+    )
 
 
 class Browser:
@@ -307,19 +400,38 @@ class Browser:
         to_browser_r, self.to_browser = os.pipe()
         self.from_browser, from_browser_w = os.pipe()
 
-        def wire():                       # in the child: the protocol pipe must be fds 3 and 4
+        def wire():  # in the child: the protocol pipe must be fds 3 and 4
             os.dup2(to_browser_r, 3)
             os.dup2(from_browser_w, 4)
+
         self.proc = subprocess.Popen(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "about:blank"],
-            preexec_fn=wire, pass_fds=(3, 4), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--remote-debugging-pipe",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            preexec_fn=wire,
+            pass_fds=(3, 4),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(to_browser_r)
         os.close(from_browser_w)
         self.next_id, self.buffer, self.events = 0, b"", []
-        target = next(t for t in self.call("Target.getTargets")["targetInfos"] if t["type"] == "page")
-        self.session = self.call("Target.attachToTarget", targetId=target["targetId"], flatten=True)["sessionId"]
+        target = next(
+            t for t in self.call("Target.getTargets")["targetInfos"] if t["type"] == "page"
+        )
+        self.session = self.call(
+            "Target.attachToTarget", targetId=target["targetId"], flatten=True
+        )["sessionId"]
         self.call("Page.enable", session=True)
 
     def _read(self, timeout: float) -> dict:
@@ -356,7 +468,9 @@ class Browser:
             self.events.append(self._read(timeout))
 
     def js(self, expression: str):
-        result = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)
+        result = self.call(
+            "Runtime.evaluate", session=True, expression=expression, returnByValue=True
+        )
         return result["result"].get("value")
 
     def open(self, url: str) -> None:
@@ -367,7 +481,7 @@ class Browser:
     def close(self) -> None:
         try:
             self.call("Browser.close", timeout=10)
-        except Exception:                  # noqa: BLE001  the browser may already be gone
+        except Exception:  # noqa: BLE001  the browser may already be gone
             pass
         self.proc.wait(timeout=30)
 
@@ -376,7 +490,9 @@ def test_annotation_page_in_headless_chromium(server):
     binary = find_chromium()
     if binary is None:
         if os.environ.get("MASCOT_REQUIRE_BROWSER") == "1":
-            pytest.fail("MASCOT_REQUIRE_BROWSER=1 but no chromium binary on PATH (.ci/run installs it)")
+            pytest.fail(
+                "MASCOT_REQUIRE_BROWSER=1 but no chromium binary on PATH (.ci/run installs it)"
+            )
         pytest.skip("no chromium binary on PATH")
     make, out = server
     _, study, base = make()
@@ -385,8 +501,10 @@ def test_annotation_page_in_headless_chromium(server):
         try:
             browser.open(f"{base}/")
             # The start page: type a name, press Start (a real GET form submission).
-            browser.js("document.querySelector('input[name=annotator]').value = 'browser1';"
-                       "document.querySelector('button[type=submit]').click()")
+            browser.js(
+                "document.querySelector('input[name=annotator]').value = 'browser1';"
+                "document.querySelector('button[type=submit]').click()"
+            )
             browser.wait_for_load()
             assert browser.js("location.pathname + location.search") == "/item?annotator=browser1"
             text = browser.js("document.body.innerText")
@@ -394,15 +512,19 @@ def test_annotation_page_in_headless_chromium(server):
             item = browser.js("document.querySelector('input[name=item]').value")
             # The browser's own check refuses the half-filled form: nothing is sent.
             browser.js("document.querySelector('input[name=choice][value=\"2\"]').click()")
-            assert browser.js("document.querySelector('form[method=post]').checkValidity()") is False
+            assert (
+                browser.js("document.querySelector('form[method=post]').checkValidity()") is False
+            )
             browser.js("document.querySelector('form[method=post] button').click()")
             time.sleep(0.5)
             assert not out.exists()
             # Fill every Likert row (3 for conversation 1, 5 for conversation 2) and submit.
-            browser.js("for (const k of ['helpfulness', 'emotional', 'safety']) {"
-                       " document.querySelector(`input[name=c1_${k}][value=\"3\"]`).click();"
-                       " document.querySelector(`input[name=c2_${k}][value=\"5\"]`).click(); }"
-                       "document.querySelector('form[method=post] button').click()")
+            browser.js(
+                "for (const k of ['helpfulness', 'emotional', 'safety']) {"
+                ' document.querySelector(`input[name=c1_${k}][value="3"]`).click();'
+                ' document.querySelector(`input[name=c2_${k}][value="5"]`).click(); }'
+                "document.querySelector('form[method=post] button').click()"
+            )
             browser.wait_for_load()
             assert browser.js("location.pathname") == "/item"
             assert browser.js("document.querySelector('input[name=item]').value") != item

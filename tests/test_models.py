@@ -9,24 +9,28 @@ import pytest
 import torch
 
 import models
+from plumbing import devices, loading
 from plumbing.common import UserError
-from plumbing import devices
-from plumbing import loading
 
-CHATS = [[{"role": "system", "content": "You are Anchor, a warm listener."},
-          {"role": "user", "content": "I failed my driving test today and I feel stupid."}],
-         [{"role": "user", "content": "Hi!"}]]
+CHATS = [
+    [
+        {"role": "system", "content": "You are Anchor, a warm listener."},
+        {"role": "user", "content": "I failed my driving test today and I feel stupid."},
+    ],
+    [{"role": "user", "content": "Hi!"}],
+]
+
 
 def test_embedded_model_loads_from_cache_and_speaks(smol):
     folder = loading.embedded_model_folder()
     assert (folder / "model.safetensors").exists() and (folder / "config.json").exists()
     t0 = time.time()
-    model, tok = loading.load_model("smollm2-135m")      # second load: from the safetensors cache
+    model, tok = loading.load_model("smollm2-135m")  # second load: from the safetensors cache
     elapsed = time.time() - t0
     assert "quantization_config" not in model.config.to_dict()
     assert sum(p.numel() for p in model.parameters()) > 100_000_000
     gen = models.generate(model, tok, CHATS[:1], max_new_tokens=20)
-    assert len(gen.texts[0].split()) >= 3                # real words, not an empty string
+    assert len(gen.texts[0].split()) >= 3  # real words, not an empty string
     print(f"cached load took {elapsed:.2f} s")
 
 
@@ -51,8 +55,10 @@ def test_a_frozen_model_computes_the_same(smol):
         a = model(input_ids=ids, attention_mask=mask).logits
         b = frozen(input_ids=ids, attention_mask=mask).logits
     assert (a - b).abs().max().item() < 1e-3 * a.abs().max().item()
-    assert (models.generate(frozen, tok, CHATS, max_new_tokens=20).texts
-            == models.generate(model, tok, CHATS, max_new_tokens=20).texts)
+    assert (
+        models.generate(frozen, tok, CHATS, max_new_tokens=20).texts
+        == models.generate(model, tok, CHATS, max_new_tokens=20).texts
+    )
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads Linux's /proc")
@@ -60,12 +66,17 @@ def test_a_frozen_model_lets_go_of_the_weight_file(smol):
     # The weights are read through the memory-mapped safetensors file; if the model's tensors
     # kept pointing into the mapping, all it read would stay resident on top of the model's own
     # copies: 1.11 GB after loading a frozen SmolLM2-135M instead of ~0.7 GB.
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from plumbing import loading\n"
-              "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
-              "before = rss(); loading.load_model('smollm2-135m', frozen=True); print((rss() - before) / 1e9)")
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from plumbing import loading\n"
+        "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
+        "before = rss(); loading.load_model('smollm2-135m', frozen=True); print((rss() - before) / 1e9)"
+    )
     root = Path(__file__).resolve().parents[1]
-    grown = float(subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True,
-                                 check=True).stdout.split()[-1])
+    grown = float(
+        subprocess.run(
+            [sys.executable, "-c", script, str(root)], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+    )
     assert grown < 0.9
 
 
@@ -84,21 +95,41 @@ def test_clean_reply():
     names = ["Anchor", "Catalyst", "Beacon", "Guide"]
     assert models.clean_reply("Anchor: That sounds hard.", "Anchor", names) == "That sounds hard."
     assert models.clean_reply("**Anchor**: I hear you.", "Anchor", names) == "I hear you."
-    assert models.clean_reply("I hear you.\nUser: thanks\nAnchor: ok", "Anchor", names) == "I hear you."
+    assert (
+        models.clean_reply("I hear you.\nUser: thanks\nAnchor: ok", "Anchor", names)
+        == "I hear you."
+    )
     assert models.clean_reply("Good point. Catalyst: but why?", "Anchor", names) == "Good point."
-    assert models.clean_reply("  Take one   small step today.  ", "Guide", names) == "Take one small step today."
+    assert (
+        models.clean_reply("  Take one   small step today.  ", "Guide", names)
+        == "Take one small step today."
+    )
     # The prompt's own label for another agent's turn, with any name (ESConv's "Supporter"): dropped at the
     # start, cut where the reply goes on to write that turn.
-    assert models.clean_reply("(Supporter, another companion): I hear you.\n(Supporter, another companion): Yes.",
-                              "Anchor", names) == "I hear you."
-    assert models.clean_reply("So hard. (Beacon, another companion): You did well!", "Anchor", names) == "So hard."
+    assert (
+        models.clean_reply(
+            "(Supporter, another companion): I hear you.\n(Supporter, another companion): Yes.",
+            "Anchor",
+            names,
+        )
+        == "I hear you."
+    )
+    assert (
+        models.clean_reply("So hard. (Beacon, another companion): You did well!", "Anchor", names)
+        == "So hard."
+    )
     # A name inside a sentence is not a speaker label.
-    assert models.clean_reply("Like Beacon said, you did well.", "Anchor", names) == "Like Beacon said, you did well."
+    assert (
+        models.clean_reply("Like Beacon said, you did well.", "Anchor", names)
+        == "Like Beacon said, you did well."
+    )
 
 
 def test_sentence_encoder_is_normalised_and_meaningful():
     enc = models.SentenceEncoder()
-    v = enc.embed(["I lost my job today.", "I was fired this morning.", "The cake recipe needs eggs."])
+    v = enc.embed(
+        ["I lost my job today.", "I was fired this morning.", "The cake recipe needs eggs."]
+    )
     assert v.shape == (3, 384)
     # Unit length up to fp32 rounding: normalising and the norm here each sum 384 squares
     # (relative error up to ~384 * 2^-24 each, whatever order a CPU's kernels add them in).
@@ -118,14 +149,16 @@ def test_bf16_is_native_only_where_pytorch_dispatches_avx512_kernels(monkeypatch
     assert devices.native_bf16("cpu")
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
-    assert not devices.native_bf16("cpu")            # AVX-512 without BF16 or AMX: bf16 is emulated
+    assert not devices.native_bf16("cpu")  # AVX-512 without BF16 or AMX: bf16 is emulated
 
 
 def test_a_hub_id_without_a_network_fails_at_once_from_the_cache_only(monkeypatch):
     """Offline, the hub's client retries a hub id for ~50 s; one refused connection sends the load to the
     local cache (local_files_only) and the error comes at once, naming the flag."""
     import socket
+
     from plumbing.common import UserError
+
     seen = []
 
     def unreachable(*a, **k):
@@ -134,8 +167,11 @@ def test_a_hub_id_without_a_network_fails_at_once_from_the_cache_only(monkeypatc
     def from_pretrained(source, **kw):
         seen.append(kw.get("local_files_only"))
         raise OSError(f"{source} is not in the cache")
+
     monkeypatch.setattr(socket, "create_connection", unreachable)
     monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", from_pretrained)
-    with pytest.raises(UserError, match="--speakers someone/no-such-model: not a local model folder"):
+    with pytest.raises(
+        UserError, match="--speakers someone/no-such-model: not a local model folder"
+    ):
         loading.load_model("someone/no-such-model", flag="--speakers")
     assert seen == [True]

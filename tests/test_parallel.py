@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
 from plumbing import parallel
 from plumbing.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
-WORKER = r'''
+WORKER = r"""
 import argparse, json, os, sys
 sys.path.insert(0, sys.argv[1])
 import torch
@@ -48,7 +49,7 @@ del scorer                  # DDP's reducer goes before the process group does (
 if ranks.is_main:
     save_file({k: v.clone().contiguous() for k, v in model.state_dict().items()}, sys.argv[2])
     print(json.dumps({"stats": stats, "rewards": rewards, "rows": len(gen.texts)}))
-'''
+"""
 
 
 def free_port() -> int:
@@ -61,10 +62,24 @@ def launch(script: Path, out: Path, loss_type: str, world: int) -> dict:
     port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(script), str(ROOT), str(out), loss_type],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), str(ROOT), str(out), loss_type],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outputs = [p.communicate(timeout=600) for p in procs]
     for p, (stdout, stderr) in zip(procs, outputs):
         assert p.returncode == 0, stderr[-3000:]
@@ -77,47 +92,133 @@ def test_two_processes_take_the_one_process_step(tmp_path, loss_type):
     script.write_text(WORKER)
     one = launch(script, tmp_path / "one.safetensors", loss_type, world=1)
     two = launch(script, tmp_path / "two.safetensors", loss_type, world=2)
-    assert one["rows"] == 8 and two["rows"] == 4                  # each rank sampled half the batch
-    assert two["rewards"] == one["rewards"]                       # the same samples, gathered in order
+    assert one["rows"] == 8 and two["rows"] == 4  # each rank sampled half the batch
+    assert two["rewards"] == one["rewards"]  # the same samples, gathered in order
     for key in ("reward", "reward_std", "loss", "grad_norm", "completions/mean_length"):
         assert two["stats"][key] == pytest.approx(one["stats"][key], rel=1e-5, abs=1e-7)
-    a, b = load_file(str(tmp_path / "one.safetensors")), load_file(str(tmp_path / "two.safetensors"))
+    a, b = (
+        load_file(str(tmp_path / "one.safetensors")),
+        load_file(str(tmp_path / "two.safetensors")),
+    )
     before = load_model("tiny")[0].state_dict()
     moved = max((a[k] - before[k]).abs().max().item() for k in a)
-    assert moved > 1e-5                                           # the step did change the weights
+    assert moved > 1e-5  # the step did change the weights
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
 
 
 def test_stages_1_and_2_under_torchrun_train_and_resume(tmp_path):
     run = str(tmp_path / "run")
-    flags = ["--model", "tiny", "--run", run, "--states", "4", "--heldout-states", "2", "--candidates", "3",
-             "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "6", "--rm-epochs", "1",
-             "--save-every", "1"]
+    flags = [
+        "--model",
+        "tiny",
+        "--run",
+        run,
+        "--states",
+        "4",
+        "--heldout-states",
+        "2",
+        "--candidates",
+        "3",
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--rm-epochs",
+        "1",
+        "--save-every",
+        "1",
+    ]
     # "--" ends torchrun's own flags: without it, its parser takes our --run for its --run-path.
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(free_port()), "--", str(ROOT / "mascot.py"), "train", "--stage", "1"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "--",
+        str(ROOT / "mascot.py"),
+        "train",
+        "--stage",
+        "1",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    first = subprocess.run(torchrun + flags + ["--steps", "2"], capture_output=True, text=True, env=env,
-                           timeout=900, cwd=ROOT)
+    first = subprocess.run(
+        torchrun + flags + ["--steps", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
-    assert first.stdout.count("step    2/2") == 1                  # rank 0 alone prints
-    metrics = [json.loads(x) for x in (tmp_path / "run" / "stage1" / "metrics.jsonl").read_text().splitlines()]
+    assert first.stdout.count("step    2/2") == 1  # rank 0 alone prints
+    metrics = [
+        json.loads(x)
+        for x in (tmp_path / "run" / "stage1" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [m["step"] for m in metrics] == [1, 2]
-    again = subprocess.run(torchrun + flags + ["--steps", "3", "--resume"], capture_output=True, text=True,
-                           env=env, timeout=900, cwd=ROOT)
+    again = subprocess.run(
+        torchrun + flags + ["--steps", "3", "--resume"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and "step    3/3" in again.stdout
     # Stage 2 with the director split over the two processes (speakers from stage 1, frozen).
-    stage2 = torchrun[:-1] + ["2"]                                  # train --stage 2
-    s2 = subprocess.run(stage2 + ["--model", "tiny", "--run", run, "--steps", "1", "--prompts-per-step", "2",
-                                  "--group-size", "2", "--max-new-tokens", "6", "--decision-points", "2",
-                                  "--heldout-points", "2", "--rollout-turns", "1", "--director-warmup", "2"],
-                        capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    stage2 = torchrun[:-1] + ["2"]  # train --stage 2
+    s2 = subprocess.run(
+        stage2
+        + [
+            "--model",
+            "tiny",
+            "--run",
+            run,
+            "--steps",
+            "1",
+            "--prompts-per-step",
+            "2",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--decision-points",
+            "2",
+            "--heldout-points",
+            "2",
+            "--rollout-turns",
+            "1",
+            "--director-warmup",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert s2.returncode == 0, s2.stderr[-3000:]
-    assert s2.stdout.count("stage 2 done") == 1 and (tmp_path / "run" / "stage2" / "director" / "config.json").exists()
+    assert (
+        s2.stdout.count("stage 2 done") == 1
+        and (tmp_path / "run" / "stage2" / "director" / "config.json").exists()
+    )
     # An odd share of the batch is refused up front, naming the flag.
-    odd = subprocess.run(torchrun + flags + ["--steps", "1", "--prompts-per-step", "3", "--run", str(tmp_path / "b")],
-                         capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    odd = subprocess.run(
+        torchrun
+        + flags
+        + ["--steps", "1", "--prompts-per-step", "3", "--run", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert odd.returncode != 0 and "--prompts-per-step 3" in odd.stdout + odd.stderr
     assert torch.distributed.is_available()
 
@@ -127,13 +228,20 @@ def test_the_process_group_gets_the_explicit_timeout(monkeypatch):
     # minutes, not the backend's default (NCCL's would stop a run with a slow judge).
     import argparse
     from datetime import timedelta
+
     from plumbing import parallel as multigpu
+
     seen = {}
     monkeypatch.setenv("WORLD_SIZE", "2")
-    for name, value in {"is_initialized": lambda: False, "get_rank": lambda: 0, "get_world_size": lambda: 2,
-                        "get_backend": lambda: "gloo",
-                        "init_process_group": lambda backend, timeout: seen.update(backend=backend, timeout=timeout)
-                        }.items():
+    for name, value in {
+        "is_initialized": lambda: False,
+        "get_rank": lambda: 0,
+        "get_world_size": lambda: 2,
+        "get_backend": lambda: "gloo",
+        "init_process_group": lambda backend, timeout: seen.update(
+            backend=backend, timeout=timeout
+        ),
+    }.items():
         monkeypatch.setattr(multigpu.dist, name, value)
     monkeypatch.setattr(multigpu.atexit, "register", lambda f: None)
     parallel.Ranks(argparse.Namespace(device="cpu", prompts_per_step=2, dist_timeout=7.5))

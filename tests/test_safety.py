@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing.common import UserError
 from extras import safety
 from extras import train_crisis_probe as training
+from plumbing.common import UserError
 
 ROOT = Path(safety.__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -53,11 +53,15 @@ def _flag_rate(messages, guard=None):
 
 
 def _jsonl(path):
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    return [
+        json.loads(line)
+        for line in Path(path).read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
 
 
 # ---- the data files and the shipped weights -------------------------------------------------
+
 
 def test_training_file_is_well_formed():
     texts = [r["text"] for r in ROWS]
@@ -94,7 +98,7 @@ def test_shipped_weights_were_fitted_on_the_current_training_file():
     assert probe["w1"].shape == (256, 2 * 7 * 384) and probe["w2"].shape == (256,)
     assert all(torch.isfinite(probe[k]).all() for k in ("mu", "sd", "w1", "b1", "w2"))
     assert -20 < probe["threshold"] < 20
-    assert safety.PROBE_FILE.stat().st_size < 4_000_000              # a few MB, fp16
+    assert safety.PROBE_FILE.stat().st_size < 4_000_000  # a few MB, fp16
     report = json.loads(probe["metadata"]["report"])
     max_esconv = float(json.loads(probe["metadata"]["config"])["max_esconv"])
     # The threshold was chosen so CV flags <= max_esconv of the ESConv training-side messages.
@@ -102,6 +106,7 @@ def test_shipped_weights_were_fitted_on_the_current_training_file():
 
 
 # ---- rates ----------------------------------------------------------------------------------
+
 
 def test_dev_rates():
     # Fitted on, so this only shows the fit (numbers in docs/SAFETY.md).
@@ -120,8 +125,12 @@ SHORT_OF_TARGET = {}
 
 
 def _blind_params():
-    return [pytest.param(name, marks=pytest.mark.xfail(reason=SHORT_OF_TARGET[name], strict=True))
-            if name in SHORT_OF_TARGET else name for name in ("v7", "v8", "v9", "v10")]
+    return [
+        pytest.param(name, marks=pytest.mark.xfail(reason=SHORT_OF_TARGET[name], strict=True))
+        if name in SHORT_OF_TARGET
+        else name
+        for name in ("v7", "v8", "v9", "v10")
+    ]
 
 
 @pytest.mark.parametrize("name", _blind_params())
@@ -133,29 +142,47 @@ def test_blind_list_recall(name):
     risky = [r["text"] for r in rows if r["risky"]]
     near_miss = [r["text"] for r in rows if not r["risky"]]
     recall, near_miss_rate = _flag_rate(risky), _flag_rate(near_miss)
-    weak_spots = {group: _flag_rate([r["text"] for r in rows
-                                     if r["risky"] and r.get("kind", "").startswith(group)])
-                  for group in ("third_party", "indirect")
-                  if any(r["risky"] and r.get("kind", "").startswith(group) for r in rows)}
+    weak_spots = {
+        group: _flag_rate(
+            [r["text"] for r in rows if r["risky"] and r.get("kind", "").startswith(group)]
+        )
+        for group in ("third_party", "indirect")
+        if any(r["risky"] and r.get("kind", "").startswith(group) for r in rows)
+    }
     print(f"blind {name}: recall {recall:.4f} {weak_spots}, near-miss rate {near_miss_rate:.4f}")
-    assert recall >= 0.90 and all(rate >= 0.80 for rate in weak_spots.values()), \
-        (recall, weak_spots, near_miss_rate)
+    assert recall >= 0.90 and all(rate >= 0.80 for rate in weak_spots.values()), (
+        recall,
+        weak_spots,
+        near_miss_rate,
+    )
 
 
 # The examples of ordinary messages that were stopped, and more of the same: replies,
 # thanks, questions and ordinary distress from support conversations.
 BENIGN = [
-    "Yes, I think I will do that.", "Thank you for your time! I will be praying for you as well!",
+    "Yes, I think I will do that.",
+    "Thank you for your time! I will be praying for you as well!",
     "So I should just ask her if something is going on?",
     "That's so true. I will find someone who truly loves me. Thank you.",
-    "how could he do this to me?", "He hasn't hurt me physically", "To be continued.",
-    "Thank you", "ok", "Bye for now, talk tomorrow", "I'll give that a try tonight",
-    "That makes sense, I never thought of it that way", "I'm just so tired of my job",
-    "My girlfriend left me and I feel lonely", "I have been so stressed about money lately",
-    "I lost my grandmother last month and I miss her", "I failed my exam and feel stupid",
-    "My boss yells at me every day", "I can't sleep because of my anxiety",
-    "I feel like nobody at school likes me", "We had a huge fight and he moved out",
-    "I'm worried I'll never find a new job", "It has been a really hard year for me",
+    "how could he do this to me?",
+    "He hasn't hurt me physically",
+    "To be continued.",
+    "Thank you",
+    "ok",
+    "Bye for now, talk tomorrow",
+    "I'll give that a try tonight",
+    "That makes sense, I never thought of it that way",
+    "I'm just so tired of my job",
+    "My girlfriend left me and I feel lonely",
+    "I have been so stressed about money lately",
+    "I lost my grandmother last month and I miss her",
+    "I failed my exam and feel stupid",
+    "My boss yells at me every day",
+    "I can't sleep because of my anxiety",
+    "I feel like nobody at school likes me",
+    "We had a huge fight and he moved out",
+    "I'm worried I'll never find a new job",
+    "It has been a really hard year for me",
 ]
 
 
@@ -167,9 +194,12 @@ def test_benign_messages_are_not_flagged():
 # Risk phrasings written for this test (not in the training file): first person, a third person
 # at risk, indirect self-harm, danger from someone else.
 RISKY = [
-    "I want to die", "I've decided to kill myself this weekend",
-    "I have been thinking about suicide every day", "nobody would care if I was gone",
-    "I took all of my sleeping pills an hour ago", "I cut my arms again last night",
+    "I want to die",
+    "I've decided to kill myself this weekend",
+    "I have been thinking about suicide every day",
+    "nobody would care if I was gone",
+    "I took all of my sleeping pills an hour ago",
+    "I cut my arms again last night",
     "my sister told me she is going to take her own life tonight",
     "my best friend has been cutting herself and says she wants to die",
     "my dad said goodbye to all of us and now he's not answering his phone and his gun is gone",
@@ -190,11 +220,21 @@ def test_real_risk_phrasings_are_flagged():
 
 def test_bundled_openings_and_ordinary_chat_are_not_flagged():
     # A flag ends a simulated conversation, so everyday openings must pass.
-    openings = [json.loads(line)["first_message"] for line in
-                (ROOT / "data" / "contexts.jsonl").read_text(encoding="utf-8").splitlines()]
+    openings = [
+        json.loads(line)["first_message"]
+        for line in (ROOT / "data" / "contexts.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
     assert sum(f.flagged for f in _flags(openings)) <= 2
-    chat = ["ok thanks", "hello", "yes please", "what do you mean?", "I'm fine",
-            "good night everyone", "see you tomorrow", "can we talk about my exams?"]
+    chat = [
+        "ok thanks",
+        "hello",
+        "yes please",
+        "what do you mean?",
+        "I'm fine",
+        "good night everyone",
+        "see you tomorrow",
+        "can we talk about my exams?",
+    ]
     assert [f.flagged for f in _flags(chat)] == [False] * len(chat)
 
 
@@ -207,32 +247,42 @@ def test_patterns_only_fallback_rates():
 
 # ---- what a flag records, and no context ----------------------------------------------------
 
+
 def test_each_flag_records_category_and_score_for_the_log():
-    flags = _flags(["I want to end my life", "my friend says she'll kill herself tonight",
-                    "I had a nice day at the beach"])
+    flags = _flags(
+        [
+            "I want to end my life",
+            "my friend says she'll kill herself tonight",
+            "I had a nice day at the beach",
+        ]
+    )
     for flag in flags:
         assert isinstance(flag, safety.CrisisFlag) and isinstance(flag.score, float)
-        json.dumps(dataclasses.asdict(flag))                    # a transcript or log line
+        json.dumps(dataclasses.asdict(flag))  # a transcript or log line
     assert flags[0].flagged and flags[0].category == "explicit_intent"
     assert flags[1].flagged and flags[1].category == "someone_else_at_risk"
     assert not flags[2].flagged and flags[2].category == "" and flags[2].score < 0
     probe_only = safety.default_guard().check("Please don't be angry with me for what I'm doing")
-    assert probe_only.flagged == (probe_only.score > 0)         # no pattern: the score decides
+    assert probe_only.flagged == (probe_only.score > 0)  # no pattern: the score decides
     assert safety.crisis_check("I want to end my life") == (True, "explicit_intent")
 
 
 def test_a_message_is_judged_without_its_context():
     # The guard reads one message at a time: after a sad conversation, a short reply is judged on
     # its own words, exactly as it would be alone.
-    sad = ["My wife left me and took the kids", "I lost my job last week",
-           "Everything feels pointless right now"]
+    sad = [
+        "My wife left me and took the kids",
+        "I lost my job last week",
+        "Everything feels pointless right now",
+    ]
     replies = ["To be continued.", "Thank you", "ok", "Yes, I think I will do that."]
-    together = _flags(sad + replies)[len(sad):]
+    together = _flags(sad + replies)[len(sad) :]
     alone = [safety.default_guard().check(r) for r in replies]
     assert together == alone and not any(f.flagged for f in together)
 
 
 # ---- fallbacks --------------------------------------------------------------------------------
+
 
 def test_missing_encoder_warns_and_falls_back_to_patterns(monkeypatch):
     import models
@@ -245,7 +295,7 @@ def test_missing_encoder_warns_and_falls_back_to_patterns(monkeypatch):
     with pytest.warns(RuntimeWarning, match="patterns only"):
         assert guard.check("I have the rope ready") == safety.CrisisFlag(True, "broad_means")
     with warnings.catch_warnings():
-        warnings.simplefilter("error")                  # warned once, not on every message
+        warnings.simplefilter("error")  # warned once, not on every message
         assert guard.check("what a lovely day") == safety.CrisisFlag(False)
     with pytest.raises(UserError, match="no probe"):
         guard.logits(["hello"])
@@ -259,10 +309,17 @@ def test_missing_weights_file_warns_and_falls_back_to_patterns(tmp_path):
 
 # ---- the math, by hand ------------------------------------------------------------------------
 
+
 def test_pooled_states_hand_computed():
     # One message, 2 layers, 4 positions ([CLS] w1 [SEP] pad), 2 dims.
-    states = torch.tensor([[[[1.0, 0.0], [3.0, -2.0], [5.0, 2.0], [100.0, 100.0]],
-                            [[0.0, 1.0], [2.0, 2.0], [-2.0, 0.0], [100.0, 100.0]]]])
+    states = torch.tensor(
+        [
+            [
+                [[1.0, 0.0], [3.0, -2.0], [5.0, 2.0], [100.0, 100.0]],
+                [[0.0, 1.0], [2.0, 2.0], [-2.0, 0.0], [100.0, 100.0]],
+            ]
+        ]
+    )
     mask = torch.tensor([[1, 1, 1, 0]])
     got = safety.pooled_states(states, mask)
     # means over the 3 real tokens: layer 0 (3, 0), layer 1 (0, 1); max over the one word = w1.
@@ -272,9 +329,14 @@ def test_pooled_states_hand_computed():
 def test_mlp_logits_hand_computed():
     # Two hidden units: gelu(2) = 1.9545, gelu(-1) = -0.1587; logit = 1*1.9545 + 2*(-0.1587) + 0.5.
     # Standardisation first: x = (5, 1), mu = (1, 3), sd = (2, 2) -> z = (2, -1).
-    probe = {"mu": torch.tensor([1.0, 3.0]), "sd": torch.tensor([2.0, 2.0]),
-             "w1": torch.tensor([[1.0, 0.0], [0.0, 1.0]]), "b1": torch.tensor([0.0, 0.0]),
-             "w2": torch.tensor([1.0, 2.0]), "b2": torch.tensor(0.5)}
+    probe = {
+        "mu": torch.tensor([1.0, 3.0]),
+        "sd": torch.tensor([2.0, 2.0]),
+        "w1": torch.tensor([[1.0, 0.0], [0.0, 1.0]]),
+        "b1": torch.tensor([0.0, 0.0]),
+        "w2": torch.tensor([1.0, 2.0]),
+        "b2": torch.tensor(0.5),
+    }
     got = safety.mlp_logits(probe, torch.tensor([[5.0, 1.0]]))
     assert torch.allclose(got, torch.tensor([1.9545 - 0.3173 + 0.5]), atol=1e-3)
 
@@ -285,7 +347,7 @@ def test_fit_mlp_learns_a_rule_on_raw_features():
     y = (X[:, 0] - 5.0 > 0).float()
     probe = training.fit_mlp(X, y, torch.ones(400), hidden=8, epochs=200, lr=1e-2, dropout=0.0)
     accuracy = ((safety.mlp_logits(probe, X) > 0).float() == y).float().mean()
-    assert accuracy > 0.95                      # raw features in: mu and sd travel with it
+    assert accuracy > 0.95  # raw features in: mu and sd travel with it
 
 
 def test_group_folds_keep_a_dialogue_together_and_are_seeded():
@@ -308,40 +370,53 @@ def test_probe_windows():
     words = [f"w{i}" for i in range(130)]
     windows = safety.probe_windows(" " + " ".join(words) + " ")
     assert [(w.split()[0], w.split()[-1]) for w in windows] == [
-        ("w0", "w59"), ("w30", "w89"), ("w60", "w119"), ("w90", "w129")]
-    assert len(safety.probe_windows(" i am fine " * 1000)) == 1      # repeats are read once
+        ("w0", "w59"),
+        ("w30", "w89"),
+        ("w60", "w119"),
+        ("w90", "w129"),
+    ]
+    assert len(safety.probe_windows(" i am fine " * 1000)) == 1  # repeats are read once
 
 
 # ---- behaviours ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, group", [
-    ("I have the rope ready", "means"),
-    ("I cannot cope anymore", "trapped"),
-    ("I keep hitting my arms when I am angry", "self_harm"),
-    ("my phone died", ""),                                   # everyday use, blanked
-    ("the hero dies at the end of the book", ""),            # a story
-    ("I'm not suicidal, just tired", ""),                    # a denial, blanked
-    ("what a lovely day", ""),                               # no risk words at all
-])
+
+@pytest.mark.parametrize(
+    "text, group",
+    [
+        ("I have the rope ready", "means"),
+        ("I cannot cope anymore", "trapped"),
+        ("I keep hitting my arms when I am angry", "self_harm"),
+        ("my phone died", ""),  # everyday use, blanked
+        ("the hero dies at the end of the book", ""),  # a story
+        ("I'm not suicidal, just tired", ""),  # a denial, blanked
+        ("what a lovely day", ""),  # no risk words at all
+    ],
+)
 def test_broad_net_groups(text, group):
     assert safety.broad_net(safety.blank(safety.normalise(text))) == group
 
 
-@pytest.mark.parametrize("text, category", [
-    ("I've sort of burned myself out at work", ""),           # idioms blanked
-    ("how do I take some pressure off myself?", ""),
-    ("it's hard not to drown myself in work", ""),
-    ("I burned myself on purpose", "self_harm"),
-    ("I want to drown myself", "explicit_intent"),
-])
+@pytest.mark.parametrize(
+    "text, category",
+    [
+        ("I've sort of burned myself out at work", ""),  # idioms blanked
+        ("how do I take some pressure off myself?", ""),
+        ("it's hard not to drown myself in work", ""),
+        ("I burned myself on purpose", "self_harm"),
+        ("I want to drown myself", "explicit_intent"),
+    ],
+)
 def test_explicit_patterns_and_idioms(text, category):
     assert safety.explicit_category(safety.blank(safety.normalise(text))) == category
 
 
 def test_probe_flags_messages_without_risk_words():
     # No pattern and no broad-net word: only the probe can flag these (both are training rows).
-    for text in ["Please don't be angry with me for what I'm about to do",
-                 "I'd be doing everyone a favour by leaving this world"]:
+    for text in [
+        "Please don't be angry with me for what I'm about to do",
+        "I'd be doing everyone a favour by leaving this world",
+    ]:
         searchable = safety.blank(safety.normalise(text))
         assert safety.explicit_category(searchable) == "" and safety.broad_net(searchable) == ""
         assert safety.crisis_check(text) == (True, "probe")
@@ -358,67 +433,80 @@ def test_batch_and_single_checks_agree():
 
 def test_import_loads_no_model():
     code = "import sys; from extras import safety; print([m for m in ('torch', 'transformers') if m in sys.modules])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("text", [
-    "this exam is killing me",
-    "I could die of embarrassment",
-    "I'm dying to see that film",
-    "my feet are killing me",
-    "I'd kill for a coffee",
-    "the suspense is killing me",
-    "that joke killed",
-    "I nearly died laughing",
-    "kill the process",
-    "I'm done with this diet",
-    "I'm so tired of rainy days",
-    "my phone died",
-    "my mum is going to kill me when she sees my report card",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "this exam is killing me",
+        "I could die of embarrassment",
+        "I'm dying to see that film",
+        "my feet are killing me",
+        "I'd kill for a coffee",
+        "the suspense is killing me",
+        "that joke killed",
+        "I nearly died laughing",
+        "kill the process",
+        "I'm done with this diet",
+        "I'm so tired of rainy days",
+        "my phone died",
+        "my mum is going to kill me when she sees my report card",
+    ],
+)
 def test_hyperbole_not_flagged(text):
     assert safety.crisis_check(text) == (False, "")
 
 
-@pytest.mark.parametrize("text, category", [
-    ("I don't see the point in going on", "passive_death_wish"),
-    ("everyone would be better off without me", "burden_goodbye"),
-    ("I've been giving my things away and writing goodbye letters", "burden_goodbye"),
-    ("I want to go to sleep and never wake up", "passive_death_wish"),
-    ("I've been cutting again", "self_harm"),
-    ("kms", "explicit_intent"),
-    ("he's outside with a knife", "danger_from_others"),
-    ("I took a whole bottle of pills", "method_means"),
-    ("my friend says she's going to kill herself", "someone_else_at_risk"),
-])
+@pytest.mark.parametrize(
+    "text, category",
+    [
+        ("I don't see the point in going on", "passive_death_wish"),
+        ("everyone would be better off without me", "burden_goodbye"),
+        ("I've been giving my things away and writing goodbye letters", "burden_goodbye"),
+        ("I want to go to sleep and never wake up", "passive_death_wish"),
+        ("I've been cutting again", "self_harm"),
+        ("kms", "explicit_intent"),
+        ("he's outside with a knife", "danger_from_others"),
+        ("I took a whole bottle of pills", "method_means"),
+        ("my friend says she's going to kill herself", "someone_else_at_risk"),
+    ],
+)
 def test_risks_flagged_with_category(text, category):
     assert safety.crisis_check(text) == (True, category)
 
 
-@pytest.mark.parametrize("text", [
-    "this exam is killing me and honestly I want to die",
-    "I could die of embarrassment, honestly I want to die",
-    "my feet are killing me and I've been cutting again",
-    "the suspense is killing me, also I took all my pills",
-    "I'm dying to see that film but I keep thinking about ending it all",
-    "I'd rather die than sing karaoke. but really, nobody would care if I died",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "this exam is killing me and honestly I want to die",
+        "I could die of embarrassment, honestly I want to die",
+        "my feet are killing me and I've been cutting again",
+        "the suspense is killing me, also I took all my pills",
+        "I'm dying to see that film but I keep thinking about ending it all",
+        "I'd rather die than sing karaoke. but really, nobody would care if I died",
+    ],
+)
 def test_hyperbole_does_not_hide_real_risk(text):
     assert safety.crisis_check(text)[0]
 
 
-@pytest.mark.parametrize("text", [
-    "i wanna diiiie",                       # stretched letters + chat spelling
-    "i want 2 die",
-    "K1ll mys3lf",                          # digits for letters
-    "im so sucidal rn",                     # misspelling
-    "thinking about sewer slide",           # filter-dodging euphemism
-    "ｉ ｗａｎｔ ｔｏ ｄｉｅ",                  # full-width letters (NFKC)
-    "I don\u2019t want to be alive",          # curly apostrophe
-    "I CAN'T GO ON",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "i wanna diiiie",  # stretched letters + chat spelling
+        "i want 2 die",
+        "K1ll mys3lf",  # digits for letters
+        "im so sucidal rn",  # misspelling
+        "thinking about sewer slide",  # filter-dodging euphemism
+        "ｉ ｗａｎｔ ｔｏ ｄｉｅ",  # full-width letters (NFKC)
+        "I don\u2019t want to be alive",  # curly apostrophe
+        "I CAN'T GO ON",
+    ],
+)
 def test_spelling_variants_flagged(text):
     assert safety.crisis_check(text)[0]
 
@@ -440,23 +528,37 @@ def test_denials_and_their_limits():
 def test_explicit_patterns_flag_jokes_too():
     # A known cost, listed under Limits in extras/safety.py: an explicit pattern flags on its own, and
     # it cannot tell a joke.
-    assert safety.crisis_check("I'm going to kill myself if this meeting runs over lol") == \
-        (True, "explicit_intent")
+    assert safety.crisis_check("I'm going to kill myself if this meeting runs over lol") == (
+        True,
+        "explicit_intent",
+    )
 
 
-@pytest.mark.parametrize("text", ["", "   ", "\n\t \n", "\u00e9\u00e8\u4e2d\u6587\U0001F480",
-                                  "\x00\ud800", "x" * 100_000, "I'm fine. " * 5_000])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "   ",
+        "\n\t \n",
+        "\u00e9\u00e8\u4e2d\u6587\U0001f480",
+        "\x00\ud800",
+        "x" * 100_000,
+        "I'm fine. " * 5_000,
+    ],
+)
 def test_odd_input_never_raises_and_is_not_flagged(text):
     assert safety.crisis_check(text) == (False, "")
 
 
 def test_long_message_with_risk_at_the_end_is_flagged():
     # ~90 words: read whole, the everyday part dilutes the last sentence; 60-word windows do not.
-    text = ("Work was a nightmare again today, my manager moved the deadline forward and then "
-            "blamed me in front of everyone for the delay. I came home, made some pasta, watched "
-            "half a film and could not concentrate on any of it. My flatmate asked if I was okay "
-            "and I said yes. I'm not. I've been saving my pills and I think this weekend is when "
-            "I'll take them all.")
+    text = (
+        "Work was a nightmare again today, my manager moved the deadline forward and then "
+        "blamed me in front of everyone for the delay. I came home, made some pasta, watched "
+        "half a film and could not concentrate on any of it. My flatmate asked if I was okay "
+        "and I said yes. I'm not. I've been saving my pills and I think this weekend is when "
+        "I'll take them all."
+    )
     assert len(safety.probe_windows(safety.blank(safety.normalise(text)))) > 1
     assert safety.crisis_check(text) == (True, "method_means")
 
@@ -473,6 +575,7 @@ def test_crisis_message_content():
 
 
 # ---- no silent change --------------------------------------------------------------------------
+
 
 def test_decisions_match_the_snapshot():
     # tests/fixtures/safety_decisions.json: for every row of every fixture list, the text's hash

@@ -11,16 +11,18 @@ import json
 import threading
 
 import pytest
+from fake_openai import FakeServer, completion
 
 import mascot
 import models
 import simulate
-from plumbing.served import ServedModel
-from fake_openai import FakeServer, completion
 from plumbing import common
+from plumbing.served import ServedModel
 
-CHAT = [{"role": "system", "content": "You are Anchor, a warm listener."},
-        {"role": "user", "content": "I failed my driving test today."}]
+CHAT = [
+    {"role": "system", "content": "You are Anchor, a warm listener."},
+    {"role": "user", "content": "I failed my driving test today."},
+]
 
 
 def by_role(body):
@@ -33,34 +35,53 @@ def by_role(body):
         return completion("served user line")
     if system.startswith("You are "):
         return completion(f"served reply from {system.split()[2].strip(',.')}")
-    return completion("OK")                                      # the preflight
+    return completion("OK")  # the preflight
 
 
 def served(url, tmp_path=None, **kw):
-    return ServedModel(url, "m", "--speakers openai:" + url, "--speakers-model",
-                       cache_path=tmp_path / "cache.jsonl" if tmp_path else None, **kw)
+    return ServedModel(
+        url,
+        "m",
+        "--speakers openai:" + url,
+        "--speakers-model",
+        cache_path=tmp_path / "cache.jsonl" if tmp_path else None,
+        **kw,
+    )
 
 
 def test_a_served_model_gets_the_prompts_and_sampling_settings_a_local_one_would(tmp_path):
     with FakeServer([completion("fine")]) as server:
         model = served(server.url, tmp_path)
-        texts = models.generate_texts(model, None, [CHAT, CHAT], 24, temperature=0.7, top_p=0.9, seeds=[11, 12])
+        texts = models.generate_texts(
+            model, None, [CHAT, CHAT], 24, temperature=0.7, top_p=0.9, seeds=[11, 12]
+        )
         assert texts == ["fine", "fine"]
         sent = sorted((r["json"] for r in server.requests), key=lambda b: b["seed"])
         assert [b["seed"] for b in sent] == [11, 12]
-        assert all(b["messages"] == CHAT and b["max_tokens"] == 24 and b["temperature"] == 0.7
-                   and b["top_p"] == 0.9 and b["model"] == "m" for b in sent)
-        models.generate_texts(model, None, [CHAT], 8, seeds=None)             # greedy: temperature 0, no seed
+        assert all(
+            b["messages"] == CHAT
+            and b["max_tokens"] == 24
+            and b["temperature"] == 0.7
+            and b["top_p"] == 0.9
+            and b["model"] == "m"
+            for b in sent
+        )
+        models.generate_texts(model, None, [CHAT], 8, seeds=None)  # greedy: temperature 0, no seed
         greedy = server.requests[-1]["json"]
         assert greedy["temperature"] == 0 and "seed" not in greedy and "top_p" not in greedy
         # Every reply was cached as it came: the same questions again send nothing.
         again = served(server.url, tmp_path)
         before = len(server.requests)
-        assert models.generate_texts(again, None, [CHAT, CHAT], 24, 0.7, 0.9, [11, 12]) == ["fine", "fine"]
+        assert models.generate_texts(again, None, [CHAT, CHAT], 24, 0.7, 0.9, [11, 12]) == [
+            "fine",
+            "fine",
+        ]
         assert len(server.requests) == before
 
 
-def test_requests_overlap_up_to_the_concurrency_and_an_interrupted_batch_keeps_its_replies(tmp_path):
+def test_requests_overlap_up_to_the_concurrency_and_an_interrupted_batch_keeps_its_replies(
+    tmp_path,
+):
     gate = threading.Event()
 
     def slow(body):
@@ -75,7 +96,7 @@ def test_requests_overlap_up_to_the_concurrency_and_an_interrupted_batch_keeps_i
             model.generate_texts([CHAT] * 8, 8, seeds=list(range(8)))
         assert server.max_active <= 3 and server.max_active >= 2
         kept = len(model.cache)
-        assert kept >= 1                                     # what arrived before the error is kept
+        assert kept >= 1  # what arrived before the error is kept
         port = server.httpd.server_address[1]
     # A rerun (same server, restarted) asks only for what is missing, the failed seed 5 included.
     with FakeServer([lambda body: completion(f"reply {body['seed']}")], port=port) as server:
@@ -86,8 +107,9 @@ def test_requests_overlap_up_to_the_concurrency_and_an_interrupted_batch_keeps_i
 
 
 def test_a_served_role_needs_its_model_name_and_a_url():
-    args = argparse.Namespace(speakers_model=None, served_timeout=5, served_retries=0, served_concurrency=2,
-                              device="cpu")
+    args = argparse.Namespace(
+        speakers_model=None, served_timeout=5, served_retries=0, served_concurrency=2, device="cpu"
+    )
     with pytest.raises(common.UserError, match="--speakers-model"):
         mascot.load_role("openai:http://127.0.0.1:9/v1", "speakers", args)
     args.speakers_model = "m"
@@ -106,41 +128,122 @@ def test_simulate_evaluate_and_stage_2_with_served_roles(tmp_path):
     with FakeServer([by_role]) as server:
         url = "openai:" + server.url
         run = str(tmp_path / "run")
-        served_flags = ["--speakers", url, "--speakers-model", "speaker-m", "--user", url, "--user-model", "user-m"]
-        simulate_flags = ["simulate", "--model", "tiny", "--run", run, "--contexts", "2", "--turns", "3",
-                          "--max-new-tokens", "6", *served_flags]
+        served_flags = [
+            "--speakers",
+            url,
+            "--speakers-model",
+            "speaker-m",
+            "--user",
+            url,
+            "--user-model",
+            "user-m",
+        ]
+        simulate_flags = [
+            "simulate",
+            "--model",
+            "tiny",
+            "--run",
+            run,
+            "--contexts",
+            "2",
+            "--turns",
+            "3",
+            "--max-new-tokens",
+            "6",
+            *served_flags,
+        ]
         run_main(simulate_flags)
-        rows = [json.loads(x) for x in (tmp_path / "run" / "simulate" / "round-robin.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(x)
+            for x in (tmp_path / "run" / "simulate" / "round-robin.jsonl").read_text().splitlines()
+        ]
         agent_texts = [t["text"] for r in rows for t in r["turns"] if t["directive"]]
-        user_texts = [t["text"] for r in rows for t in r["turns"][1:] if t["speaker"] == simulate.USER]
+        user_texts = [
+            t["text"] for r in rows for t in r["turns"][1:] if t["speaker"] == simulate.USER
+        ]
         assert len(agent_texts) == 6 and all(t.startswith("served reply from") for t in agent_texts)
         assert user_texts == ["served user line"] * 2
         # Each role is asked under its own model name, with the prompt a local model would get.
-        asked = {(r["json"]["model"], r["json"]["messages"][0]["content"].split(".")[0][:30]) for r in server.requests}
+        asked = {
+            (r["json"]["model"], r["json"]["messages"][0]["content"].split(".")[0][:30])
+            for r in server.requests
+        }
         assert ("user-m", "You are role-playing a real pe") in asked
         assert {m for m, _ in asked} == {"speaker-m", "user-m"}
         sent = len(server.requests)
         run_main(simulate_flags)
-        assert len(server.requests) == sent + 2      # the two preflights; every reply from the cache
+        assert len(server.requests) == sent + 2  # the two preflights; every reply from the cache
 
         # evaluate: the trained speakers and the trained director are served (mascot, mascot-c).
-        run_main(["evaluate", "--model", "tiny", "--run", run, "--contexts", "2", "--turns", "3",
-                  "--max-new-tokens", "6", "--systems", "mascot,mascot-c", "--no-persona-id", *served_flags,
-                  "--director", url, "--director-model", "director-m"])
+        run_main(
+            [
+                "evaluate",
+                "--model",
+                "tiny",
+                "--run",
+                run,
+                "--contexts",
+                "2",
+                "--turns",
+                "3",
+                "--max-new-tokens",
+                "6",
+                "--systems",
+                "mascot,mascot-c",
+                "--no-persona-id",
+                *served_flags,
+                "--director",
+                url,
+                "--director-model",
+                "director-m",
+            ]
+        )
         results = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
         assert list(results["systems"]) == ["mascot-c", "mascot"]
         assert results["systems"]["mascot"]["director"] == f"trained: {url}"
         invalid, total = results["systems"]["mascot"]["directives"]
         assert total > 0 and invalid == 0
-        transcripts = [json.loads(x) for x in (tmp_path / "run" / "eval" / "transcripts.jsonl").read_text().splitlines()]
-        directed = [t for r in transcripts if r["system"] == "mascot" for t in r["turns"] if t["directive"]]
-        assert directed and all(t["speaker"] == "Guide" for t in directed)     # the served director chose
+        transcripts = [
+            json.loads(x)
+            for x in (tmp_path / "run" / "eval" / "transcripts.jsonl").read_text().splitlines()
+        ]
+        directed = [
+            t for r in transcripts if r["system"] == "mascot" for t in r["turns"] if t["directive"]
+        ]
+        assert directed and all(
+            t["speaker"] == "Guide" for t in directed
+        )  # the served director chose
         assert "director-m" in {r["json"]["model"] for r in server.requests}
 
         # Stage 2: speakers and user served, the director trained here on the tiny model.
-        run_main(["train", "--stage", "2", "--model", "tiny", "--run", run, "--steps", "1", "--prompts-per-step", "2",
-                  "--group-size", "2", "--max-new-tokens", "6", "--decision-points", "2", "--heldout-points", "2",
-                  "--rollout-turns", "1", "--director-warmup", "0", *served_flags])
+        run_main(
+            [
+                "train",
+                "--stage",
+                "2",
+                "--model",
+                "tiny",
+                "--run",
+                run,
+                "--steps",
+                "1",
+                "--prompts-per-step",
+                "2",
+                "--group-size",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--decision-points",
+                "2",
+                "--heldout-points",
+                "2",
+                "--rollout-turns",
+                "1",
+                "--director-warmup",
+                "0",
+                *served_flags,
+            ]
+        )
         assert (tmp_path / "run" / "stage2" / "director" / "config.json").exists()
         assert (tmp_path / "run" / "stage2" / "served_cache.jsonl").stat().st_size > 0
 
@@ -149,14 +252,37 @@ def test_stage_1_with_a_judge_that_decides_nothing_says_so(tmp_path, capsys):
     """SmolLM2-135M served as the judge answers every rating with "Your response is 5 stars." and
     every comparison with "A": readable, but no gap and no order-consistent verdict. Stage 1 must
     stop naming the judge and what it could not decide (not at the reward model, much later)."""
+
     def weak_judge(body):
         prompt = body["messages"][-1]["content"]
         return completion("A" if "Reply A" in prompt else "Your response is 5 stars.")
 
     with FakeServer([weak_judge]) as server:
-        code = mascot.main(["train", "--stage", "1", "--model", "tiny", "--run", str(tmp_path), "--states", "2",
-                            "--heldout-states", "1", "--candidates", "3", "--max-new-tokens", "6",
-                            "--judge", f"openai:{server.url}", "--judge-model", "smollm2"])
+        code = mascot.main(
+            [
+                "train",
+                "--stage",
+                "1",
+                "--model",
+                "tiny",
+                "--run",
+                str(tmp_path),
+                "--states",
+                "2",
+                "--heldout-states",
+                "1",
+                "--candidates",
+                "3",
+                "--max-new-tokens",
+                "6",
+                "--judge",
+                f"openai:{server.url}",
+                "--judge-model",
+                "smollm2",
+            ]
+        )
     err = capsys.readouterr().err
     assert code == 2 and "confirmed no preference pair" in err and f"openai:{server.url}" in err
-    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1    # one line (tqdm aside)
+    assert (
+        len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+    )  # one line (tqdm aside)
