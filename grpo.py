@@ -29,8 +29,9 @@ import contextlib
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -83,24 +84,22 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-LOSS_TYPES, SCALINGS = (
-    ("dapo", "grpo", "dr_grpo", "bnpo"),
-    ["group", "batch", "none"],
-)  # TRL's choices
+# TRL's choices of the loss denominator (grpo_loss) and of the advantages' scale (group_advantages).
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
+SCALINGS = ["group", "batch", "none"]
 
 
-def grpo_loss(
-    logps,
-    old_logps,
-    ref_logps,
-    advantages,
-    mask,
-    eps_low=0.2,
-    eps_high=0.28,
-    beta=0.0,
-    loss_type="dapo",
-    normalizer=None,
-):
+@dataclass(frozen=True)
+class LossSettings:
+    """The knobs of grpo_loss; GRPOConfig.loss_settings() reads them from the flags."""
+
+    eps_low: float = 0.2  # the ratio may fall to 1 - eps_low (PPO's clip, Schulman et al. 2017)
+    eps_high: float = 0.28  # ... and rise to 1 + eps_high (DAPO's clip-higher, Yu et al. 2025)
+    beta: float = 0.0  # the KL weight; 0: no reference model needed
+    loss_type: str = "dapo"  # the denominator, one of LOSS_TYPES (see grpo_loss)
+
+
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, knobs=LossSettings(), normalizer=None):
     """The clipped GRPO surrogate (to minimise), per token, with an optional k3 KL penalty:
 
         loss_t = -min(r A_i, clip(r, 1 - eps_low, 1 + eps_high) A_i) + beta KL_t,  r = exp(logp - old_logp)
@@ -119,42 +118,62 @@ def grpo_loss(
     never binds, but d r / d logp = 1, so the gradient is exactly -A grad(logp) / denominator.
 
     logps: (B, C) under the policy (with grad); old_logps, ref_logps: (B, C) or None (beta must then be 0);
-    advantages: (B,); mask: (B, C) 1 for real completion tokens. Returns (loss, stats) with "kl" (NaN without a
-    reference), "clip_frac", "ratio_mean", "n_tokens"."""
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
-    if beta != 0.0 and ref_logps is None:
+    advantages: (B,); mask: (B, C) 1 for real completion tokens; knobs: LossSettings. Returns (loss, stats)
+    with "kl" (NaN without a reference), "clip_frac", "ratio_mean", "n_tokens"."""
+    if knobs.loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {knobs.loss_type!r}")
+    if knobs.beta != 0.0 and ref_logps is None:
         raise ValueError("beta > 0 needs ref_logps (log-probs under the reference model)")
-    old_logps = logps.detach() if old_logps is None else old_logps  # (B, C)
+    if old_logps is None:
+        old_logps = logps.detach()  # (B, C) one update per batch: pi_old is pi_theta
     mask = mask.to(logps.dtype)  # (B, C) 1.0 real, 0.0 padding
     adv = advantages.to(logps.dtype).unsqueeze(1)  # (B, 1) broadcast over tokens
     ratio = torch.exp(logps - old_logps)  # (B, C) pi_theta / pi_old
+    clipped_ratio = ratio.clamp(1 - knobs.eps_low, 1 + knobs.eps_high)  # (B, C)
     # min of the two = the pessimistic one: once the ratio has moved past the clip edge in the
     # direction A rewards, the clipped branch is a constant and the gradient stops.
-    per_token = -torch.min(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)  # (B, C)
+    per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, C)
+    kl = None
     if ref_logps is not None:
         log_ref_over_pi = ref_logps - logps  # (B, C)
         kl = torch.exp(log_ref_over_pi) - log_ref_over_pi - 1  # (B, C) k3, >= 0
-        per_token = per_token + beta * kl
-    summed = per_token * mask  # (B, C) padding contributes 0
+        per_token = per_token + knobs.beta * kl
+    loss = reduce_loss(per_token * mask, mask, knobs.loss_type, normalizer)  # padding contributes 0
+    return loss, loss_stats(ratio, adv, kl, mask, knobs)
+
+
+def reduce_loss(summed, mask, loss_type: str, normalizer=None):
+    """The per-token losses (B, C), zero at padding, to one number, by loss_type's denominator
+    (grpo_loss's docstring says why each). normalizer: the whole optimiser step's count."""
     if loss_type in ("dapo", "bnpo"):
-        loss = summed.sum() / (mask.sum().clamp(min=1) if normalizer is None else normalizer)  # ()
-    elif loss_type == "dr_grpo":
-        loss = summed.sum() / (mask.numel() if normalizer is None else normalizer)
-    else:
-        per_seq = summed.sum(1) / mask.sum(1).clamp(min=1)  # (B,)
-        loss = per_seq.sum() / (len(per_seq) if normalizer is None else normalizer)
-    with torch.no_grad():
-        # Clipped in the binding direction, as TRL counts it: a bad token already made rare enough
-        # (r < 1 - eps_low, A < 0) or a good one likely enough (r > 1 + eps_high, A > 0).
-        clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
-        stats = {
-            "kl": masked_mean(kl, mask).item() if ref_logps is not None else float("nan"),
-            "clip_frac": masked_mean(clipped.to(mask.dtype), mask).item(),
-            "ratio_mean": masked_mean(ratio, mask).item(),
-            "n_tokens": int(mask.sum().item()),
-        }
-    return loss, stats
+        if normalizer is None:
+            normalizer = mask.sum().clamp(min=1)  # the real tokens of this batch
+        return summed.sum() / normalizer  # ()
+    if loss_type == "dr_grpo":
+        if normalizer is None:
+            normalizer = mask.numel()  # sequences x the completion width
+        return summed.sum() / normalizer
+    per_seq = summed.sum(1) / mask.sum(1).clamp(min=1)  # (B,) each sequence's mean
+    if normalizer is None:
+        normalizer = len(per_seq)
+    return per_seq.sum() / normalizer
+
+
+@torch.no_grad()
+def loss_stats(ratio, adv, kl, mask, knobs: LossSettings) -> dict:
+    """What the step's log line shows of the loss: the KL (NaN without a reference), the share of
+    tokens clipped, the mean ratio, the number of real tokens."""
+    # Clipped in the binding direction, as TRL counts it: a bad token already made rare enough
+    # (r < 1 - eps_low, A < 0) or a good one likely enough (r > 1 + eps_high, A > 0).
+    fell = (ratio < 1 - knobs.eps_low) & (adv < 0)  # (B, C)
+    rose = (ratio > 1 + knobs.eps_high) & (adv > 0)  # (B, C)
+    clipped = fell | rose
+    return {
+        "kl": masked_mean(kl, mask).item() if kl is not None else float("nan"),
+        "clip_frac": masked_mean(clipped.to(mask.dtype), mask).item(),
+        "ratio_mean": masked_mean(ratio, mask).item(),
+        "n_tokens": int(mask.sum().item()),
+    }
 
 
 # --- Log-probs of completions under a causal LM -------------------------------------------------
@@ -167,45 +186,66 @@ def completion_hidden(model, ids, mask, positions, P: int):
     own reply only, exactly what they would see in their own row. So states and gradients are the plain path's
     (up to float summation order), while the prompt's activations exist once per group: 2 x (300 + 4 x 32)
     tokens instead of 8 x 332 at our shapes: the sampler's shared prefill, for training."""
+    C = ids.shape[1] - P
+    seq_ids, seq_pos, who, rows = pack_groups(ids, mask, positions, P)  # (U, L) each
+    hidden = model.get_decoder()(
+        input_ids=seq_ids,
+        position_ids=seq_pos,
+        attention_mask=packed_attention(who)[:, None],  # (U, 1, L, L): one head dimension
+        use_cache=False,
+    ).last_hidden_state  # (U, L, H)
+    return unpack_completions(hidden, rows, len(ids), C)  # (B, C, H)
+
+
+def left_pad_1d(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    """A 1-D tensor padded on the left with `value` to `width`."""
+    return torch.cat([x.new_full((width - len(x),), value), x])
+
+
+def pack_groups(ids, mask, positions, P: int):
+    """One packed sequence per distinct prompt: its real prompt tokens, then each of its replies.
+    Returns (tokens, positions, owner), each (U, L) and left-padded, and the rows of each sequence:
+    owner is -2 on padding, -1 on the prompt, j on the tokens of the sequence's j-th reply."""
     B, C = len(ids), ids.shape[1] - P
     first, index = models.distinct_rows(torch.cat([ids[:, :P], mask[:, :P]], 1).tolist())
-    seqs, pos, owner, rows = (
-        [],
-        [],
-        [],
-        [],
-    )  # per distinct prompt: tokens, positions, reply of each token
+    seqs, pos, owner, rows = [], [], [], []
     for u, f in enumerate(first):
-        mine = [b for b in range(B) if index[b] == u]
+        mine = [b for b in range(B) if index[b] == u]  # the rows that answer this prompt
         real = mask[f, :P].bool()  # the prompt without its left padding
         seqs.append(torch.cat([ids[f, :P][real], ids[mine, P:].reshape(-1)]))
         pos.append(torch.cat([positions[f, :P][real], positions[mine, P:].reshape(-1)]))
-        owner.append(
-            torch.cat(
-                [torch.full((int(real.sum()),), -1), torch.arange(len(mine)).repeat_interleave(C)]
-            )
-        )
+        prompt_owner = torch.full((int(real.sum()),), -1)
+        reply_owner = torch.arange(len(mine)).repeat_interleave(C)
+        owner.append(torch.cat([prompt_owner, reply_owner]))
         rows.append(mine)
     L = max(len(x) for x in seqs)  # left-pad the packed sequences to one width
-    pad = lambda x, v: torch.cat([x.new_full((L - len(x),), v), x])  # noqa: E731
-    seq_ids = torch.stack([pad(x, 0) for x in seqs]).to(ids.device)  # (U, L)
-    seq_pos = torch.stack([pad(x, 0) for x in pos]).to(ids.device)  # (U, L)
-    who = torch.stack([pad(x, -2) for x in owner]).to(ids.device)  # (U, L) -2 pad, -1 prompt
+    seq_ids = torch.stack([left_pad_1d(x, L, 0) for x in seqs]).to(ids.device)  # (U, L)
+    seq_pos = torch.stack([left_pad_1d(x, L, 0) for x in pos]).to(ids.device)  # (U, L)
+    who = torch.stack([left_pad_1d(x, L, -2) for x in owner]).to(ids.device)  # (U, L)
+    return seq_ids, seq_pos, who, rows
+
+
+def packed_attention(who: torch.Tensor) -> torch.Tensor:
+    """(U, L, L) boolean: may the query token (row) see the key token (column)? Causal, never padding,
+    and a reply's token sees the prompt and its own reply only, never a sibling reply."""
+    L = who.shape[1]
     q, k = who[:, :, None], who[:, None, :]  # (U, L, 1), (U, 1, L)
-    causal = torch.ones(L, L, dtype=torch.bool, device=ids.device).tril()  # (L, L)
+    causal = torch.ones(L, L, dtype=torch.bool, device=who.device).tril()  # (L, L)
     allowed = causal & (k != -2) & ((k == -1) | (k == q))  # (U, L, L)
-    allowed |= torch.eye(
-        L, dtype=torch.bool, device=ids.device
-    )  # a padding row sees itself: no empty softmax
-    hidden = model.get_decoder()(
-        input_ids=seq_ids, position_ids=seq_pos, attention_mask=allowed[:, None], use_cache=False
-    ).last_hidden_state  # (U, L, H)
+    # A padding row sees itself, so no row of the softmax is empty (that would be NaN).
+    allowed |= torch.eye(L, dtype=torch.bool, device=who.device)
+    return allowed
+
+
+def unpack_completions(hidden, rows, B: int, C: int):
+    """Back from packed (U, L, H) to one row per completion, (B, C, H): the states that PREDICT each
+    reply token. The last prompt state predicts reply token 0; reply token t predicts token t + 1."""
+    L = hidden.shape[1]
     out = hidden.new_empty(B, C, hidden.shape[-1])
     for u, mine in enumerate(rows):
         start = L - len(mine) * C  # where the packed replies begin
         for j, b in enumerate(mine):
             reply = start + j * C
-            # The last prompt state predicts reply token 0; reply token t predicts token t + 1.
             out[b] = torch.cat([hidden[u, start - 1 : start], hidden[u, reply : reply + C - 1]])
     return out
 
@@ -229,11 +269,11 @@ def completion_logprobs(
     if not 1 <= P < T:
         raise ValueError(f"n_prompt must be in [1, {T - 1}] for input width {T}, got {P}")
     positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
-    hidden = completion_hidden(model, input_ids, attention_mask, positions, P).reshape(
-        B * C, -1
-    )  # (B*C, H)
+    hidden = completion_hidden(model, input_ids, attention_mask, positions, P)  # (B, C, H)
+    hidden = hidden.reshape(B * C, -1)  # (B*C, H)
     targets = input_ids[:, P:].reshape(B * C)  # (B*C,)
-    head, out = model.get_output_embeddings(), []
+    head = model.get_output_embeddings()
+    out = []
     for start in range(0, B * C, chunk_size):
         logits = head(hidden[start : start + chunk_size]).float() / temperature  # (n, V)
         out.append(
@@ -251,7 +291,8 @@ def target_logprobs(model, pad_id: int, rows: list[tuple[list[int], list[int]]])
     c_ids = torch.full((len(rows), max(len(c) for _, c in rows)), pad_id, dtype=torch.long)
     c_mask = torch.zeros_like(c_ids)
     for r, (_, c) in enumerate(rows):
-        c_ids[r, : len(c)], c_mask[r, : len(c)] = torch.tensor(c, dtype=torch.long), 1
+        c_ids[r, : len(c)] = torch.tensor(c, dtype=torch.long)
+        c_mask[r, : len(c)] = 1
     dev = next(model.parameters()).device
     logps = completion_logprobs(
         model,
@@ -314,9 +355,8 @@ class GRPOConfig:
         "recompute activations in backward (GRPO, the reward model, the "
         "director's warm start): far less memory, ~1/5 more compute",
     )
-    sample_bf16: bool = (
-        False  # sample from a bf16 copy of the policy (mascot: --dtype; models.SamplingCopy)
-    )
+    # Sample from a bf16 copy of the policy (mascot.py sets it from --dtype; models.SamplingCopy).
+    sample_bf16: bool = False
     # Fixed choices, not flags (why: where they are used).
     warmup_steps: int = 2  # linear warm-up, then constant (lr_at)
     weight_decay: float = 0.0
@@ -324,14 +364,16 @@ class GRPOConfig:
     top_p: float = 1.0  # no nucleus truncation while training: sample the policy itself
     max_bad_steps: int = 3  # consecutive non-finite steps before the run stops
 
+    def loss_settings(self) -> LossSettings:
+        """The flags grpo_loss reads (--epsilon, --epsilon-high, --beta, --loss-type)."""
+        return LossSettings(self.epsilon, self.epsilon_high, self.beta, self.loss_type)
+
 
 def lr_at(step: int, cfg: GRPOConfig) -> float:
     """Linear warm-up, then constant: a function of the step alone, so a resume needs no scheduler."""
-    return (
-        cfg.learning_rate * min(1.0, (step + 1) / cfg.warmup_steps)
-        if cfg.warmup_steps > 0
-        else cfg.learning_rate
-    )
+    if cfg.warmup_steps <= 0:
+        return cfg.learning_rate
+    return cfg.learning_rate * min(1.0, (step + 1) / cfg.warmup_steps)
 
 
 def sample_batch(pool: list, cfg: GRPOConfig, step: int) -> list:
@@ -339,6 +381,27 @@ def sample_batch(pool: list, cfg: GRPOConfig, step: int) -> list:
     return random.Random(derive_seed(cfg.seed, step)).sample(
         pool, min(cfg.prompts_per_step, len(pool))
     )
+
+
+@dataclass
+class Task:
+    """What GRPO needs from a stage; the rest of this file is the same for both. Stage 1 (the speakers,
+    mascot.speaker_task): prompts are speaker prompts of conversation states, the reward is the reward
+    model's. Stage 2 (the director, mascot.director_task): prompts ask for a directive, the reward comes
+    from rolling the conversation forward under it (director.Rollout)."""
+
+    # prompts(step) -> (cfg.prompts_per_step chat prompts, one item of metadata per prompt); the same
+    # for the same step, so a resumed run sees what an uninterrupted one did (sample_batch).
+    prompts: Callable
+    # reward(meta, texts, gen) -> (one reward per completion, {name: one value per completion}); meta
+    # holds each prompt's item G times, one per completion (prompt-major); the names are logged r_<name>.
+    reward: Callable
+    # describe(meta, texts, rewards) -> rows for out/samples/step-N.jsonl (read them: a rising reward
+    # is not a result until the samples say so).
+    describe: Callable | None = None
+    # diagnose(meta, texts) -> {name: [0 or 1 per completion]}: the reward-hack diagnostics, logged
+    # as hack_<name> beside the reward (not part of it), so a reward that rises by copying shows.
+    diagnose: Callable | None = None
 
 
 class LogProbs(torch.nn.Module):
@@ -353,7 +416,136 @@ class LogProbs(torch.nn.Module):
         return completion_logprobs(self.model, ids, attn, n_prompt, temperature)
 
 
+@dataclass
+class Learner:
+    """The models and the optimiser of one GRPO run, built once by train_grpo."""
+
+    policy: torch.nn.Module  # the model trained (fp32)
+    tok: object  # its tokenizer
+    optimizer: torch.optim.Optimizer  # AdamW over the policy's parameters
+    ref_model: torch.nn.Module | None = None  # the KL anchor (frozen); None without a KL term
+    ranks: object = field(default_factory=OneProcess)  # one process, or torchrun's (parallel.Ranks)
+    sampling: models.SamplingCopy | None = None  # a bf16 copy that samples, where bf16 is native
+    scorer: torch.nn.Module | None = (
+        None  # what the gradient pass runs through (DDP under torchrun)
+    )
+
+
 # --- The update ---------------------------------------------------------------------------------
+@dataclass
+class UpdateBatch:
+    """One sampled batch as the update reads it, on the policy's device."""
+
+    ids: torch.Tensor  # (B, P + C) prompt (left-padded) and completion (right-padded)
+    attn: torch.Tensor  # (B, P + C) 1 for real tokens
+    mask: torch.Tensor  # (B, C) 1 for the completion tokens the loss counts
+    advantages: torch.Tensor  # (B,)
+    sampler_logprobs: torch.Tensor  # (B, C) what the sampler computed for its own tokens
+    n_prompt: int  # P
+    old: torch.Tensor | None = None  # (B, C) log-probs before this batch's first update, if needed
+    ref: torch.Tensor | None = None  # (B, C) log-probs under the reference, if beta > 0
+
+
+def update_batch(gen, advantages, device) -> UpdateBatch:
+    """The tensors of a models.Generation, trimmed after the longest reply, on `device`."""
+    C = int(gen.completion_mask.sum(1).max().item())  # trim padding after the longest reply
+    ids = torch.cat([gen.prompt_ids, gen.completion_ids[:, :C]], 1)  # (B, P + C)
+    attn = torch.cat([gen.prompt_mask, gen.completion_mask[:, :C]], 1)  # (B, P + C)
+    return UpdateBatch(
+        ids=ids.to(device),
+        attn=attn.to(device),
+        mask=gen.completion_mask[:, :C].to(device),
+        advantages=advantages.to(device),
+        sampler_logprobs=gen.sampler_logprobs[:, :C].to(device),
+        n_prompt=gen.prompt_ids.shape[1],
+    )
+
+
+def micro_logps(run, batch: UpdateBatch, i: int, cfg: GRPOConfig, grad: bool):
+    """Log-probs (b, C) of micro-batch rows i .. i + micro_batch under `run` (a LogProbs or its DDP)."""
+    device = batch.ids.device
+    rows = slice(i, i + cfg.micro_batch)
+    with torch.set_grad_enabled(grad), autocast(cfg, device):
+        return run(batch.ids[rows], batch.attn[rows], batch.n_prompt, cfg.temperature)
+
+
+def frozen_logps(model, batch: UpdateBatch, cfg: GRPOConfig):
+    """(B, C) log-probs without gradient, one micro-batch at a time."""
+    run = LogProbs(model)
+    starts = range(0, len(batch.ids), cfg.micro_batch)
+    return torch.cat([micro_logps(run, batch, i, cfg, grad=False) for i in starts])
+
+
+def step_normalizer(batch: UpdateBatch, cfg: GRPOConfig, ranks):
+    """ONE denominator for the whole optimiser step (grpo_loss), summed over the ranks here (DDP syncs
+    gradients, not counts), so micro-batches and processes add up to exactly the full batch's
+    gradient. Returns (normalizer, real tokens in the step, micro-batches in the step)."""
+    total_tokens = int(ranks.all_sum(batch.mask.sum().item()))
+    sequences = int(ranks.all_sum(len(batch.ids)))
+    n_micro = math.ceil(len(batch.ids) / cfg.micro_batch) * ranks.world  # equal shares per rank
+    normalizers = {
+        "dapo": total_tokens,
+        "grpo": sequences,
+        "bnpo": None,  # a mean of micro-batch means: each divides by its own tokens, then by n_micro
+        "dr_grpo": sequences * cfg.max_new_tokens,
+    }
+    return normalizers[cfg.loss_type], total_tokens, n_micro
+
+
+def accumulate_gradients(learner: Learner, batch: UpdateBatch, cfg: GRPOConfig, first_pass: bool):
+    """Forward and backward every micro-batch, summing the gradients in the parameters. Returns the
+    pass's loss, its token-weighted clip share and KL, and (on the first pass) the sampler-trainer
+    log-prob gap per token (`mismatch`: how far the distribution sampled is from the one trained)."""
+    ranks, scorer = learner.ranks, learner.scorer or LogProbs(learner.policy)
+    normalizer, total_tokens, n_micro = step_normalizer(batch, cfg, ranks)
+    sums = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "mismatch": 0.0}
+    B = len(batch.ids)
+    for i in range(0, B, cfg.micro_batch):
+        rows = slice(i, i + cfg.micro_batch)
+        # DDP all-reduces in the last micro-batch's backward only (no_sync before it: accumulate locally).
+        last = i + cfg.micro_batch >= B
+        sync = contextlib.nullcontext()
+        if not last and hasattr(scorer, "no_sync"):
+            sync = scorer.no_sync()
+        with sync:
+            logps = micro_logps(scorer, batch, i, cfg, grad=True)  # (b, C)
+            old = None if batch.old is None else batch.old[rows]
+            ref = None if batch.ref is None else batch.ref[rows]
+            loss, st = grpo_loss(
+                logps,
+                old,
+                ref,
+                batch.advantages[rows],
+                batch.mask[rows],
+                cfg.loss_settings(),
+                normalizer,
+            )
+            if cfg.loss_type == "bnpo":
+                loss = loss / n_micro
+            # DDP AVERAGES the ranks' gradients; the denominators are already global, so x world gives their sum.
+            (loss * ranks.world).backward()
+        share = st["n_tokens"] / max(total_tokens, 1)  # token-weighted statistics
+        sums["loss"] += loss.item()
+        sums["clip"] += st["clip_frac"] * share
+        sums["kl"] += st["kl"] * share
+        if first_pass:
+            gap = (logps.detach() - batch.sampler_logprobs[rows]).abs()  # (b, C)
+            sums["mismatch"] += masked_mean(gap, batch.mask[rows]).item() * share
+    return sums
+
+
+def apply_update(learner: Learner, loss_sum: float, cfg: GRPOConfig):
+    """Clip the gradient norm and step AdamW; never apply a NaN or inf update. Returns (norm, finite)."""
+    params = learner.policy.parameters()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+    finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)
+    if finite:
+        learner.optimizer.step()
+    else:
+        learner.optimizer.zero_grad(set_to_none=True)
+    return grad_norm, finite
+
+
 def policy_update(
     policy,
     optimizer,
@@ -366,321 +558,239 @@ def policy_update(
 ) -> dict:
     """`num_iterations` optimiser steps on one sampled batch (a models.Generation of B rows). scorer: what the gradient
     pass runs through, ranks.wrap(LogProbs(policy)), built once by train_grpo (None: LogProbs(policy))."""
-    C = int(gen.completion_mask.sum(1).max().item())  # trim padding after the longest reply
-    device = next(policy.parameters()).device
-    ids = torch.cat([gen.prompt_ids, gen.completion_ids[:, :C]], 1).to(device)  # (B, P + C)
-    attn = torch.cat([gen.prompt_mask, gen.completion_mask[:, :C]], 1).to(device)  # (B, P + C)
-    mask, advantages = gen.completion_mask[:, :C].to(device), advantages.to(device)  # (B, C), (B,)
-    P, B, mb = gen.prompt_ids.shape[1], len(ids), cfg.micro_batch
+    learner = Learner(policy, None, optimizer, ref_model, ranks, scorer=scorer)
+    batch = update_batch(gen, advantages, next(policy.parameters()).device)
     models.set_gradient_checkpointing(policy, cfg.gradient_checkpointing)
-
-    def logps_of(model, grad: bool, i: int):
-        with torch.set_grad_enabled(grad), autocast(cfg, device):
-            run = (scorer or LogProbs(policy)) if grad else LogProbs(model)
-            return run(ids[i : i + mb], attn[i : i + mb], P, cfg.temperature)  # (b, C)
-
     # The reference pass exists only for the KL term (none with beta 0). With one pass per batch
     # pi_old == pi_theta, so grpo_loss uses logps.detach() and the old-policy pass is skipped too.
-    ref = (
-        torch.cat([logps_of(ref_model, False, i) for i in range(0, B, mb)])
-        if cfg.beta > 0
-        else None
-    )
-    old = (
-        torch.cat([logps_of(policy, False, i) for i in range(0, B, mb)])
-        if cfg.num_iterations > 1
-        else None
-    )
-    # ONE denominator for the whole optimiser step, summed over the ranks here (DDP syncs gradients, not counts), so
-    # micro-batches (and processes) add up to exactly the full batch's gradient ("bnpo": a mean of micro-batch means).
-    total_tokens, sequences = int(ranks.all_sum(mask.sum().item())), int(ranks.all_sum(B))
-    n_micro = math.ceil(B / mb) * ranks.world  # every rank holds an equal share of the batch
-    normalizer = {
-        "dapo": total_tokens,
-        "grpo": sequences,
-        "bnpo": None,
-        "dr_grpo": sequences * cfg.max_new_tokens,
-    }[cfg.loss_type]
-    out = {
-        "loss": 0.0,
-        "kl": None,
-        "clip_frac": 0.0,
-        "grad_norm": 0.0,
-        "finite": True,
-        "logp_mismatch": 0.0,
-    }
-    for it in range(cfg.num_iterations):
+    if cfg.beta > 0:
+        batch.ref = frozen_logps(ref_model, batch, cfg)
+    if cfg.num_iterations > 1:
+        batch.old = frozen_logps(policy, batch, cfg)
+    n = cfg.num_iterations
+    out = {"loss": 0.0, "kl": None, "clip_frac": 0.0, "grad_norm": 0.0, "finite": True}
+    for it in range(n):
         optimizer.zero_grad(set_to_none=True)
-        loss_sum, kl, clip = 0.0, 0.0, 0.0
-        for i in range(0, B, mb):
-            # DDP all-reduces in the last micro-batch's backward only (no_sync before it: accumulate locally).
-            last = i + mb >= B
-            with (
-                contextlib.nullcontext()
-                if last or not hasattr(scorer, "no_sync")
-                else scorer.no_sync()
-            ):
-                logps = logps_of(policy, True, i)
-                loss, st = grpo_loss(
-                    logps,
-                    None if old is None else old[i : i + mb],
-                    None if ref is None else ref[i : i + mb],
-                    advantages[i : i + mb],
-                    mask[i : i + mb],
-                    cfg.epsilon,
-                    cfg.epsilon_high,
-                    cfg.beta,
-                    cfg.loss_type,
-                    normalizer,
-                )
-                loss = loss / n_micro if cfg.loss_type == "bnpo" else loss
-                # DDP AVERAGES the ranks' gradients; the denominators are already global, so x world gives their sum.
-                (loss * ranks.world).backward()
-            share = st["n_tokens"] / max(total_tokens, 1)  # token-weighted statistics
-            loss_sum, clip, kl = (
-                loss_sum + loss.item(),
-                clip + st["clip_frac"] * share,
-                kl + st["kl"] * share,
-            )
-            if (
-                it == 0
-            ):  # how far the sampler's distribution is from the one trained (before this update)
-                gap = masked_mean(
-                    (logps.detach() - gen.sampler_logprobs[i : i + mb, :C].to(device)).abs(),
-                    mask[i : i + mb],
-                )
-                out["logp_mismatch"] += gap.item() * share
-        loss_sum = ranks.all_sum(loss_sum)  # every rank holds the whole batch's gradient
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
-        finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)
-        if finite:
-            optimizer.step()
-        else:
-            optimizer.zero_grad(set_to_none=True)  # never apply a NaN/inf update
+        sums = accumulate_gradients(learner, batch, cfg, first_pass=it == 0)
+        if it == 0:
+            out["logp_mismatch"] = ranks.all_sum(sums["mismatch"])
+        loss_sum = ranks.all_sum(sums["loss"])  # every rank holds the whole batch's gradient
+        grad_norm, finite = apply_update(learner, loss_sum, cfg)
         out["finite"] &= finite
-        out["loss"] += loss_sum / cfg.num_iterations
-        out["clip_frac"] += ranks.all_sum(clip) / cfg.num_iterations
-        out["grad_norm"] += grad_norm / cfg.num_iterations
-        out["kl"] = (
-            None if ref is None else (out["kl"] or 0.0) + ranks.all_sum(kl) / cfg.num_iterations
-        )
-    out["logp_mismatch"] = ranks.all_sum(out["logp_mismatch"])
+        out["loss"] += loss_sum / n
+        out["clip_frac"] += ranks.all_sum(sums["clip"]) / n
+        out["grad_norm"] += grad_norm / n
+        if batch.ref is not None:
+            out["kl"] = (out["kl"] or 0.0) + ranks.all_sum(sums["kl"]) / n
     return out
 
 
 # --- The loop -----------------------------------------------------------------------------------
-def grpo_step(
-    policy,
-    tok,
-    optimizer,
-    prompts,
-    meta,
-    reward_fn,
-    cfg: GRPOConfig,
-    step: int,
-    ref_model=None,
-    sampling=None,
-    ranks=OneProcess(),
-    diagnose=None,
-    scorer=None,
-):
-    """One GRPO step: sample G completions per prompt in ONE batched generate call (prompt-major:
-    rows g*G .. g*G+G-1 answer prompt g), score them, update once. Returns (stats, gen, rewards).
-    diagnose(meta, texts) -> {name: [0/1 per row]}: the reward-hack diagnostics, logged as hack_<name>
-    beside the reward (not part of it), so a reward that rises by copying shows in the same line."""
-    G, mine = cfg.num_generations, ranks.shard(len(prompts))  # this rank's share of the prompts
-    meta = [m for m in meta[mine] for _ in range(G)]  # one per completion, as texts and rewards
-    # Each row keeps the seed it has in a one-process run: row r of the global batch, seed (run, step, r).
+def sample_group(learner: Learner, prompts: list, cfg: GRPOConfig, step: int):
+    """G completions for each of this rank's prompts in ONE batched generate call (prompt-major:
+    rows g*G .. g*G+G-1 answer prompt g). Each row keeps the seed it has in a one-process run:
+    row r of the global batch samples with seed (run, step, r)."""
+    G, mine = cfg.num_generations, learner.ranks.shard(len(prompts))
     seeds = [derive_seed(cfg.seed, step, r) for r in range(mine.start * G, mine.stop * G)]
-    policy.eval()
-    if sampling is not None:
-        sampling.refresh()  # the bf16 copy takes the last update
-    with autocast(cfg, next(policy.parameters()).device):
+    chats = [p for p in prompts[mine] for _ in range(G)]
+    learner.policy.eval()
+    sampler = learner.policy
+    if learner.sampling is not None:
+        learner.sampling.refresh()  # the bf16 copy takes the last update
+        sampler = learner.sampling.model
+    with autocast(cfg, next(learner.policy.parameters()).device):
         gen = models.generate(
-            policy if sampling is None else sampling.model,
-            tok,
-            [p for p in prompts[mine] for _ in range(G)],
-            cfg.max_new_tokens,
-            cfg.temperature,
-            cfg.top_p,
-            seeds=seeds,
+            sampler, learner.tok, chats, cfg.max_new_tokens, cfg.temperature, cfg.top_p, seeds=seeds
         )
-    if sampling is not None:
-        sampling.release()
+    if learner.sampling is not None:
+        learner.sampling.release()
+    return gen
+
+
+def grpo_step(learner: Learner, task: Task, prompts: list, meta: list, cfg: GRPOConfig, step: int):
+    """One GRPO step: sample G completions per prompt, score them, update once.
+    Returns (stats for the log line, the Generation, the whole batch's rewards)."""
+    ranks, G = learner.ranks, cfg.num_generations
+    mine = ranks.shard(len(prompts))  # this rank's share of the prompts
+    gen = sample_group(learner, prompts, cfg, step)
+    meta = [m for m in meta[mine] for _ in range(G)]  # one per completion, as texts and rewards
     with torch.no_grad():  # a reward model must record no graph
-        rewards, components = reward_fn(meta, gen.texts, gen)
-    diagnostics = diagnose(meta, gen.texts) if diagnose is not None else {}
+        rewards, components = task.reward(meta, gen.texts, gen)
+    diagnostics = task.diagnose(meta, gen.texts) if task.diagnose is not None else {}
     rewards = ranks.gather(rewards)  # the whole batch, for the statistics
     components = {k: ranks.gather(v) for k, v in components.items()}
     diagnostics = {k: ranks.gather(v) for k, v in diagnostics.items()}
-    advantages, astats = group_advantages(
-        torch.tensor(rewards, dtype=torch.float32), G, cfg.scale_rewards
-    )
-    for group in optimizer.param_groups:
+    rewards_t = torch.tensor(rewards, dtype=torch.float32)  # (B,)
+    advantages, astats = group_advantages(rewards_t, G, cfg.scale_rewards)
+    for group in learner.optimizer.param_groups:
         group["lr"] = lr_at(step - 1, cfg)
-    policy.train()
+    learner.policy.train()
     release_memory()  # what sampling and scoring freed, before the update's activations
+    my_advantages = advantages[mine.start * G : mine.stop * G]
     ustats = policy_update(
-        policy,
-        optimizer,
+        learner.policy,
+        learner.optimizer,
         gen,
-        advantages[mine.start * G : mine.stop * G],
+        my_advantages,
         cfg,
-        ref_model,
+        learner.ref_model,
         ranks,
-        scorer,
+        learner.scorer,
     )
-    policy.eval()  # callers sample next, and train mode would switch HF's KV cache off
-    optimizer.zero_grad(
-        set_to_none=True
-    )  # the gradients' memory is free while the next batch is sampled
+    learner.policy.eval()  # callers sample next, and train mode would switch HF's KV cache off
+    learner.optimizer.zero_grad(set_to_none=True)  # free the gradients while the next batch samples
     release_memory()
-    stats = {
-        **astats,
-        **{f"r_{k}": sum(v) / len(v) for k, v in components.items() if v},
-        **{f"hack_{k}": sum(v) / len(v) for k, v in diagnostics.items() if v},
-        **{k: ustats[k] for k in ("loss", "kl", "grad_norm", "logp_mismatch")},
-        "skipped": not ustats["finite"],
-        "clip_ratio/region_mean": ustats["clip_frac"],
-        "learning_rate": lr_at(step - 1, cfg),
-        "completions/mean_length": ranks.all_sum(float(gen.completion_mask.sum())) / len(rewards),
-        "completions/clipped_ratio": ranks.all_sum(float(len(gen.finished) - sum(gen.finished)))
-        / len(rewards),
-        # the mean per-token entropy of the sampling distribution: falling fast = the policy collapsing
-        "entropy": ranks.all_sum(float((gen.sampler_entropy * gen.completion_mask).sum()))
-        / max(ranks.all_sum(float(gen.completion_mask.sum())), 1.0),
-    }
+    stats = dict(astats)
+    stats.update({f"r_{k}": sum(v) / len(v) for k, v in components.items() if v})
+    stats.update({f"hack_{k}": sum(v) / len(v) for k, v in diagnostics.items() if v})
+    stats.update(step_stats(gen, rewards, ustats, ranks, lr_at(step - 1, cfg)))
     return stats, gen, rewards
+
+
+def step_stats(gen, rewards: list, ustats: dict, ranks, lr: float) -> dict:
+    """The update's numbers and the samples' lengths and entropy, under TRL's metric names."""
+    tokens = ranks.all_sum(float(gen.completion_mask.sum()))
+    cut_off = ranks.all_sum(float(len(gen.finished) - sum(gen.finished)))  # hit the length limit
+    entropy_sum = ranks.all_sum(float((gen.sampler_entropy * gen.completion_mask).sum()))
+    stats = {k: ustats[k] for k in ("loss", "kl", "grad_norm", "logp_mismatch")}
+    stats["skipped"] = not ustats["finite"]
+    stats["clip_ratio/region_mean"] = ustats["clip_frac"]
+    stats["learning_rate"] = lr
+    stats["completions/mean_length"] = tokens / len(rewards)
+    stats["completions/clipped_ratio"] = cut_off / len(rewards)
+    # The mean per-token entropy of the sampling distribution: falling fast = the policy collapsing.
+    stats["entropy"] = entropy_sum / max(tokens, 1.0)
+    return stats
+
+
+def shown_or_dash(row: dict, key: str) -> str:
+    """A log line's number with 4 decimals, '-' when there is none (no KL without a reference)."""
+    return "-" if row.get(key) is None else format(row[key], ".4f")
 
 
 def log_line(row: dict, steps: int) -> str:
     """One line per step: the reward (the curve to watch), KL, clipping, length and the rest."""
-    opt = lambda k, d=".4f": "-" if row.get(k) is None else format(row[k], d)  # noqa: E731
     hacks = " ".join(
         f"{k[5:]} {v:.2f}"
         for k, v in row.items()
         if k.startswith("hack_") and k != "hack_words" and v
     )
     # Stage 1: the share of replies each hack diagnostic flags; stage 2: its reward's share of clean block turns.
-    shown = (
-        f"hacks [{hacks or 'none'}] "
-        if any(k.startswith("hack_") for k in row)
-        else f"clean {row['r_clean']:.2f} "
-        if "r_clean" in row
-        else ""
-    )
+    shown = ""
+    if any(k.startswith("hack_") for k in row):
+        shown = f"hacks [{hacks or 'none'}] "
+    elif "r_clean" in row:
+        shown = f"clean {row['r_clean']:.2f} "
+    skipped = "SKIPPED (non-finite) " if row["skipped"] else ""
     return (
-        f"step {row['step']:4d}/{steps} reward {row['reward']:+.3f} ±{row['reward_std']:.3f} kl {opt('kl')} "
-        f"clip {row['clip_ratio/region_mean']:.3f} len {row['completions/mean_length']:.1f} entropy "
-        f"{row['entropy']:.2f} zero-std {row['frac_reward_zero_std']:.2f} gnorm "
-        f"{row['grad_norm']:.2f} mismatch {opt('logp_mismatch')} {shown}"
-        f"{'SKIPPED (non-finite) ' if row['skipped'] else ''}{row['seconds']:.1f}s"
+        f"step {row['step']:4d}/{steps} reward {row['reward']:+.3f} ±{row['reward_std']:.3f} "
+        f"kl {shown_or_dash(row, 'kl')} clip {row['clip_ratio/region_mean']:.3f} "
+        f"len {row['completions/mean_length']:.1f} entropy {row['entropy']:.2f} "
+        f"zero-std {row['frac_reward_zero_std']:.2f} gnorm {row['grad_norm']:.2f} "
+        f"mismatch {shown_or_dash(row, 'logp_mismatch')} {shown}{skipped}{row['seconds']:.1f}s"
     )
+
+
+def start_or_resume(learner: Learner, out: Path, resume: bool) -> int:
+    """The step to start after: 0, or the newest checkpoint's step with --resume (weights, AdamW
+    moments and RNG restored; the metric lines after it dropped, they are redone)."""
+    ckpt_dir, metrics_path = out / "checkpoints", out / "metrics.jsonl"
+    main = learner.ranks.is_main
+    if resume:
+        path, start = load_checkpoint(ckpt_dir, learner.policy, learner.optimizer)
+        if main:
+            kept = []
+            if metrics_path.exists():
+                kept = [r for r in read_jsonl(metrics_path) if r["step"] <= start]
+            write_jsonl(metrics_path, kept)
+        print(f"resumed from {path} at step {start}", flush=True)
+        return start
+    if checkpoints(ckpt_dir):
+        raise UserError(
+            f"{ckpt_dir} holds checkpoints of an earlier run; continue it with --resume, or use a new --run"
+        )
+    if main and metrics_path.exists():
+        metrics_path.unlink()
+    return 0
+
+
+def refuse_nonfinite_weights(learner: Learner, row: dict, out: Path) -> None:
+    """Stop at once, with one line, if an applied update made a weight NaN or inf (the checkpoints
+    on disk are from before it)."""
+    if not row["skipped"] and not all(torch.isfinite(p).all() for p in learner.policy.parameters()):
+        raise UserError(
+            f"training stopped: the weights became non-finite at step {row['step']} (lower --lr); "
+            f"the checkpoints in {out / 'checkpoints'} are intact"
+        )
+
+
+def stop_after_bad_steps(learner: Learner, row: dict, bad: int, cfg: GRPOConfig, out: Path) -> None:
+    """Stop, with one line, after max_bad_steps skipped steps in a row: a skipped step left the
+    weights as they were, so they are the last good state, saved here."""
+    if bad < cfg.max_bad_steps:
+        return
+    path = out / "checkpoints"
+    if learner.ranks.is_main:
+        path = save_checkpoint(path, row["step"], learner.policy, learner.tok, learner.optimizer)
+    raise UserError(
+        f"training stopped: {bad} non-finite steps in a row at step {row['step']} (lower --lr?); "
+        f"the last good state is saved in {path}"
+    )
+
+
+def record_step(row: dict, task: Task, sampled: tuple, cfg: GRPOConfig, out: Path) -> None:
+    """Rank 0's files: the metrics line, the log line and, every dump_every steps, the samples.
+    sampled: (meta per prompt, the whole batch's texts or None, its rewards)."""
+    meta, texts, rewards = sampled
+    append_jsonl(out / "metrics.jsonl", row)
+    print(log_line(row, cfg.max_steps), flush=True)
+    if texts is not None:  # describe, like the reward, gets each prompt's meta once per completion
+        per_completion = [m for m in meta for _ in range(cfg.num_generations)]
+        dump = task.describe(per_completion, texts, rewards)
+        write_jsonl(out / "samples" / f"step-{row['step']:06d}.jsonl", dump)
 
 
 def train_grpo(
     policy,
     tok,
-    sample_prompts,
-    reward_fn,
+    task: Task,
     cfg: GRPOConfig,
     out: Path,
     ref_model=None,
-    resume: bool = False,
-    describe=None,
-    diagnose=None,
+    resume=False,
     ranks=OneProcess(),
-    log=print,
 ) -> list[dict]:
-    """Train `policy` with GRPO; used by stage 1 (speakers) and stage 2 (director).
-
-    sample_prompts(step) -> (prompts, meta): cfg.prompts_per_step chat prompts (deterministic in step) and per-prompt
-    metadata; reward_fn(meta, texts, gen) -> (rewards, components): one reward per completion (prompt-major: meta holds
-    each prompt's item G times, one per completion) and named lists, logged as r_<name>; diagnose: grpo_step's;
-    describe(meta, texts, rewards) -> rows for the sample dumps.
-    Writes out/metrics.jsonl (a line per step), out/samples/ and out/checkpoints/ (rank 0 only)."""
+    """Train `policy` with GRPO on `task`; used by stage 1 (speakers) and stage 2 (director).
+    Writes out/metrics.jsonl (a line per step), out/samples/ and out/checkpoints/ (rank 0 only);
+    returns the steps' metric rows."""
     if cfg.prompts_per_step % ranks.world:
         raise UserError(
             f"--prompts-per-step {cfg.prompts_per_step}: must be a multiple of the {ranks.world} processes"
         )
-    ckpt_dir, metrics_path = out / "checkpoints", out / "metrics.jsonl"
     optimizer = models.adamw(policy, cfg.learning_rate, cfg.weight_decay)
-    start = 0
-    if resume:
-        path, start = load_checkpoint(ckpt_dir, policy, optimizer)
-        if ranks.is_main:  # drop the metric lines of steps after the checkpoint: they are redone
-            write_jsonl(
-                metrics_path,
-                [r for r in read_jsonl(metrics_path) if r["step"] <= start]
-                if metrics_path.exists()
-                else [],
-            )
-        log(f"resumed from {path} at step {start}")
-    elif checkpoints(ckpt_dir):
-        raise UserError(
-            f"{ckpt_dir} holds checkpoints of an earlier run; continue it with --resume, or use a new --run"
-        )
-    elif ranks.is_main and metrics_path.exists():
-        metrics_path.unlink()
-    scorer = ranks.wrap(
+    learner = Learner(policy, tok, optimizer, ref_model, ranks)
+    start = start_or_resume(learner, out, resume)
+    learner.scorer = ranks.wrap(
         LogProbs(policy)
-    )  # torchrun: DDP, which also gives every rank rank 0's weights
-    sampling = models.SamplingCopy(policy) if cfg.sample_bf16 else None
+    )  # torchrun: DDP, which also copies rank 0's weights
+    if cfg.sample_bf16:
+        learner.sampling = models.SamplingCopy(policy)
     rows, bad = [], 0
     for step in range(start + 1, cfg.max_steps + 1):
         t0 = time.time()
-        prompts, meta = sample_prompts(step)
-        stats, gen, rewards = grpo_step(
-            policy,
-            tok,
-            optimizer,
-            prompts,
-            meta,
-            reward_fn,
-            cfg,
-            step,
-            ref_model,
-            sampling,
-            ranks,
-            diagnose,
-            scorer,
-        )
-        if stats["skipped"] is False and not all(
-            torch.isfinite(p).all() for p in policy.parameters()
-        ):
-            raise UserError(
-                f"training stopped: the weights became non-finite at step {step} (lower --lr); "
-                f"the checkpoints in {ckpt_dir} are intact"
-            )
+        prompts, meta = task.prompts(step)
+        stats, gen, rewards = grpo_step(learner, task, prompts, meta, cfg, step)
         row = {"step": step, **stats, "seconds": time.time() - t0}
+        refuse_nonfinite_weights(learner, row, out)
         bad = bad + 1 if row["skipped"] else 0
         rows.append(row)
-        texts = (
-            ranks.gather(gen.texts) if describe is not None and step % cfg.dump_every == 0 else None
-        )
+        texts = None
+        if task.describe is not None and step % cfg.dump_every == 0:
+            texts = ranks.gather(gen.texts)
         if ranks.is_main:
-            append_jsonl(metrics_path, row)
-            log(log_line(row, cfg.max_steps))
-            if (
-                texts is not None
-            ):  # describe, like reward_fn, gets each prompt's meta once per completion
-                dump = describe(
-                    [m for m in meta for _ in range(cfg.num_generations)], texts, rewards
-                )
-                write_jsonl(out / "samples" / f"step-{step:06d}.jsonl", dump)
-        if (
-            bad >= cfg.max_bad_steps
-        ):  # skipped steps left the weights as they were: the last good state
-            path = (
-                save_checkpoint(ckpt_dir, step, policy, tok, optimizer)
-                if ranks.is_main
-                else ckpt_dir
-            )
-            raise UserError(
-                f"training stopped: {bad} non-finite steps in a row at step {step} (lower --lr?); "
-                f"the last good state is saved in {path}"
-            )
+            record_step(row, task, (meta, texts, rewards), cfg, out)
+        stop_after_bad_steps(learner, row, bad, cfg, out)
         if ranks.is_main and (step % cfg.save_steps == 0 or step == cfg.max_steps):
-            save_checkpoint(ckpt_dir, step, policy, tok, optimizer)
+            save_checkpoint(out / "checkpoints", step, policy, tok, optimizer)
     ranks.barrier()  # the last checkpoint exists before anyone goes on
     return rows

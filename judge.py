@@ -1,21 +1,29 @@
 """judge.py: the AI feedback of MASCOT. How good is one reply, and which of two is better?
 
-Stage 1 (arXiv 2601.14230, Phase I, RLAIF) samples candidate replies per (context, persona); a judge
-scores them for persona adherence and fit to the conversation, and clear gaps become the reward
-model's preference pairs (reward.py). Stage 2 reuses `score_many` as the coherence term of the
-director's reward, and the evaluation asks an LLM judge its rubrics.
+Where it sits: stage 1 (arXiv 2601.14230, Phase I, RLAIF) samples candidate replies per (context,
+persona); a judge scores them for persona adherence and fit to the conversation, and clear gaps
+become the reward model's preference pairs (reward.py). Stage 2 reuses `score_many` as the
+coherence term of the director's group reward (director.block_reward), and the evaluation asks an
+LLM judge its rubrics (evaluate.py).
 
     class Judge:  score(state, reply) -> float in [0, 1]      pointwise quality
                   compare(state, a, b) -> Verdict             pairwise: which reply is better
                   score_many / compare_many                   the same, batched and cached
                   complete(prompt) -> str                     greedy text (LLM judges only)
 
-This file holds the interface and its offline default, OfflineJudge: no LLM (a 135M chat model answers "A" whatever
-the replies say) but, for the support personas, a classifier of the strategies human annotators labelled in ESConv
-(StrategyClassifier), else features over MiniLM embeddings and words, each with one penalty per reward hack a policy
-found (docs/JUDGE.md): a stand-in that runs on a laptop, not a replacement for a strong judge. LLM backends plug in
-from extras/judges.py (hf:, rm:) and extras/served.py (openai:); mascot.make_judge picks one. Every judgement goes
-through an AnswerCache when a cache path is given, so no run pays twice for the same one.
+The file reads: the interface (Judge, ScoreJudge); the ESConv strategy classifier; the offline
+judge's features and OfflineJudge; reading an LLM judge's answers (A/B, a 1-5 score); the judge
+prompts; HFJudge, a local chat LLM read through its next-token probabilities.
+
+Simplified: the paper's judge is a strong LLM (its evaluation asks GPT-4o, Gemma-3-27B-IT and
+Phi-4 at temperature 0). The default here, OfflineJudge, runs on a laptop with no LLM (a 135M
+chat model makes no usable judge): for the support personas a classifier of the strategies human
+annotators labelled in ESConv (StrategyClassifier), else features over MiniLM embeddings and
+words, each with one penalty per reward hack a policy found. A stand-in, not a replacement for a
+strong judge; how it was built and measured: docs/JUDGE.md. LLM judges plug in beside it: HFJudge
+here (hf:), reward.RMJudge (rm:), plumbing/served.py (openai:); mascot.make_judge picks one. Every
+judgement goes through an AnswerCache when a cache path is given, so no run pays twice for the
+same one.
 
     python mascot.py judge-eval --pairs data/judge_pairs_support.jsonl    # measure a judge
 """
@@ -39,13 +47,26 @@ from plumbing.files import AnswerCache, cached_answers
 from simulate import JUDGE_TURNS, JudgeState
 
 
+# --- 1. The interface: a verdict, a judge, and a judge that compares by its scores --------------
 @dataclass
 class Verdict:
-    preferred: (
-        int | None
-    )  # 0 = first reply, 1 = second, None = no verdict (orders disagreed, unreadable)
+    """A pairwise judgement. An LLM judge is asked both orders (A/B and B/A) to cancel its position
+    bias, so p_first is their mean and `preferred` is set only when the two orders agree."""
+
+    # 0 = first reply, 1 = second, None = no verdict (orders disagreed, unreadable)
+    preferred: int | None
     p_first: float  # P(first reply better), averaged over both orders
     detail: dict = field(default_factory=dict)
+
+
+def is_answer(value) -> bool:
+    """Cache only real answers: None (an unreadable one) is asked again by a later run."""
+    return value is not None
+
+
+def is_readable_verdict(value: dict) -> bool:
+    """Cache a verdict unless an answer behind it could not be read."""
+    return not value["detail"].get("unparseable")
 
 
 class Judge:
@@ -54,25 +75,27 @@ class Judge:
     run asks again; `score` turns it into a neutral 0.5 and counts it in `unreadable`, `compare`
     into a Verdict with preferred=None. `backend_calls` counts what reached the backend."""
 
-    name, can_generate = "judge", False
+    name = "judge"
+    can_generate = False  # only LLM judges write text (complete, rate_many)
 
     def __init__(self, cache_path: str | Path | None = None):
         self.cache = AnswerCache(cache_path) if cache_path else None
-        self.backend_calls, self.unreadable = 0, 0
+        self.backend_calls = 0
+        self.unreadable = 0
 
-    def _cached(
-        self, method: str, inputs: list[dict], compute, keep=lambda v: v is not None
-    ) -> list:
-        """Cache lookups, then compute(todo) for the missing indices only, each distinct input once."""
+    def _cached(self, method: str, inputs: list[dict], compute, keep=is_answer) -> list:
+        """Cache lookups, then compute(todo) for the missing indices only, each distinct input once.
+        The key names the judge (its recipe), the method and the input, so judges never share."""
         keys = [AnswerCache.make_key(self.name, method, x) for x in inputs]
-        return cached_answers(
-            self.cache, keys, lambda todo, store: self._compute_misses(todo, compute, store), keep
-        )
+
+        def compute_misses(todo, store):
+            self._compute_misses(todo, compute, store)
+
+        return cached_answers(self.cache, keys, compute_misses, keep)
 
     def _compute_misses(self, todo: list[int], compute, store) -> None:
-        for i, value in zip(
-            todo, compute(todo)
-        ):  # one batch; a served judge sends requests concurrently
+        # One batch here; a served judge overrides this to send its requests concurrently.
+        for i, value in zip(todo, compute(todo)):
             store(i, value)
 
     def score(self, state: JudgeState, reply: str) -> float:
@@ -81,14 +104,14 @@ class Judge:
     def score_many(self, states: list[JudgeState], replies: list[str]) -> list[float]:
         if len(states) != len(replies):
             raise ValueError(f"score_many: {len(states)} states but {len(replies)} replies")
-        values = self._cached(
-            "score",
-            [{"state": asdict(s), "reply": r} for s, r in zip(states, replies)],
-            lambda todo: self._score_uncached(
-                [states[i] for i in todo], [replies[i] for i in todo]
-            ),
-        )
+
+        def compute(todo):
+            return self._score_uncached([states[i] for i in todo], [replies[i] for i in todo])
+
+        inputs = [{"state": asdict(s), "reply": r} for s, r in zip(states, replies)]
+        values = self._cached("score", inputs, compute)
         self.unreadable += sum(v is None for v in values)
+        # An unreadable score is neutral: it neither rewards nor punishes the reply.
         return [0.5 if v is None else float(v) for v in values]
 
     def compare(self, state: JudgeState, a: str, b: str) -> Verdict:
@@ -99,24 +122,18 @@ class Judge:
             raise ValueError("compare_many: states, firsts and seconds must have the same length")
 
         def compute(todo):
-            return [
-                asdict(v)
-                for v in self._compare_uncached(
-                    [states[i] for i in todo], [firsts[i] for i in todo], [seconds[i] for i in todo]
-                )
-            ]
+            verdicts = self._compare_uncached(
+                [states[i] for i in todo], [firsts[i] for i in todo], [seconds[i] for i in todo]
+            )
+            return [asdict(v) for v in verdicts]  # the cache stores plain JSON
 
-        values = self._cached(
-            "compare",
-            [{"state": asdict(s), "a": a, "b": b} for s, a, b in zip(states, firsts, seconds)],
-            compute,
-            keep=lambda v: not v["detail"].get("unparseable"),
-        )
+        inputs = [{"state": asdict(s), "a": a, "b": b} for s, a, b in zip(states, firsts, seconds)]
+        values = self._cached("compare", inputs, compute, keep=is_readable_verdict)
         return [Verdict(**v) for v in values]
 
     def rate_many(self, prompts: list[str], max_new_tokens: int = 32) -> list[int | None]:
-        """A 1-5 score per rubric prompt from an LLM judge's greedy answers; None for an answer it cannot
-        read. Each LLM backend reads its own answers (`read_score`, extras/judges.parse_rubric_score)."""
+        """A 1-5 score per rubric prompt from an LLM judge's greedy answers; None for an answer it
+        cannot read. Each LLM backend reads its own answers (`read_score`: parse_rubric_score)."""
         return [self.read_score(a) for a in self.complete_many(prompts, max_new_tokens)]
 
     def read_score(self, answer: str) -> int | None:
@@ -126,13 +143,15 @@ class Judge:
         """Greedy text for each prompt, in order (LLM judges only)."""
         if not self.can_generate:
             raise UserError(
-                f"judge {self.name!r} cannot generate text; use --judge hf:<model> or openai:<base-url>"
+                f"judge {self.name!r} cannot generate text; "
+                "use --judge hf:<model> or openai:<base-url>"
             )
-        return self._cached(
-            "complete",
-            [{"prompt": p, "max_new_tokens": max_new_tokens} for p in prompts],
-            lambda todo: [self._complete_uncached(prompts[i], max_new_tokens) for i in todo],
-        )
+
+        def compute(todo):
+            return [self._complete_uncached(prompts[i], max_new_tokens) for i in todo]
+
+        inputs = [{"prompt": p, "max_new_tokens": max_new_tokens} for p in prompts]
+        return self._cached("complete", inputs, compute)
 
 
 class ScoreJudge(Judge):
@@ -142,34 +161,46 @@ class ScoreJudge(Judge):
     def compare_many(self, states, firsts, seconds):
         if not len(states) == len(firsts) == len(seconds):
             raise ValueError("compare_many: states, firsts and seconds must have the same length")
+        # One batched call scores every first and every second reply.
         scores = self.score_many(list(states) * 2, list(firsts) + list(seconds))
         n = len(states)
         return [
             Verdict(
-                0 if a > b else 1 if b > a else None,
-                sigmoid(logit(a) - logit(b)),
-                {"score_first": a, "score_second": b},
+                higher(a, b), sigmoid(logit(a) - logit(b)), {"score_first": a, "score_second": b}
             )
             for a, b in zip(scores[:n], scores[n:])
         ]
 
 
+def higher(a: float, b: float) -> int | None:
+    """0 if the first score is higher, 1 if the second, None on a tie (no verdict)."""
+    if a > b:
+        return 0
+    if b > a:
+        return 1
+    return None
+
+
 def sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+    # Two forms, so exp never overflows: exp(-x) for x >= 0, exp(x) below.
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    return math.exp(x) / (1.0 + math.exp(x))
 
 
 def logit(p: float) -> float:
-    p = min(max(p, 1e-12), 1 - 1e-12)
+    p = min(max(p, 1e-12), 1 - 1e-12)  # a score of exactly 0 or 1 would be infinite
     return math.log(p / (1 - p))
 
 
-# --- The persona-function classifier: what ESConv's annotators would call a reply -----------------
+# --- 2. The persona-function classifier: what ESConv's annotators would call a reply ------------
 class StrategyClassifier:
-    """p(strategy | reply, the message it answers) over ESConv's eight support strategies (scenarios.SUPPORT_STRATEGIES),
-    learnt from the labels human annotators gave 12,759 supporter turns (Liu et al. 2021; extras/strategies.py fits
-    it, measures it on held-out dialogues and writes data/strategy_classifier.safetensors):
-        x = [e(reply), e(message), e(reply) * e(message)]     (3D,)  e: MiniLM, unit vectors
-        p = softmax(W x + b)                                    (8,)   multinomial logistic regression
+    """p(strategy | reply, the message it answers) over ESConv's eight support strategies
+    (scenarios.SUPPORT_STRATEGIES), learnt from the labels human annotators gave 12,759 supporter
+    turns (Liu et al. 2021; `python mascot.py strategies` fits it with extras/strategies.py,
+    measures it on held-out dialogues and writes data/strategy_classifier.safetensors):
+        x = [e(reply), e(message), e(reply) * e(message)]   (3D,)  e: MiniLM, unit vectors
+        p = softmax(W x + b)                                  (8,)   multinomial logistic regression
     The message is there because a strategy answers something: "that must be hard" after "I failed"
     reflects a feeling, after "thanks" it does not. A persona's FUNCTION is the mass p puts on the
     strategies its card lists (personas.json "esconv_strategies"): does the reply do its job?"""
@@ -179,14 +210,14 @@ class StrategyClassifier:
     def __init__(self, encoder, path: str | Path = FILE):
         if not Path(path).is_file():
             raise UserError(
-                f"{path}: no strategy classifier; fit one with `python mascot.py strategies --esconv FILE`"
+                f"{path}: no strategy classifier; "
+                "fit one with `python mascot.py strategies --esconv FILE`"
             )
         weights = load_file(str(path))
-        self.encoder, self.weight, self.bias = (
-            encoder,
-            weights["weight"],
-            weights["bias"],
-        )  # (8, 3D), (8,)
+        self.encoder = encoder
+        self.weight = weights["weight"]  # (8, 3D)
+        self.bias = weights["bias"]  # (8,)
+        # The weights' fingerprint is part of OfflineJudge's name: a refit never reads old scores.
         self.digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
 
     def probs(self, replies: list[str], messages: list[str]) -> torch.Tensor:
@@ -195,11 +226,12 @@ class StrategyClassifier:
 
 
 def strategy_features(encoder, replies: list[str], messages: list[str]) -> torch.Tensor:
-    r, m = encoder.embed(replies), encoder.embed(messages)  # (N, D) each
-    return torch.cat([r, m, r * m], dim=-1)  # (N, 3D)
+    r = encoder.embed(replies)  # (N, D)
+    m = encoder.embed(messages)  # (N, D)
+    return torch.cat([r, m, r * m], dim=-1)  # (N, 3D): each, and how they interact
 
 
-# --- The offline judge's features ---------------------------------------------------------------
+# --- 3. The offline judge's features ------------------------------------------------------------
 # score = sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)), z = a weighted sum of features, each
 # "higher is better". Quality: how good an honest reply is:
 #   persona       cos(reply, what the persona does), averaged with cos(reply, its example lines)
@@ -214,7 +246,9 @@ def strategy_features(encoder, replies: list[str], messages: list[str]) -> torch
 #   persona_recital  cos(reply, the description or style) beyond RECITAL_FLOOR
 #   meta_leak     -1 for prompt or meta text;  too_short  -(MIN_WORDS - words)+ / MIN_WORDS
 #   keyword_list  a list of 1-2 word fragments, or too few function words for a sentence
-# Each constant's measurement on our labelled pairs, and what was tried instead: docs/JUDGE.md.
+# Why a penalty per hack: stage 1 optimises whatever the judge pays for, and a judge that pays for
+# similarity to the message and the card teaches the policy to copy and recite them. Each
+# constant's measurement on our labelled pairs, and what was tried instead: docs/JUDGE.md.
 
 OFFLINE_RECIPE = 2  # bump when a feature's definition changes: it is part of the cache name
 # Every hack penalty weighs 2: a reply that is all hack loses 2, four standard deviations of z over
@@ -233,47 +267,44 @@ OFFLINE_WEIGHTS = {
     "too_short": 2.0,
     "keyword_list": 2.0,
 }
-RELEVANCE_CAP = 0.8  # copies have cosine 0.88-1.00 with the message; good replies mostly < 0.73
-REPEAT_FLOOR = 0.5  # staying on the topic is not repeating a turn (repeats: 0.85-0.92)
-COPY_RUN, COPY_FLOOR = 4, 0.3  # a 4-word run copied; the first 30% of a reply may quote
-RECITAL_FLOOR = 0.4  # recitals 0.45-0.89 with the card; good replies at most 0.50, 90% < 0.32
-MIN_WORDS = 6  # good replies have 14+ words; trivial hacks 0-2
-LIST_FLOOR = 0.3  # keyword stuffing puts 48-82% of its words in fragments; good replies <= 27%
-FUNCTION_FLOOR = 0.05  # English sentences need function words; our tersest good replies have 7%
-OFFLINE_CENTER, OFFLINE_SCALE = (
-    -0.02,
-    2.0,
-)  # mean and 1 / std of z over honest replies: a typical one scores 0.5
+RELEVANCE_CAP = 0.8  # above it, a reply is closer to a copy of the message than to an answer
+REPEAT_FLOOR = 0.5  # staying on the topic is not repeating a turn
+COPY_RUN = 4  # a copy is a run of 4 words found in the source, not a shared word or two
+COPY_FLOOR = 0.3  # the first 30% of a reply may quote; a copy beyond it pays
+RECITAL_FLOOR = 0.4  # good replies stay near or below it; recitals of the card go far above
+MIN_WORDS = 6  # a companion's turn says something: "Okay." is a hack, not a reply
+LIST_FLOOR = 0.3  # a sentence may list a few words; keyword stuffing lists most of them
+FUNCTION_FLOOR = 0.05  # English sentences need function words; a bare keyword list has few
+OFFLINE_CENTER = -0.02  # the mean of z over honest replies: a typical one scores 0.5
+OFFLINE_SCALE = 2.0  # 1 / the std of z over honest replies
 # Where the speaker's card lists ESConv strategies and a StrategyClassifier is given, its function
 # probability replaces the embedding guesses at role (persona, off_role): human labels are the
-# signal of role; relevance (the paper's "contextual appropriateness") and generic (the collapse into
-# stock comfort) stay as they were; the hack penalties are constraints: a reply that is all hack
-# loses 3, more than the whole range of the function term (2), so no job done buys a hack back.
+# signal of role; relevance (the paper's "contextual appropriateness") and generic (the collapse
+# into stock comfort) stay as they were; the hack penalties are constraints: a reply that is all
+# hack loses 3, more than the whole range of the function term (2), so no job done buys a hack back.
+HACK_PENALTIES = (
+    "context_copy",
+    "history_echo",
+    "persona_copy",
+    "persona_recital",
+    "meta_leak",
+    "too_short",
+    "keyword_list",
+)
 FUNCTION_WEIGHTS = {
     "function": 2.0,
     "relevance": 1.0,
     "generic": 2.0,
     "repetition": 1.0,
-    **{
-        k: 3.0
-        for k in (
-            "context_copy",
-            "history_echo",
-            "persona_copy",
-            "persona_recital",
-            "meta_leak",
-            "too_short",
-            "keyword_list",
-        )
-    },
+    **dict.fromkeys(HACK_PENALTIES, 3.0),
 }
-FUNCTION_CENTER, FUNCTION_SCALE = (
-    0.42,
-    2.5,
-)  # mean and 1 / std of z over our 49 labelled support pairs' better replies
+FUNCTION_CENTER = 0.42  # the mean of z over our labelled support pairs' better replies
+FUNCTION_SCALE = 2.5  # 1 / their std
 
+# An embedding does not understand "never": the part of a description after it is cut off.
 _NEGATION = re.compile(r"[;,.]?\s*\b(?:never|avoiding|instead of|without)\b", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# Where a fragment of a list ends: punctuation, a slash or "and"/"or" between items.
 _FRAGMENT_END = re.compile(r"[,;:.!?/|&+\n]+|\s(?:and|or)\s", re.IGNORECASE)
 # First person maps to second, so "you failed your test" matches the "I failed my test" it copies.
 _SAME_PERSON = {
@@ -292,16 +323,16 @@ _SAME_PERSON = {
 # Prompt talk beyond META_PATTERNS: ways a small chat model leaks its prompt or its assistant
 # training into a companion's turn; {name} and {role} are the speaker's.
 PROMPT_TALK = [
-    r"\bthe user\b(?!s)",
-    r"<\|[^|>]*\|>",
+    r"\bthe user\b(?!s)",  # the prompt's word for the person
+    r"<\|[^|>]*\|>",  # chat-template tokens
     r"\b(?:i am|i'm) (?:just )?(?:an? )?(?:ai|artificial intelligence|chatbot|bot|virtual assistant"
-    r"|assistant|language model|program)\b",
-    r"\bhope (?:this|that) helps\b|\blet me know if (?:you'd like|you want|this)\b",
+    r"|assistant|language model|program)\b",  # "I'm an AI"
+    r"\bhope (?:this|that) helps\b|\blet me know if (?:you'd like|you want|this)\b",  # sign-offs
     r"\bmy (?:\w+ )?(?:role|purpose|instructions?)\b|\bmy job (?:here )?(?:is|as)\b",
-    r"\b(?:i am|i'm|as) (?:the |your |an? )?{role}\b",
-    r"\b(?:i am|i'm|as) (?:the )?{name}\b|\b{name} here\b",
-    r"^\s*[(\[][^)\]]{{1,60}}[)\]]",
-    r"[(\[*][^)\]*]{{0,40}}\b{name}\b[^)\]*]{{0,40}}[)\]*]",
+    r"\b(?:i am|i'm|as) (?:the |your |an? )?{role}\b",  # self-introductions by role
+    r"\b(?:i am|i'm|as) (?:the )?{name}\b|\b{name} here\b",  # and by name
+    r"^\s*[(\[][^)\]]{{1,60}}[)\]]",  # a stage direction: "(smiles warmly)"
+    r"[(\[*][^)\]*]{{0,40}}\b{name}\b[^)\]*]{{0,40}}[)\]*]",  # "*Anchor nods*"
 ]
 
 
@@ -332,7 +363,10 @@ def copied_share(reply: list[str], sources: list[list[str]], run: int = COPY_RUN
     """
     if len(reply) < run:
         return 0.0
-    seen = {tuple(s[i : i + run]) for s in sources for i in range(len(s) - run + 1)}
+    seen = set()  # every run of `run` words in the sources
+    for s in sources:
+        for i in range(len(s) - run + 1):
+            seen.add(tuple(s[i : i + run]))
     covered = [False] * len(reply)
     for i in range(len(reply) - run + 1):
         if tuple(reply[i : i + run]) in seen:
@@ -356,12 +390,15 @@ def list_likeness(text: str) -> float:
 def talks_about_prompt(
     reply: str, name: str, role: str = "", speaker_names: list[str] = ()
 ) -> bool:
+    """Does the reply talk about its prompt or its role (metrics.leaks_meta, PROMPT_TALK)?"""
     if leaks_meta(reply, [name, *speaker_names]):
         return True
-    fill = {
-        "name": re.escape(name.lower()) if name else r"\b\B",
-        "role": re.escape(role.lower()) if role else r"\b\B",
-    }
+    # A pattern that can never match stands in for a missing name or role.
+    fill = {"name": r"\b\B", "role": r"\b\B"}
+    if name:
+        fill["name"] = re.escape(name.lower())
+    if role:
+        fill["role"] = re.escape(role.lower())
     return any(re.search(p.format(**fill), reply, re.IGNORECASE) for p in PROMPT_TALK)
 
 
@@ -372,52 +409,60 @@ def lexical_features(
     description, role and style (never its example lines: those are what in-role sounds like)."""
     mine = person_neutral_words(reply)
     is_user = [t["speaker"].casefold() == "user" for t in state.history]
-    user = [state.context, state.situation] + [
-        t["text"] for t, u in zip(state.history, is_user) if u
-    ]
+    user = [state.context, state.situation]
+    user += [t["text"] for t, u in zip(state.history, is_user) if u]
     agents = [t["text"] for t, u in zip(state.history, is_user) if not u]
+    speakers = [t["speaker"] for t in state.history]
+    user_copied = copied_share(mine, [person_neutral_words(t) for t in user if t])
+    agent_copied = copied_share(mine, [person_neutral_words(t) for t in agents])
+    card_copied = copied_share(mine, [person_neutral_words(t) for t in card_texts])
+    leaks = talks_about_prompt(reply, state.persona_name, role, speakers)
     return {
-        "context_copy": -hinge(
-            copied_share(mine, [person_neutral_words(t) for t in user if t]), COPY_FLOOR
-        ),
-        "history_echo": -hinge(
-            copied_share(mine, [person_neutral_words(t) for t in agents]), COPY_FLOOR
-        ),
-        "persona_copy": -copied_share(mine, [person_neutral_words(t) for t in card_texts]),
-        "meta_leak": -float(
-            talks_about_prompt(
-                reply, state.persona_name, role, [t["speaker"] for t in state.history]
-            )
-        ),
+        "context_copy": -hinge(user_copied, COPY_FLOOR),
+        "history_echo": -hinge(agent_copied, COPY_FLOOR),
+        # The card has no free share: a companion has no reason to quote its own instructions.
+        "persona_copy": -card_copied,
+        "meta_leak": -float(leaks),
         "too_short": -max(0, MIN_WORDS - len(words(reply))) / MIN_WORDS,
         "keyword_list": -list_likeness(reply),
     }
 
 
-def semantic_features(
-    reply, sentences, does, card, context, history, bank, own=None, others=None
-) -> dict:
+def semantic_features(reply, sentences, does, card, context, history, bank, lines=None) -> dict:
     """The features over unit sentence embeddings (a dot product is a cosine): reply (D,), its
     sentences (S, D), persona_does (D,), card (C, D), the user's message (D,), earlier turns (H, D),
-    the generic phrases (K, D); own (D,) and others (P, D): the centroids of the persona's example
-    lines and of the other personas' in its set, when the persona is in the persona file."""
-    repeat = float((history @ reply).max()) if len(history) else 0.0  # (H,) -> max
-    persona, off_role = float(does @ reply), 0.0
-    if own is not None:
+    the generic phrases (K, D). lines, when the persona is in the persona file: (own (D,), others
+    (P, D)), the centroids of its example lines and of the other personas' in its set."""
+    repeat = 0.0
+    if len(history):
+        repeat = float((history @ reply).max())  # (H,) -> the closest earlier turn
+    persona = float(does @ reply)
+    off_role = 0.0
+    if lines is not None:
+        own, others = lines
         mine = float(own @ reply)
-        persona = (persona + mine) / 2
-        if others is not None and len(others):
+        persona = (persona + mine) / 2  # half what it does, half how it sounds
+        if len(others):
             off_role = -max(0.0, float((others @ reply).max()) - mine)  # (P,) -> max
     context_cos = float(context @ reply)
     return {
         "persona": persona,
-        "context": context_cos,
+        "context": context_cos,  # uncapped, for evaluate.py's response relevance
         "relevance": min(context_cos, RELEVANCE_CAP),
         "repetition": -max(0.0, repeat - REPEAT_FLOOR),
-        "generic": -float((sentences @ bank.T).max()),
+        "generic": -float((sentences @ bank.T).max()),  # (S, K) -> the most generic sentence
         "off_role": off_role,
         "persona_recital": -hinge(float((card @ reply).max()), RECITAL_FLOOR),
     }
+
+
+# --- 4. The offline judge ------------------------------------------------------------------------
+def every_persona(persona_sets) -> list:
+    """The personas of all the sets, set after set."""
+    personas = []
+    for s in persona_sets:
+        personas += s.personas
+    return personas
 
 
 @dataclass
@@ -436,8 +481,9 @@ class OfflineJudge(ScoreJudge):
     """The default judge: a weighted sum of embedding and word features, no LLM.
     persona_sets: the cards to look speakers up in (the run's --personas file); a speaker without a
     card (a labelled pair's custom persona) is judged by its one-line description alone.
-    classifier: a StrategyClassifier (True: the shipped one); speakers whose cards list ESConv strategies
-    are then scored by FUNCTION_WEIGHTS (the support set, mascot.make_judge's default), others by `weights`."""
+    classifier: a StrategyClassifier (True: the shipped one); speakers whose cards list ESConv
+    strategies are then scored by FUNCTION_WEIGHTS (the support set, mascot.make_judge's default),
+    others by `weights`."""
 
     def __init__(
         self,
@@ -449,16 +495,26 @@ class OfflineJudge(ScoreJudge):
     ):
         super().__init__(cache_path)
         self.encoder = encoder or models.SentenceEncoder()
-        labelled = any(p.esconv_strategies for s in persona_sets for p in s.personas)
-        self.classifier = (
-            (StrategyClassifier(self.encoder) if labelled else None)
-            if classifier is True
-            else classifier
-        )
+        self.classifier = self._pick_classifier(persona_sets, classifier)
         self.weights = dict(OFFLINE_WEIGHTS if weights is None else weights)
         phrases = files.asset("generic_phrases.json")["phrases"]
-        # The name carries everything that decides a score, so a changed weight, constant, phrase or
-        # persona card never reads stale scores from an old cache.
+        self.name = self._recipe_name(persona_sets, phrases)
+        self.bank = self.encoder.embed(phrases)  # (K, D)
+        self.voices = self._persona_voices(persona_sets)
+
+    def _pick_classifier(self, persona_sets, classifier):
+        """True means the shipped classifier, loaded only when some card lists ESConv strategies
+        (the meeting set has none to read); anything else is used as given."""
+        if classifier is not True:
+            return classifier
+        labelled = any(p.esconv_strategies for p in every_persona(persona_sets))
+        if labelled:
+            return StrategyClassifier(self.encoder)
+        return None
+
+    def _recipe_name(self, persona_sets, phrases) -> str:
+        """The name carries everything that decides a score, so a changed weight, constant, phrase
+        or persona card never reads stale scores from an old cache (the name is the cache key)."""
         constants = [
             OFFLINE_RECIPE,
             RELEVANCE_CAP,
@@ -474,34 +530,43 @@ class OfflineJudge(ScoreJudge):
             PROMPT_TALK,
             META_PATTERNS,
         ]
-        cards = [asdict(p) for s in persona_sets for p in s.personas]
-        function = self.classifier and [
-            self.classifier.digest,
-            FUNCTION_WEIGHTS,
-            FUNCTION_CENTER,
-            FUNCTION_SCALE,
-        ]
+        cards = [asdict(p) for p in every_persona(persona_sets)]
+        # Without a classifier this stays what was given (None or False), as names always were.
+        function = self.classifier
+        if self.classifier:
+            function = [self.classifier.digest, FUNCTION_WEIGHTS, FUNCTION_CENTER, FUNCTION_SCALE]
         recipe = json.dumps([self.weights, constants, phrases, cards, function], sort_keys=True)
-        self.name = "offline:" + hashlib.sha256(recipe.encode("utf-8")).hexdigest()[:12]
-        self.bank = self.encoder.embed(phrases)  # (K, D)
-        self.voices: dict[str, list[PersonaVoice]] = {}
+        return "offline:" + hashlib.sha256(recipe.encode("utf-8")).hexdigest()[:12]
+
+    def _persona_voices(self, persona_sets) -> dict[str, list[PersonaVoice]]:
+        """Every card's voice, by lower-case name; two sets may share a name (voice() tells them
+        apart by role)."""
+        voices: dict[str, list[PersonaVoice]] = {}
         for s in persona_sets:
-            lines = {
-                p.name: torch.nn.functional.normalize(self.encoder.embed(p.examples).mean(0), dim=0)
-                for p in s.personas
-            }
+            centroids = {}  # name -> (D,) unit centroid of its example lines
             for p in s.personas:
-                others = [c for n, c in lines.items() if n != p.name]
-                self.voices.setdefault(p.name.casefold(), []).append(
-                    PersonaVoice(
-                        p.role,
-                        [p.description, p.role, p.style],
-                        self.encoder.embed([p.description, p.style]),
-                        lines[p.name],
-                        torch.stack(others) if others else torch.zeros(0, self.bank.shape[1]),
-                        p.esconv_strategies if classifier else [],
-                    )
-                )
+                lines = self.encoder.embed(p.examples)  # (E, D)
+                centroids[p.name] = torch.nn.functional.normalize(lines.mean(0), dim=0)
+            for p in s.personas:
+                voice = self._voice_of(p, centroids)
+                voices.setdefault(p.name.casefold(), []).append(voice)
+        return voices
+
+    def _voice_of(self, p, centroids: dict) -> PersonaVoice:
+        others = [c for n, c in centroids.items() if n != p.name]
+        if others:
+            others = torch.stack(others)  # (P, D)
+        else:
+            others = torch.zeros(0, self.bank.shape[1])  # a set of one: nobody to be confused with
+        strategies = p.esconv_strategies if self.classifier else []
+        return PersonaVoice(
+            p.role,
+            [p.description, p.role, p.style],
+            self.encoder.embed([p.description, p.style]),
+            centroids[p.name],
+            others,
+            strategies,
+        )
 
     def voice(self, state: JudgeState) -> PersonaVoice | None:
         """The speaker's card: same name, and its role named in the state's description, so a custom
@@ -514,121 +579,123 @@ class OfflineJudge(ScoreJudge):
         return hits[0] if len(hits) == 1 else None
 
     def features_many(self, states: list[JudgeState], replies: list[str]) -> list[dict[str, float]]:
+        """Every feature of every reply (section 3), and `function` where the speaker's card lists
+        ESConv strategies and a classifier is given."""
+        self._embed_once(states, replies)
+        out = [self._features(s, r) for s, r in zip(states, replies)]
+        self._add_function(states, replies, out)
+        return out
+
+    def _embed_once(self, states, replies) -> None:
+        """Every text the features read, in one batched pass (sorted: similar lengths batch
+        together); the lookups of _features hit the encoder's memo."""
         texts = set(replies)
         for s, r in zip(states, replies):
-            texts.update(
-                split_sentences(r)
-                + [persona_does(s.persona_desc), s.persona_desc, s.context]
-                + [t["text"] for t in s.history]
-            )
-        self.encoder.embed(
-            sorted(texts, key=lambda t: (len(t), t))
-        )  # one batched pass; the lookups below hit its memo
-        out = []
-        for s, reply in zip(states, replies):
-            voice, vec = self.voice(s), self.encoder.embed
-            card = (
-                vec([s.persona_desc])
-                if voice is None
-                else torch.cat([vec([s.persona_desc]), voice.card])
-            )
-            f = semantic_features(
-                vec([reply])[0],
-                vec(split_sentences(reply)),
-                vec([persona_does(s.persona_desc)])[0],
-                card,
-                vec([s.context])[0],
-                vec([t["text"] for t in s.history]),
-                self.bank,
-                voice.own if voice else None,
-                voice.others if voice else None,
-            )
-            f.update(
-                lexical_features(
-                    reply,
-                    s,
-                    [s.persona_desc] + (voice.card_texts if voice else []),
-                    voice.role if voice else "",
-                )
-            )
-            out.append(f)
-        jobs = [
-            (i, self.voice(s).strategies)
-            for i, s in enumerate(states)
-            if self.voice(s) and self.voice(s).strategies
-        ]
-        if jobs:  # the persona's function: p(its strategies | reply, the message)
-            probs = self.classifier.probs(
-                [replies[i] for i, _ in jobs], [states[i].context for i, _ in jobs]
-            )
-            for (i, mine), p in zip(jobs, probs):  # p: (8,)
-                out[i]["function"] = float(
-                    p[[scenarios.SUPPORT_STRATEGIES.index(k) for k in mine]].sum()
-                )
-        return out
+            texts.update(split_sentences(r))
+            texts.update([persona_does(s.persona_desc), s.persona_desc, s.context])
+            texts.update(t["text"] for t in s.history)
+        self.encoder.embed(sorted(texts, key=lambda t: (len(t), t)))
+
+    def _features(self, s: JudgeState, reply: str) -> dict[str, float]:
+        voice = self.voice(s)
+        vec = self.encoder.embed
+        card = vec([s.persona_desc])  # (1, D), and with a card its description and style: (3, D)
+        card_texts = [s.persona_desc]
+        role = ""
+        lines = None
+        if voice is not None:
+            card = torch.cat([card, voice.card])
+            card_texts += voice.card_texts
+            role = voice.role
+            lines = (voice.own, voice.others)
+        f = semantic_features(
+            vec([reply])[0],
+            vec(split_sentences(reply)),
+            vec([persona_does(s.persona_desc)])[0],
+            card,
+            vec([s.context])[0],
+            vec([t["text"] for t in s.history]),
+            self.bank,
+            lines,
+        )
+        f.update(lexical_features(reply, s, card_texts, role))
+        return f
+
+    def _add_function(self, states, replies, out) -> None:
+        """The persona's function: p(its strategies | reply, the message), one batched call."""
+        jobs = []  # (index, the speaker's strategies)
+        for i, s in enumerate(states):
+            voice = self.voice(s)
+            if voice and voice.strategies:
+                jobs.append((i, voice.strategies))
+        if not jobs:
+            return
+        probs = self.classifier.probs(
+            [replies[i] for i, _ in jobs], [states[i].context for i, _ in jobs]
+        )  # (J, 8)
+        for (i, mine), p in zip(jobs, probs):  # p: (8,)
+            ix = [scenarios.SUPPORT_STRATEGIES.index(k) for k in mine]
+            out[i]["function"] = float(p[ix].sum())
 
     def _score_uncached(self, states, replies):
         self.backend_calls += len(replies)
         out = []
         for f in self.features_many(states, replies):
-            w, center, scale = (
-                (FUNCTION_WEIGHTS, FUNCTION_CENTER, FUNCTION_SCALE)
-                if "function" in f
-                else (self.weights, OFFLINE_CENTER, OFFLINE_SCALE)
-            )
-            out.append(sigmoid(scale * (sum(w[k] * f[k] for k in w) - center)))
+            if "function" in f:  # judged by its job: the function recipe
+                z = sum(FUNCTION_WEIGHTS[k] * f[k] for k in FUNCTION_WEIGHTS)
+                out.append(sigmoid(FUNCTION_SCALE * (z - FUNCTION_CENTER)))
+            else:  # judged by the features alone
+                z = sum(self.weights[k] * f[k] for k in self.weights)
+                out.append(sigmoid(OFFLINE_SCALE * (z - OFFLINE_CENTER)))
         return out
 
 
-# --- Reading an answer: which reply did the judge pick? -----------------------------------------
+# --- 5. Reading an LLM judge's answers: which reply it picked, and a 1-5 rubric score ----------
+# Small judges answer in prose ("I think Response B is better"), so an answer is read by patterns,
+# the most explicit first.
 _LABEL_NAME = r"(?:(?i:reply|response|answer|option|choice)\s+)"
-
-
 _PICKS = [
+    # "B is better", "Reply A was clearly stronger"
     re.compile(
         _LABEL_NAME + r"?(?<![A-Za-z])([AB])(?![A-Za-z])[*\"'`)\]]*\s+(?:is|was|seems)\s+"
         r"(?:clearly\s+|much\s+|slightly\s+|the\s+)?(?i:better|stronger|preferred)"
     ),
+    # "the better reply is B", "I prefer A", "I choose Response B"
     re.compile(
         r"(?i:better(?:\s+(?:reply|response|answer|option|choice|one))?\s+is|prefer|pick|choose)"
         r"\s+" + _LABEL_NAME + r"?[*\"'`(\[]*([AB])(?![A-Za-z])"
     ),
+    # the answer opens with the label: "B", "**A**"
     re.compile(r"^[\s\"'*`(\[]*([AB])(?![A-Za-z])"),
+    # a named label anywhere: "Response: B"
     re.compile(
         r"\b(?:reply|response|answer|option|choice)\b[\s:*\"'`(\[-]*([AB])(?![A-Za-z])",
         re.IGNORECASE,
     ),
+    # the first standalone A or B
     re.compile(r"(?<![A-Za-z])([AB])(?![A-Za-z])"),
 ]
-
-
-_ARTICLE = re.compile(
-    r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]"
-)  # "A better reply is B": an article
+# "A better reply is B": that A is an article, not a label.
+_ARTICLE = re.compile(r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]")
 
 
 def parse_ab(text: str) -> int | None:
-    """0 for "A", 1 for "B", None. Tried in order: a sentence saying which is better ("I prefer B"), so
-    "A: Reply B is better." is B; the leading label; a named label; the first standalone A/B."""
-    return (
-        next(
-            (
-                "AB".index(m.group(1).upper())
-                for pattern in _PICKS
-                for m in pattern.finditer(text)
-                if not _ARTICLE.match(text, m.start(1))
-            ),
-            None,
-        )
-        if isinstance(text, str)
-        else None
-    )
+    """0 for "A", 1 for "B", None. Tried in order: a sentence saying which is better ("I prefer
+    B"), so "A: Reply B is better." is B; the leading label; a named label; the first standalone
+    A/B."""
+    if not isinstance(text, str):
+        return None
+    for pattern in _PICKS:
+        for m in pattern.finditer(text):
+            if not _ARTICLE.match(text, m.start(1)):
+                return "AB".index(m.group(1).upper())
+    return None
 
 
-# --- Reading an LLM judge's 1-5 rubric answer ---------------------------------------------------
-_NUM, _QUOTES = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?![0-9])", r"[\s*_\"'`]*"
-
-
+# A 1-5 rubric answer: every statement that looks like a score is read, and all must agree.
+_NUM = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?![0-9])"  # a whole number or a decimal, captured
+_QUOTES = r"[\s*_\"'`]*"  # markdown and quotes around a label or a number
+# "Score: 4", "rating is 4", "Score - 4/5", "grade of 4 out of 5"
 _LABELLED_RE = re.compile(
     r"\b(?:score|rating|grade)s?\b"
     + _QUOTES
@@ -640,78 +707,76 @@ _LABELLED_RE = re.compile(
     + r")?",
     re.IGNORECASE,
 )
-
-
-_FRACTION_RE = re.compile(_NUM + r"\s*(?:/|\bout\s+of\b)\s*" + _NUM, re.IGNORECASE)
-
-
-_BOLD_RE, _STARS_RE = (
-    re.compile(r"\*\*\s*" + _NUM + r"\s*\*\*"),
-    re.compile(_NUM + r"\s*stars?\b", re.IGNORECASE),
-)
-
-
-_BARE_RE = re.compile(r"[\s*_\"'`(\[]*" + _NUM + r"[\s*_\"'`)\].!]*")
+_FRACTION_RE = re.compile(_NUM + r"\s*(?:/|\bout\s+of\b)\s*" + _NUM, re.IGNORECASE)  # "4 out of 5"
+_BOLD_RE = re.compile(r"\*\*\s*" + _NUM + r"\s*\*\*")  # "**4**"
+_STARS_RE = re.compile(_NUM + r"\s*stars?\b", re.IGNORECASE)  # "4 stars"
+_BARE_RE = re.compile(r"[\s*_\"'`(\[]*" + _NUM + r"[\s*_\"'`)\].!]*")  # an answer that is a number
 
 
 def _score_value(number: str, lo: int, hi: int) -> int | None:
     """'4' and '4.0' -> 4 inside [lo, hi]; 4.5, 0 or a 99-digit run -> None."""
     whole, _, fraction = number.partition(".")
-    return (
-        None
-        if fraction.strip("0") or len(whole) > 6
-        else int(whole)
-        if lo <= int(whole) <= hi
-        else None
-    )
+    if fraction.strip("0") or len(whole) > 6:
+        return None
+    value = int(whole)
+    if lo <= value <= hi:
+        return value
+    return None
+
+
+def _on_scale(top: str, hi: int) -> bool:
+    """Is the number after "/" or "out of" the scale's top? "4/10" is on another scale."""
+    return _score_value(top, hi, hi) is not None
+
+
+def _labelled_score(m: re.Match, lo: int, hi: int) -> int | None:
+    if m.group(2) is not None and not _on_scale(m.group(2), hi):
+        return None  # "Score: 4/10": another scale, so no reading of it can be trusted
+    return _score_value(m.group(1), lo, hi)
 
 
 def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
-    """An integer rubric score in [lo, hi] read from free text, or None. Judges are asked to end with "Score: N", but
-    models wander, so every statement that LOOKS like a score is read: labelled ("Score: 4", "rating is 4", "4/5"),
-    a fraction over the scale's top ("4 out of 5"), a bold number, "4 stars", or an answer that is only the number,
-    after scale descriptions ("(1-5)", "1 to 5") are removed. All must agree ("5/5 ... no, 2/5" is None): a
-    self-correction cannot be told from a quotation, and a silently wrong score is worse than a missing one."""
+    """An integer rubric score in [lo, hi] read from free text, or None. Judges are asked to end
+    with "Score: N", but models wander, so every statement that LOOKS like a score is read: labelled
+    ("Score: 4", "rating is 4", "4/5"), a fraction over the scale's top ("4 out of 5"), a bold
+    number, "4 stars", or an answer that is only the number, after scale descriptions ("(1-5)",
+    "1 to 5") are removed. All must agree ("5/5 ... no, 2/5" is None): a self-correction cannot be
+    told from a quotation, and a silently wrong score is worse than a missing one."""
     if not isinstance(text, str):
         return None
-    text = re.sub(
-        rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?", " ", text, flags=re.IGNORECASE
-    )
-    found = [
-        None
-        if m.group(2) is not None
-        and _score_value(m.group(2), hi, hi) is None  # "4/10": another scale
-        else _score_value(m.group(1), lo, hi)
-        for m in _LABELLED_RE.finditer(text)
-    ]
-    found += [
-        _score_value(m.group(1), lo, hi)
-        for m in _FRACTION_RE.finditer(text)
-        if _score_value(m.group(2), hi, hi) is not None
-    ]
-    found += [
-        _score_value(m.group(1), lo, hi) for r in (_BOLD_RE, _STARS_RE) for m in r.finditer(text)
-    ]
-    if bare := _BARE_RE.fullmatch(text):
+    scale = rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?"
+    text = re.sub(scale, " ", text, flags=re.IGNORECASE)
+    found = [_labelled_score(m, lo, hi) for m in _LABELLED_RE.finditer(text)]
+    for m in _FRACTION_RE.finditer(text):
+        if _on_scale(m.group(2), hi):
+            found.append(_score_value(m.group(1), lo, hi))
+    for pattern in (_BOLD_RE, _STARS_RE):
+        found += [_score_value(m.group(1), lo, hi) for m in pattern.finditer(text)]
+    bare = _BARE_RE.fullmatch(text)
+    if bare:
         found.append(_score_value(bare.group(1), lo, hi))
-    return found[0] if len(set(found)) == 1 else None
+    if len(set(found)) == 1:
+        return found[0]
+    return None
 
 
 def combine_orders(p_ab: float | None, p_ba: float | None) -> Verdict:
-    """p_ab = P(first better) shown as (A = first, B = second), p_ba = the same shown swapped (P("B")); a
-    verdict only when both agree, else the judge followed the position. None: an unreadable answer."""
+    """p_ab = P(first better) shown as (A = first, B = second), p_ba = the same shown swapped
+    (P("B")); a verdict only when both agree, else the judge followed the position. None: an
+    unreadable answer."""
     if p_ab is None or p_ba is None:
         known = [p for p in (p_ab, p_ba) if p is not None]
-        return Verdict(
-            None,
-            sum(known) / len(known) if known else 0.5,
-            {"p_ab": p_ab, "p_ba": p_ba, "unparseable": True},
-        )
-    preferred = 0 if p_ab > 0.5 and p_ba > 0.5 else 1 if p_ab < 0.5 and p_ba < 0.5 else None
+        p_first = sum(known) / len(known) if known else 0.5
+        return Verdict(None, p_first, {"p_ab": p_ab, "p_ba": p_ba, "unparseable": True})
+    preferred = None
+    if p_ab > 0.5 and p_ba > 0.5:
+        preferred = 0
+    elif p_ab < 0.5 and p_ba < 0.5:
+        preferred = 1
     return Verdict(preferred, (p_ab + p_ba) / 2, {"p_ab": p_ab, "p_ba": p_ba})
 
 
-# --- The prompts of the LLM judges ----------------------------------------------------------------
+# --- 6. The prompts of the LLM judges -------------------------------------------------------------
 MAX_TURN_CHARS = 600  # one runaway turn must not crowd out the rest of the prompt
 
 
@@ -736,10 +801,10 @@ def judge_messages(template: str, state: JudgeState, **fields) -> list[dict]:
     ]
 
 
-# --- HFJudge: a local chat LLM, read through its next-token probabilities --------------------------
+# --- 7. HFJudge: a local chat LLM, read through its next-token probabilities -------------------
 def label_token_ids(tokenizer, label: str) -> list[int]:
-    """Token ids that spell `label` as ONE token: "A" and " A" are different BPE tokens, and which one
-    a model emits after the assistant header depends on its template, so P(label) sums both."""
+    """Token ids that spell `label` as ONE token: "A" and " A" are different BPE tokens, and which
+    one a model emits after the assistant header depends on its template, so P(label) sums both."""
     pieces = [tokenizer.encode(v, add_special_tokens=False) for v in (label, " " + label)]
     ids = list(dict.fromkeys(p[0] for p in pieces if len(p) == 1))
     if not ids:
@@ -751,74 +816,70 @@ def label_token_ids(tokenizer, label: str) -> list[int]:
 
 
 class HFJudge(Judge):
-    """A local causal LM as judge at temperature 0; score() maps sum_k k P("k") to [0, 1] (smoother than one digit)."""
+    """A local causal LM as judge at temperature 0, as the paper's judges run. Its verdicts and
+    scores are read from the probabilities of the label tokens ("A"/"B", "1".."5") rather than
+    from sampled text, so none is lost to an unreadable answer, and score() maps the expected
+    digit sum_k k P("k") to [0, 1], smoother than one digit. Rubric answers (rate_many) are
+    generated text, read by parse_rubric_score."""
 
-    can_generate, read_score = True, staticmethod(parse_rubric_score)
+    can_generate = True
+    read_score = staticmethod(parse_rubric_score)
 
     def __init__(
         self, model_or_path: str, cache_path=None, batch_size: int = 8, device: str = "cpu"
     ):
         super().__init__(cache_path)
-        self.name, self.batch_size = f"hf:{model_or_path}", batch_size
+        self.name = f"hf:{model_or_path}"
+        self.batch_size = batch_size
         try:
             self.model, self.tokenizer = loading.load_model(
                 model_or_path, device=device, frozen=True
             )
         except UserError as err:  # its message names --model; here the flag is --judge
             raise UserError(f"--judge hf:{model_or_path}: {err}") from None
-        self.ab_ids, self.digit_ids = (
-            [label_token_ids(self.tokenizer, x) for x in labels] for labels in ("AB", "12345")
-        )
+        self.ab_ids = [label_token_ids(self.tokenizer, x) for x in "AB"]
+        self.digit_ids = [label_token_ids(self.tokenizer, x) for x in "12345"]
 
     @torch.no_grad()
     def label_probs(
         self, conversations: list[list[dict]], label_ids: list[list[int]]
-    ) -> torch.Tensor:  # (N, L)
-        rows, device = [], next(self.model.parameters()).device
+    ) -> torch.Tensor:
+        """(N, L): P(label l) at the first answer token of each conversation, among the labels."""
+        device = next(self.model.parameters()).device
+        rows = []
         for start in range(0, len(conversations), self.batch_size):
-            prompts = models.chat_prompt_ids(
-                self.tokenizer, conversations[start : start + self.batch_size]
-            )
-            ids, mask = (
-                t.to(device) for t in models.left_pad(prompts, self.tokenizer.pad_token_id)
-            )  # (B, P)
+            batch = conversations[start : start + self.batch_size]
+            prompts = models.chat_prompt_ids(self.tokenizer, batch)
+            ids, mask = models.left_pad(prompts, self.tokenizer.pad_token_id)  # (B, P) each
+            ids = ids.to(device)
+            mask = mask.to(device)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)  # a padded row reads as the row alone
-            probs = torch.softmax(
-                self.model(
-                    input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1
-                )
-                .logits[:, -1, :]
-                .float(),
-                dim=-1,
-            )  # (B, V)
+            out = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1
+            )
+            probs = torch.softmax(out.logits[:, -1, :].float(), dim=-1)  # (B, V)
             mass = torch.stack([probs[:, t].sum(-1) for t in label_ids], dim=-1)  # (B, L)
-            # Renormalised among the labels: P("A") + P("B") = 1 whatever went to "Reply", "The", ...
+            # Renormalised among the labels: P("A") + P("B") = 1 whatever went to "Reply", "The"...
             rows.append((mass / mass.sum(-1, keepdim=True).clamp(min=1e-12)).cpu())
             self.backend_calls += len(prompts)
         return torch.cat(rows)
 
     def _compare_uncached(self, states, firsts, seconds):
-        p = self.label_probs(
-            [
-                judge_messages("judge_pairwise", s, a=x, b=y)
-                for s, a, b in zip(states, firsts, seconds)
-                for x, y in ((a, b), (b, a))
-            ],
-            self.ab_ids,
-        )
+        chats = []
+        for s, a, b in zip(states, firsts, seconds):
+            chats.append(judge_messages("judge_pairwise", s, a=a, b=b))  # row 2i: as given
+            chats.append(judge_messages("judge_pairwise", s, a=b, b=a))  # row 2i+1: swapped
+        p = self.label_probs(chats, self.ab_ids)  # (2N, 2)
         # Row 2i shows (first, second): P(first better) = P("A"); row 2i+1 the swap: P("B").
         return [
             combine_orders(float(p[2 * i, 0]), float(p[2 * i + 1, 1])) for i in range(len(states))
         ]
 
     def _score_uncached(self, states, replies):
-        p = self.label_probs(
-            [judge_messages("judge_pointwise", s, reply=r) for s, r in zip(states, replies)],
-            self.digit_ids,
-        )  # (N, 5)
-        return [
-            (float(e) - 1) / 4 for e in (p * torch.arange(1, 6, dtype=p.dtype)).sum(-1)
-        ]  # 1..5 -> [0, 1]
+        chats = [judge_messages("judge_pointwise", s, reply=r) for s, r in zip(states, replies)]
+        p = self.label_probs(chats, self.digit_ids)  # (N, 5)
+        expected = (p * torch.arange(1, 6, dtype=p.dtype)).sum(-1)  # (N,) sum_k k P("k")
+        return [(float(e) - 1) / 4 for e in expected]  # 1..5 -> [0, 1]
 
     def _complete_uncached(self, prompt, max_new_tokens):
         self.backend_calls += 1

@@ -1,13 +1,26 @@
-"""metrics.py: every number the rewards and the evaluation compute, as small pure functions.
+"""metrics.py: every number the rewards and the evaluation compute, each formula a pure function.
 
-The paper (arXiv 2601.14230) measures redundancy between the agent turns of one conversation (Self-BLEU and NLI
-relation rates), reports judge rubrics rescaled to 0-100 and tests pairwise preferences with an exact sign test. Those
-formulas live here, with the statistics the logs print (bootstrap intervals, standard errors, paired changes, the
-entropy and mutual information of the director's choices) and the reward-hack diagnostics that every GRPO step and
-every evaluation table counts. No file is read and no model is loaded here (nli_rates is handed its model), so each
-function is tested against a number computed by hand (tests/test_metrics.py, tests/test_hacks.py).
+The paper (arXiv 2601.14230) measures redundancy between the agent turns of one conversation
+(Self-BLEU and NLI relation rates), reports judge rubrics rescaled to 0-100 and tests pairwise
+preferences with an exact sign test. Those formulas live here, with the statistics the logs print
+(bootstrap intervals, standard errors, paired changes, the entropy and mutual information of the
+director's choices) and the reward-hack diagnostics that every GRPO step and every evaluation
+table counts.
+
+Where it sits: beside every stage. The training stages log the hack diagnostics of every sampled
+reply (simulate.diagnose_reply applies `diagnose` to one reply in a conversation); director.py
+also scores a block's novelty (content_words, sentence_bleu) and tests what the director's choices
+depend on (entropy, mutual information, permutation test); judge.py reads the meta-text patterns;
+evaluate.py computes every table's numbers from here (Self-BLEU, distinct-n, NLI and embedding
+redundancy, win rates, bootstrap intervals).
+
+What it simplifies: nothing is approximated, but nothing is loaded either: no file is read and no
+model is loaded here (nli_rates is handed its model, the embedding rates their vectors), so each
+function is tested against a number computed by hand:
+    python -m pytest -q tests/test_metrics.py tests/test_hacks.py
 """
 
+import itertools
 import math
 import random
 import re
@@ -46,6 +59,7 @@ def content_words(text: str) -> set[str]:
 
 
 def ngram_counts(tokens: list[str], n: int) -> Counter:
+    """How often each run of n consecutive tokens occurs."""
     return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
 
 
@@ -62,9 +76,10 @@ def sentence_bleu(hyp: list[str], refs: list[list[str]], max_n: int = 4) -> floa
     """
     if not refs:
         raise ValueError("sentence_bleu needs at least one reference")
-    log_p = []
+    log_p = []  # log p_n for n = 1 .. max_n
     for n in range(1, max_n + 1):
-        hyp_counts, best = ngram_counts(hyp, n), Counter()
+        hyp_counts = ngram_counts(hyp, n)
+        best = Counter()  # each n-gram's largest count in any one reference
         for ref in refs:
             best |= ngram_counts(ref, n)  # element-wise max over references
         matches = sum(min(c, best[g]) for g, c in hyp_counts.items())
@@ -72,7 +87,13 @@ def sentence_bleu(hyp: list[str], refs: list[list[str]], max_n: int = 4) -> floa
             return 0.0  # nothing shared: nothing to smooth
         log_p.append(math.log((matches or SMOOTHING_EPSILON) / max(1, sum(hyp_counts.values()))))
     closest = min((len(r) for r in refs), key=lambda r: (abs(r - len(hyp)), r))
-    bp = 1.0 if len(hyp) > closest else 0.0 if not hyp else math.exp(1 - closest / len(hyp))
+    # Brevity penalty: a hypothesis shorter than its reference cannot win on precision alone.
+    if len(hyp) > closest:
+        bp = 1.0
+    elif not hyp:
+        bp = 0.0
+    else:
+        bp = math.exp(1 - closest / len(hyp))
     return bp * math.exp(math.fsum(log_p) / max_n)
 
 
@@ -81,15 +102,19 @@ def self_bleu(texts: list[str], max_n: int = 4) -> float | None:
     references). Higher = the agents repeat each other's phrasing. None for fewer than two texts:
     with nothing to repeat there is no evidence either way, and 0 would read as "no redundancy".
 
-    >>> self_bleu(["thank you for telling us this"] * 2), self_bleu(["good morning", "see you soon"])
-    (1.0, 0.0)
+    >>> self_bleu(["thank you for telling us this"] * 2)
+    1.0
+    >>> self_bleu(["good morning", "see you soon"])
+    0.0
     """
     toks = [tokenize(t) for t in texts]
     if len(toks) < 2:
         return None
-    return sum(sentence_bleu(h, toks[:i] + toks[i + 1 :], max_n) for i, h in enumerate(toks)) / len(
-        toks
-    )
+    scores = []
+    for i, hyp in enumerate(toks):
+        others = toks[:i] + toks[i + 1 :]  # every text but the hypothesis itself
+        scores.append(sentence_bleu(hyp, others, max_n))
+    return sum(scores) / len(toks)
 
 
 def distinct_n(texts: list[str], n: int) -> float | None:
@@ -97,7 +122,9 @@ def distinct_n(texts: list[str], n: int) -> float | None:
     never span two texts). None when there is no n-gram at all."""
     pooled = sum((ngram_counts(tokenize(t), n) for t in texts), Counter())
     total = sum(pooled.values())
-    return len(pooled) / total if total else None
+    if not total:
+        return None
+    return len(pooled) / total
 
 
 # --- Statistics ------------------------------------------------------------------------------
@@ -122,12 +149,16 @@ def win_rate(outcomes: list[str]) -> dict:
     counts = Counter(outcomes)
     if set(counts) - {"A", "B", "tie"}:
         raise ValueError(f"win_rate outcomes must be 'A', 'B' or 'tie', got {sorted(counts)}")
-    wins, losses = counts["A"], counts["B"]
+    wins = counts["A"]
+    losses = counts["B"]
+    rate = None  # no decisive judgement: no rate
+    if wins + losses:
+        rate = wins / (wins + losses)
     return {
         "wins": wins,
         "losses": losses,
         "ties": counts["tie"],
-        "win_rate": wins / (wins + losses) if wins + losses else None,
+        "win_rate": rate,
         "p_value": binomial_two_sided_p(wins, wins + losses),
     }
 
@@ -148,7 +179,9 @@ def bootstrap_ci(values: list[float], n_boot: int = 1000, alpha: float = 0.05, s
 def mean_or_none(values: list) -> float | None:
     """The mean of the values that are not None; None when none is left."""
     values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
+    if not values:
+        return None
+    return sum(values) / len(values)
 
 
 def standard_error(values: list[float]) -> float | None:
@@ -188,7 +221,10 @@ def rescale_0_100(score: float, lo: float, hi: float) -> float:
 def entropy_bits(labels: list) -> float:
     """Plug-in Shannon entropy in bits: 0 for one label, 2 for four equally frequent agents."""
     n = len(labels)
-    return 0.0 - sum(c / n * math.log2(c / n) for c in Counter(labels).values()) if n else 0.0
+    if not n:
+        return 0.0
+    # 0.0 - ...: one label gives 0.0, not -0.0
+    return 0.0 - sum(c / n * math.log2(c / n) for c in Counter(labels).values())
 
 
 def mutual_information_bits(xs: list, ys: list) -> float:
@@ -198,17 +234,20 @@ def mutual_information_bits(xs: list, ys: list) -> float:
 
 
 def chi_square_statistic(xs: list, ys: list) -> float:
-    """Pearson's chi-square statistic of the table of x by y (labels that occur only)."""
-    n, cx, cy, joint = len(xs), Counter(xs), Counter(ys), Counter(zip(xs, ys))
-    return (
-        sum(
-            (joint.get((a, b), 0) - cx[a] * cy[b] / n) ** 2 / (cx[a] * cy[b] / n)
-            for a in cx
-            for b in cy
-        )
-        if n
-        else 0.0
-    )
+    """Pearson's chi-square statistic of the table of x by y (labels that occur only): the sum
+    over cells of (observed - expected)^2 / expected, expected = row total * column total / n."""
+    n = len(xs)
+    if not n:
+        return 0.0
+    cx = Counter(xs)  # row totals
+    cy = Counter(ys)  # column totals
+    joint = Counter(zip(xs, ys))  # cell counts
+    terms = []
+    for a in cx:
+        for b in cy:
+            expected = cx[a] * cy[b] / n
+            terms.append((joint.get((a, b), 0) - expected) ** 2 / expected)
+    return sum(terms)
 
 
 def permutation_p_value(xs: list, ys: list, n_perm: int = 2000, seed: int = 0) -> float:
@@ -217,9 +256,13 @@ def permutation_p_value(xs: list, ys: list, n_perm: int = 2000, seed: int = 0) -
     (1 + hits) / (1 + n_perm), never 0 (Phipson & Smyth 2010); 1 when x or y is constant."""
     if len(set(xs)) < 2 or len(set(ys)) < 2:
         return 1.0
-    observed, rng, shuffled, hits = chi_square_statistic(xs, ys), random.Random(seed), list(ys), 0
+    observed = chi_square_statistic(xs, ys)
+    rng = random.Random(seed)
+    shuffled = list(ys)
+    hits = 0  # shuffles at least as extreme as the data
     for _ in range(n_perm):
         rng.shuffle(shuffled)
+        # 1e-12: a shuffle that rebuilds the same table must count, whatever the rounding
         hits += chi_square_statistic(xs, shuffled) >= observed - 1e-12
     return (1 + hits) / (1 + n_perm)
 
@@ -231,12 +274,12 @@ NLI_RELATIONS = ("entailment", "contradiction", "neutral")
 def nli_label_index(id2label: dict, model_name: str) -> dict[str, int]:
     """Which output of an NLI classifier is which relation, read from its config (checkpoints
     disagree on the order). ValueError unless the labels are exactly the three relations."""
-    index = {
-        rel: int(i)
-        for i, name in id2label.items()
-        for rel in NLI_RELATIONS  # "ENTAILMENT", "Entails" ...
-        if str(name).strip().lower().startswith(rel[:6])
-    }
+    index = {}
+    for i, name in id2label.items():
+        for rel in NLI_RELATIONS:
+            # The first six letters name the relation in every spelling: "ENTAILMENT", "Entails".
+            if str(name).strip().lower().startswith(rel[:6]):
+                index[rel] = int(i)
     if len(index) != 3 or len(id2label) != 3:
         raise ValueError(
             f"NLI model '{model_name}' has labels {list(id2label.values())}; it needs exactly "
@@ -251,10 +294,9 @@ def nli_rates(texts: list[str], model, tokenizer, batch_size: int = 16) -> dict 
     NLI is directional: the premise is the earlier turn, since the question is whether a later turn
     merely restates (entailment: redundancy, sycophancy) or contradicts what was said. Each pair
     gets the classifier's argmax label. None for fewer than two turns (no pair)."""
-    index = nli_label_index(
-        model.config.id2label, model.config.name_or_path or type(model).__name__
-    )
-    pairs = [(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))]
+    name = model.config.name_or_path or type(model).__name__
+    index = nli_label_index(model.config.id2label, name)
+    pairs = list(itertools.combinations(range(len(texts)), 2))  # (earlier, later), in order
     if not pairs:
         return None
     model.eval()
@@ -269,9 +311,8 @@ def nli_rates(texts: list[str], model, tokenizer, batch_size: int = 16) -> dict 
                 truncation=True,
                 return_tensors="pt",
             ).to(next(model.parameters()).device)
-            counts += torch.bincount(
-                model(**enc).logits.argmax(-1).cpu(), minlength=3
-            )  # (B, 3) -> (3,)
+            labels = model(**enc).logits.argmax(-1).cpu()  # (B, 3) -> (B,)
+            counts += torch.bincount(labels, minlength=3)  # (3,)
     return {rel: counts[index[rel]].item() / len(pairs) for rel in NLI_RELATIONS}
 
 
@@ -286,14 +327,20 @@ def pairwise_cosines(emb: torch.Tensor) -> torch.Tensor:
 
 def semantic_redundancy_rate(emb: torch.Tensor, threshold: float = 0.8) -> float | None:
     """Share of pairs of agent turns that are near-paraphrases (cosine >= threshold), our addition:
-    "the same thing in other words", which Self-BLEU misses. With all-MiniLM-L6-v2, paraphrases of
-    our own support sentences scored 0.85-0.90 and complementary turns on one topic 0.23-0.47;
-    another encoder needs its own threshold. None for fewer than two turns."""
-    return (pairwise_cosines(emb) >= threshold).float().mean().item() if len(emb) >= 2 else None
+    "the same thing in other words", which Self-BLEU misses. The threshold sits between what
+    all-MiniLM-L6-v2 gives paraphrases (above it) and complementary turns on one topic (well
+    below); another encoder needs its own threshold. None for fewer than two turns."""
+    if len(emb) < 2:
+        return None
+    return (pairwise_cosines(emb) >= threshold).float().mean().item()
 
 
 def mean_pairwise_similarity(emb: torch.Tensor) -> float | None:
-    return pairwise_cosines(emb).mean().item() if len(emb) >= 2 else None
+    """The mean cosine over pairs of agent turns: redundancy without a threshold. None for fewer
+    than two turns."""
+    if len(emb) < 2:
+        return None
+    return pairwise_cosines(emb).mean().item()
 
 
 # --- Reward hacking, made visible -------------------------------------------------------------
@@ -318,6 +365,7 @@ _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 
 
 def words(text: str) -> list[str]:
+    """The lower-case words of a reply (curly apostrophes made straight), as the checks count."""
     return _WORD.findall(text.replace("\u2019", "'").lower())
 
 
@@ -327,7 +375,8 @@ def longest_shared_span(a: list[str], b: list[str]) -> int:
     >>> longest_shared_span("i failed my exam today".split(), "you failed my exam".split())
     3
     """
-    best, previous = 0, [0] * (len(b) + 1)
+    best = 0
+    previous = [0] * (len(b) + 1)  # previous[j]: the run ending at the last x and b[j - 1]
     for x in a:
         current = [0] * (len(b) + 1)
         for j, y in enumerate(b, start=1):
@@ -339,14 +388,16 @@ def longest_shared_span(a: list[str], b: list[str]) -> int:
 
 
 def copies(reply: str, sources: list[str], span: int = SPAN) -> bool:
+    """Does the reply share a run of `span` words with any source?"""
     w = words(reply)
     return len(w) >= span and any(longest_shared_span(w, words(s)) >= span for s in sources if s)
 
 
 # Prompt and meta text a reply must never contain: our own prompt labels ("Background:", "(Beacon,
-# another companion):", "(It is Anchor's turn.)", the directive sentence "In your next message, ...")
-# and the evaluator's ("Situation:", "Conversation so far:", "Write <name>'s next message"), the
-# system prompt read back, instruction echoes, assistant boilerplate, notes about the director.
+# another companion):", "(It is Anchor's turn.)", the directive sentence "In your next message,
+# ...") and the evaluator's ("Situation:", "Conversation so far:", "Write <name>'s next
+# message"), the system prompt read back, instruction echoes, assistant boilerplate, notes about
+# the director.
 META_PATTERNS = [
     r"\bsituation\s*:",
     r"\bbackground\s*:",
@@ -383,7 +434,8 @@ def leaks_meta(reply: str, speaker_names: list[str] = ()) -> bool:
 
 def repeats_itself(reply: str, span: int = SPAN) -> bool:
     """A run of `span` words twice (a loop counts), or a sentence of 3+ words again: a degenerate
-    loop that copies nothing but itself, which a per-reply reward can miss and a policy can learn."""
+    loop that copies nothing but itself, which a per-reply reward can miss and a policy can
+    learn."""
     w = words(reply)
     spans = [tuple(w[i : i + span]) for i in range(len(w) - span + 1)]
     sentences = [tuple(words(s)) for s in re.split(r"(?<=[.!?])\s+|\n+", reply)]
@@ -399,7 +451,8 @@ def diagnose(
     speaker_names: list[str] = (),
 ) -> dict:
     """Every diagnostic of one reply: 0/1 flags and the length in words. user_texts: the situation
-    and the user's messages; persona_texts: the speaker's card; agent_texts: earlier companion turns."""
+    and the user's messages; persona_texts: the speaker's card; agent_texts: earlier companion
+    turns."""
     return {
         "context_copy": float(copies(reply, user_texts)),
         "persona_copy": float(copies(reply, persona_texts)),
@@ -413,4 +466,6 @@ def diagnose(
 
 def rates(rows: list[dict]) -> dict[str, float]:
     """Mean of each diagnostic over replies: a share for the flags, the mean length for words."""
-    return {k: sum(r[k] for r in rows) / len(rows) for k in DIAGNOSTICS} if rows else {}
+    if not rows:
+        return {}
+    return {k: sum(r[k] for r in rows) / len(rows) for k in DIAGNOSTICS}

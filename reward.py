@@ -1,24 +1,28 @@
 """reward.py: stage 1's reward (the paper's Phase I, persona-aware behavioural alignment, RLAIF).
 
-What the speakers are trained to want, built in four steps (arXiv 2601.14230, Phase I):
-  1. states and candidates: for each (context, persona, conversation so far) the base speaker samples K candidates;
-  2. preference pairs: an AI judge (judge.py) scores every candidate for persona adherence and fit;
-     two candidates whose scores differ clearly, confirmed by a pairwise comparison, become a pair
-     (chosen, rejected); synthetic reward hacks (copying, reciting, leaking...) join as rejected;
-  3. the reward model: a scalar-head transformer trained on the pairs (Bradley-Terry), high where the judge preferred;
-  4. the composite reward GRPO maximises (grpo.py): reward-model score + a format reward.
-Why a reward model, when the judge could score GRPO's samples directly? GRPO scores G samples per
-prompt every step, thousands of judgements a run; the reward model is one forward pass, and it
-learns from comparisons, which judges make more reliably than absolute scores (InstructGPT, 3.5).
+What the speakers are trained to want, built in four steps (arXiv 2601.14230, Phase I), which
+mascot.train_stage1 calls in order (mascot.rlaif_reward):
+  1. states: (context, persona, conversation so far), for training and held out (`stage1_states`);
+  2. candidates: the speaker samples K replies per state (`sample_candidates`);
+  3. preference pairs: an AI judge (judge.py) scores every candidate for persona adherence and fit;
+     two candidates whose scores differ clearly, confirmed by a pairwise comparison in both orders,
+     become a pair (chosen, rejected); synthetic reward hacks (copying, reciting, leaking...) join
+     as rejected replies (`build_pairs`);
+  4. the reward model: a scalar-head transformer trained on the pairs with the Bradley-Terry loss,
+     high where the judge preferred (`fit_reward_model`);
+then GRPO (grpo.py) maximises the composite reward: reward-model score + a format reward
+(`speaker_reward_fn`). Why a reward model, when the judge could score GRPO's samples directly? GRPO
+scores G samples per prompt every step, thousands of judgements a run; the reward model is one
+forward pass, and it learns from comparisons, which judges make more reliably than absolute scores
+(InstructGPT, Ouyang et al. 2022, section 3.5).
 
-Our decisions where the paper is silent: a causal LM's body (the embedded SmolLM2-135M by default) with a linear head
-read at the last real token, fully fine-tuned, one model for all personas of a set (the persona is in the system
-message); `rm_messages` lays out every input, for training pairs and GRPO's samples alike; AdamW for one epoch (reward
-models over-fit fast, as InstructGPT found); the held-out split is by state; the format reward is our own four rules;
-no reward normalisation (GRPO compares the G replies to one prompt, so an offset cancels).
+Our decisions where the paper is silent: a causal LM's body (the embedded SmolLM2-135M by default)
+with a linear head read at the last real token, fully fine-tuned, one model for all personas of a
+set (the persona is in the system message); `rm_messages` lays out every input, for training pairs
+and GRPO's samples alike; AdamW for one epoch (reward models over-fit fast, as InstructGPT found);
+the held-out split is by state; the format reward is our own four rules; no reward normalisation
+(GRPO compares the G replies to one prompt, so an offset cancels).
 
-`build_reward_fn` runs steps 1-4 for a run folder (each step's output a file there, reused when
-present, so an interrupted stage 1 never samples or judges twice):
     python mascot.py train --stage 1 [--model tiny]    # the whole of stage 1, then GRPO
 """
 
@@ -48,6 +52,7 @@ from simulate import (
     JudgeState,
     RoundRobin,
     Turn,
+    TurnPlan,
     diagnose_reply,
     judge_state,
     run_conversations,
@@ -111,7 +116,10 @@ def rm_messages(state: JudgeState, reply: str) -> list[dict]:
     ]
 
 
-CONFIG_FILE, FORMAT_TAG = "reward_config.json", "mascot-reward-model-2"
+# A reward model folder is a save_pretrained folder plus this file; the tag names its format, so a
+# folder of another format (or half of one) is refused rather than misread.
+CONFIG_FILE = "reward_config.json"
+FORMAT_TAG = "mascot-reward-model-2"
 
 
 class RewardModel(torch.nn.Module):
@@ -128,23 +136,21 @@ class RewardModel(torch.nn.Module):
         metrics: dict | None = None,
     ):
         super().__init__()
-        self.net, self.base_model, self.max_length, self.metrics = (
-            net,
-            base_model,
-            max_length,
-            metrics or {},
+        self.net = net  # AutoModelForSequenceClassification, num_labels = 1
+        self.base_model = base_model  # the causal LM whose body it started from
+        self.max_length = (
+            max_length  # tokens kept of each chat (the end: the reply and its context)
         )
+        self.metrics = metrics or {}  # its held-out accuracies, as train_reward_model measured them
 
     @classmethod
     def from_base(cls, name: str = loading.EMBEDDED, device: str = "cpu"):
         """A fresh reward model on the body of a causal LM: its LM head replaced by a scalar `score` head."""
         lm, tok = loading.load_model(name, device=device)
         config = copy.deepcopy(lm.config)
-        config.num_labels, config.pad_token_id, config.problem_type = (
-            1,
-            tok.pad_token_id,
-            "regression",
-        )
+        config.num_labels = 1  # one scalar score
+        config.pad_token_id = tok.pad_token_id  # HF pools the last token before the padding
+        config.problem_type = "regression"
         net = AutoModelForSequenceClassification.from_config(config).to(device)
         net.model.load_state_dict(lm.get_decoder().state_dict())
         # No bias (HF's head has none either): the loss only sees r_c - r_r, where a bias cancels.
@@ -156,34 +162,30 @@ class RewardModel(torch.nn.Module):
         """(B, T) ids and mask, padded on the left -> (B,) float32 scores, with gradient. The positions
         count real tokens only, so a padded row scores as the row alone (as pipeline scores it)."""
         device = self.net.score.weight.device
-        ids, mask = input_ids.to(device), attention_mask.to(device)
+        ids = input_ids.to(device)  # (B, T)
+        mask = attention_mask.to(device)  # (B, T)
         positions = (mask.long().cumsum(1) - 1).clamp(min=0)  # (B, T)
-        return (
-            self.net(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
-            .logits.squeeze(-1)
-            .float()
-        )  # (B,)
+        out = self.net(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        return out.logits.squeeze(-1).float()  # (B, 1) -> (B,)
 
     def encode(self, tok, chats: list[list[dict]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Chats -> left-padded (ids, mask). A chat longer than max_length loses its FIRST tokens: the
         reply and what it answers sit at the end (512 leaves a persona and ~10 turns)."""
-        rows = [
-            tok(tok.apply_chat_template(m, tokenize=False), add_special_tokens=False)["input_ids"][
-                -self.max_length :
-            ]
-            for m in chats
-        ]
+        rows = []
+        for messages in chats:
+            text = tok.apply_chat_template(messages, tokenize=False)
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            rows.append(ids[-self.max_length :])
         return models.left_pad(rows, tok.pad_token_id)
 
     @torch.no_grad()
     def score_texts(self, tok, chats: list[list[dict]], batch_size: int = 16) -> list[float]:
+        """One score per chat, `batch_size` chats a forward; the model's train/eval mode is kept."""
         was_training = self.training
         self.eval()
-        scores = [
-            s
-            for i in range(0, len(chats), batch_size)
-            for s in self(*self.encode(tok, chats[i : i + batch_size])).tolist()
-        ]
+        scores = []
+        for i in range(0, len(chats), batch_size):
+            scores += self(*self.encode(tok, chats[i : i + batch_size])).tolist()
         self.train(was_training)
         return scores
 
@@ -197,21 +199,19 @@ class RewardModel(torch.nn.Module):
         with atomic_folder(target) as tmp:
             self.net.save_pretrained(tmp)
             tok.save_pretrained(tmp)
-            (tmp / CONFIG_FILE).write_text(
-                json.dumps(
-                    {
-                        "format": FORMAT_TAG,
-                        "base_model": self.base_model,
-                        "max_length": self.max_length,
-                        "metrics": metrics or {},
-                    },
-                    indent=2,
-                )
-            )
+            record = {
+                "format": FORMAT_TAG,
+                "base_model": self.base_model,
+                "max_length": self.max_length,
+                "metrics": metrics or {},
+            }
+            (tmp / CONFIG_FILE).write_text(json.dumps(record, indent=2))
         return target
 
     @classmethod
     def load(cls, folder: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+        """(reward model, tokenizer) from a folder `save` wrote, frozen, in `dtype`; any other folder
+        is refused with one line saying what to do."""
         folder = Path(folder)
         try:
             config = json.loads((folder / CONFIG_FILE).read_text())
@@ -229,17 +229,13 @@ class RewardModel(torch.nn.Module):
             )
         loading.quiet_transformers()
         tok = AutoTokenizer.from_pretrained(folder)
-        tok.padding_side, tok.pad_token = "left", tok.pad_token or tok.eos_token
+        tok.padding_side = "left"  # encode pads on the left, as every batch here
+        tok.pad_token = tok.pad_token or tok.eos_token
         # fp32 as saved, then cast whole (buffers too), exactly as a freshly trained one is: the same scores
-        net = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).to(
-            device, dtype
-        )
-        rm = cls(
-            net,
-            config.get("base_model", ""),
-            int(config.get("max_length", 512)),
-            config.get("metrics", {}),
-        )
+        net = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32)
+        net = net.to(device, dtype)
+        base = config.get("base_model", "")
+        rm = cls(net, base, int(config.get("max_length", 512)), config.get("metrics", {}))
         return rm.eval().requires_grad_(False), tok
 
 
@@ -250,23 +246,21 @@ def split_pairs(pairs: list[dict], held_out: float, seed: int) -> tuple[list[dic
     states = sorted({p["state_id"] for p in pairs})
     order = torch.randperm(len(states), generator=torch.Generator().manual_seed(seed)).tolist()
     held = {states[i] for i in order[: round(held_out * len(states))]}
-    return [p for p in pairs if p["state_id"] not in held], [
-        p for p in pairs if p["state_id"] in held
-    ]
+    train = [p for p in pairs if p["state_id"] not in held]
+    return train, [p for p in pairs if p["state_id"] in held]
 
 
 def evaluate_pairs(rm: RewardModel, tok, pairs: list[dict]):
     """(loss, accuracy = share with r_c > r_r; a tie is wrong), or (None, None) for no pairs."""
     if not pairs:
         return None, None
-    scores = torch.tensor(
-        rm.score_texts(
-            tok, [m for p in pairs for m in (p["chosen_messages"], p["rejected_messages"])]
-        )
-    ).view(-1, 2)
-    return bradley_terry_loss(scores[:, 0], scores[:, 1]).item(), (
-        scores[:, 0] > scores[:, 1]
-    ).float().mean().item()
+    chats = []
+    for p in pairs:
+        chats += [p["chosen_messages"], p["rejected_messages"]]
+    scores = torch.tensor(rm.score_texts(tok, chats)).view(-1, 2)  # (N, 2): chosen, rejected
+    loss = bradley_terry_loss(scores[:, 0], scores[:, 1]).item()
+    accuracy = (scores[:, 0] > scores[:, 1]).float().mean().item()
+    return loss, accuracy
 
 
 def train_reward_model(
@@ -278,7 +272,6 @@ def train_reward_model(
     lr: float = 2e-5,
     batch_size: int = 8,
     seed: int = 0,
-    log=print,
 ) -> dict:
     """Fit the reward model with the Bradley-Terry loss, AdamW, gradients clipped at 1.0 (as TRL).
     Returns the last epoch's running train loss and accuracy and, measured after it, the held-out
@@ -290,45 +283,59 @@ def train_reward_model(
         )
     generator = torch.Generator().manual_seed(seed)
     optimizer = models.adamw(rm, lr, weight_decay=0.01)  # torch's default decay
-    ordinary, hacked = [p for p in held if not p.get("hack")], [p for p in held if p.get("hack")]
+    # Judged pairs and synthetic hacks are measured apart: rejecting a hack is easy, agreeing
+    # with the judge on two real candidates is the signal the reward model is there to carry.
+    ordinary = [p for p in held if not p.get("hack")]
+    hacked = [p for p in held if p.get("hack")]
     metrics = {"n_train": len(train), "n_heldout": len(ordinary), "n_heldout_hack": len(hacked)}
-    log(
-        f"reward model: {len(train)} training pairs, {len(held)} held out, {epochs} epoch(s), lr {lr}"
+    print(
+        f"reward model: {len(train)} training pairs, {len(held)} held out, {epochs} epoch(s), lr {lr}",
+        flush=True,
     )
     for epoch in range(1, epochs + 1):
-        rm.train()
-        order, loss_sum, correct = torch.randperm(len(train), generator=generator).tolist(), 0.0, 0
-        for start in progress(
-            range(0, len(order), batch_size), f"reward model epoch {epoch}, batches"
-        ):
-            batch = [train[i] for i in order[start : start + batch_size]]
-            optimizer.zero_grad(set_to_none=True)
-            # One pair at a time through forward and backward (its two chats together), each loss
-            # divided by the batch's size, so the gradients add up to the batch mean's. Why: a
-            # batch of long chats at once held every layer's activations for all of them.
-            for pair in batch:
-                r = rm(
-                    *rm.encode(tok, [pair["chosen_messages"], pair["rejected_messages"]])
-                )  # (2,)
-                loss = bradley_terry_loss(r[:1], r[1:]) / len(batch)
-                loss.backward()
-                loss_sum, correct = loss_sum + loss.item() * len(batch), correct + int(r[0] > r[1])
-            torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
-            optimizer.step()
-        metrics.update(train_loss=loss_sum / len(train), train_accuracy=correct / len(train))
+        order = torch.randperm(len(train), generator=generator).tolist()
+        loss_sum, correct = reward_model_epoch(
+            rm, tok, optimizer, [train[i] for i in order], batch_size, epoch
+        )
+        metrics["train_loss"] = loss_sum / len(train)
+        metrics["train_accuracy"] = correct / len(train)
         metrics["heldout_loss"], metrics["heldout_accuracy"] = evaluate_pairs(rm, tok, ordinary)
         metrics["heldout_hack_accuracy"] = evaluate_pairs(rm, tok, hacked)[1]
-        log(
+        print(
             f"reward model epoch {epoch}/{epochs}: train loss {metrics['train_loss']:.4f} acc "
-            f"{metrics['train_accuracy']:.3f}; held-out acc {shown(metrics['heldout_accuracy'])} on {len(ordinary)} "
-            f"judged pairs, {shown(metrics['heldout_hack_accuracy'])} on {len(hacked)} synthetic-hack pairs"
+            f"{metrics['train_accuracy']:.3f}; held-out acc {shown(metrics['heldout_accuracy'])} "
+            f"on {len(ordinary)} judged pairs, {shown(metrics['heldout_hack_accuracy'])} on "
+            f"{len(hacked)} synthetic-hack pairs",
+            flush=True,
         )
-    rm.zero_grad(
-        set_to_none=True
-    )  # the last gradients would be another copy of the body, kept for nothing
+    # The last gradients would be another copy of the body, kept for nothing.
+    rm.zero_grad(set_to_none=True)
     del optimizer
     devices.release_memory()
     return metrics
+
+
+def reward_model_epoch(rm, tok, optimizer, pairs: list[dict], batch_size: int, epoch: int):
+    """One pass over the (shuffled) pairs, one AdamW step per batch. Returns the summed loss and the
+    number of pairs the model ranked right before its step saw them (a running train accuracy)."""
+    rm.train()
+    loss_sum, correct = 0.0, 0
+    for start in progress(range(0, len(pairs), batch_size), f"reward model epoch {epoch}, batches"):
+        batch = pairs[start : start + batch_size]
+        optimizer.zero_grad(set_to_none=True)
+        # One pair at a time through forward and backward (its two chats together), each loss
+        # divided by the batch's size, so the gradients add up to the batch mean's. Why: a
+        # batch of long chats at once held every layer's activations for all of them.
+        for pair in batch:
+            chats = [pair["chosen_messages"], pair["rejected_messages"]]
+            r = rm(*rm.encode(tok, chats))  # (2,) chosen, rejected
+            loss = bradley_terry_loss(r[:1], r[1:]) / len(batch)
+            loss.backward()
+            loss_sum += loss.item() * len(batch)
+            correct += int(r[0] > r[1])
+        torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
+        optimizer.step()
+    return loss_sum, correct
 
 
 def shown(value, digits: int = 3) -> str:
@@ -337,6 +344,7 @@ def shown(value, digits: int = 3) -> str:
 
 
 # --- The format reward --------------------------------------------------------------------------
+# What may end a finished sentence: the stops, an ellipsis, a closing quote or guillemet.
 SENTENCE_END = ".!?…\"'”’»"
 
 
@@ -361,21 +369,19 @@ def format_reward(
     if not text.strip():
         return 0.0, dict.fromkeys(keys, 0.0)
     names = ["User", "Assistant"] + [n for n in other_names if n]
-    label = (
-        r"[\*\"']*\s*(?:{})\s*[\*\"']*\s*(?::|[\-–—]\s)"  # ":" or a dash and a space after the name
-    )
+    # A speaker label: the name in optional markdown, then ":" or a dash and a space.
+    label = r"[\*\"']*\s*(?:{})\s*[\*\"']*\s*(?::|[\-–—]\s)"
     everyone = "|".join(re.escape(n) for n in [own_name] + names if n)
     others = "|".join(re.escape(n) for n in names if n.lower() != own_name.lower())
+    opens_with_label = rf"\s*({label.format(everyone)}|{models.OTHER_TURN})"
+    names_another = rf"(?:^|\s)[\*\"']*\s*(?:{others})\s*[\*\"']*\s*:|\S.*{models.OTHER_TURN}"
     last = text.rstrip().rstrip("\ufe0f")[-1:]  # drop an emoji variation selector
+    ends_a_sentence = bool(last) and (last in SENTENCE_END or unicodedata.category(last) == "So")
     checks = [
         min_words <= len(text.split()) <= max_words,
-        not re.match(rf"\s*({label.format(everyone)}|{models.OTHER_TURN})", text, re.IGNORECASE),
-        not re.search(
-            rf"(?:^|\s)[\*\"']*\s*(?:{others})\s*[\*\"']*\s*:|\S.*{models.OTHER_TURN}",
-            text,
-            re.I | re.S,
-        ),
-        finished and bool(last) and (last in SENTENCE_END or unicodedata.category(last) == "So"),
+        not re.match(opens_with_label, text, re.IGNORECASE),
+        not re.search(names_another, text, re.IGNORECASE | re.DOTALL),
+        finished and ends_a_sentence,
     ]
     return sum(checks) / len(keys), {k: float(c) for k, c in zip(keys, checks)}
 
@@ -392,22 +398,22 @@ class State:
     history: list[Turn]  # the conversation so far; the last turn is the user's
 
     def judge_state(self, personas: PersonaSet) -> JudgeState:
+        """What the judge reads: the persona's card, the recent turns, the user's last message."""
         return judge_state(personas.find(self.persona), self.history, self.context.situation)
 
     def prompt(self, personas: PersonaSet) -> list[dict]:
+        """The speaker's chat prompt at this point: exactly what it sees in a conversation."""
         return speaker_messages(personas.find(self.persona), personas, self.context, self.history)
 
     def rm_messages(self, personas: PersonaSet, reply: str) -> list[dict]:
+        """The chat the reward model scores for `reply` at this point."""
         return rm_messages(self.judge_state(personas), reply)
 
     def diagnose(self, personas: PersonaSet, reply: str) -> dict:
-        return diagnose_reply(
-            personas.find(self.persona),
-            self.history,
-            self.context.situation,
-            reply,
-            personas.names(),
-        )
+        """The reward-hack diagnostics of `reply` here (metrics.diagnose): copying, leaking, ..."""
+        persona = personas.find(self.persona)
+        situation = self.context.situation
+        return diagnose_reply(persona, self.history, situation, reply, personas.names())
 
 
 def build_states(
@@ -416,61 +422,59 @@ def build_states(
     """n states cut just after a random user turn of each context's recorded conversation (its human
     supporters speak as "Supporter"), or of a short one the base model generated (`generated`);
     contexts and personas rotate, so every persona gets the same number of states."""
-    rng, states = random.Random(seed), []
+    rng = random.Random(seed)
+    states = []
     for i in range(n):
         ctx = contexts[i % len(contexts)]
-        turns = (
-            [Turn(USER if t["speaker"] == "user" else "Supporter", t["text"]) for t in ctx.turns]
-            if ctx.turns
-            else generated.get(ctx.id) or [Turn(USER, ctx.first_message)]
-        )
-        cut = rng.choice([k + 1 for k, t in enumerate(turns) if t.speaker == USER] or [1])
-        states.append(
-            State(
-                f"{split}-{i:04d}",
-                split,
-                ctx,
-                personas.personas[i % len(personas.personas)].name,
-                turns[:cut],
-            )
-        )
+        if ctx.turns:  # a recorded dialogue
+            turns = [
+                Turn(USER if t["speaker"] == "user" else "Supporter", t["text"]) for t in ctx.turns
+            ]
+        else:
+            turns = generated.get(ctx.id) or [Turn(USER, ctx.first_message)]
+        # Cut just after a user turn: the persona answers the person, never another companion.
+        after_user = [k + 1 for k, t in enumerate(turns) if t.speaker == USER]
+        cut = rng.choice(after_user or [1])
+        persona = personas.personas[i % len(personas.personas)].name
+        states.append(State(f"{split}-{i:04d}", split, ctx, persona, turns[:cut]))
     return states
 
 
 def save_states(path: Path, states: list[State]) -> None:
-    write_jsonl(
-        path,
-        [
+    """RUN/stage1/states.jsonl: a state per line, its context by id (the contexts come from --data)."""
+    rows = []
+    for s in states:
+        history = [{"speaker": t.speaker, "text": t.text} for t in s.history]
+        rows.append(
             {
                 "id": s.id,
                 "split": s.split,
                 "context_id": s.context.id,
                 "persona": s.persona,
-                "history": [{"speaker": t.speaker, "text": t.text} for t in s.history],
+                "history": history,
             }
-            for s in states
-        ],
-    )
+        )
+    write_jsonl(path, rows)
 
 
 def load_states(path: Path, contexts: list[Context]) -> list[State]:
-    by_id, states = {c.id: c for c in contexts}, []
+    """The states save_states wrote, their contexts looked up in the run's --data (refused if gone)."""
+    by_id = {c.id: c for c in contexts}
+    states = []
     for row in read_jsonl(path):
         if row["context_id"] not in by_id:
             raise UserError(
                 f"{path}: state {row['id']} uses context {row['context_id']}, which --data does not "
                 "have; use the same --data or a new --run folder"
             )
+        history = [Turn(t["speaker"], t["text"]) for t in row["history"]]
         states.append(
-            State(
-                row["id"],
-                row["split"],
-                by_id[row["context_id"]],
-                row["persona"],
-                [Turn(t["speaker"], t["text"]) for t in row["history"]],
-            )
+            State(row["id"], row["split"], by_id[row["context_id"]], row["persona"], history)
         )
     return states
+
+
+CANDIDATE_BATCH = 8  # states per generate call while sampling candidates (K rows each)
 
 
 def sample_candidates(
@@ -482,27 +486,23 @@ def sample_candidates(
     max_new_tokens: int,
     seed: int,
     path: Path,
-    batch_states: int = 8,
 ) -> list[list[str]]:
-    """K candidates per state from the base speaker, appended to `path` batch by batch: the states
-    already there (an interrupted run) are not sampled again."""
-    done = {r["state_id"]: r["candidates"] for r in read_jsonl(path)} if path.exists() else {}
+    """Phase I, step 2: K candidates per state from the speaker, at temperature 1 (varied enough for
+    the judge to find gaps). Appended to `path` batch by batch: the states already there (an
+    interrupted run) are not sampled again. Each candidate has its own seed (run, state, j)."""
+    done = {}
+    if path.exists():
+        done = {r["state_id"]: r["candidates"] for r in read_jsonl(path)}
     todo = [s for s in states if s.id not in done]
-    for start in progress(range(0, len(todo), batch_states), "candidates, batches of states"):
-        chunk = todo[start : start + batch_states]
-        gen = models.generate(
-            model,
-            tok,
-            [s.prompt(personas) for s in chunk for _ in range(k)],
-            max_new_tokens,
-            temperature=1.0,
-            seeds=[derive_seed(seed, s.id, j) for s in chunk for j in range(k)],
-        )
+    for start in progress(range(0, len(todo), CANDIDATE_BATCH), "candidates, batches of states"):
+        chunk = todo[start : start + CANDIDATE_BATCH]
+        chats = [s.prompt(personas) for s in chunk for _ in range(k)]
+        seeds = [derive_seed(seed, s.id, j) for s in chunk for j in range(k)]
+        gen = models.generate(model, tok, chats, max_new_tokens, temperature=1.0, seeds=seeds)
         for i, s in enumerate(chunk):
-            done[s.id] = [
-                models.clean_reply(t, s.persona, personas.names())
-                for t in gen.texts[i * k : (i + 1) * k]
-            ]
+            # The judge and the reward model see what a user would: the cleaned reply.
+            texts = gen.texts[i * k : (i + 1) * k]
+            done[s.id] = [models.clean_reply(t, s.persona, personas.names()) for t in texts]
             append_jsonl(path, {"state_id": s.id, "persona": s.persona, "candidates": done[s.id]})
     return [done[s.id] for s in states]
 
@@ -516,83 +516,101 @@ def judge_pairs(
     max_pairs: int = 2,
     counts: dict | None = None,
 ) -> list[dict]:
-    """Preference pairs with a clear quality gap: score every candidate once; take the pairs whose
-    gap exceeds `margin`, widest first; confirm each with a pairwise comparison in both orders and
-    keep those the verdict agrees with, up to `max_pairs` a state. `counts` receives what the judge
-    could not decide (unreadable scores and verdicts, comparisons without a verdict)."""
+    """Phase I, step 3: preference pairs with a clear quality gap: score every candidate once; take
+    the pairs whose gap exceeds `margin`, widest first; confirm each with a pairwise comparison in
+    both orders and keep those the verdict agrees with, up to `max_pairs` a state. Two questions,
+    because a judge's absolute scores are noisier than its comparisons (InstructGPT, section 3.5)
+    and a comparison asked in one order follows the position (Zheng et al. 2023). `counts` receives
+    what the judge could not decide (unreadable scores and verdicts, comparisons without a verdict)."""
     counts = {} if counts is None else counts
     before = judge.unreadable
-    asked = [(s.judge_state(personas), c) for s, cs in zip(states, candidates) for c in cs]
-    flat = [
-        x
-        for k in progress(range(0, len(asked), 64), "judging: scores, chunks of 64")
-        for x in judge.score_many(*map(list, zip(*asked[k : k + 64])))
-    ]
-    counts.update(
-        scored=len(flat),
-        unreadable_scores=judge.unreadable - before,
-        compared=0,
-        no_verdict=0,
-        unreadable_verdicts=0,
-    )
-    todo, pos = [], 0
-    for cs in candidates:
-        sc, pos = flat[pos : pos + len(cs)], pos + len(cs)
-        todo.append(
-            sorted(
-                (
-                    (sc[i] - sc[j], i, j, sc[i], sc[j])
-                    for i in range(len(cs))
-                    for j in range(len(cs))
-                    if sc[i] - sc[j] > margin and cs[i] and cs[i] != cs[j]
-                ),
-                reverse=True,
-            )
-        )
+    scores = score_candidates(states, candidates, personas, judge)
+    counts.update(scored=sum(map(len, scores)), unreadable_scores=judge.unreadable - before)
+    counts.update(compared=0, no_verdict=0, unreadable_verdicts=0)
+    todo = [wide_gaps(sc, cs, margin) for sc, cs in zip(scores, candidates)]
+    found: list[list[dict]] = [[] for _ in states]
     # In rounds: each round asks every state that still wants a pair for its next widest gap, all in
     # one compare_many (a served judge sends them concurrently); the same questions as state by state.
-    found: list[list[dict]] = [[] for _ in states]
-    rounds = iter(
-        lambda: [
-            (k, todo[k].pop(0)) for k in range(len(states)) if todo[k] and len(found[k]) < max_pairs
-        ],
-        [],
-    )
-    for asks in progress(rounds, "judging: comparison rounds"):  # until no state wants another pair
+    for asks in progress(comparison_rounds(todo, found, max_pairs), "judging: comparison rounds"):
         verdicts = judge.compare_many(
             [states[k].judge_state(personas) for k, _ in asks],
-            [candidates[k][a[1]] for k, a in asks],
-            [candidates[k][a[2]] for k, a in asks],
+            [candidates[k][gap[1]] for k, gap in asks],
+            [candidates[k][gap[2]] for k, gap in asks],
         )
-        for (k, (gap, i, j, si, sj)), v in zip(asks, verdicts):
+        for (k, gap), v in zip(asks, verdicts):
             counts["compared"] += 1
             counts["no_verdict"] += v.preferred is None
             counts["unreadable_verdicts"] += bool(v.detail.get("unparseable"))
             if v.preferred == 0:  # None (orders disagreed) or the scores' loser won: dropped
-                s, chosen, rejected = states[k], candidates[k][i], candidates[k][j]
-                found[k].append(
-                    {
-                        "state_id": s.id,
-                        "persona": s.persona,
-                        "chosen": chosen,
-                        "rejected": rejected,
-                        "chosen_score": si,
-                        "rejected_score": sj,
-                        "gap": gap,
-                        "p_first": v.p_first,
-                        "judge": judge.name,
-                        "chosen_messages": s.rm_messages(personas, chosen),
-                        "rejected_messages": s.rm_messages(personas, rejected),
-                    }
-                )
+                found[k].append(pair_record(states[k], candidates[k], gap, v, judge.name, personas))
     return [p for pairs in found for p in pairs]
+
+
+def score_candidates(states, candidates, personas, judge, chunk: int = 64) -> list[list[float]]:
+    """The judge's score of every candidate, per state, asked `chunk` at a time (a progress line each)."""
+    asked = [(s.judge_state(personas), c) for s, cs in zip(states, candidates) for c in cs]
+    flat = []
+    for k in progress(range(0, len(asked), chunk), f"judging: scores, chunks of {chunk}"):
+        judge_states = [a[0] for a in asked[k : k + chunk]]
+        replies = [a[1] for a in asked[k : k + chunk]]
+        flat += judge.score_many(judge_states, replies)
+    per_state, pos = [], 0
+    for cs in candidates:
+        per_state.append(flat[pos : pos + len(cs)])
+        pos += len(cs)
+    return per_state
+
+
+def wide_gaps(scores: list[float], texts: list[str], margin: float) -> list[tuple]:
+    """(gap, i, j, score i, score j) for every ordered pair of distinct, non-empty candidates whose
+    score gap exceeds `margin`, widest first: the comparisons worth asking."""
+    gaps = []
+    for i in range(len(texts)):
+        for j in range(len(texts)):
+            gap = scores[i] - scores[j]
+            if gap > margin and texts[i] and texts[i] != texts[j]:
+                gaps.append((gap, i, j, scores[i], scores[j]))
+    return sorted(gaps, reverse=True)
+
+
+def comparison_rounds(todo: list[list], found: list[list], max_pairs: int):
+    """Yield rounds of (state index, its next widest gap), one per state that has a gap left and fewer
+    than max_pairs confirmed pairs (`found` fills in between rounds), until no state asks."""
+    while True:
+        asks = []
+        for k in range(len(todo)):
+            if todo[k] and len(found[k]) < max_pairs:
+                asks.append((k, todo[k].pop(0)))
+        if not asks:
+            return
+        yield asks
+
+
+def pair_record(
+    state, candidates: list[str], gap: tuple, verdict, judge_name: str, personas
+) -> dict:
+    """One confirmed preference pair as pairs.jsonl stores it, with both chats the reward model reads."""
+    width, i, j, chosen_score, rejected_score = gap
+    chosen, rejected = candidates[i], candidates[j]
+    return {
+        "state_id": state.id,
+        "persona": state.persona,
+        "chosen": chosen,
+        "rejected": rejected,
+        "chosen_score": chosen_score,
+        "rejected_score": rejected_score,
+        "gap": width,
+        "p_first": verdict.p_first,
+        "judge": judge_name,
+        "chosen_messages": state.rm_messages(personas, chosen),
+        "rejected_messages": state.rm_messages(personas, rejected),
+    }
 
 
 # --- Synthetic reward hacks: rejected replies the judge's candidates never tried ----------------
 # Without them the reward model learns only what the judge's candidates differ in, and the policy is
 # free to find what none of them tried. Seven kinds, those of data/judge_pairs_hacks*.jsonl; the
 # texts they are made from are data/hack_templates.json.
-
 HACK_KINDS = (
     "copies-context",
     "keyword-stuffing",
@@ -604,62 +622,67 @@ HACK_KINDS = (
 )
 
 
+def lowercase_first(text: str) -> str:
+    """ "I wish..." -> "i wish...", for a sentence spliced into another."""
+    return text[:1].lower() + text[1:]
+
+
 def make_hacks(state: State, personas: PersonaSet, seed: int) -> dict[str, str]:
     """{kind: one synthetic hack} for every kind this state can have (echoes-agent needs an earlier
-    companion turn), reproducible from `seed`."""
-    rng, p, templates = (
-        random.Random(seed),
-        personas.find(state.persona),
-        asset("hack_templates.json"),
-    )
+    companion turn), reproducible from `seed`. Each is what a policy optimised against a judge of
+    surface features tends to find (docs/JUDGE.md): copying the user, piling up topic words,
+    reciting its own card, talking about the prompt, saying nothing, echoing a companion, or
+    speaking in another persona's voice."""
+    rng = random.Random(seed)
+    p = personas.find(state.persona)
+    templates = asset("hack_templates.json")
     context = next((t.text for t in reversed(state.history) if t.speaker == USER), "")
-    situation, agents = (
-        state.context.situation,
-        [t.text for t in state.history if t.speaker != USER],
-    )
-    low = lambda x: x[:1].lower() + x[1:]  # noqa: E731
+    situation = state.context.situation
+    agents = [t.text for t in state.history if t.speaker != USER]
     copied = context if len(words(context)) >= 6 or not situation else situation
-    pool = [
-        w
-        for w in dict.fromkeys(words(f"{context} {situation} {p.role} {p.description}"))
-        if w in content_words(f"{context} {situation} {p.role} {p.description}")
-    ]
+    # The topic's and the card's content words, each once, in a seeded random order.
+    source = f"{context} {situation} {p.role} {p.description}"
+    topic = content_words(source)
+    pool = [w for w in dict.fromkeys(words(source)) if w in topic]
     rng.shuffle(pool)
     wrapper = rng.choice(templates["copy_wrappers"])
-    out = {
-        "copies-context": wrapper.format(x=low(copied) if rng.random() < 0.5 else copied),
-        "keyword-stuffing": ", ".join(pool[: rng.randint(6, 12)])
-        + rng.choice([".", "!", "", "..."]),
-        "recites-persona": rng.choice(
-            [
-                f"As the {p.role}, I {low(p.description)}",
-                f"I am {p.name}, the {p.role}. {p.description}",
-                p.description,
-            ]
-        ),
-        "meta-leakage": rng.choice(templates["meta_leaks"]).format(
-            situation=situation, context=context, name=p.name
-        ),
-        "empty-trivial": rng.choice(templates["trivial"]),
-        "echoes-agent": rng.choice(agents) if agents else None,
-        "off-role": rng.choice(
-            [e for q in personas.personas if q.name != p.name for e in q.examples] or [None]
-        ),
-    }
+    # The draws below keep their order: each hack's text depends on the seed alone.
+    out = {}
+    out["copies-context"] = wrapper.format(
+        x=lowercase_first(copied) if rng.random() < 0.5 else copied
+    )
+    keywords = ", ".join(pool[: rng.randint(6, 12)])
+    out["keyword-stuffing"] = keywords + rng.choice([".", "!", "", "..."])
+    recitals = [
+        f"As the {p.role}, I {lowercase_first(p.description)}",
+        f"I am {p.name}, the {p.role}. {p.description}",
+        p.description,
+    ]
+    out["recites-persona"] = rng.choice(recitals)
+    leak = rng.choice(templates["meta_leaks"])
+    out["meta-leakage"] = leak.format(situation=situation, context=context, name=p.name)
+    out["empty-trivial"] = rng.choice(templates["trivial"])
+    out["echoes-agent"] = rng.choice(agents) if agents else None
+    others = [e for q in personas.personas if q.name != p.name for e in q.examples]
+    out["off-role"] = rng.choice(others or [None])
     return {k: v for k, v in out.items() if v}
 
 
 def hack_pairs(
     states: list[State], pairs: list[dict], personas: PersonaSet, per_state: int, seed: int
 ) -> list[dict]:
-    """For every state with a judged pair, its chosen reply against `per_state` hacks of different kinds."""
-    by_id, out = {s.id: s for s in states}, []
-    for state_id, chosen in dict((p["state_id"], p["chosen"]) for p in pairs).items():
+    """For every state with a judged pair, its chosen reply against `per_state` hacks of different
+    kinds (drawn per state, seeded): the reward model must rank a real reply above each."""
+    by_id = {s.id: s for s in states}
+    chosen_of = {}  # state id -> the chosen reply of its last judged pair
+    for p in pairs:
+        chosen_of[p["state_id"]] = p["chosen"]
+    out = []
+    for state_id, chosen in chosen_of.items():
         s = by_id[state_id]
         made = make_hacks(s, personas, derive_seed(seed, state_id))
-        for kind in random.Random(derive_seed(seed, state_id, "kinds")).sample(
-            sorted(made), min(per_state, len(made))
-        ):
+        kinds = random.Random(derive_seed(seed, state_id, "kinds"))
+        for kind in kinds.sample(sorted(made), min(per_state, len(made))):
             out.append(
                 {
                     "state_id": state_id,
@@ -683,43 +706,29 @@ def speaker_reward_fn(rm: RewardModel, rm_tok, personas: PersonaSet, format_weig
 
     def reward(states: list[State], texts: list[str], finished: list[bool]):
         cleaned = [models.clean_reply(t, s.persona, names) for s, t in zip(states, texts)]
-        rm_scores = rm.score_texts(
-            rm_tok, [s.rm_messages(personas, c) for s, c in zip(states, cleaned)]
-        )
-        fmt = [
-            format_reward(t, s.persona, [n for n in names if n != s.persona], f)[0]
-            for s, t, f in zip(states, texts, finished)
-        ]
-        return [r + format_weight * f for r, f in zip(rm_scores, fmt)], {
-            "rm": rm_scores,
-            "format": fmt,
-        }
+        chats = [s.rm_messages(personas, c) for s, c in zip(states, cleaned)]
+        rm_scores = rm.score_texts(rm_tok, chats)
+        fmt = []
+        for s, text, done in zip(states, texts, finished):
+            others = [n for n in names if n != s.persona]
+            fmt.append(format_reward(text, s.persona, others, done)[0])
+        total = [r + format_weight * f for r, f in zip(rm_scores, fmt)]
+        return total, {"rm": rm_scores, "format": fmt}
 
     return reward
 
 
 def heldout_reward(
-    policy,
-    tok,
-    states: list[State],
-    personas: PersonaSet,
-    reward_fn,
-    max_new_tokens: int,
-    temperature: float,
-    seed: int,
-    samples: int = 2,
+    policy, tok, states: list[State], personas: PersonaSet, reward_fn, cfg, samples: int = 2
 ) -> dict:
-    """The composite reward of `samples` replies per held-out state, with fixed seeds (the same randomness before and
-    after GRPO). The se is over states: two replies of one state are not independent evidence."""
+    """The composite reward of `samples` replies per held-out state, sampled as GRPO samples (cfg: a
+    grpo.GRPOConfig's max_new_tokens, temperature and seed) with fixed seeds, so before and after
+    GRPO see the same randomness. The se is over states: two replies of one state are not
+    independent evidence."""
     rows = [s for s in states for _ in range(samples)]
-    gen = models.generate(
-        policy,
-        tok,
-        [s.prompt(personas) for s in rows],
-        max_new_tokens,
-        temperature,
-        seeds=[derive_seed(seed, "held-out", i) for i in range(len(rows))],
-    )
+    seeds = [derive_seed(cfg.seed, "held-out", i) for i in range(len(rows))]
+    chats = [s.prompt(personas) for s in rows]
+    gen = models.generate(policy, tok, chats, cfg.max_new_tokens, cfg.temperature, seeds=seeds)
     total, comp = reward_fn(rows, gen.texts, gen.finished)
     n = len(total)
     return {
@@ -734,148 +743,125 @@ def heldout_reward(
     }
 
 
-@dataclass
-class RLAIF:
-    """What build_reward_fn hands to the GRPO stage."""
-
-    reward_fn: object
-    train_states: list[State]
-    held_states: list[State]
-    pairs: list[dict]
-    rm_metrics: dict
+# --- Phase I's steps for one run folder (mascot.train_stage1 calls them in order) ---------------
+# Each step's output is a file in RUN/stage1/, reused when present, so an interrupted stage 1 never
+# samples or judges twice: states.jsonl, candidates.jsonl, judge_cache.jsonl, pairs.jsonl, reward_model/.
 
 
-def stage1_states(
-    cfg: RLAIFConfig, inputs, base, tok, out: Path, max_new_tokens: int, seed: int, log=print
-):
-    """Step 0: the training and held-out states (out/states.jsonl, reused when present). Contexts
-    without a recorded dialogue get a short one from the base model (round-robin, average user)."""
+def stage1_states(cfg: RLAIFConfig, inputs, base, tok, out: Path, max_new_tokens: int, seed: int):
+    """Phase I, step 1: the training and held-out states (out/states.jsonl). Contexts without a
+    recorded dialogue get a short one from the base model (round-robin, average user), so a state
+    is a conversation in progress, not only an opening. Returns (train states, held-out states)."""
     path = out / "states.jsonl"
     if path.exists():
         states = load_states(path, inputs.train + inputs.held_out)
     else:
-        need = [
-            c
-            for c in inputs.train[: cfg.states] + inputs.held_out[: cfg.heldout_states]
-            if not c.turns
-        ]
+        wanted = inputs.train[: cfg.states] + inputs.held_out[: cfg.heldout_states]
+        need = [c for c in wanted if not c.turns]
         generated = {}
         if need:
-            log(f"stage 1: generating short conversations for {len(need)} contexts (base model)")
-            convs = run_conversations(
-                need,
-                RoundRobin(inputs.personas),
-                Cast(inputs.personas, base, tok, base, tok, max_new_tokens),
-                inputs.profiles,
-                ["average"] * len(need),
-                n_agent_turns=2,
-                user_every=1,
-                seed=seed,
-                desc="stage 1 states, agent turns",
-            )
-            generated = {c.context.id: c.turns for c in convs}
-        states = build_states(
-            inputs.train, inputs.personas, cfg.states, seed, generated, "train"
-        ) + build_states(
+            print(f"stage 1: generating short conversations for {len(need)} contexts (base model)")
+            generated = opening_turns(need, inputs, base, tok, max_new_tokens, seed)
+        train = build_states(inputs.train, inputs.personas, cfg.states, seed, generated, "train")
+        held = build_states(
             inputs.held_out, inputs.personas, cfg.heldout_states, seed + 1, generated, "heldout"
         )
+        states = train + held
         save_states(path, states)
-    return [s for s in states if s.split == "train"], [s for s in states if s.split == "heldout"]
+    train_states = [s for s in states if s.split == "train"]
+    held_states = [s for s in states if s.split == "heldout"]
+    print(f"stage 1: {len(train_states)} training states, {len(held_states)} held-out states")
+    return train_states, held_states
+
+
+def opening_turns(contexts, inputs, base, tok, max_new_tokens: int, seed: int) -> dict:
+    """{context id: turns}: two agent turns and the user's answers, round-robin, by the base model."""
+    cast = Cast(inputs.personas, base, tok, base, tok, max_new_tokens)
+    convs = run_conversations(
+        contexts,
+        RoundRobin(inputs.personas),
+        cast,
+        inputs.profiles,
+        ["average"] * len(contexts),
+        TurnPlan(n_agent_turns=2, user_every=1),
+        seed=seed,
+        desc="stage 1 states, agent turns",
+    )
+    return {c.context.id: c.turns for c in convs}
 
 
 def build_pairs(
-    cfg: RLAIFConfig, train_states, candidates, personas, judge, seed: int, log=print
+    cfg: RLAIFConfig, train_states, candidates, personas, judge, seed: int
 ) -> list[dict]:
-    """Step 2: judged pairs + synthetic-hack pairs; a clear error when the judge decided nothing."""
+    """Phase I, step 3: judged pairs + synthetic-hack pairs; a clear error when the judge decided
+    nothing (a served judge whose every answer was unreadable is not the same as no gap)."""
     counts = {}
     pairs = judge_pairs(
         train_states, candidates, personas, judge, cfg.margin, cfg.pairs_per_state, counts
     )
-    log(
-        f"stage 1: judge {judge.name}: {counts['unreadable_scores']} of {counts['scored']} scores unreadable; "
-        f"{counts['no_verdict']} of {counts['compared']} comparisons without a verdict "
+    print(
+        f"stage 1: judge {judge.name}: {counts['unreadable_scores']} of {counts['scored']} scores "
+        f"unreadable; {counts['no_verdict']} of {counts['compared']} comparisons without a verdict "
         f"({counts['unreadable_verdicts']} unreadable)"
     )
     if not pairs:
-        lost = (counts["scored"] and counts["unreadable_scores"] == counts["scored"]) or (
-            counts["compared"] and counts["unreadable_verdicts"] == counts["compared"]
-        )
         raise UserError(
             f"stage 1: the judge {judge.name} confirmed no preference pair: "
-            + (
-                "every answer was unreadable (no 1-5 score, no A or B); try a stronger --judge-model"
-                if lost
-                else f"{counts['compared']} score gaps above --margin {cfg.margin} asked pairwise, {counts['no_verdict']} "
-                "without a verdict; try more --candidates or --states, or a stronger judge"
-            )
+            + why_no_pairs(counts, cfg)
         )
     pairs += hack_pairs(train_states, pairs, personas, cfg.hack_pairs, seed)
-    log(
-        f"stage 1: {sum(not p.get('hack') for p in pairs)} judged preference pairs from {len(train_states)} states "
-        f"+ {sum(bool(p.get('hack')) for p in pairs)} synthetic-hack pairs"
+    judged = sum(not p.get("hack") for p in pairs)
+    print(
+        f"stage 1: {judged} judged preference pairs from {len(train_states)} states "
+        f"+ {len(pairs) - judged} synthetic-hack pairs"
     )
     return pairs
 
 
-def build_reward_fn(
+def why_no_pairs(counts: dict, cfg: RLAIFConfig) -> str:
+    """What to try when no pair was confirmed: a better judge if it never answered readably."""
+    every_score_lost = counts["scored"] and counts["unreadable_scores"] == counts["scored"]
+    every_verdict_lost = counts["compared"] and counts["unreadable_verdicts"] == counts["compared"]
+    if every_score_lost or every_verdict_lost:
+        return "every answer was unreadable (no 1-5 score, no A or B); try a stronger --judge-model"
+    return (
+        f"{counts['compared']} score gaps above --margin {cfg.margin} asked pairwise, "
+        f"{counts['no_verdict']} without a verdict; try more --candidates or --states, or a stronger judge"
+    )
+
+
+def fit_reward_model(
     cfg: RLAIFConfig,
-    inputs,
-    base,
-    tok,
-    judge,
-    out: Path,
-    model_name: str,
-    max_new_tokens: int,
+    pairs,
+    folder: Path,
+    base_model: str,
     seed: int,
-    device: str = "cpu",
-    rm_dtype: torch.dtype = torch.float32,
-    checkpointing: bool = False,
-    log=print,
-) -> RLAIF:
-    """Steps 1-4 for one run folder (states.jsonl, candidates.jsonl, the judge's cache, pairs.jsonl,
-    reward_model/, each reused when present), then the composite reward function for GRPO.
-    checkpointing: train the reward model with activation checkpointing (less memory)."""
-    train_states, held_states = stage1_states(
-        cfg, inputs, base, tok, out, max_new_tokens, seed, log
-    )
-    log(f"stage 1: {len(train_states)} training states, {len(held_states)} held-out states")
-    candidates = sample_candidates(
-        base,
-        tok,
-        train_states,
-        inputs.personas,
-        cfg.candidates,
-        max_new_tokens,
-        seed,
-        out / "candidates.jsonl",
-    )
-    pairs = build_pairs(cfg, train_states, candidates, inputs.personas, judge, seed, log)
-    write_jsonl(out / "pairs.jsonl", pairs)
-    rm_dir = out / "reward_model"
-    if (rm_dir / CONFIG_FILE).exists():
-        rm, rm_tok = RewardModel.load(rm_dir, device=device, dtype=rm_dtype)
+    device: str,
+    dtype,
+    checkpointing: bool,
+):
+    """Phase I, step 4: the Bradley-Terry reward model on the pairs, from the body of `base_model`
+    (or the one already in `folder`). checkpointing: activation checkpointing while it trains (less
+    memory). Returns (reward model, its tokenizer, its metrics); it only scores from here on, in `dtype`."""
+    if (folder / CONFIG_FILE).exists():
+        rm, rm_tok = RewardModel.load(folder, device=device, dtype=dtype)
         metrics = rm.metrics
-        log(f"stage 1: reusing the reward model in {rm_dir}")
+        print(f"stage 1: reusing the reward model in {folder}")
     else:
         torch.manual_seed(seed)  # the scalar head's initialisation
-        rm, rm_tok = RewardModel.from_base(model_name, device=device)
+        rm, rm_tok = RewardModel.from_base(base_model, device=device)
         models.set_gradient_checkpointing(rm.net, checkpointing)
         metrics = train_reward_model(
-            rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr, seed=seed, log=log
+            rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr, seed=seed
         )
-        rm.save(rm_dir, rm_tok, metrics)
-        rm = rm.to(rm_dtype).eval().requires_grad_(False)  # from here on it only scores
-    log(
-        f"reward model held-out accuracy: {shown(metrics['heldout_accuracy'])} on {metrics['n_heldout']} judged pairs, "
-        f"{shown(metrics['heldout_hack_accuracy'])} on {metrics['n_heldout_hack']} synthetic-hack pairs (0.5 is chance)"
+        rm.save(folder, rm_tok, metrics)
+        rm = rm.to(dtype).eval().requires_grad_(False)
+    print(
+        f"reward model held-out accuracy: {shown(metrics['heldout_accuracy'])} on "
+        f"{metrics['n_heldout']} judged pairs, {shown(metrics['heldout_hack_accuracy'])} on "
+        f"{metrics['n_heldout_hack']} synthetic-hack pairs (0.5 is chance)"
     )
-    return RLAIF(
-        speaker_reward_fn(rm, rm_tok, inputs.personas, cfg.format_weight),
-        train_states,
-        held_states,
-        pairs,
-        metrics,
-    )
+    return rm, rm_tok, metrics
 
 
 class RMJudge(ScoreJudge):
@@ -888,9 +874,5 @@ class RMJudge(ScoreJudge):
 
     def _score_uncached(self, states, replies):
         self.backend_calls += len(replies)
-        return [
-            sigmoid(x)
-            for x in self.rm.score_texts(
-                self.tok, [rm_messages(s, r) for s, r in zip(states, replies)]
-            )
-        ]
+        chats = [rm_messages(s, r) for s, r in zip(states, replies)]
+        return [sigmoid(x) for x in self.rm.score_texts(self.tok, chats)]

@@ -1,4 +1,4 @@
-"""scenarios.py: what a conversation is set in: the personas, the situations, the simulated users.
+"""scenarios.py: what a conversation is set in: the personas, the contexts, the simulated users.
 
     load_personas(path, set_name) -> PersonaSet      the agents of one scenario (personas.json)
     load_contexts(path, set_name) -> list[Context]   situations and openings (data/contexts.jsonl)
@@ -8,8 +8,17 @@
 
 The paper (arXiv 2601.14230) runs a team of companions with distinct personas on Empathetic
 Dialogues and QMSum situations and simulates users with Big Five profiles; this file turns our
-bundled files (or those datasets, read by plumbing/datasets.py) into those objects. Bad input
-raises `UserError`: one line naming the file, row or field and the fix.
+bundled files (or those datasets, read by plumbing/datasets.py) into those objects.
+
+Where it sits: before everything else. mascot.py reads the personas, the contexts and the
+profiles here once per command and splits the contexts into train and held-out sets; simulate.py
+plays conversations from a Context with a PersonaSet and a Profile; both training stages use the
+train contexts only, and the evaluation the held-out ones.
+
+What it simplifies: the personas and profiles are small JSON files we wrote from the paper's
+descriptions, not the paper's own prompts; the held-out split is a seeded stratified draw unless a
+dataset brings official splits. Bad input raises `UserError`: one line naming the file, row or
+field and the fix, since these are the files a user edits by hand.
 
     python mascot.py train --stage 1 --personas personas.json --data bundled   # what reads them
 """
@@ -27,7 +36,8 @@ HERE = Path(__file__).resolve().parent
 
 
 # --- Personas (personas.json) -----------------------------------------------------------------
-# ESConv's eight support strategies (Liu et al. 2021), as its annotators labelled every supporter turn.
+# ESConv's eight support strategies (Liu et al. 2021), as its annotators labelled every supporter
+# turn; a support persona's card names the ones that are its job.
 SUPPORT_STRATEGIES = [
     "Question",
     "Restatement or Paraphrasing",
@@ -42,27 +52,33 @@ SUPPORT_STRATEGIES = [
 
 @dataclass
 class Persona:
+    """One companion agent: the card its speaker prompt opens with (simulate.persona_card)."""
+
     name: str  # "Anchor"
     role: str  # "emotional validator"
     description: str  # what it does and never does
     style: str  # how it sounds
     examples: list[str]  # a few lines in its voice
-    esconv_strategies: list[str] = field(
-        default_factory=list
-    )  # its job in ESConv's labels (SUPPORT_STRATEGIES)
+    # Its job in ESConv's labels (SUPPORT_STRATEGIES); empty for the meeting set.
+    esconv_strategies: list[str] = field(default_factory=list)
 
 
 def _words(text: str) -> tuple[str, ...]:
+    """The lower-case words and numbers of a text: how names and roles are compared."""
     return tuple(re.findall(r"[a-z0-9]+", text.casefold()))
 
 
 def _contains(haystack: tuple, needle: tuple) -> bool:
+    """Is `needle` a run of consecutive words of `haystack`?"""
     n = len(needle)
     return n > 0 and any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
 
 
 @dataclass
 class PersonaSet:
+    """The agents of one scenario and the vocabulary the director may use with them (its
+    Action and Tone come from these lists, as in the paper's director prompt)."""
+
     name: str  # "support" | "meeting"
     description: str
     personas: list[Persona]
@@ -70,6 +86,7 @@ class PersonaSet:
     tones: list[str]  # the director's Tone vocabulary
 
     def names(self) -> list[str]:
+        """The agents' names in roster order (the order round-robin follows)."""
         return [p.name for p in self.personas]
 
     def find(self, name_or_role: str) -> Persona | None:
@@ -91,28 +108,36 @@ class PersonaSet:
 
 
 def _need(obj: dict, key: str, where: str, many: bool = False, limit: int = 2000):
-    """A non-empty string field (or a non-empty list of at most 20), at most `limit` characters each:
-    a runaway field would crowd out the rest of every prompt it goes into."""
+    """A non-empty string field (or a non-empty list of at most 20), at most `limit` characters
+    each: a runaway field would crowd out the rest of every prompt it goes into."""
     value = obj.get(key)
-    items = (value if isinstance(value, list) else [None]) if many else [value]
+    if not many:
+        items = [value]
+    elif isinstance(value, list):
+        items = value
+    else:
+        items = [None]  # not a list: fails the check below
     if (
         not items
         or len(items) > 20
         or not all(isinstance(v, str) and v.strip() and len(v) <= limit for v in items)
     ):
         what = "a list of at most 20 non-empty strings" if many else "a non-empty string"
+        got = json_type(value) if key in obj else "nothing"
         raise UserError(
-            f"{where}: field '{key}' must be {what} of at most {limit} characters (got "
-            f"{'nothing' if key not in obj else json_type(value)})"
+            f"{where}: field '{key}' must be {what} of at most {limit} characters (got {got})"
         )
-    return [v.strip() for v in items] if many else value.strip()
+    if many:
+        return [v.strip() for v in items]
+    return value.strip()
 
 
 def persona_sets(path: str | Path = "personas.json") -> dict:
     """The raw persona sets of a personas file, {set name: set}, in file order."""
     if not resolve(path).is_file():
         raise UserError(
-            f"{path}: personas file not found; pass --personas a personas JSON file (the repo ships personas.json)"
+            f"{path}: personas file not found; pass --personas a personas JSON file "
+            "(the repo ships personas.json)"
         )
     sets = read_json(resolve(path))
     if not isinstance(sets, dict):
@@ -123,44 +148,28 @@ def persona_sets(path: str | Path = "personas.json") -> dict:
 
 
 def load_personas(path: str | Path = "personas.json", set_name: str = "support") -> PersonaSet:
-    """Read and validate one persona set; every problem is a UserError naming set, persona, field."""
+    """Read and validate one persona set; every problem is a UserError naming set, persona and
+    field."""
     sets = persona_sets(path)
     if set_name not in sets:
         raise UserError(
             f"{resolve(path)}: no persona set '{set_name}'; available: {', '.join(sets) or 'none'}"
         )
-    raw, where = sets[set_name], f"{resolve(path)}: set '{set_name}'"
+    raw = sets[set_name]
+    where = f"{resolve(path)}: set '{set_name}'"
     if (
         not isinstance(raw, dict)
         or not isinstance(raw.get("personas"), list)
         or not raw["personas"]
     ):
         raise UserError(
-            f"{where} must be an object with description, a non-empty personas list, strategies, tones"
+            f"{where} must be an object with description, a non-empty personas list, "
+            "strategies, tones"
         )
-    personas, seen = [], {}
+    personas = []
+    seen = {}  # casefolded name -> its persona number: names must differ beyond case
     for i, item in enumerate(raw["personas"], start=1):
-        here = f"{where} persona #{i}"
-        if not isinstance(item, dict):
-            raise UserError(f"{here} is {json_type(item)}; each persona must be an object")
-        p = Persona(
-            *(_need(item, k, here) for k in ("name", "role", "description", "style")),
-            _need(item, "examples", here, many=True),
-            _need(item, "esconv_strategies", here, many=True)
-            if "esconv_strategies" in item
-            else [],
-        )
-        if set(p.esconv_strategies) - set(SUPPORT_STRATEGIES):
-            raise UserError(
-                f"{here}: esconv_strategies {sorted(set(p.esconv_strategies) - set(SUPPORT_STRATEGIES))} "
-                f"are not ESConv's; use {', '.join(SUPPORT_STRATEGIES)}"
-            )
-        if not re.fullmatch(
-            r"[\w][\w .'-]{0,39}", p.name
-        ):  # a newline could spoof a directive line
-            raise UserError(
-                f"{here}: name {p.name!r} must be one line of at most 40 letters, digits, spaces, . ' -"
-            )
+        p = persona_row(item, f"{where} persona #{i}")
         if p.name.casefold() in seen:
             raise UserError(
                 f"{where}: personas #{seen[p.name.casefold()]} and #{i} are both named '{p.name}'"
@@ -176,9 +185,35 @@ def load_personas(path: str | Path = "personas.json", set_name: str = "support")
     )
 
 
+def persona_row(item, here: str) -> Persona:
+    """One persona of a personas file, checked; `here` names it in every error."""
+    if not isinstance(item, dict):
+        raise UserError(f"{here} is {json_type(item)}; each persona must be an object")
+    card = [_need(item, k, here) for k in ("name", "role", "description", "style")]
+    examples = _need(item, "examples", here, many=True)
+    strategies = []  # optional: only the support set maps its personas onto ESConv's labels
+    if "esconv_strategies" in item:
+        strategies = _need(item, "esconv_strategies", here, many=True)
+    p = Persona(*card, examples, strategies)
+    unknown = set(p.esconv_strategies) - set(SUPPORT_STRATEGIES)
+    if unknown:
+        raise UserError(
+            f"{here}: esconv_strategies {sorted(unknown)} "
+            f"are not ESConv's; use {', '.join(SUPPORT_STRATEGIES)}"
+        )
+    # One line of plain characters: a newline in a name could spoof a line of the director's output.
+    if not re.fullmatch(r"[\w][\w .'-]{0,39}", p.name):
+        raise UserError(
+            f"{here}: name {p.name!r} must be one line of at most 40 letters, digits, spaces, . ' -"
+        )
+    return p
+
+
 # --- Contexts: the situations conversations start from, from our file or the paper's datasets ---
 @dataclass
 class Context:
+    """Where a conversation starts: a situation and the user's first message to the group."""
+
     id: str
     persona_set: str  # "support" | "meeting"
     situation: str  # what happened / what the meeting is about
@@ -193,8 +228,9 @@ class Context:
 
 
 def context_row(row: dict) -> Context:
-    """One line of a contexts file in our format (data/contexts.jsonl; extras/datasets.py writes the public datasets
-    in it too): id, set, situation, first_message, optional emotion, valence, domain, source and turns."""
+    """One line of a contexts file in our format (data/contexts.jsonl; plumbing/datasets.py reads
+    the public datasets into it too): id, set, situation, first_message, and optionally emotion,
+    valence, domain, source and turns."""
     if row.get("set") not in ("support", "meeting"):
         raise UserError('\'set\' must be "support" or "meeting"')
     if (row.get("valence") or "") not in ("", "positive", "negative", "ambiguous"):
@@ -207,11 +243,12 @@ def context_row(row: dict) -> Context:
         for t in turns
     ):
         raise UserError("'turns' must be a list of {speaker: user|supporter|participant, text}")
+    # 20,000 characters: a meeting transcript's situation is long, but not without bound.
+    required = [_need(row, k, "this row", limit=20_000) for k in ("id", "set", "situation")]
+    first_message = _need(row, "first_message", "this row", limit=20_000)
     return Context(
-        *(
-            _need(row, k, "this row", limit=20_000)
-            for k in ("id", "set", "situation", "first_message")
-        ),
+        *required,
+        first_message,
         str(row.get("emotion") or ""),
         row.get("valence") or "",
         str(row.get("domain") or ""),
@@ -221,27 +258,28 @@ def context_row(row: dict) -> Context:
 
 
 def is_contexts_file(spec: str) -> bool:
-    """Is --data "bundled" or a JSON-lines file in our format (its first object has first_message)?"""
+    """Is --data "bundled" or a JSON-lines file in our format (its first object has
+    first_message)? Anything else is a public dataset for plumbing/datasets.py to read."""
     path = Path(spec).expanduser()
-    first = (
-        next((v for _, v, _ in jsonl_lines(path) if isinstance(v, dict)), {})
-        if path.suffix == ".jsonl" and path.is_file()
-        else {}
-    )
+    first = {}
+    if path.suffix == ".jsonl" and path.is_file():
+        first = next((v for _, v, _ in jsonl_lines(path) if isinstance(v, dict)), {})
     return spec == "bundled" or {"first_message", "set"} <= set(first)
 
 
 def contexts_path(spec: str) -> Path:
-    return (
-        HERE / "data" / "contexts.jsonl" if spec == "bundled" else Path(spec).expanduser()
-    )  # --data's file
+    """The file --data names: "bundled" is the repo's own data/contexts.jsonl."""
+    if spec == "bundled":
+        return HERE / "data" / "contexts.jsonl"
+    return Path(spec).expanduser()
 
 
 def load_contexts(spec: str = "bundled", persona_set: str = "support") -> list[Context]:
     """The contexts of one persona set from a file in our format; a malformed row is skipped with
     a warning naming its line, a file without any usable row is an error."""
     path = contexts_path(spec)
-    contexts, skipped = [], 0
+    contexts = []
+    skipped = 0
     for number, row, error in jsonl_lines(path):
         try:
             if error or not isinstance(row, dict):
@@ -250,11 +288,13 @@ def load_contexts(spec: str = "bundled", persona_set: str = "support") -> list[C
         except UserError as e:
             skipped += 1
             warn(f"{path}: skipping line {number}: {e}")
-    if not [c for c in contexts if c.persona_set == persona_set]:
+    mine = [c for c in contexts if c.persona_set == persona_set]
+    if not mine:
         raise UserError(
-            f"{path}: no usable '{persona_set}' contexts ({skipped} malformed rows); check --data and --set"
+            f"{path}: no usable '{persona_set}' contexts ({skipped} malformed rows); "
+            "check --data and --set"
         )
-    return [c for c in contexts if c.persona_set == persona_set]
+    return mine
 
 
 def split_contexts(
@@ -273,21 +313,25 @@ def split_contexts(
         n = round(len(members) * held_out)
         if held_out > 0 and len(members) >= 2:
             n = min(max(n, 1), len(members) - 1)
-        held.update(
-            random.Random(f"{seed}/{name}").sample(members, n)
-        )  # per slice: one never reshuffles another
-    return [c for i, c in enumerate(contexts) if i not in held], [
-        c for i, c in enumerate(contexts) if i in held
-    ]
+        # A generator per slice: adding contexts to one slice never reshuffles another.
+        rng = random.Random(f"{seed}/{name}")
+        held.update(rng.sample(members, n))
+    train = [c for i, c in enumerate(contexts) if i not in held]
+    held_out_contexts = [c for i, c in enumerate(contexts) if i in held]
+    return train, held_out_contexts
 
 
 # --- Big Five simulated-user profiles (data/profiles.json) ------------------------------------
+# The paper's simulated users differ in one Big Five trait (Goldberg 1990), set high or low, the
+# others average; the profiles file gives a text per trait and level, and the profiles as levels.
 BIG_FIVE = ("openness", "conscientiousness", "extraversion", "agreeableness", "neuroticism")
 LEVELS = ("high", "low", "average")
 
 
 @dataclass
 class Profile:
+    """One simulated user's personality, as its prompt states it (simulate.user_messages)."""
+
     id: str  # "average", "openness-high", ...
     levels: dict[str, str]  # trait -> "high" | "low" | "average"
     description: str  # the five trait texts joined: the simulated user's personality prompt
@@ -295,14 +339,20 @@ class Profile:
     def trait(self) -> str:
         """The trait this profile sets high or low; "average" when none, "mixed" when several."""
         moved = [t for t, level in self.levels.items() if level != "average"]
-        return moved[0] if len(moved) == 1 else "mixed" if moved else "average"
+        if not moved:
+            return "average"
+        if len(moved) == 1:
+            return moved[0]
+        return "mixed"
 
 
 def load_profiles(path: str | Path = "data/profiles.json") -> dict[str, Profile]:
     """{id: Profile}: the paper's ten one-trait-high-or-low users plus our all-average one."""
     path = resolve(path)
     raw = read_json(path)
-    traits = raw.get("traits") if isinstance(raw, dict) else None
+    traits = None
+    if isinstance(raw, dict):
+        traits = raw.get("traits")
     if (
         not isinstance(traits, dict)
         or sorted(traits) != sorted(BIG_FIVE)
@@ -311,12 +361,14 @@ def load_profiles(path: str | Path = "data/profiles.json") -> dict[str, Profile]
         raise UserError(
             f'{path}: "traits" must map each of {", ".join(BIG_FIVE)} to its high/low/average texts'
         )
-    texts = {
-        t: {lv: _need(traits[t], lv, f"{path}: trait '{t}'") for lv in LEVELS} for t in BIG_FIVE
-    }
+    texts = {}  # trait -> level -> the sentence that describes it
+    for t in BIG_FIVE:
+        texts[t] = {lv: _need(traits[t], lv, f"{path}: trait '{t}'") for lv in LEVELS}
     profiles: dict[str, Profile] = {}
     for i, entry in enumerate(raw.get("profiles") or [], start=1):
-        levels = entry.get("levels") if isinstance(entry, dict) else None
+        levels = None
+        if isinstance(entry, dict):
+            levels = entry.get("levels")
         if (
             not isinstance(levels, dict)
             or sorted(levels) != sorted(BIG_FIVE)
@@ -325,13 +377,12 @@ def load_profiles(path: str | Path = "data/profiles.json") -> dict[str, Profile]
             or entry["id"] in profiles
         ):
             raise UserError(
-                f'{path}: profile #{i} needs a unique id and "levels" giving each trait high/low/average'
+                f'{path}: profile #{i} needs a unique id and "levels" giving each trait '
+                "high/low/average"
             )
-        profiles[entry["id"]] = Profile(
-            entry["id"],
-            {t: levels[t] for t in BIG_FIVE},
-            " ".join(texts[t][levels[t]] for t in BIG_FIVE),
-        )
+        # The personality prompt: the five traits' sentences at this profile's levels, in order.
+        description = " ".join(texts[t][levels[t]] for t in BIG_FIVE)
+        profiles[entry["id"]] = Profile(entry["id"], {t: levels[t] for t in BIG_FIVE}, description)
     if not profiles:
         raise UserError(f'{path}: "profiles" must be a non-empty list of {{id, levels}} objects')
     return profiles
@@ -339,6 +390,8 @@ def load_profiles(path: str | Path = "data/profiles.json") -> dict[str, Profile]
 
 # --- One run's inputs, checked against the stages it builds on --------------------------------
 class Inputs(NamedTuple):
+    """Everything a command reads before it runs a model: checked once, used by every stage."""
+
     personas: PersonaSet
     train: list[Context]  # contexts training may use
     held_out: list[Context]  # contexts only the before/after checks and the evaluation see
@@ -360,48 +413,71 @@ def make_inputs(
     config: dict,
     earlier: list[Path] = (),
 ) -> Inputs:
-    """The run's train / held-out contexts: `splits` {"train", "test"/"valid"} of official splits (used
-    as the paper does), else {"all"} (split at random here). `earlier`: the config.json of the stages
-    this builds on; made on the same data (resolved paths), they must agree on SPLIT_SETTINGS."""
+    """The run's train / held-out contexts: `splits` {"train", "test"/"valid"} of official splits
+    (used as the paper does), else {"all"} (split at random here). `earlier`: the config.json of
+    the stages this builds on; made on the same data (resolved paths), they must agree on
+    SPLIT_SETTINGS."""
     for path in earlier:
-        old = read_json(path) if Path(path).is_file() else {}
-        if (
-            old.get("data") is not None
-            and contexts_path(old["data"]).resolve() == contexts_path(config["data"]).resolve()
-        ):
-            for key in SPLIT_SETTINGS:
-                if key in old and old[key] != config[key]:
-                    flag = "--" + key.replace("_", "-")
-                    raise UserError(
-                        f"{flag} {config[key]}: {path} was made with {flag} {old[key]}, so the contexts "
-                        f"it trained on would be held out here; use {flag} {old[key]} or a new --run folder"
-                    )
+        check_same_split(path, config)
     if "train" in splits and len(splits) > 1:
         held_name = "test" if "test" in splits else "valid"
-        train, held = splits["train"], splits[held_name]
-        how = f"official splits: training uses 'train' ({len(train)}), evaluation '{held_name}' ({len(held)})"
+        train = splits["train"]
+        held = splits[held_name]
+        how = (
+            f"official splits: training uses 'train' ({len(train)}), "
+            f"evaluation '{held_name}' ({len(held)})"
+        )
     else:
-        contexts = [c for part in splits.values() for c in part]
+        contexts = []  # every part, in order: the split is ours to make
+        for part in splits.values():
+            contexts.extend(part)
         train, held = split_contexts(contexts, held_out, seed)
         how = f"random split, held-out fraction {held_out}"
         if not held or not train:
             raise UserError(
-                f"--held-out {held_out}: {len(held)} held-out and {len(train)} training contexts of "
-                f"{len(contexts)}; need at least one of each"
+                f"--held-out {held_out}: {len(held)} held-out and {len(train)} training "
+                f"contexts of {len(contexts)}; need at least one of each"
             )
     return Inputs(personas, train, held, profiles, how)
 
 
+def check_same_split(path, config: dict) -> None:
+    """A UserError unless the stage whose config.json is at `path` held out the same contexts:
+    made on the same data file, it must agree on every SPLIT_SETTINGS value."""
+    old = {}
+    if Path(path).is_file():
+        old = read_json(path)
+    if old.get("data") is None:
+        return
+    if contexts_path(old["data"]).resolve() != contexts_path(config["data"]).resolve():
+        return  # other data: another split, nothing to compare
+    for key in SPLIT_SETTINGS:
+        if key in old and old[key] != config[key]:
+            flag = "--" + key.replace("_", "-")
+            raise UserError(
+                f"{flag} {config[key]}: {path} was made with {flag} {old[key]}, so the contexts "
+                f"it trained on would be held out here; use {flag} {old[key]} or a new --run "
+                "folder"
+            )
+
+
 def classifier_halves(train, seed: int) -> tuple[list, list]:
-    """The training dialogues halved, by dialogue, between the judge's classifier and the evaluator's: anything that
-    learns from ESConv beside the judge (the speakers' warm start, extras/sft.py) keeps to the judge's half."""
+    """The training dialogues halved, by dialogue, between the judge's classifier and the
+    evaluator's (extras/strategies.py), so that the two learn from disjoint dialogues. Anything
+    else that learns from ESConv (the speakers' warm start, warmstart.py) keeps to the judge's
+    half."""
     ids = sorted({c.id for c in train})
     judge_ids = set(random.Random(seed).sample(ids, len(ids) // 2))
-    return [c for c in train if c.id in judge_ids], [c for c in train if c.id not in judge_ids]
+    judge_half = [c for c in train if c.id in judge_ids]
+    evaluator_half = [c for c in train if c.id not in judge_ids]
+    return judge_half, evaluator_half
 
 
 def require_mapping(personas, flag: str = "--director-warmup-data") -> None:
+    """A UserError unless some persona maps onto ESConv's strategies: whatever learns from
+    ESConv's labels (the warm starts, the strategy classifiers) needs that mapping."""
     if not any(p.esconv_strategies for p in personas.personas):
         raise UserError(
-            f"{flag}: no persona of the '{personas.name}' set lists esconv_strategies; use --set support or cards that do"
+            f"{flag}: no persona of the '{personas.name}' set lists esconv_strategies; "
+            "use --set support or cards that do"
         )

@@ -1,6 +1,7 @@
 """simulate.py: the conversation engine: companions, a turn-taking policy and a simulated user.
 
-A MASCOT conversation is one person talking with a small group of companion agents. Each round:
+A MASCOT conversation (arXiv 2601.14230) is one person talking with a small group of companion
+agents. Each round:
 
     1. a turn-taking policy picks WHO speaks next and HOW: a fixed rule defined here (round-robin,
        random order, least-spoken) or the LLM director (director.py), as a
@@ -10,17 +11,23 @@ A MASCOT conversation is one person talking with a small group of companion agen
     3. after every `user_every` agent turns the simulated user answers: an LLM given the situation
        and a Big Five personality profile (`user_messages`).
 
-Everything is batched ACROSS conversations: all advance one turn together, so a turn is one call of models.generate
-for the speakers and one for the user. That is what makes evaluation and the rollouts of stage 2 affordable on a CPU.
-Where a person reads the conversation (chat, simulate, evaluate), a crisis guard (extras/safety.py) can be handed in:
-it reads every user message before any agent answers and ends the conversation with its fixed message when one signals
-danger. Training rollouts run without it.
+Where it sits: the engine both stages and the evaluation use. Stage 1 (reward.py) grows the
+speakers' training states from its conversations; stage 2 (director.py) rolls a sampled directive
+and the turns after it forward with `advance`; the evaluation (evaluate.py) plays every system's
+conversations with `run_conversations`. All three grade a reply on the same view of it
+(`judge_state`), so they judge alike.
+
+Everything is batched ACROSS conversations: all advance one turn together, so a turn is one call
+of models.generate_texts for the speakers and one for the user. That is what makes the evaluation
+and the rollouts of stage 2 affordable on a CPU. Where a person reads the conversation (chat,
+simulate, evaluate), a crisis guard (extras/safety.py) can be handed in: it reads every user
+message before any agent answers and ends the conversation with its fixed message when one
+signals danger. Training rollouts run without it.
 
 Simplifications vs the paper: one speaker model plays every agent, conditioned on the persona (the
-paper also shares a backbone); the simulated user is a small LLM, not GPT-4o.
-
-Prompt styles (STYLES: the paper's prompting baselines) all start from the same persona card, as
-the paper asks ("all methods use identical role settings").
+paper also shares a backbone); the simulated user is a small LLM, not GPT-4o. The prompt styles
+(STYLES: the paper's prompting baselines) all start from the same persona card, as the paper asks
+("all methods use identical role settings").
 
     python mascot.py simulate --contexts 4 --policy round-robin --profile average
 """
@@ -29,17 +36,21 @@ import random
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import models
 from metrics import diagnose
 from plumbing.common import derive_seed, progress
 from scenarios import Context, Persona, PersonaSet, Profile
 
-USER, SAFETY = "User", "Safety"  # the speaker labels of the person and of the crisis message
+USER = "User"  # the speaker label of the person (real or simulated)
+SAFETY = "Safety"  # the speaker label of the crisis guard's fixed message
 # How much of the conversation each reader sees, in turns: the speakers, the simulated user and the
 # director read SEEN_TURNS; every grader (the judges, the reward model, the block judgement)
-# JUDGE_TURNS, since small judges have short windows. (The persona-ID evaluator reads 2: evaluate.py.)
-SEEN_TURNS, JUDGE_TURNS = 8, 6
+# JUDGE_TURNS, since small judges have short windows. (The persona-ID evaluator reads 2:
+# evaluate.py.)
+SEEN_TURNS = 8
+JUDGE_TURNS = 6
 
 
 # --- Directives, turns, conversations -----------------------------------------------------------
@@ -56,6 +67,8 @@ class Directive:
 
 @dataclass
 class Turn:
+    """One message of a conversation."""
+
     speaker: str  # USER, SAFETY or an agent name
     text: str
     directive: Directive | None = None  # set on agent turns
@@ -63,6 +76,8 @@ class Turn:
 
 @dataclass
 class Conversation:
+    """One conversation as it grows, and what its transcript file records of it."""
+
     context: Context
     persona_set: str
     profile: str  # the simulated user's Big Five profile id
@@ -73,9 +88,11 @@ class Conversation:
     ended: bool = False  # set when the crisis guard stops the conversation
 
     def agent_turns(self) -> list[Turn]:
+        """The companions' turns, in order (neither the person's nor the crisis message)."""
         return [t for t in self.turns if t.speaker not in (USER, SAFETY)]
 
     def to_json(self) -> dict:
+        """One line of a transcript file (JSON lines): the context, who played it, every turn."""
         c = self.context
         return {
             "context_id": c.id,
@@ -106,9 +123,8 @@ class JudgeState:
     persona_name: str
     persona_desc: str  # "<role>: <description>"
     context: str  # the user's latest message
-    history: list[dict] = field(
-        default_factory=list
-    )  # earlier turns [{"speaker", "text"}], oldest first
+    # The earlier turns [{"speaker", "text"}], oldest first.
+    history: list[dict] = field(default_factory=list)
     situation: str = ""
 
 
@@ -116,13 +132,17 @@ def judge_state(persona: Persona, turns: list[Turn], situation: str) -> JudgeSta
     """The graders' view of the reply that comes after `turns`, spoken by `persona`: the user's
     latest message is the `context` it answers; `history` holds the other turns before the reply
     (the agents' turns after that message included), so copying the user and repeating an agent are
-    both visible. Stage 1, stage 2 and the evaluation all build the state here, so they judge alike."""
+    both visible. Stage 1, stage 2 and the evaluation all build the state here, so they judge
+    alike."""
     last_user = max((k for k, t in enumerate(turns) if t.speaker == USER), default=None)
     earlier = [t for k, t in enumerate(turns) if k != last_user][-JUDGE_TURNS:]
+    latest = ""
+    if last_user is not None:
+        latest = turns[last_user].text
     return JudgeState(
         persona.name,
         f"{persona.role}: {persona.description}",
-        turns[last_user].text if last_user is not None else "",
+        latest,
         [{"speaker": t.speaker, "text": t.text} for t in earlier],
         situation,
     )
@@ -131,6 +151,7 @@ def judge_state(persona: Persona, turns: list[Turn], situation: str) -> JudgeSta
 def start_conversation(
     context: Context, persona_set: str, profile: str, policy: str, seed: int, guard=None
 ) -> Conversation:
+    """A new conversation that opens with the context's first user message (seen by the guard)."""
     conv = Conversation(context, persona_set, profile, policy, seed)
     add_user_turn(conv, context.first_message, guard)
     return conv
@@ -140,19 +161,24 @@ def add_user_turn(conv: Conversation, text: str, guard=None) -> None:
     """Append a user message; a guard (extras/safety.py) that flags it ends the conversation with
     its fixed message, and the event records why, so every stop can be audited."""
     conv.turns.append(Turn(USER, text))
-    flag = guard.check(text) if guard is not None else None
-    if flag is not None and flag.flagged:
-        conv.turns.append(Turn(SAFETY, guard.message))
-        conv.events.append(
-            {
-                "type": "crisis",
-                "turn": len(conv.turns) - 2,
-                "text": text,
-                "category": flag.category,
-                "score": None if flag.score is None else round(flag.score, 3),
-            }
-        )
-        conv.ended = True
+    if guard is None:
+        return
+    flag = guard.check(text)
+    if flag is None or not flag.flagged:
+        return
+    conv.turns.append(Turn(SAFETY, guard.message))
+    score = None
+    if flag.score is not None:
+        score = round(flag.score, 3)
+    event = {
+        "type": "crisis",
+        "turn": len(conv.turns) - 2,  # the user's message, before the guard's
+        "text": text,
+        "category": flag.category,
+        "score": score,
+    }
+    conv.events.append(event)
+    conv.ended = True
 
 
 # --- Prompts ------------------------------------------------------------------------------------
@@ -162,10 +188,13 @@ def render_history(turns: list[Turn], max_turns: int = SEEN_TURNS) -> str:
 
 
 def persona_card(persona: Persona) -> str:
-    """The persona's system-prompt card; fields left empty (the name-only role setting) are left out."""
+    """The persona's system-prompt card; fields left empty (the name-only role setting) are left
+    out."""
     card = f"You are {persona.name}, the {persona.role}."
-    card += f" {persona.description}" if persona.description else ""
-    card += f" Style: {persona.style}" if persona.style else ""
+    if persona.description:
+        card += f" {persona.description}"
+    if persona.style:
+        card += f" Style: {persona.style}"
     if persona.examples:
         card += " Examples of your voice: " + " / ".join(f'"{e}"' for e in persona.examples[:3])
     return card
@@ -176,19 +205,10 @@ def diagnose_reply(
 ) -> dict:
     """metrics.diagnose for the reply that follows `turns`, spoken by `persona`: stage 1 logs it for
     every sampled reply, the evaluation for every agent turn, the stress test for every pick."""
-    card = [
-        persona.role,
-        persona.description,
-        persona.style,
-        *persona.examples,
-    ]  # what reciting it would copy
-    return diagnose(
-        reply,
-        [situation] + [t.text for t in turns if t.speaker == USER],
-        card,
-        [t.text for t in turns if t.speaker not in (USER, SAFETY)],
-        names + [USER],
-    )
+    card = [persona.role, persona.description, persona.style, *persona.examples]  # to recite
+    user_texts = [situation] + [t.text for t in turns if t.speaker == USER]
+    agent_texts = [t.text for t in turns if t.speaker not in (USER, SAFETY)]
+    return diagnose(reply, user_texts, card, agent_texts, names + [USER])
 
 
 def role_setting(personas: PersonaSet, setting: str) -> PersonaSet:
@@ -205,8 +225,10 @@ def role_setting(personas: PersonaSet, setting: str) -> PersonaSet:
     )
 
 
+# The speaker's prompt styles: ours ("persona", the default) and the paper's prompting baselines.
 STYLES = ("persona", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot")
-COT_STYLES, EXAMPLE_STYLES = ("zero-shot-cot", "few-shot-cot"), ("few-shot", "few-shot-cot")
+COT_STYLES = ("zero-shot-cot", "few-shot-cot")  # think first, then reply (chain of thought)
+EXAMPLE_STYLES = ("few-shot", "few-shot-cot")  # worked examples in the prompt (data/fewshot.json)
 _THINK_THEN_REPLY = (
     "First write one sentence of thinking after 'Thinking:' (what the person needs and what your "
     "role adds), then your short reply after 'Reply:'."
@@ -214,12 +236,40 @@ _THINK_THEN_REPLY = (
 
 
 def fewshot_block(examples: list[dict], thinking: bool = True) -> str:
-    return "\n\n".join(
-        f"Situation: {e['situation']}\nUser: {e['user']}\nCompanion: {e['persona']}\n"
-        + (f"Thinking: {e['thinking']}\n" if thinking else "")
-        + f"Reply: {e['reply']}"
-        for e in examples
-    )
+    """The worked examples of the few-shot styles, one block each; `thinking` keeps their
+    "Thinking:" line (few-shot-cot) or drops it (few-shot)."""
+    blocks = []
+    for e in examples:
+        block = f"Situation: {e['situation']}\nUser: {e['user']}\nCompanion: {e['persona']}\n"
+        if thinking:
+            block += f"Thinking: {e['thinking']}\n"
+        block += f"Reply: {e['reply']}"
+        blocks.append(block)
+    return "\n\n".join(blocks)
+
+
+def style_instruction(style: str, others: str, examples: list[dict]) -> str:
+    """What the speaker's system message asks after the persona card, in each style of STYLES."""
+    if style == "persona":
+        return (
+            f"You are one of several companions in a group chat with one person. The others are "
+            f"{others}. Stay in your own role and do not repeat them. Reply with one short message "
+            "of one to three sentences, in your own voice. Do not write your name or anyone "
+            "else's lines."
+        )
+    if style == "zero-shot":
+        return "Reply to the person with one short message of one to three sentences."
+    if style == "zero-shot-cot":
+        return _THINK_THEN_REPLY
+    if style == "few-shot":
+        shots = fewshot_block(examples, thinking=False)
+        return (
+            f"Examples of companions replying:\n\n{shots}\n\nWrite your short reply after 'Reply:'."
+        )
+    if style == "few-shot-cot":
+        shots = fewshot_block(examples)
+        return f"Examples of companions thinking, then replying:\n\n{shots}\n\n{_THINK_THEN_REPLY}"
+    raise ValueError(f"speaker_messages: unknown style {style!r}; use one of {', '.join(STYLES)}")
 
 
 def speaker_messages(
@@ -233,35 +283,17 @@ def speaker_messages(
 ) -> list[dict]:
     """The chat prompt for one agent's next reply.
 
-    The system message opens with the persona card (one shared model, a different card per agent), then what the style
-    asks, then the situation; the director's instruction, when it gave one, is its last sentence in plain words ("In
-    your next message, name a strength, in an encouraging tone."). The conversation follows as chat turns seen from
-    this agent. Why this layout: a small model copies whatever labels its prompt holds into its reply ("Situation:
-    ...", "(Your director asks you to: ...)"), and chat roles need the fewest labels; the one left, "(Beacon, another
-    companion):", is still echoed sometimes, and counted as a meta leak."""
-    card = persona_card(persona)
+    The system message opens with the persona card (one shared model, a different card per agent),
+    then what the style asks, then the situation; the director's instruction, when it gave one, is
+    its last sentence in plain words ("In your next message, name a strength, in an encouraging
+    tone."). The conversation follows as chat turns seen from this agent. Why this layout: a small
+    model copies whatever labels its prompt holds into its reply ("Situation: ...", "(Your
+    director asks you to: ...)"), and chat roles need the fewest labels; the one left, "(Beacon,
+    another companion):", is still echoed sometimes, and counted as a meta leak."""
     if style in EXAMPLE_STYLES and not examples:
         raise ValueError(f"speaker_messages: style {style!r} needs examples (data/fewshot.json)")
     others = ", ".join(f"{p.name} ({p.role})" for p in personas.personas if p.name != persona.name)
-    system = (
-        {
-            "persona": f"{card}\nYou are one of several companions in a group chat with one person. The others are "
-            f"{others}. Stay in your own role and do not repeat them. Reply with one short message of one "
-            "to three sentences, in your own voice. Do not write your name or anyone else's lines.",
-            "zero-shot": f"{card}\nReply to the person with one short message of one to three sentences.",
-            "zero-shot-cot": f"{card}\n{_THINK_THEN_REPLY}",
-            "few-shot": f"{card}\nExamples of companions replying:\n\n{fewshot_block(examples, thinking=False)}"
-            "\n\nWrite your short reply after 'Reply:'.",
-            "few-shot-cot": f"{card}\nExamples of companions thinking, then replying:\n\n{fewshot_block(examples)}"
-            f"\n\n{_THINK_THEN_REPLY}",
-        }.get(style)
-        if style in STYLES
-        else None
-    )
-    if system is None:
-        raise ValueError(
-            f"speaker_messages: unknown style {style!r}; use one of {', '.join(STYLES)}"
-        )
+    system = persona_card(persona) + "\n" + style_instruction(style, others, examples)
     system += f"\nBackground: {context.situation}"
     if directive is not None and (directive.action or directive.tone):
         system += "\n" + directive_sentence(directive)
@@ -278,15 +310,20 @@ def directive_sentence(directive: Directive) -> str:
     'In your next message, name a strength, in an encouraging tone.'
     """
 
-    def phrase(text: str, default: str) -> str:
-        text = (
-            text.strip().rstrip(".!;:,").strip() or default
-        )  # free text: no punctuation mid-sentence
-        first = text.split()[0]
-        return text if first.isupper() or first.startswith("I'") else text[0].lower() + text[1:]
+    action = as_clause(directive.action, "respond")
+    tone = as_clause(directive.tone, "natural")
+    article = "an" if tone[0] in "aeiouAEIOU" else "a"
+    return f"In your next message, {action}, in {article} {tone} tone."
 
-    tone = phrase(directive.tone, "natural")
-    return f"In your next message, {phrase(directive.action, 'respond')}, in {'an' if tone[0] in 'aeiouAEIOU' else 'a'} {tone} tone."
+
+def as_clause(text: str, default: str) -> str:
+    """The director's free text made to fit mid-sentence: no end punctuation, a lower-case first
+    letter unless the first word is an acronym or "I'..."; `default` when nothing is left."""
+    text = text.strip().rstrip(".!;:,").strip() or default
+    first = text.split()[0]
+    if first.isupper() or first.startswith("I'"):
+        return text
+    return text[0].lower() + text[1:]
 
 
 def transcript_messages(persona: Persona, turns: list[Turn]) -> list[dict]:
@@ -295,12 +332,14 @@ def transcript_messages(persona: Persona, turns: list[Turn]) -> list[dict]:
     Neighbouring messages of one role are joined: chat templates expect roles to alternate."""
     out = []
     for t in turns[-SEEN_TURNS:]:
-        role = "assistant" if t.speaker == persona.name else "user"
-        text = (
-            t.text
-            if t.speaker in (persona.name, USER)
-            else f"{models.OTHER_LABEL.format(t.speaker)}: {t.text}"
-        )
+        if t.speaker == persona.name:
+            role = "assistant"
+        else:
+            role = "user"
+        if t.speaker in (persona.name, USER):
+            text = t.text
+        else:
+            text = f"{models.OTHER_LABEL.format(t.speaker)}: {t.text}"
         if out and out[-1]["role"] == role:
             out[-1]["content"] += "\n" + text
         else:
@@ -313,23 +352,30 @@ _NEXT_EXAMPLE = re.compile(r"\b(?:thinking|situation|companion)\s*\**\s*:", re.I
 
 
 def reply_text(raw: str, style: str = "persona") -> str:
-    """For the "Reply:" styles, the text after the first "Reply:", cut where the model starts another
-    example; without the label the text is kept whole (judged on what it said). Others: unchanged.
+    """For the "Reply:" styles, the text after the first "Reply:", cut where the model starts
+    another example; without the label the text is kept whole (judged on what it said). Others:
+    unchanged.
 
-    >>> reply_text("Thinking: they are proud. Reply: That took nerve! Thinking: more", "few-shot-cot")
+    >>> raw = "Thinking: they are proud. Reply: That took nerve! Thinking: more"
+    >>> reply_text(raw, "few-shot-cot")
     'That took nerve! '
     """
-    parts = _REPLY_LABEL.split(raw, maxsplit=1) if style in COT_STYLES + EXAMPLE_STYLES else []
-    return _NEXT_EXAMPLE.split(parts[1], maxsplit=1)[0] if len(parts) == 2 else raw
+    if style not in COT_STYLES + EXAMPLE_STYLES:
+        return raw
+    parts = _REPLY_LABEL.split(raw, maxsplit=1)
+    if len(parts) != 2:
+        return raw  # no "Reply:" label
+    return _NEXT_EXAMPLE.split(parts[1], maxsplit=1)[0]
 
 
 def user_messages(profile: Profile, context: Context, turns: list[Turn]) -> list[dict]:
     """The simulated user's prompt: the situation, and the Big Five profile as its personality."""
     feeling = f" You feel {context.emotion}." if context.emotion else ""
     system = (
-        f"You are role-playing a real person chatting with a group of AI companions. Your situation: "
-        f"{context.situation}{feeling} Your personality: {profile.description} Write only your own next chat "
-        "message: one to three sentences, first person, no names, no quotation marks. Never act as an assistant."
+        f"You are role-playing a real person chatting with a group of AI companions. Your "
+        f"situation: {context.situation}{feeling} Your personality: {profile.description} Write "
+        "only your own next chat message: one to three sentences, first person, no names, no "
+        "quotation marks. Never act as an assistant."
     )
     task = (
         f"Conversation so far:\n{render_history(turns)}\n\nWrite your next message as the person."
@@ -342,18 +388,23 @@ def least_spoken_agent(personas: PersonaSet, conv: Conversation) -> str:
     """The agent who has spoken least (earliest in the roster on ties), never the last speaker when
     another is available: the fallback of every unparseable directive, and the rule to beat."""
     spoken = conv.agent_turns()
-    counts, last = Counter(t.speaker for t in spoken), spoken[-1].speaker if spoken else None
+    counts = Counter(t.speaker for t in spoken)
+    last = spoken[-1].speaker if spoken else None
     names = personas.names()
-    return names[
-        min(range(len(names)), key=lambda i: (counts.get(names[i], 0), names[i] == last, i))
-    ]
+
+    def rank(i: int) -> tuple:
+        # fewest turns first, then anyone but the last speaker, then roster order
+        return (counts.get(names[i], 0), names[i] == last, i)
+
+    return names[min(range(len(names)), key=rank)]
 
 
 class Rule:
     """A fixed turn-taking rule: its name and choose(convs) -> a Directive per conversation."""
 
     def __init__(self, personas: PersonaSet, seed: int = 0):
-        self.personas, self.seed = personas, seed
+        self.personas = personas
+        self.seed = seed
 
 
 class RoundRobin(Rule):
@@ -372,18 +423,17 @@ class RandomOrder(Rule):
     name = "random"
 
     def choose(self, convs: list[Conversation]) -> list[Directive]:
-        # Seeded per (conversation, turn), so the order never depends on what else is in the batch.
-        return [
-            Directive(
-                random.Random(derive_seed(self.seed, c.seed, len(c.turns))).choice(
-                    self.personas.names()
-                )
-            )
-            for c in convs
-        ]
+        directives = []
+        for c in convs:
+            # Seeded per (conversation, turn): the order never depends on what else is in the batch.
+            rng = random.Random(derive_seed(self.seed, c.seed, len(c.turns)))
+            directives.append(Directive(rng.choice(self.personas.names())))
+        return directives
 
 
 class LeastSpoken(Rule):
+    """The agent who has spoken least (least_spoken_agent): every agent is heard about equally."""
+
     name = "least-spoken"
 
     def choose(self, convs: list[Conversation]) -> list[Directive]:
@@ -393,8 +443,8 @@ class LeastSpoken(Rule):
 # --- The conversation loop, batched across conversations ----------------------------------------
 @dataclass
 class Cast:
-    """The frozen parts of a conversation. A model is local (loading.load_model) or served (any
-    object with generate_texts; its tokenizer None)."""
+    """The frozen parts of a conversation. A model is local (plumbing/loading.load_model) or served
+    (plumbing/served.py: any object with generate_texts; its tokenizer None)."""
 
     personas: PersonaSet
     speaker_model: object
@@ -407,7 +457,18 @@ class Cast:
     style: str = "persona"  # speaker prompt style (STYLES)
     examples: list = field(default_factory=list)  # data/fewshot.json entries for EXAMPLE_STYLES
     guard: object = None  # a crisis guard (extras/safety.py) where people read along
-    on_token: object = None  # models.generate's callback for agent turns (the chat streams)
+    on_token: object = None  # models.DecodeOptions.on_token for agent turns (the chat streams)
+    # Who writes the agent turns, speak(convs, directives, cast): None is agents_speak, the
+    # speakers themselves; a baseline's pipeline (extras/baselines.py) replaces it.
+    speak: Callable | None = None
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """How the conversations unfold: how many agent turns, and when the simulated user answers."""
+
+    n_agent_turns: int = 6
+    user_every: int = 2  # the user answers once this many agents have spoken (0: never)
 
 
 def turn_seed(conv: Conversation, salt: int = 0) -> int:
@@ -418,20 +479,20 @@ def turn_seed(conv: Conversation, salt: int = 0) -> int:
 
 def agents_speak(convs: list[Conversation], directives: list[Directive], cast: Cast) -> None:
     """One agent turn for each live (conversation, directive), in one batch."""
-    live = [
-        (c, d, cast.personas.find(d.agent) or cast.personas.personas[0])
-        for c, d in zip(convs, directives)
-        if not c.ended
-    ]
+    live = []  # (conversation, directive, persona) of the conversations still going
+    for c, d in zip(convs, directives):
+        if not c.ended:
+            # A directive naming no known agent (a slip of the director) goes to the first one.
+            live.append((c, d, cast.personas.find(d.agent) or cast.personas.personas[0]))
     if not live:
         return
     prompts = [
         speaker_messages(p, cast.personas, c.context, c.turns, d, cast.style, cast.examples)
         for c, d, p in live
     ]
-    budget = cast.max_new_tokens * (
-        2 if cast.style in COT_STYLES else 1
-    )  # the thinking must not eat the reply
+    budget = cast.max_new_tokens
+    if cast.style in COT_STYLES:
+        budget *= 2  # the thinking must not eat the reply
     texts = models.generate_texts(
         cast.speaker_model,
         cast.speaker_tok,
@@ -443,29 +504,38 @@ def agents_speak(convs: list[Conversation], directives: list[Directive], cast: C
         on_token=cast.on_token,
     )
     for (conv, d, persona), raw in zip(live, texts):
-        text = (
-            models.clean_reply(reply_text(raw, cast.style), persona.name, cast.personas.names())
-            or "..."
-        )
+        reply = reply_text(raw, cast.style)
+        # Nothing left once cleaned still makes a turn: the conversation keeps its shape.
+        text = models.clean_reply(reply, persona.name, cast.personas.names()) or "..."
         conv.turns.append(Turn(persona.name, text, d))
 
 
 def users_speak(convs: list[Conversation], profiles: dict[str, Profile], cast: Cast) -> None:
+    """The simulated user's next message in each live conversation, in one batch. Its seeds are
+    salted apart from the agents' (salt=1): a user message and an agent turn at the same point of
+    a conversation never share a seed."""
     live = [c for c in convs if not c.ended]
-    if live:
-        texts = models.generate_texts(
-            cast.user_model,
-            cast.user_tok,
-            [user_messages(profiles[c.profile], c.context, c.turns) for c in live],
-            cast.max_new_tokens,
-            cast.temperature,
-            cast.top_p,
-            seeds=[turn_seed(c, salt=1) for c in live],
-        )
-        for conv, raw in zip(live, texts):
-            add_user_turn(
-                conv, models.clean_reply(raw, USER, cast.personas.names()) or "Okay.", cast.guard
-            )
+    if not live:
+        return
+    texts = models.generate_texts(
+        cast.user_model,
+        cast.user_tok,
+        [user_messages(profiles[c.profile], c.context, c.turns) for c in live],
+        cast.max_new_tokens,
+        cast.temperature,
+        cast.top_p,
+        seeds=[turn_seed(c, salt=1) for c in live],
+    )
+    for conv, raw in zip(live, texts):
+        text = models.clean_reply(raw, USER, cast.personas.names()) or "Okay."
+        add_user_turn(conv, text, cast.guard)
+
+
+def turns_since_user(conv: Conversation) -> int:
+    """Agent turns since the user (or the crisis message) last spoke."""
+    people = [j for j, t in enumerate(conv.turns) if t.speaker in (USER, SAFETY)]
+    last = max(people, default=-1)
+    return len(conv.turns) - 1 - last
 
 
 def advance(
@@ -473,31 +543,30 @@ def advance(
     policy,
     cast: Cast,
     profiles: dict[str, Profile],
-    n_agent_turns: int,
-    user_every: int,
+    plan: TurnPlan,
     fixed_first: list[Directive] | None = None,
-    speak=agents_speak,
     desc: str = "",
 ) -> None:
-    """Advance every conversation by n agent turns, the user answering a conversation once
-    `user_every` agents have spoken since its last message (0: never). fixed_first: directives for
-    the FIRST turn instead of the policy's (stage 2 rolls out a sampled directive this way).
-    speak(convs, directives, cast) writes the agent turns: agents_speak, or a baseline's. desc: data.progress's."""
-    for k in progress(range(n_agent_turns), desc):
+    """Advance every conversation by plan.n_agent_turns agent turns, the user answering a
+    conversation once plan.user_every agents have spoken since its last message (0: never).
+    fixed_first: directives for the FIRST turn instead of the policy's (stage 2 rolls out a sampled
+    directive this way). desc: the progress line's label (plumbing/common.progress)."""
+    speak = agents_speak
+    if cast.speak is not None:
+        speak = cast.speak  # a baseline's pipeline (extras/baselines.py)
+    n = plan.n_agent_turns
+    for k in progress(range(n), desc):
         if all(c.ended for c in convs):
             return
-        speak(
-            convs, fixed_first if k == 0 and fixed_first is not None else policy.choose(convs), cast
-        )
-        since_user = lambda c: (
-            len(c.turns)
-            - 1
-            - max(  # noqa: E731  agent turns
-                (j for j, t in enumerate(c.turns) if t.speaker in (USER, SAFETY)), default=-1
-            )
-        )  # since the user spoke
-        due = [c for c in convs if not c.ended and since_user(c) >= user_every]
-        if user_every > 0 and due and k < n_agent_turns - 1:
+        if k == 0 and fixed_first is not None:
+            directives = fixed_first
+        else:
+            directives = policy.choose(convs)
+        speak(convs, directives, cast)
+        every = plan.user_every
+        due = [c for c in convs if not c.ended and turns_since_user(c) >= every]
+        # No answer after the last agent turn: nothing would read it.
+        if every > 0 and due and k < n - 1:
             users_speak(due, profiles, cast)
 
 
@@ -507,10 +576,8 @@ def run_conversations(
     cast: Cast,
     profiles: dict[str, Profile],
     profile_ids: list[str],
-    n_agent_turns: int = 6,
-    user_every: int = 2,
+    plan: TurnPlan = TurnPlan(),
     seed: int = 0,
-    speak=agents_speak,
     desc: str = "",
 ) -> list[Conversation]:
     """One conversation per (context, profile id), all advanced together. Conversation i gets seed
@@ -519,12 +586,13 @@ def run_conversations(
         start_conversation(ctx, cast.personas.name, pid, policy.name, seed + i, cast.guard)
         for i, (ctx, pid) in enumerate(zip(contexts, profile_ids))
     ]
-    advance(convs, policy, cast, profiles, n_agent_turns, user_every, speak=speak, desc=desc)
+    advance(convs, policy, cast, profiles, plan, desc=desc)
     return convs
 
 
 def assign_profiles(n: int, profile_ids: list[str], seed: int) -> list[str]:
-    """Profile ids spread over n conversations, cycling, then shuffled (seeded)."""
+    """Profile ids spread over n conversations, cycling, then shuffled (seeded): every profile is
+    used about as often, in no fixed order of the contexts."""
     ids = [profile_ids[i % len(profile_ids)] for i in range(n)]
     random.Random(seed).shuffle(ids)
     return ids

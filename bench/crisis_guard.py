@@ -9,7 +9,7 @@ The one place the guard's headline numbers come from (docs/SAFETY.md quotes its 
      risky messages, overall and per kind, and the flag rate on the near-misses; every miss and false alarm is listed.
   4. Timing: the first check (model load) and a batch.
 ESConv and Empathetic Dialogues are not part of the project (CC BY-NC): give your own copies.
-Run from the repo root (~5 min on 2 CPU cores):
+A benchmark beside the method (bench/README.md lists them all). Run from the repo root (~5 min on 2 CPU cores):
     python bench/crisis_guard.py --esconv path/to/esconv/train.jsonl --ed path/to/ed/valid.csv
 """
 
@@ -19,10 +19,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the repository root
+# Run as a script, Python puts bench/ first on sys.path, not the repository root that holds the
+# project's modules: add it.
 sys.path.insert(0, str(ROOT))
-from extras import safety  # noqa: E402
-from extras.train_crisis_probe import ED_LABELS, ESCONV_LABELS, conversation_rows  # noqa: E402
+
+from extras import safety
+from extras.train_crisis_probe import ED_LABELS, ESCONV_LABELS, conversation_rows
 from plumbing import common, files
 
 
@@ -33,9 +36,11 @@ def show(flag: safety.CrisisFlag, text: str) -> str:
 
 
 def bench_esconv(guard: safety.CrisisGuard, path: str) -> None:
+    """1. ESConv's held-out seeker messages: the flag rate, the hand-labelled ones, every false alarm."""
     messages = conversation_rows(path, ESCONV_LABELS, "esconv", side=1)  # the held-out dialogues
     flags = guard.check_many([m["text"] for m in messages])
-    flagged, dialogues = [f.flagged for f in flags], {m["group"] for m in messages}
+    flagged = [f.flagged for f in flags]
+    dialogues = {m["group"] for m in messages}
     print(f"ESConv held-out: {len(messages)} seeker messages in {len(dialogues)} dialogues")
     print(f"  flagged {sum(flagged)} ({sum(flagged) / len(messages):.2%})")
     for label in ("risky", "context"):
@@ -54,6 +59,7 @@ def bench_esconv(guard: safety.CrisisGuard, path: str) -> None:
 
 
 def bench_ed(guard: safety.CrisisGuard, path: str) -> None:
+    """2. Empathetic Dialogues' held-out messages: the flag rate, every flagged message."""
     texts = [r["text"] for r in conversation_rows(path, ED_LABELS, "empathetic_dialogues", side=1)]
     flags = guard.check_many(texts)
     print(
@@ -65,13 +71,13 @@ def bench_ed(guard: safety.CrisisGuard, path: str) -> None:
 
 
 def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
+    """3. One blind list: recall on its risky messages (overall and per kind), the near-misses' flag rate."""
     rows = files.read_jsonl(path)
     flags = guard.check_many([r["text"] for r in rows])
-    risky, near = (
-        [i for i, r in enumerate(rows) if r["risky"]],
-        [i for i, r in enumerate(rows) if not r["risky"]],
-    )
-    caught, alarms = (sum(flags[i].flagged for i in group) for group in (risky, near))
+    risky = [i for i, r in enumerate(rows) if r["risky"]]
+    near = [i for i, r in enumerate(rows) if not r["risky"]]
+    caught = sum(flags[i].flagged for i in risky)
+    alarms = sum(flags[i].flagged for i in near)
     print(
         f"{path.name}: recall {caught}/{len(risky)} = {caught / len(risky):.3f}; near-miss "
         f"flag rate {alarms}/{len(near)} = {alarms / len(near):.3f}"
@@ -83,7 +89,10 @@ def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
     for group in ("third_party", "indirect"):
         members = [kind for kind in by_kind if kind.startswith(group)]
         if len(members) > 1:
-            by_kind[f"{group}_* (all)"] = [f for kind in members for f in by_kind[kind]]
+            pooled = []
+            for kind in members:
+                pooled += by_kind[kind]
+            by_kind[f"{group}_* (all)"] = pooled
     for kind, got in sorted(by_kind.items()):
         print(
             f"    risky kind {kind or '(none)':28s} {sum(got)}/{len(got)} = {sum(got) / len(got):.2f}"
@@ -97,6 +106,7 @@ def bench_blind(guard: safety.CrisisGuard, path: Path) -> None:
 
 
 def main() -> None:
+    """4. Timing first, then every benchmark whose data is given."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--esconv", help="ESConv train.jsonl (or the official ESConv.json)")
     parser.add_argument("--ed", help="Empathetic Dialogues valid.csv (or valid_contexts.jsonl)")
@@ -108,7 +118,8 @@ def main() -> None:
         default=sorted((ROOT / "tests" / "fixtures").glob("safety_blind_v*.jsonl")),
     )
     args = parser.parse_args()
-    guard, started = safety.CrisisGuard(), time.time()
+    guard = safety.CrisisGuard()
+    started = time.time()
     guard.check("hello")
     print(f"guard: {guard.describe()}; first check {time.time() - started:.1f} s (model load)")
     started = time.time()
@@ -116,9 +127,9 @@ def main() -> None:
         [f"Day {i} of the course went fine, my sister called me after class" for i in range(64)]
     )
     print(f"a batch of 64 short messages: {time.time() - started:.2f} s\n")
-    for bench, source in [(bench_esconv, args.esconv), (bench_ed, args.ed)] + [
-        (bench_blind, p) for p in args.blind
-    ]:
+    benches = [(bench_esconv, args.esconv), (bench_ed, args.ed)]
+    benches += [(bench_blind, p) for p in args.blind]
+    for bench, source in benches:
         if source:  # --esconv and --ed are optional
             bench(guard, source)
             print()

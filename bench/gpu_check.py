@@ -8,6 +8,7 @@ minutes. Only the GRPO steps are timed (grpo.grpo_step and models.generate wrapp
     generate     the share of the step spent sampling;
     peak memory  torch.cuda.max_memory_allocated() over the GRPO phase.
 Needs a CUDA build of torch (requirements.txt says how); without CUDA it prints one line, exits 0.
+A benchmark beside the method (bench/README.md lists them all).
     python bench/gpu_check.py [--checkpointing]      # embedded SmolLM2-135M [+ --gradient-checkpointing]
     python bench/gpu_check.py --dry-run              # print the mascot command, checked, and stop
 """
@@ -20,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # the project's modules, from the repo root
+# Run as a script, Python puts bench/ first on sys.path, not the repository root that holds the
+# project's modules: add it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -68,6 +69,7 @@ def mascot_argv(args, run: str) -> list[str]:
 
 
 def main() -> None:
+    """Parse the flags, check the mascot command, then run stage 1 with the GRPO steps timed."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--model", default="smollm2-135m", help="smollm2-135m (embedded) | tiny | a folder"
@@ -122,20 +124,20 @@ def main() -> None:
     run = args.run or tempfile.mkdtemp(prefix="mascot-gpu-check-")
     argv = mascot_argv(args, run)
 
-    steps, gen_seconds, real_step = (
-        [],
-        [],
-        grpo.grpo_step,
-    )  # a step counts the generate calls inside it
+    steps = []  # per GRPO step: its seconds, generate's share, tokens, peak memory
+    gen_seconds = []  # per generate call; a step counts the calls inside it
+    real_step = grpo.grpo_step
 
     def measured_step(policy, *a, **kw):
         if not steps:
             torch.cuda.reset_peak_memory_stats()  # the peak of the GRPO phase only
         torch.cuda.synchronize()
-        n_gen, t0 = len(gen_seconds), time.perf_counter()
+        n_gen = len(gen_seconds)
+        t0 = time.perf_counter()
         stats, gen, rewards = real_step(policy, *a, **kw)
         torch.cuda.synchronize()
-        (B, P), C = gen.prompt_ids.shape, int(gen.completion_mask.sum(1).max())
+        B, P = gen.prompt_ids.shape  # rows, prompt tokens
+        C = int(gen.completion_mask.sum(1).max())  # completion tokens
         s = {
             "seconds": time.perf_counter() - t0,
             "gen": sum(gen_seconds[n_gen:]),
@@ -151,20 +153,20 @@ def main() -> None:
         )
         return stats, gen, rewards
 
-    grpo.grpo_step, models.generate = (
-        measured_step,
-        timed(models.generate, gen_seconds, torch.cuda.synchronize),
-    )
+    grpo.grpo_step = measured_step
+    models.generate = timed(models.generate, gen_seconds, torch.cuda.synchronize)
     print(
         f"gpu_check: {torch.cuda.get_device_name()}; python mascot.py {' '.join(argv)}", flush=True
     )
-    t0, status = time.time(), mascot.main(argv)  # left to right: the clock starts first
+    t0 = time.time()
+    status = mascot.main(argv)
     total = time.time() - t0
     if status or len(steps) < 2:
         sys.exit(
             f"gpu_check: stage 1 exited with status {status} after {len(steps)} GRPO step(s); nothing to measure"
         )
-    measured, secs = steps[1:], sum(s["seconds"] for s in steps[1:])
+    measured = steps[1:]  # the first step is warm-up
+    secs = sum(s["seconds"] for s in measured)
     summary = {
         "device": torch.cuda.get_device_name(),
         "model": args.model,

@@ -15,7 +15,7 @@ default); tokens/s (B x (P + C) trained); the share inside `generate`; peak RSS 
     make bench                  # builds .venv-bench (TRL) on first use, then runs this file with it
     python bench/grpo_step.py --models tiny --rounds 2 --steps 1     # a quick check
 The file is also the worker (`--worker ours|trl`: one side, the job as JSON on stdin, one JSON line out); its top
-imports only the standard library, so it runs in either virtual env.
+imports only the standard library, so it runs in either virtual env. A benchmark beside the method (bench/README.md).
 """
 
 import argparse
@@ -29,9 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from plumbing import devices, loading
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the repository root
 WORDS = (
     "today I feel tired and proud of my small garden but work was hard again so "
     "please help me plan the week with calm words"
@@ -48,7 +46,8 @@ def build_prompts(tokenizer, n: int, n_tokens: int) -> list[list[dict]]:
             )["input_ids"]
         )
 
-    prompts, empty = [], [{"role": "system", "content": ""}, {"role": "user", "content": ""}]
+    prompts = []
+    empty = [{"role": "system", "content": ""}, {"role": "user", "content": ""}]
     for i in range(n):
         conv = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": ""}]
         conv = conv if length(conv) <= n_tokens else empty
@@ -90,28 +89,37 @@ def timed(fn, seconds: list, sync=lambda: None):
     return wrapper
 
 
+def project_modules() -> None:
+    """Put the repository root on sys.path (run as a script, Python puts bench/ there instead). Only
+    the parent and our side call it: the TRL worker imports none of the project's modules, and the
+    root's own modules (evaluate.py, ...) could shadow packages of its virtual env."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+
+
 def peak_rss_mib() -> float:
+    """This process's peak resident memory so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: ru_maxrss in KiB
 
 
 def run_ours(job: dict) -> dict:
-    sys.path.insert(0, str(ROOT))
+    """Our side: grpo.grpo_step with mascot's train defaults, every step timed."""
+    project_modules()
     import torch
 
     import grpo
     import models
+    from plumbing import devices, loading
 
     bf16 = job["dtype"] == "bfloat16" or (job["dtype"] == "auto" and devices.native_bf16("cpu"))
     policy, tok = loading.load_model(job["folder"])
-    ref = (
-        loading.load_model(
-            job["folder"], dtype=torch.bfloat16 if bf16 else torch.float32, frozen=True
-        )[0]
-        if job["beta"] > 0
-        else None
-    )
+    ref = None  # the frozen reference: only with a KL term
+    if job["beta"] > 0:
+        ref_dtype = torch.bfloat16 if bf16 else torch.float32
+        ref = loading.load_model(job["folder"], dtype=ref_dtype, frozen=True)[0]
     sampling = models.SamplingCopy(policy) if bf16 else None  # what train_grpo builds for it
-    B, C = job["prompts_per_step"] * job["group_size"], job["completion_tokens"]
+    B = job["prompts_per_step"] * job["group_size"]  # rows a step
+    C = job["completion_tokens"]
     cfg = grpo.GRPOConfig(
         seed=0,
         max_new_tokens=C,
@@ -137,7 +145,8 @@ def run_ours(job: dict) -> dict:
     # grpo_step calls models.generate: time it, and fix the length as TRL's min_new_tokens does.
     gen_seconds, plain_generate = [], models.generate
     models.generate = timed(
-        lambda *a, **kw: plain_generate(*a, min_new_tokens=C, **kw), gen_seconds
+        lambda *a, **kw: plain_generate(*a, options=models.DecodeOptions(min_new_tokens=C), **kw),
+        gen_seconds,
     )
 
     def reward_fn(meta, texts, gen):
@@ -147,12 +156,13 @@ def run_ours(job: dict) -> dict:
         rewards = [low_half_share(x, len(tok)) for x in ids]
         return rewards, {"low_half": rewards}
 
-    prompts, n, ends = job["prompts"], job["prompts_per_step"], [clock()]
+    prompts = job["prompts"]
+    n = job["prompts_per_step"]
+    ends = [clock()]  # the clocks at the start and at every step's end
     for step in range(1, job["warmup"] + job["steps"] + 1):
         batch = [prompts[((step - 1) * n + i) % len(prompts)] for i in range(n)]
-        _, gen, _ = grpo.grpo_step(
-            policy, tok, optimizer, batch, batch, reward_fn, cfg, step, ref, sampling
-        )
+        learner = grpo.Learner(policy, tok, optimizer, ref, sampling=sampling)
+        _, gen, _ = grpo.grpo_step(learner, grpo.Task(None, reward_fn), batch, batch, cfg, step)
         ends.append(clock())
         if (
             gen.prompt_ids.shape != (B, job["prompt_tokens"])
@@ -172,18 +182,17 @@ def run_ours(job: dict) -> dict:
 
 
 def run_trl(job: dict) -> dict:
+    """TRL's side: GRPOTrainer set to do the same work per step, every step timed."""
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     tok = AutoTokenizer.from_pretrained(job["folder"])
-    B, C, checks, gen_seconds, ends = (
-        job["prompts_per_step"] * job["group_size"],
-        job["completion_tokens"],
-        [],
-        [],
-        [],
-    )
+    B = job["prompts_per_step"] * job["group_size"]  # rows a step
+    C = job["completion_tokens"]
+    checks = []  # per step: were there B completions of exactly C tokens?
+    gen_seconds = []
+    ends = []  # (wall, CPU) clock at the start and at every step's end
 
     def reward_fn(prompts, completions, completion_ids, **kw):
         checks.append(all(len(x) == C for x in completion_ids) and len(completion_ids) == B)
@@ -249,9 +258,8 @@ def run_trl(job: dict) -> dict:
             processing_class=tok,
             callbacks=[StepClock()],
         )
-        trainer.model.generate = timed(
-            trainer.model.generate, gen_seconds
-        )  # TRL calls model.generate
+        # TRL samples through model.generate: time it.
+        trainer.model.generate = timed(trainer.model.generate, gen_seconds)
         trainer.train()
     if not (checks and all(checks)):
         raise SystemExit(f"trl: some step did not have {B} completions of exactly {C} tokens")
@@ -265,7 +273,9 @@ def run_trl(job: dict) -> dict:
 
 def model_folder(name: str) -> Path:
     """A plain safetensors folder both sides can load (TRL needs a folder or a hub id)."""
-    sys.path.insert(0, str(ROOT))
+    project_modules()
+    from plumbing import loading
+
     if name == loading.EMBEDDED:
         return loading.embedded_model_folder()
     if name == loading.TINY:
@@ -278,6 +288,7 @@ def model_folder(name: str) -> Path:
 
 
 def run_worker(python: str, side: str, job: dict, env: dict) -> dict:
+    """One run of one side in its own process (this file with --worker); its result line."""
     proc = subprocess.run(
         [python, str(Path(__file__).resolve()), "--worker", side],
         input=json.dumps(job),
@@ -296,17 +307,17 @@ def run_worker(python: str, side: str, job: dict, env: dict) -> dict:
 def summarise(runs: list[dict], job: dict) -> dict:
     """One side: the measured steps (warm-up dropped) pooled over its runs, and per-run medians."""
     w = job["warmup"]
-    steps = [
-        list(zip(r["step_ends"][:-1], r["step_ends"][1:]))[w:] for r in runs
-    ]  # ((wall, cpu), (wall, cpu))
-    walls, cpus = (
-        [b[k] - a[k] for run in steps for a, b in run] for k in (0, 1)
-    )  # wall, CPU seconds per step
-    gens = [g for r in runs for g in r["gen_seconds"][w:]]
-    per_run, step = (
-        [statistics.median([b[0] - a[0] for a, b in run]) for run in steps],
-        statistics.median(walls),
-    )
+    # Per run, the measured steps as (start, end) of the (wall, CPU) clocks.
+    steps = [list(zip(r["step_ends"][:-1], r["step_ends"][1:]))[w:] for r in runs]
+    walls = []  # wall seconds of every measured step, pooled over the runs
+    cpus = []
+    gens = []
+    for run, r in zip(steps, runs):
+        walls += [end[0] - start[0] for start, end in run]
+        cpus += [end[1] - start[1] for start, end in run]
+        gens += r["gen_seconds"][w:]
+    per_run = [statistics.median([end[0] - start[0] for start, end in run]) for run in steps]
+    step = statistics.median(walls)
     tokens = (
         job["prompts_per_step"]
         * job["group_size"]
@@ -327,6 +338,7 @@ def summarise(runs: list[dict], job: dict) -> dict:
 
 
 def main() -> None:
+    """Every model: both sides, alternating, then their summaries; the results as JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--models",
@@ -381,8 +393,6 @@ def main() -> None:
         sys.exit(
             f"--trl-python {args.trl_python}: not found; run `make bench` (it creates .venv-bench with TRL)"
         )
-    from transformers import AutoTokenizer
-
     env = dict(
         os.environ,
         HF_HUB_OFFLINE="1",
@@ -398,60 +408,70 @@ def main() -> None:
     )
     results = {"args": vars(args), "models": {}}
     for name in args.models:
-        folder = model_folder(name)
-        job = {
-            **vars(args),
-            "folder": str(folder),
-            "prompts": build_prompts(
-                AutoTokenizer.from_pretrained(folder),
-                args.prompts_per_step * (args.warmup + args.steps),
-                args.prompt_tokens,
-            ),
-        }
-        runs = {"ours": [], "trl": []}
-        for r in range(args.rounds):
-            for side in ("ours", "trl") if r % 2 == 0 else ("trl", "ours"):
-                t0 = time.time()
-                res = run_worker(
-                    args.trl_python if side == "trl" else sys.executable, side, job, env
-                )
-                runs[side].append(res)
-                ends = res["step_ends"]
-                print(
-                    f"  [{name}] run {r + 1} {side:4s}: step wall/CPU s "
-                    + " ".join(
-                        f"{b[0] - a[0]:.1f}/{b[1] - a[1]:.1f}" for a, b in zip(ends[:-1], ends[1:])
-                    )
-                    + f", peak RSS {res['peak_rss_mib']:.0f} MiB ({time.time() - t0:.0f} s with load)",
-                    flush=True,
-                )
-        ours, trl = summarise(runs["ours"], job), summarise(runs["trl"], job)
+        runs, job = alternate_runs(name, args, env)
+        ours = summarise(runs["ours"], job)
+        trl = summarise(runs["trl"], job)
         results["models"][name] = {"ours": ours, "trl": trl, "runs": runs}
-        print(
-            f"\n{name} ({ours['params'] / 1e6:.1f}M parameters; ours: reference and sampling in "
-            f"{'bf16' if runs['ours'][0]['bf16'] else 'fp32'})"
-        )
-        print(
-            f"  {'':5s} {'s/step':>8s} {'min..max':>13s} {'CPU s/step':>10s} {'tokens/s':>9s} "
-            f"{'generate':>8s} {'peak RSS':>9s}"
-        )
-        for label, s in (("ours", ours), ("TRL", trl)):
-            print(
-                f"  {label:5s} {s['s_per_step']:8.2f} {s['s_min']:6.2f}..{s['s_max']:<6.2f} "
-                f"{s['cpu_s_per_step']:10.2f} {s['tokens_per_s']:9.1f} {s['gen_fraction']:8.0%} "
-                f"{s['peak_rss_mib']:5.0f} MiB"
-            )
-        print(
-            f"  ours vs TRL: step speed {trl['s_per_step'] / ours['s_per_step']:.2f}x wall, "
-            f"{trl['cpu_s_per_step'] / ours['cpu_s_per_step']:.2f}x CPU time, peak memory "
-            f"{ours['peak_rss_mib'] / trl['peak_rss_mib']:.2f}x; {ours['n_steps']} + {trl['n_steps']} measured "
-            f"steps; run medians ours {' '.join(f'{x:.2f}' for x in ours['run_medians'])}, "
-            f"TRL {' '.join(f'{x:.2f}' for x in trl['run_medians'])}\n",
-            flush=True,
-        )
+        print_comparison(name, ours, trl, runs["ours"][0]["bf16"])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1), encoding="utf-8")
     print(f"wrote {args.out}")
+
+
+def alternate_runs(name: str, args, env: dict) -> tuple[dict, dict]:
+    """({"ours": [result per run], "trl": [...]}, the job) of one model, the sides alternating A B B A."""
+    from transformers import AutoTokenizer
+
+    folder = model_folder(name)
+    prompts = build_prompts(
+        AutoTokenizer.from_pretrained(folder),
+        args.prompts_per_step * (args.warmup + args.steps),
+        args.prompt_tokens,
+    )
+    job = {**vars(args), "folder": str(folder), "prompts": prompts}
+    runs = {"ours": [], "trl": []}
+    for r in range(args.rounds):
+        for side in ("ours", "trl") if r % 2 == 0 else ("trl", "ours"):
+            t0 = time.time()
+            python = args.trl_python if side == "trl" else sys.executable
+            res = run_worker(python, side, job, env)
+            runs[side].append(res)
+            ends = res["step_ends"]
+            print(
+                f"  [{name}] run {r + 1} {side:4s}: step wall/CPU s "
+                + " ".join(
+                    f"{b[0] - a[0]:.1f}/{b[1] - a[1]:.1f}" for a, b in zip(ends[:-1], ends[1:])
+                )
+                + f", peak RSS {res['peak_rss_mib']:.0f} MiB ({time.time() - t0:.0f} s with load)",
+                flush=True,
+            )
+    return runs, job
+
+
+def print_comparison(name: str, ours: dict, trl: dict, ours_bf16: bool) -> None:
+    """The two sides' summaries side by side, then ours against TRL."""
+    print(
+        f"\n{name} ({ours['params'] / 1e6:.1f}M parameters; ours: reference and sampling in "
+        f"{'bf16' if ours_bf16 else 'fp32'})"
+    )
+    print(
+        f"  {'':5s} {'s/step':>8s} {'min..max':>13s} {'CPU s/step':>10s} {'tokens/s':>9s} "
+        f"{'generate':>8s} {'peak RSS':>9s}"
+    )
+    for label, s in (("ours", ours), ("TRL", trl)):
+        print(
+            f"  {label:5s} {s['s_per_step']:8.2f} {s['s_min']:6.2f}..{s['s_max']:<6.2f} "
+            f"{s['cpu_s_per_step']:10.2f} {s['tokens_per_s']:9.1f} {s['gen_fraction']:8.0%} "
+            f"{s['peak_rss_mib']:5.0f} MiB"
+        )
+    print(
+        f"  ours vs TRL: step speed {trl['s_per_step'] / ours['s_per_step']:.2f}x wall, "
+        f"{trl['cpu_s_per_step'] / ours['cpu_s_per_step']:.2f}x CPU time, peak memory "
+        f"{ours['peak_rss_mib'] / trl['peak_rss_mib']:.2f}x; {ours['n_steps']} + {trl['n_steps']} measured "
+        f"steps; run medians ours {' '.join(f'{x:.2f}' for x in ours['run_medians'])}, "
+        f"TRL {' '.join(f'{x:.2f}' for x in trl['run_medians'])}\n",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

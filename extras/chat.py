@@ -1,12 +1,13 @@
-"""chat.py: talk to the companion group yourself in the terminal (`python mascot.py chat`), or let a simulated user talk
-to it (`python mascot.py simulate`: JSON-lines conversations for contexts, a Big Five profile and a policy).
+"""extras/chat.py: talk to the companion group yourself in the terminal (`python mascot.py chat`), or let a simulated
+user talk to it (`python mascot.py simulate`: JSON-lines conversations for contexts, a Big Five profile and a policy).
 
-After training, this is where you meet the agents, playing the person. The crisis guard (extras/safety.py) reads each
-message first: if it fires, the fixed crisis message is shown and NO companion answers. Otherwise, `--agents-per-turn`
-times, the director (or a fixed --policy) picks who answers and how, and the reply streams in as it is sampled. Speakers
-and director: the run's trained ones (RUN/stage1/speakers, RUN/stage2/director) if any, else --model (prompted).
-Simplifications: the chat's situation is just "a live chat", and a crisis message does not end it as it ends a simulated
-conversation: you may go on, and every later message is checked again. Inside: /who /reset /save FILE /quit.
+A tool beside the method. After training, this is where you meet the agents, playing the person. The crisis guard
+(extras/safety.py) reads each message first: if it fires, the fixed crisis message is shown and NO companion answers.
+Otherwise, `--agents-per-turn` times, the director (or a fixed --policy) picks who answers and how, and the reply
+streams in as it is sampled. Speakers and director: the run's trained ones (RUN/stage1/speakers, RUN/stage2/director)
+if any, else --model (prompted). Simplifications: the chat's situation is just "a live chat", and a crisis message
+does not end it as it ends a simulated conversation: you may go on, and every later message is checked again. Inside:
+/who /reset /save FILE /quit.
     python mascot.py chat --set meeting --show-directives
     python mascot.py simulate --policy director --contexts 4 --profile all
 """
@@ -17,13 +18,10 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # the project's modules, from the repo root
-import evaluate  # noqa: E402
-import models  # noqa: E402
-from director import LLMDirector  # noqa: E402
-from extras.safety import default_guard  # noqa: E402
+import evaluate
+import models
+from director import LLMDirector
+from extras.safety import default_guard
 from plumbing import files, loading, runs
 from plumbing.cli import flag_type
 from plumbing.common import UserError
@@ -35,8 +33,9 @@ from simulate import (
     LeastSpoken,
     RandomOrder,
     RoundRobin,
+    TurnPlan,
     add_user_turn,
-    agents_speak,  # noqa: E402
+    agents_speak,
     assign_profiles,
     run_conversations,
     start_conversation,
@@ -48,18 +47,19 @@ POLICIES = ("round-robin", "random", "least-spoken", "director")
 
 def make_policy(name: str, personas: PersonaSet, director=None, seed: int = 0):
     """A --policy value: round-robin | random | least-spoken | director ((model, tok) given)."""
-    rules = {
-        "director": lambda: LLMDirector(*director, personas),
-        "random": lambda: RandomOrder(personas, seed),
-        "round-robin": lambda: RoundRobin(personas),
-        "least-spoken": lambda: LeastSpoken(personas),
-    }
-    if name not in rules:
-        raise UserError(f"--policy {name}: use {', '.join(POLICIES)}")
-    return rules[name]()
+    if name == "director":
+        return LLMDirector(*director, personas)
+    if name == "random":
+        return RandomOrder(personas, seed)
+    if name == "round-robin":
+        return RoundRobin(personas)
+    if name == "least-spoken":
+        return LeastSpoken(personas)
+    raise UserError(f"--policy {name}: use {', '.join(POLICIES)}")
 
 
 def parse_args(argv: list[str], cli):
+    """`mascot.py chat`'s flags: the shared ones, then who answers and how many."""
     p = cli.Parser(
         prog="mascot.py chat",
         description="talk to the companion group in the terminal",
@@ -93,21 +93,18 @@ def load_chat(args, cli, say):
     speakers = cli.speakers_of(args)
     say(f"loading speakers: {speakers}")
     speaker = cli.load_role(speakers, "speakers", args)  # a served one streams no tokens
-    director, director_name = None, args.policy
+    director = None
+    director_name = args.policy
     if args.policy == "director":
-        director_name = args.director or loading.trained_or(
-            Path(args.run) / "stage2" / "director", args.model
-        )
-        if (
-            director_name == speakers and speaker[1] is not None
-        ):  # one local model can play both parts
-            director = speaker
+        trained = Path(args.run) / "stage2" / "director"
+        director_name = args.director or loading.trained_or(trained, args.model)
+        if director_name == speakers and speaker[1] is not None:
+            director = speaker  # one local model can play both parts
         else:
             say(f"loading director: {director_name}")
             director = cli.load_role(director_name, "director", args)
-    cast = Cast(
-        personas, *speaker, None, None, args.max_new_tokens, guard=default_guard()
-    )  # you are the user
+    # No simulated user: you are the user.
+    cast = Cast(personas, *speaker, None, None, args.max_new_tokens, guard=default_guard())
     width = max(len(p.name) for p in personas.personas)
     order = f"director {director_name}" if args.policy == "director" else args.policy
     banner = "\n".join(
@@ -128,14 +125,12 @@ class StreamPrinter:
     new text is written; `finish` writes the rest, or the whole reply again, marked, if clean-up changed shown text."""
 
     def __init__(self, tokenizer, speaker: str, names: list[str], write):
-        self.tok, self.speaker, self.names, self.write, self.ids, self.shown = (
-            tokenizer,
-            speaker,
-            names,
-            write,
-            [],
-            "",
-        )
+        self.tok = tokenizer
+        self.speaker = speaker
+        self.names = names  # every persona's name: clean_reply cuts a reply where another begins
+        self.write = write
+        self.ids = []  # the reply's tokens so far
+        self.shown = ""  # the text written so far
         write(f"{speaker}: ")
 
     def __call__(self, token) -> None:  # token: (B,); the chat's row is 0
@@ -149,11 +144,11 @@ class StreamPrinter:
             self.shown = text
 
     def finish(self, final: str) -> None:
-        self.write(
-            final[len(self.shown) :] + "\n"
-            if final.startswith(self.shown)
-            else f"\n{self.speaker} (cleaned up): {final}\n"
-        )
+        """Write the rest of the cleaned reply, or all of it again if clean-up changed shown text."""
+        if final.startswith(self.shown):
+            self.write(final[len(self.shown) :] + "\n")
+        else:
+            self.write(f"\n{self.speaker} (cleaned up): {final}\n")
 
 
 def respond(conv, policy, cast, args, say, write, status: bool = False) -> None:
@@ -170,14 +165,13 @@ def respond(conv, policy, cast, args, say, write, status: bool = False) -> None:
         if status:
             write("\r\033[K")  # back to the line's start and clear it
         if args.show_directives:
-            say(
-                f"[Agent: {d.agent} / Action: {d.action or '-'} / Tone: {d.tone or '-'}]"
-                + ("" if d.valid else " (director's answer unparsable: least-spoken fallback)")
-            )
+            line = f"[Agent: {d.agent} / Action: {d.action or '-'} / Tone: {d.tone or '-'}]"
+            if not d.valid:
+                line += " (director's answer unparsable: least-spoken fallback)"
+            say(line)
         speaker = (cast.personas.find(d.agent) or cast.personas.personas[0]).name
-        printer = cast.on_token = StreamPrinter(
-            cast.speaker_tok, speaker, cast.personas.names(), write
-        )
+        printer = StreamPrinter(cast.speaker_tok, speaker, cast.personas.names(), write)
+        cast.on_token = printer
         try:
             agents_speak(
                 [conv], [d], cast
@@ -220,12 +214,10 @@ def run_command(line: str, conv, personas, say):
             say(f"saved {len(conv.turns)} turns to {path}")
         except OSError as err:
             say(f"could not write {path}: {err.strerror}; pick another file")
+    elif command == "/save" and target.strip():
+        say("nothing to save yet: type a message first")
     elif command == "/save":
-        say(
-            "nothing to save yet: type a message first"
-            if target.strip()
-            else "usage: /save FILE   (writes the transcript as JSON)"
-        )
+        say("usage: /save FILE   (writes the transcript as JSON)")
     else:
         say(f"unknown command {command}; commands: {COMMANDS}")
     return conv
@@ -272,24 +264,19 @@ def simulate(argv: list[str], cli) -> int:
 
 
 def simulate_into(path: Path, inputs, args, cli) -> int:
+    """Simulate the conversations, write them to `path`, print the first two."""
     cache = Path(args.run) / "simulate" / "served_cache.jsonl"
     speaker = cli.load_role(cli.speakers_of(args), "speakers", args, cache)
     user = cli.load_role(args.user or args.model, "user", args, cache)
-    director = (
-        cli.load_role(
-            args.director or loading.trained_or(Path(args.run) / "stage2" / "director", args.model),
-            "director",
-            args,
-            cache,
-        )
-        if args.policy == "director"
-        else None
-    )
-    ids = (
-        list(inputs.profiles)
-        if args.profile == "all"
-        else evaluate.profile_ids(args.profile, inputs.profiles)
-    )
+    director = None
+    if args.policy == "director":
+        trained = Path(args.run) / "stage2" / "director"
+        name = args.director or loading.trained_or(trained, args.model)
+        director = cli.load_role(name, "director", args, cache)
+    if args.profile == "all":
+        ids = list(inputs.profiles)
+    else:
+        ids = evaluate.profile_ids(args.profile, inputs.profiles)
     contexts = (inputs.held_out + inputs.train)[: args.contexts]
     convs = run_conversations(
         contexts,
@@ -297,8 +284,7 @@ def simulate_into(path: Path, inputs, args, cli) -> int:
         Cast(inputs.personas, *speaker, *user, args.max_new_tokens, guard=default_guard()),
         inputs.profiles,
         assign_profiles(len(contexts), ids, args.seed),
-        args.turns,
-        args.user_every,
+        TurnPlan(args.turns, args.user_every),
         args.seed,
         desc="simulate, agent turns",
     )
@@ -317,8 +303,9 @@ def main(argv: list[str], cli) -> int:
     if argv[0] == "simulate":
         return simulate(argv, cli)
     args = parse_args(argv[1:], cli)
-    say, interactive = functools.partial(print, flush=True), sys.stdin.isatty()
+    say = functools.partial(print, flush=True)
     write = functools.partial(print, end="", flush=True)  # streaming: no newline of its own
+    interactive = sys.stdin.isatty()
     try:
         personas, cast, policy, banner = load_chat(args, cli, say)
         cast.guard.check("hello")  # load the guard's encoder now, not after your first message
@@ -331,23 +318,26 @@ def main(argv: list[str], cli) -> int:
             if line.startswith("/"):
                 conv = run_command(line, conv, personas, say)
             elif line:
-                if conv is None:  # the first message opens it exactly like a simulated one
-                    context = Context(
-                        id="chat",
-                        persona_set=personas.name,
-                        situation="a live chat",
-                        first_message=line,
-                        source="chat",
-                    )
-                    conv = start_conversation(
-                        context, personas.name, "human", policy.name, args.seed, cast.guard
-                    )
-                else:
-                    add_user_turn(conv, line, cast.guard)
-                respond(
-                    conv, policy, cast, args, say, write, status=interactive and sys.stdout.isatty()
-                )
+                conv = add_message(conv, line, personas, policy, cast, args.seed)
+                status = interactive and sys.stdout.isatty()
+                respond(conv, policy, cast, args, say, write, status=status)
     except KeyboardInterrupt:
         say()
     say("Goodbye.")
     return 0
+
+
+def add_message(conv, line: str, personas, policy, cast, seed: int):
+    """The person's message: the first opens the conversation exactly as a simulated one opens,
+    the next ones are added to it; the guard reads each. Returns the conversation."""
+    if conv is not None:
+        add_user_turn(conv, line, cast.guard)
+        return conv
+    context = Context(
+        id="chat",
+        persona_set=personas.name,
+        situation="a live chat",
+        first_message=line,
+        source="chat",
+    )
+    return start_conversation(context, personas.name, "human", policy.name, seed, cast.guard)

@@ -1,10 +1,11 @@
 """extras/human.py: the paper's two human studies: the annotation page, the record, the statistics.
 
-As in the paper, raters see a situation and two conversations of RUN/eval/transcripts.jsonl (MASCOT vs a baseline,
-names hidden, sides random; two raters a pair, <= 10 each) and answer (1) "which provides better socio-collaborative
-support?" (forced choice) or (2) that plus three 5-point Likert items each (LIKERT). The kappas (analyse) are ours.
-    python extras/human.py serve --transcripts runs/default/eval/transcripts.jsonl --a mascot \
-        --b few-shot-cot --out runs/default/human/annotations.jsonl   # then open http://127.0.0.1:8765/
+A tool beside the method: people judge what `evaluate` wrote. As in the paper, raters see a situation and two
+conversations of RUN/eval/transcripts.jsonl (MASCOT vs a baseline, names hidden, sides random; two raters a pair, at
+most 10 each) and answer (1) "which provides better socio-collaborative support?" (forced choice) or (2) that plus three
+5-point Likert items each (LIKERT). The kappas (analyse) are ours.
+    python extras/human.py serve --transcripts runs/default/eval/transcripts.jsonl --a mascot --b few-shot-cot --out runs/default/human/annotations.jsonl
+        (then open http://127.0.0.1:8765/)
     python mascot.py evaluate --run runs/default --human runs/default/human/annotations.jsonl
 `serve` shows speakers and texts only (directives and crisis events would give a system away) and appends each answer at
 once (flush + fsync), so a study survives a crash and resumes; annotators work at once under their own names. Plain HTML
@@ -28,12 +29,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # the project's modules, from the repo root
-from metrics import win_rate  # noqa: E402
-from plumbing import cli, common, files
+# Run as a script (python extras/human.py serve), Python puts extras/ first on sys.path, not the
+# repository root that holds the project's modules: add it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from metrics import win_rate
+from plumbing import common, files
+from plumbing.cli import flag_type
 from plumbing.common import UserError
+from plumbing.results import json_safe  # NaN -> null
 
 LIKERT = {
     "helpfulness": "This conversation would be helpful to someone in the situation described.",
@@ -50,9 +54,12 @@ QUESTION = (
 # --- rank and agreement statistics ---------------------------------------------------------------
 def average_ranks(values: list[float]) -> list[float]:
     """Ranks 1..n, tied values sharing the mean of the ranks they occupy: [10, 20, 20, 30] -> [1.0, 2.5, 2.5, 4.0]."""
-    counts, rank, below = Counter(values), {}, 0
+    counts = Counter(values)
+    rank = {}  # value -> its average rank
+    below = 0  # how many values are smaller
     for v in sorted(counts):  # v occupies ranks below+1 .. below+counts[v]
-        rank[v], below = below + (counts[v] + 1) / 2, below + counts[v]
+        rank[v] = below + (counts[v] + 1) / 2
+        below += counts[v]
     return [rank[v] for v in values]
 
 
@@ -62,9 +69,8 @@ def mann_whitney_counts(m: int, n: int) -> list[int]:
     prev = [[1]] * (n + 1)  # sizes (0, j): U = 0, one way; prev[j] = the counts of (i - 1, j)
     for i in range(1, m + 1):
         row = [[1]]  # sizes (i, 0)
-        for j in range(
-            1, n + 1
-        ):  # c(i-1, j) shifted up by j, plus c(i, j-1), both of length ij + 1
+        for j in range(1, n + 1):
+            # c(i-1, j) shifted up by j, plus c(i, j-1), both of length ij + 1
             row.append([s + t for s, t in zip([0] * j + prev[j], row[j - 1] + [0] * i)])
         prev = row
     return prev[n]
@@ -79,11 +85,14 @@ def mann_whitney_u(x: list[float], y: list[float], method: str = "auto") -> dict
         z = (max(U_x, U_y) - n_x n_y / 2 - 1/2) / sigma,
         sigma^2 = n_x n_y / 12 * ((N + 1) - sum_t (t^3 - t) / (N (N - 1))),  t = size of each tie group
     "auto" (scipy's rule) is exact when both samples have at most 8 values and there is no tie."""
-    nx, ny, pooled = len(x), len(y), list(x) + list(y)
+    nx = len(x)
+    ny = len(y)
+    pooled = list(x) + list(y)
     if nx == 0 or ny == 0:
         raise ValueError(f"mann_whitney_u needs two non-empty samples, got sizes {nx} and {ny}")
     u_x = sum(average_ranks(pooled)[:nx]) - nx * (nx + 1) / 2
-    u_big, ties = max(u_x, nx * ny - u_x), Counter(pooled)  # ties: value -> how many share it
+    u_big = max(u_x, nx * ny - u_x)
+    ties = Counter(pooled)  # value -> how many share it
     if method == "auto":
         method = "exact" if nx <= 8 and ny <= 8 and len(ties) == len(pooled) else "asymptotic"
     if method == "exact" and len(ties) < len(pooled):
@@ -95,9 +104,10 @@ def mann_whitney_u(x: list[float], y: list[float], method: str = "auto") -> dict
     elif method == "asymptotic":
         n = nx + ny
         var = nx * ny / 12 * ((n + 1) - sum(t**3 - t for t in ties.values()) / (n * (n - 1)))
-        z = (
-            (u_big - nx * ny / 2 - 0.5) / math.sqrt(var) if var > 0 else -math.inf
-        )  # var 0: all equal
+        if var > 0:
+            z = (u_big - nx * ny / 2 - 0.5) / math.sqrt(var)
+        else:
+            z = -math.inf  # every value the same: no evidence at all, p = 1
         p = math.erfc(z / math.sqrt(2))  # 2 P(Z > z) for a standard normal Z
     else:
         raise ValueError(f"mann_whitney_u method must be auto, exact or asymptotic, got {method!r}")
@@ -117,9 +127,16 @@ def cohen_kappa(a: list, b: list) -> float:
         raise ValueError(
             f"cohen_kappa needs one label per item from each rater, got {len(a)} and {len(b)}"
         )
-    n, ca, cb = len(a), Counter(a), Counter(b)
-    p_e = sum(ca[k] * cb[k] for k in ca) / (n * n) if n else 1
-    return float("nan") if p_e == 1 else (sum(u == v for u, v in zip(a, b)) / n - p_e) / (1 - p_e)
+    n = len(a)
+    if n == 0:
+        return float("nan")
+    ca = Counter(a)
+    cb = Counter(b)
+    p_e = sum(ca[k] * cb[k] for k in ca) / (n * n)  # chance agreement
+    if p_e == 1:
+        return float("nan")
+    p_o = sum(u == v for u, v in zip(a, b)) / n  # observed agreement
+    return (p_o - p_e) / (1 - p_e)
 
 
 def fleiss_kappa(counts: list[list[int]]) -> float:
@@ -131,12 +148,15 @@ def fleiss_kappa(counts: list[list[int]]) -> float:
     nan when there are no items or every rating falls in one category."""
     if not counts:
         return float("nan")
-    n, N = sum(counts[0]), len(counts)
+    n = sum(counts[0])  # raters per item
+    N = len(counts)  # items
     if n < 2 or any(sum(row) != n for row in counts):
         raise ValueError("fleiss_kappa needs the same number (>= 2) of ratings for every item")
     p_bar = sum((sum(c * c for c in row) - n) / (n * (n - 1)) for row in counts) / N
     p_e = sum((sum(row[j] for row in counts) / (N * n)) ** 2 for j in range(len(counts[0])))
-    return float("nan") if p_e == 1 else (p_bar - p_e) / (1 - p_e)
+    if p_e == 1:
+        return float("nan")
+    return (p_bar - p_e) / (1 - p_e)
 
 
 # --- items, records, analysis -----------------------------------------------------------------------
@@ -219,58 +239,74 @@ def analyse(records: list[dict]) -> dict:
     test (metrics.win_rate); conversations every rater gave to A (or B). likert: per item and rating stream (stream k:
     each conversation's k-th judgement), the means of A and B, a two-sided Mann-Whitney U test. agreement: Fleiss' kappa
     of the choices over items with the commonest rating count (>= 2); Cohen's kappa of first vs second ratings."""
-    out, by_pair = {}, defaultdict(lambda: defaultdict(list))  # (A, B) -> item -> its judgements
+    by_pair = defaultdict(lambda: defaultdict(list))  # (A, B) -> item -> its judgements
     for r in records:
         by_pair[tuple(r["systems"])][r["item"]].append(r)
-    for pair, by_item in by_pair.items():
-        (a, b), recs = pair, [j for js in by_item.values() for j in js]
-        unanimous = Counter(
-            js[0]["choice"]
-            for js in by_item.values()
-            if len(js) >= 2 and len({j["choice"] for j in js}) == 1
-        )
-        likert = {}
-        for key in LIKERT:
-            for stream in range(max(len(js) for js in by_item.values())):
-                xs, ys = (
-                    [
-                        js[stream]["likert"][s][key]
-                        for js in by_item.values()
-                        if len(js) > stream and key in (js[stream].get("likert") or {}).get(s, {})
-                    ]
-                    for s in pair
-                )
-                if xs and ys:
-                    likert[f"{key}/{stream + 1}"] = {
-                        "n_a": len(xs),
-                        "n_b": len(ys),
-                        **mann_whitney_u(xs, ys),
-                    }
-        counts = Counter(len(js) for js in by_item.values() if len(js) >= 2)
-        m = max(counts, key=lambda k: (counts[k], k)) if counts else 0
-        table = [
-            [sum(j["choice"] == s for j in js) for s in pair]
-            for js in by_item.values()
-            if len(js) == m
-        ]
-        firsts = [(js[0]["choice"], js[1]["choice"]) for js in by_item.values() if len(js) >= 2]
-        out[f"{a} vs {b}"] = {
-            "a": a,
-            "b": b,
-            "judgements": len(recs),
-            "items": len(by_item),
-            "annotators": len({r["annotator"] for r in recs}),
-            "choice": win_rate(["A" if r["choice"] == a else "B" for r in recs]),
-            "unanimous_a": unanimous[a],
-            "unanimous_b": unanimous[b],
-            "likert": likert,
-            "fleiss_kappa": fleiss_kappa(table),
-            "fleiss_items": len(table),
-            "fleiss_raters": m,
-            "cohen_kappa": cohen_kappa([x for x, _ in firsts], [y for _, y in firsts]),
-            "cohen_items": len(firsts),
-        }
-    return out
+    return {f"{a} vs {b}": pair_statistics((a, b), by_item) for (a, b), by_item in by_pair.items()}
+
+
+def pair_statistics(pair: tuple[str, str], by_item: dict) -> dict:
+    """analyse's statistics of one compared pair (A, B); by_item: item -> its judgements in order."""
+    a, b = pair
+    recs = []  # every judgement
+    for js in by_item.values():
+        recs += js
+    rated_twice = [js for js in by_item.values() if len(js) >= 2]
+    unanimous = Counter(
+        js[0]["choice"] for js in rated_twice if len({j["choice"] for j in js}) == 1
+    )
+    # Fleiss' kappa needs the same number of ratings per item: the commonest count (the larger on a tie).
+    counts = Counter(len(js) for js in rated_twice)
+    m = max(counts, key=lambda k: (counts[k], k)) if counts else 0
+    table = [
+        [sum(j["choice"] == s for j in js) for s in pair] for js in by_item.values() if len(js) == m
+    ]
+    firsts = [(js[0]["choice"], js[1]["choice"]) for js in rated_twice]
+    return {
+        "a": a,
+        "b": b,
+        "judgements": len(recs),
+        "items": len(by_item),
+        "annotators": len({r["annotator"] for r in recs}),
+        "choice": win_rate(["A" if r["choice"] == a else "B" for r in recs]),
+        "unanimous_a": unanimous[a],
+        "unanimous_b": unanimous[b],
+        "likert": likert_tests(pair, by_item),
+        "fleiss_kappa": fleiss_kappa(table),
+        "fleiss_items": len(table),
+        "fleiss_raters": m,
+        "cohen_kappa": cohen_kappa([x for x, _ in firsts], [y for _, y in firsts]),
+        "cohen_items": len(firsts),
+    }
+
+
+def likert_tests(pair: tuple[str, str], by_item: dict) -> dict:
+    """Per Likert item and rating stream ("helpfulness/1"): A's and B's ratings compared by a
+    Mann-Whitney U test. Streams keep the ratings independent: one rating per conversation each."""
+    tests = {}
+    streams = max(len(js) for js in by_item.values())
+    for key in LIKERT:
+        for stream in range(streams):
+            xs = stream_ratings(by_item, stream, pair[0], key)
+            ys = stream_ratings(by_item, stream, pair[1], key)
+            if xs and ys:
+                tests[f"{key}/{stream + 1}"] = {
+                    "n_a": len(xs),
+                    "n_b": len(ys),
+                    **mann_whitney_u(xs, ys),
+                }
+    return tests
+
+
+def stream_ratings(by_item: dict, stream: int, system: str, key: str) -> list[int]:
+    """`system`'s `key` ratings in one rating stream: each item's stream-th judgement, if it rated it."""
+    ratings = []
+    for js in by_item.values():
+        if len(js) > stream:
+            likert = js[stream].get("likert") or {}
+            if key in likert.get(system, {}):
+                ratings.append(likert[system][key])
+    return ratings
 
 
 def report(result: dict, path: str) -> str:
@@ -308,8 +344,6 @@ def report(result: dict, path: str) -> str:
 
 def run(args) -> dict:
     """`mascot.py evaluate --run RUN --human FILE`: the statistics, printed and written to RUN/eval/human.{md,json}."""
-    from evaluate import json_safe  # NaN -> null; evaluate is loaded already when mascot.py calls
-
     result = analyse(load_records(args.human))
     if not result:
         raise UserError(f"--human {args.human}: the file holds no judgements yet")
@@ -339,15 +373,14 @@ class Study:
         likert: bool,
         seed: int,
     ):
-        self.items, self.lock = {it["item"]: it for it in items}, threading.Lock()
-        self.out, self.ratings, self.per_annotator, self.likert, self.seed = (
-            out,
-            ratings,
-            per_annotator,
-            likert,
-            seed,
-        )
-        self.records = [
+        self.items = {it["item"]: it for it in items}
+        self.lock = threading.Lock()  # the server answers on several threads; one writer at a time
+        self.out = out  # the JSON-lines file of judgements
+        self.ratings = ratings  # judgements per item
+        self.per_annotator = per_annotator  # most items one annotator rates
+        self.likert = likert  # ask the Likert items too
+        self.seed = seed
+        self.records = [  # this comparison's judgements so far
             r
             for r in (load_records(out) if out.exists() else [])
             if r["systems"] == items[0]["systems"]
@@ -356,27 +389,26 @@ class Study:
     def shown(self, annotator: str, item: dict) -> list[str]:
         """The systems shown as Conversation 1 (left) and 2: random, fixed per annotator and item (across reloads)."""
         a, b = item["systems"]
-        return (
-            [a, b]
-            if random.Random(common.derive_seed(self.seed, annotator, item["item"])).random() < 0.5
-            else [b, a]
-        )
+        coin = random.Random(common.derive_seed(self.seed, annotator, item["item"])).random()
+        return [a, b] if coin < 0.5 else [b, a]
 
     def next_item(self, annotator: str) -> tuple[dict | None, int]:
         """(the item this annotator should judge next, fewest ratings first, or None; how many they have done)."""
         done = {r["item"] for r in self.records if r["annotator"] == annotator}
         if len(done) >= self.per_annotator:
             return None, len(done)
-        counts, order = Counter(r["item"] for r in self.records), sorted(self.items)
+        counts = Counter(r["item"] for r in self.records)
+        order = sorted(self.items)
         random.Random(common.derive_seed(self.seed, annotator)).shuffle(order)
         open_items = [i for i in order if i not in done and counts[i] < self.ratings]
-        return (self.items[min(open_items, key=lambda i: counts[i])] if open_items else None), len(
-            done
-        )
+        if not open_items:
+            return None, len(done)
+        return self.items[min(open_items, key=lambda i: counts[i])], len(done)
 
     def answer(self, form: dict[str, str]) -> str:
         """Check one submitted form and append its judgement; returns the annotator, or raises ValueError."""
-        annotator, item = form.get("annotator", "").strip(), self.items.get(form.get("item", ""))
+        annotator = form.get("annotator", "").strip()
+        item = self.items.get(form.get("item", ""))
         if not annotator or item is None:
             raise ValueError("the form lost its annotator or item; go back to the start page")
         shown = self.shown(annotator, item)
@@ -390,7 +422,7 @@ class Study:
             "left": shown[0],
             "choice": shown[int(form["choice"]) - 1],
         }
-        for pos in (1, 2) if self.likert else ():
+        for pos in (1, 2) if self.likert else ():  # conversation 1 (left), 2 (right)
             ratings = {k: form.get(f"c{pos}_{k}", "") for k in LIKERT}
             if any(v not in ("1", "2", "3", "4", "5") for v in ratings.values()):
                 raise ValueError(f"rate conversation {pos} on every statement (1-5)")
@@ -426,34 +458,14 @@ two conversations is random.</p>
 
 
 def item_page(study: Study, annotator: str, item: dict, done: int, error: str = "") -> bytes:
+    """One item: the situation, the two conversations side by side, the question (and Likert items)."""
+    shown = study.shown(annotator, item)
     convs = "".join(
-        f"<div class='conv'><h2>Conversation {pos}</h2>"
-        + "".join(
-            f"<div class='turn{' user' if t['speaker'] == 'User' else ''}'><span class='who'>{html.escape(t['speaker'])}:"
-            f"</span> {html.escape(t['text'])}</div>"
-            for t in item["turns"][system]
-        )
-        + "</div>"
-        for pos, system in enumerate(study.shown(annotator, item), start=1)
+        conversation_html(pos, item["turns"][system]) for pos, system in enumerate(shown, 1)
     )
-    likert = (
-        "".join(
-            f"<fieldset><legend>Conversation {pos}</legend>"
-            + "".join(
-                f"<div class='likert'>{html.escape(text)}<br>strongly disagree "
-                + " ".join(
-                    f"<label><input type='radio' name='c{pos}_{key}' value='{v}' required>{v}</label>"
-                    for v in range(1, 6)
-                )
-                + " strongly agree</div>"
-                for key, text in LIKERT.items()
-            )
-            + "</fieldset>"
-            for pos in (1, 2)
-        )
-        if study.likert
-        else ""
-    )
+    likert = ""
+    if study.likert:
+        likert = likert_html(1) + likert_html(2)
     return page(
         "Which conversation supports better?",
         f"""<p>{html.escape(annotator)}: item {done + 1} of at most
@@ -466,6 +478,32 @@ def item_page(study: Study, annotator: str, item: dict, done: int, error: str = 
 <label><input type="radio" name="choice" value="2" required> Conversation 2</label></fieldset>
 {likert}<button type="submit">Save and continue</button></form>""",
     )
+
+
+def conversation_html(pos: int, turns: list[dict]) -> str:
+    """Conversation `pos` (1 or 2): speakers and texts only, every text escaped."""
+    lines = []
+    for t in turns:
+        kind = " user" if t["speaker"] == "User" else ""
+        lines.append(
+            f"<div class='turn{kind}'><span class='who'>{html.escape(t['speaker'])}:"
+            f"</span> {html.escape(t['text'])}</div>"
+        )
+    return f"<div class='conv'><h2>Conversation {pos}</h2>" + "".join(lines) + "</div>"
+
+
+def likert_html(pos: int) -> str:
+    """The three 5-point Likert items for conversation `pos`, each a required radio group."""
+    items = []
+    for key, text in LIKERT.items():
+        buttons = " ".join(
+            f"<label><input type='radio' name='c{pos}_{key}' value='{v}' required>{v}</label>"
+            for v in range(1, 6)
+        )
+        items.append(
+            f"<div class='likert'>{html.escape(text)}<br>strongly disagree {buttons} strongly agree</div>"
+        )
+    return f"<fieldset><legend>Conversation {pos}</legend>" + "".join(items) + "</fieldset>"
 
 
 def serve(study: Study, port: int = 8765) -> ThreadingHTTPServer:
@@ -487,16 +525,13 @@ def serve(study: Study, port: int = 8765) -> ThreadingHTTPServer:
             if url.path != "/item" or not annotator:
                 return self.send(200 if url.path in ("/", "/item") else 404, START)
             item, done = study.next_item(annotator)
-            self.send(
-                200,
-                item_page(study, annotator, item, done)
-                if item
-                else page(
-                    "Thank you",
-                    f"<h1>Thank you, "
-                    f"{html.escape(annotator)}</h1><p>You rated {done} item(s); nothing is left for you.</p>",
-                ),
+            if item:
+                return self.send(200, item_page(study, annotator, item, done))
+            thanks = (
+                f"<h1>Thank you, {html.escape(annotator)}</h1>"
+                f"<p>You rated {done} item(s); nothing is left for you.</p>"
             )
+            self.send(200, page("Thank you", thanks))
 
         def do_POST(self):
             if urlparse(self.path).path != "/answer":
@@ -506,11 +541,12 @@ def serve(study: Study, port: int = 8765) -> ThreadingHTTPServer:
             try:
                 annotator = study.answer(form)
             except ValueError as err:  # the same page again, saying what is missing
-                item, who = study.items.get(form.get("item", "")), form.get("annotator", "").strip()
+                item = study.items.get(form.get("item", ""))
+                who = form.get("annotator", "").strip()
+                if not (item and who):
+                    return self.send(400, START)
                 done = sum(r["annotator"] == who for r in study.records)
-                return self.send(
-                    400, item_page(study, who, item, done, str(err)) if item and who else START
-                )
+                return self.send(400, item_page(study, who, item, done, str(err)))
             self.send(303, location="/item?" + urlencode({"annotator": annotator}))
 
         def log_message(self, *args):  # quiet: the JSONL file is the log
@@ -520,8 +556,10 @@ def serve(study: Study, port: int = 8765) -> ThreadingHTTPServer:
 
 
 def main(argv=None) -> int:
+    """`python extras/human.py serve ...`: the annotation page until Ctrl-C."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    s = p.add_subparsers(dest="command", required=True).add_parser(
+    commands = p.add_subparsers(dest="command", required=True)
+    s = commands.add_parser(
         "serve",
         help="the annotation page on 127.0.0.1",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -536,13 +574,13 @@ def main(argv=None) -> int:
     )
     s.add_argument(
         "--ratings",
-        type=cli.flag_type("--ratings", int, "positive"),
+        type=flag_type("--ratings", int, "positive"),
         default=2,
         help="judgements per item",
     )
     s.add_argument(
         "--per-annotator",
-        type=cli.flag_type("--per-annotator", int, "positive"),
+        type=flag_type("--per-annotator", int, "positive"),
         default=10,
         help="most items one annotator rates",
     )
@@ -563,11 +601,11 @@ def main(argv=None) -> int:
             items, Path(args.out), args.ratings, args.per_annotator, args.likert, args.seed
         )
         server = serve(study, args.port)
-    except (UserError, OSError) as err:  # OSError: the port is taken or not allowed
-        print(
-            f"error: {err}" if isinstance(err, UserError) else f"error: --port {args.port}: {err}",
-            file=sys.stderr,
-        )
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the port is taken or not allowed
+        print(f"error: --port {args.port}: {err}", file=sys.stderr)
         return 2
     print(
         f"{len(items)} items, {len(study.records)} judgements so far in {args.out}; "

@@ -1,4 +1,4 @@
-"""Crisis-safety guard: spot user messages that signal suicide, self-harm or immediate danger.
+"""extras/safety.py: the crisis-safety guard: spot user messages that signal suicide, self-harm or immediate danger.
 
 What it does: `CrisisGuard.check_many(texts)` returns a `CrisisFlag(flagged, category, score)` per user message, flagged
 when it signals a risk of suicide or self-harm, immediate danger from someone else, or someone the user knows being
@@ -31,22 +31,23 @@ import sys
 import unicodedata
 import warnings
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # the project's modules, from the repo root
+# Run as a script (python extras/safety.py "..."), Python puts extras/ first on sys.path, not the
+# repository root that holds the project's modules: add it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from plumbing.common import UserError
+from plumbing.results import table
 
 if TYPE_CHECKING:  # torch is imported inside the functions that need it, so that
     import torch  # importing safety.py stays instant and loads no model
 
-HERE = Path(__file__).resolve().parents[1]
-PATTERNS_FILE, PROBE_FILE = (
-    HERE / "data" / "safety_patterns.json",
-    HERE / "data" / "safety_probe.safetensors",
-)
+HERE = Path(__file__).resolve().parents[1]  # the repository root
+PATTERNS_FILE = HERE / "data" / "safety_patterns.json"
+PROBE_FILE = HERE / "data" / "safety_probe.safetensors"
 
 # Shown instead of any companion reply: short, warm, no judgement, no questions to answer first; public services only.
 CRISIS_MESSAGE = (
@@ -81,9 +82,7 @@ def patterns() -> dict:
         "fillers": set(norm["fillers"]),
         "leet": str.maketrans(norm["leet"]),
         "frame_free": set(raw["frame_free"]),
-        "risk": [
-            (category, rx(p)) for category, plist in raw["risk_patterns"].items() for p in plist
-        ],
+        "risk": risk_patterns(raw["risk_patterns"], rx),
         "broad": [
             (group, rx(r"\b(?:" + "|".join(words) + r")\b"))
             for group, words in raw["broad_net"].items()
@@ -91,12 +90,21 @@ def patterns() -> dict:
     }
 
 
+def risk_patterns(by_category: dict[str, list[str]], rx) -> list[tuple[str, re.Pattern]]:
+    """(category, compiled pattern) in the file's order: the first match names the category."""
+    compiled = []
+    for category, plist in by_category.items():
+        compiled += [(category, rx(p)) for p in plist]
+    return compiled
+
+
 # --- Steps 1-3: normalise, blank the idioms and denials, name the category -------------------
 def normalise(text: str) -> str:
     """Canonical lower-case form that every pattern is written against. Example:
     "I just dont wanna be alive anymoreee!!" -> " i do not want to be alive anymore . " """
+    p = patterns()
     # NFKC folds full-width and "fancy font" letters (U+1D4F2 etc.) into plain ASCII letters.
-    p, t = patterns(), unicodedata.normalize("NFKC", text).lower()
+    t = unicodedata.normalize("NFKC", text).lower()
     t = p["apostrophes"].sub("'", t)
     for pattern, repl in p["contractions"]:  # "can't" -> "can not", "I'm" -> "I am"
         t = pattern.sub(repl, t)
@@ -105,12 +113,11 @@ def normalise(text: str) -> str:
     t = re.sub(r"[^a-z0-9@$. ]+", " ", re.sub(r"[.!?;:\n]+", " . ", t))
     t = re.sub(r"([a-z])\1{2,}", r"\1\1", t)  # "soooo" -> "soo", "killlll" -> "kill"
     # Digits for letters ("k1ll" -> "kill") only inside words with letters that are not number-words ("3am", "10mg").
-    words = [
-        w.translate(p["leet"])
-        if re.search(r"[a-z]", w) and re.search(r"[\d@$]", w) and not p["number_word"].match(w)
-        else w
-        for w in t.split()
-    ]
+    words = []
+    for w in t.split():
+        if re.search(r"[a-z]", w) and re.search(r"[\d@$]", w) and not p["number_word"].match(w):
+            w = w.translate(p["leet"])
+        words.append(w)
     words = [p["apostrophe_free"].get(w, w) for w in words]  # "dont" -> "do not"
     words = [p["chat_words"].get(w, w) for w in words]  # "kms" -> "kill myself"
     t = " ".join(w for w in words if w not in p["fillers"])
@@ -125,15 +132,15 @@ def blank(text: str) -> str:
     p = patterns()
     for pattern in p["exemptions"]:
         text = pattern.sub(p["blank"], text)
-    for pattern in p["denials"]:  # a denial with doubt in the 40 characters before it stays
-        text = pattern.sub(
-            lambda m: (
-                m[0]
-                if p["doubt"].search(m.string[max(0, m.start() - 40) : m.start()])
-                else p["blank"]
-            ),
-            text,
-        )
+
+    def blank_undoubted(
+        m: re.Match,
+    ) -> str:  # a denial with doubt in the 40 characters before it stays
+        before = m.string[max(0, m.start() - 40) : m.start()]
+        return m[0] if p["doubt"].search(before) else p["blank"]
+
+    for pattern in p["denials"]:
+        text = pattern.sub(blank_undoubted, text)
     return text
 
 
@@ -183,9 +190,8 @@ def probe_windows(searchable: str) -> list[str]:
         for s in searchable.replace(patterns()["blank"].strip(), " ").split(" . ")
     )
     words = " . ".join(sentences).split()
-    starts = range(
-        0, max(len(words) - WINDOW_WORDS, 0) + WINDOW_STRIDE, WINDOW_STRIDE
-    )  # short: one window
+    # A message of at most WINDOW_WORDS words is one window.
+    starts = range(0, max(len(words) - WINDOW_WORDS, 0) + WINDOW_STRIDE, WINDOW_STRIDE)
     return list(dict.fromkeys(" ".join(words[i : i + WINDOW_WORDS]) for i in starts))
 
 
@@ -201,9 +207,8 @@ def pooled_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     words[:, 0] = 0  # drop [CLS]
     words[torch.arange(len(mask)), mask.sum(1) - 1] = 0  # drop [SEP]
     words = torch.where(words.sum(1, keepdim=True) > 0, words, mask)  # no words: keep both
-    top = (
-        states.masked_fill(words[:, None, :, None] == 0, -torch.inf).max(dim=2).values
-    )  # (B, L, D)
+    not_word = words[:, None, :, None] == 0  # (B, 1, T, 1)
+    top = states.masked_fill(not_word, -torch.inf).max(dim=2).values  # (B, L, D)
     return torch.cat([mean.flatten(1), top.flatten(1)], dim=1)  # (B, 2*L*D)
 
 
@@ -274,7 +279,8 @@ class CrisisGuard:
     message = CRISIS_MESSAGE
 
     def __init__(self, encoder="default", probe="default"):
-        self._encoder, self._loaded = encoder, False
+        self._encoder = encoder
+        self._loaded = False
         self._probe = (
             probe if encoder is not None else None
         )  # no encoder: patterns only, by request
@@ -301,12 +307,11 @@ class CrisisGuard:
             self._encoder = self._probe = None
 
     def describe(self) -> str:
-        self._load()  # one line for logs: which decision rule runs
-        return (
-            "patterns only (no probe): any explicit or broad-net hit flags"
-            if self._probe is None
-            else f"explicit patterns, or probe logit > {self._probe['threshold']:+.3f}"
-        )
+        """One line for logs: which decision rule runs."""
+        self._load()
+        if self._probe is None:
+            return "patterns only (no probe): any explicit or broad-net hit flags"
+        return f"explicit patterns, or probe logit > {self._probe['threshold']:+.3f}"
 
     def logits(self, texts: list[str]) -> torch.Tensor:
         """(N,) probe logits of raw messages: the highest over each message's windows."""
@@ -319,24 +324,20 @@ class CrisisGuard:
                 " wheel (`make setup`) and keep data/safety_probe.safetensors"
             )
         windows = [probe_windows(blank(normalise(t))) for t in texts]
-        unique = list(dict.fromkeys(w for ws in windows for w in ws))
-        score_of = dict(
-            zip(unique, mlp_logits(self._probe, probe_features(self._encoder, unique)).tolist())
-        )
+        unique = list(dict.fromkeys(chain.from_iterable(windows)))  # each window read once
+        logits = mlp_logits(self._probe, probe_features(self._encoder, unique))
+        score_of = dict(zip(unique, logits.tolist()))
         return torch.tensor([max(score_of[w] for w in ws) for ws in windows])
 
     @staticmethod
     def stops_section(systems: dict) -> list[str]:
         """results.md's table of each flagged message of an evaluation and the systems it stopped, so a reader can
         judge each stop (a real risk, or ordinary talk misread). systems: name -> entry with "crisis_flags"."""
-        from evaluate import table
-
-        seen: dict[tuple, dict] = {}
+        seen: dict[tuple, dict] = {}  # (context, turn, text) -> the flag and the systems it stopped
         for name, e in systems.items():
             for f in e.get("crisis_flags", []):
-                seen.setdefault((f["context_id"], f["turn"], f["text"]), {**f, "systems": []})[
-                    "systems"
-                ].append(name)
+                key = (f["context_id"], f["turn"], f["text"])
+                seen.setdefault(key, {**f, "systems": []})["systems"].append(name)
         rows = [
             [
                 f["context_id"],
@@ -348,21 +349,19 @@ class CrisisGuard:
             ]
             for f in seen.values()
         ]
-        return (
-            [
-                "## Crisis-guard stops: every flagged message",
-                "",
-                "score = the probe's logit minus its threshold (> 0: "
-                "the probe alone flags; a pattern flags at any score; -: the probe did not read it)",
-                "",
-            ]
-            + table(["context", "turn", "message", "category", "score", "stopped"], rows)
-            if rows
-            else []
-        )
+        if not rows:
+            return []
+        return [
+            "## Crisis-guard stops: every flagged message",
+            "",
+            "score = the probe's logit minus its threshold (> 0: "
+            "the probe alone flags; a pattern flags at any score; -: the probe did not read it)",
+            "",
+        ] + table(["context", "turn", "message", "category", "score", "stopped"], rows)
 
     def check(self, text: str) -> CrisisFlag:
-        return self.check_many([text])[0]  # see check_many
+        """One message's CrisisFlag (check_many of one)."""
+        return self.check_many([text])[0]
 
     def check_many(self, texts: list[str]) -> list[CrisisFlag]:
         """One CrisisFlag per message (see CrisisFlag for when it is flagged), one encoder pass for the batch."""
@@ -370,9 +369,8 @@ class CrisisGuard:
         judged = []  # (index, explicit category or "", "broad_<group>" or "")
         for i, text in enumerate(texts):
             searchable = blank(normalise(text)) if isinstance(text, str) else ""
-            if re.search(
-                r"[a-z]", searchable
-            ):  # else nothing to read: not text, empty, emoji, other scripts
+            # Nothing to read (not text, empty, emoji, other scripts): not flagged.
+            if re.search(r"[a-z]", searchable):
                 group = broad_net(searchable)
                 judged.append((i, explicit_category(searchable), group and f"broad_{group}"))
         if not judged:
@@ -382,14 +380,12 @@ class CrisisGuard:
             for i, explicit, broad in judged:
                 results[i] = CrisisFlag(bool(explicit or broad), explicit or broad)
             return results
-        for (i, explicit, broad), logit in zip(
-            judged, self.logits([texts[i] for i, _, _ in judged]).tolist()
-        ):
+        logits = self.logits([texts[i] for i, _, _ in judged]).tolist()
+        for (i, explicit, broad), logit in zip(judged, logits):
             score = round(logit - self._probe["threshold"], 3)
             flagged = bool(explicit) or score > 0
-            results[i] = CrisisFlag(
-                flagged, (explicit or broad or "probe") if flagged else "", score
-            )
+            category = (explicit or broad or "probe") if flagged else ""
+            results[i] = CrisisFlag(flagged, category, score)
         return results
 
 
@@ -406,7 +402,7 @@ def crisis_check(text: str) -> tuple[bool, str]:
 
 
 if __name__ == "__main__":
-    message = " ".join(sys.argv[1:]) or sys.exit(
-        'usage: python extras/safety.py "a message to check"'
-    )
+    message = " ".join(sys.argv[1:])
+    if not message:
+        sys.exit('usage: python extras/safety.py "a message to check"')
     print(default_guard().check(message), "|", default_guard().describe())

@@ -1,37 +1,37 @@
-"""sft.py: supervised fine-tuning: the SFT baseline of the evaluation (the base model fine-tuned on what human
-supporters wrote), the speakers' warm start of stage 1 on ESConv (card against card) and the director's warm start
-before stage 2's GRPO (the last two sections of this file).
+"""extras/sft.py: the SFT baseline of the evaluation: the base model fine-tuned on what human supporters wrote.
 
-The paper compares MASCOT with an SFT model. ESConv (Liu et al. 2021) labels every supporter turn
-of real support conversations with a strategy, and each support persona's card lists the strategies
-that are its job (personas.json "esconv_strategies": a Question is Catalyst's, a Suggestion Guide's).
-Each such supporter turn becomes one example: MASCOT's own speaker prompt for that persona and the
-dialogue so far (simulate.speaker_messages) -> the supporter's words. Training is plain maximum
-likelihood (supervised_finetune below, the routine of the director's warm start too), full
-fine-tuning with AdamW, on the training split only; the held-out split's loss, the mean negative
-log-likelihood per target token, is printed before and after. The model goes to RUN/sft/model,
-where `mascot.py evaluate` finds it for its `sft` system.
+A baseline beside the method. The paper compares MASCOT with an SFT model. ESConv (Liu et al. 2021)
+labels every supporter turn of real support conversations with a strategy, and each support persona's
+card lists the strategies that are its job (personas.json "esconv_strategies": a Question is
+Catalyst's, a Suggestion Guide's). Each such supporter turn becomes one example: MASCOT's own speaker
+prompt for that persona and the dialogue so far (simulate.speaker_messages) -> the supporter's words.
+Training is plain maximum likelihood with the routine the warm starts use (warmstart.supervised_finetune),
+full fine-tuning with AdamW, on the training split only; the held-out split's loss, the mean negative
+log-likelihood per target token, is printed before and after. The model goes to RUN/sft/model, where
+`mascot.py evaluate` finds it for its `sft` system.
 
-Self-disclosure ("I went through that too") is left out: the model learns the supporter's own
-WORDS, and a companion should not learn to claim lived experiences. (The director's warm start
-keeps it: there only WHO speaks is learnt, and the disclosure's purpose, validation, is Anchor's.)
+Simplified: a fixed budget of --steps AdamW steps through the shuffled examples, no search over
+the settings. Self-disclosure ("I went through that too") is left out: the model learns the
+supporter's own WORDS, and a companion should not learn to claim lived experiences.
 
     python mascot.py sft --data path/to/esconv/train.jsonl [--steps 40 --batch-size 4 --lr 3e-5]
 """
 
 import random
-import sys
 from pathlib import Path
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # the project's modules, from the repo root
 from plumbing import files, loading, runs
 from plumbing.cli import flag_type
 from plumbing.common import UserError
-from reward import shown  # noqa: E402
-from simulate import speaker_messages  # noqa: E402
-from warmstart import mapped_supporter_turns, mean_nll, strategy_owners, supervised_finetune
+from reward import shown
+from simulate import speaker_messages
+from warmstart import (
+    SFTSettings,
+    mapped_supporter_turns,
+    mean_nll,
+    strategy_owners,
+    supervised_finetune,
+)
 
 
 def supporter_examples(contexts, personas) -> list[tuple[list[dict], str]]:
@@ -44,6 +44,7 @@ def supporter_examples(contexts, personas) -> list[tuple[list[dict], str]]:
 
 
 def parse_args(argv: list[str], cli):
+    """`mascot.py sft`'s flags: the shared ones (no trained roles), then the training budget."""
     p = cli.Parser(
         prog="mascot.py sft",
         formatter_class=cli.Formatter,
@@ -102,9 +103,7 @@ def train_sft(args, cli) -> dict:
         model,
         tok,
         train,
-        args.steps,
-        args.batch_size,
-        args.lr,
+        SFTSettings(args.steps, args.batch_size, args.lr),
         log=lambda line: print(line.replace("warm start", "sft step"), flush=True),
     )
     after = mean_nll(model, tok, held)
@@ -122,11 +121,3 @@ def train_sft(args, cli) -> dict:
     files.write_json(out / "summary.json", summary)
     print(f"sft done: model saved to {folder}")
     return summary
-
-
-# --- The director's warm start (our addition; the paper describes none) ----------------------------
-# GRPO can only reinforce what the policy already samples. SmolLM2-135M asked for a directive almost
-# never writes the three lines (0 of 32 parseable when we measured), so every sample of a group falls
-# back to the same agent, every reward of the group is equal and the advantages are all zero. A few
-# supervised steps on well-formed directives fix the format first. With ESConv the targets are what
-# real supporters did next (extras/strategies.py); without it random agents teach the format only.

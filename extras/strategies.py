@@ -1,6 +1,8 @@
-"""extras/strategies.py: two persona-function classifiers learnt from human labels, and how good they are.
+"""extras/strategies.py: fit the two persona-function classifiers on human labels, and measure them.
 
-ESConv (Liu et al. 2021) labels each of its supporter turns with the strategy it uses (data.SUPPORT_STRATEGIES:
+A tool beside the method: the classifiers it writes are read by the offline judge (judge.StrategyClassifier) and
+by the evaluation (FunctionEvaluator, below). ESConv (Liu et al. 2021) labels each of its supporter turns with the
+strategy it uses (scenarios.SUPPORT_STRATEGIES:
 Question, Restatement or Paraphrasing, Reflection of feelings, Self-disclosure, Affirmation and Reassurance,
 Providing Suggestions, Information, Others). Each support persona of personas.json lists the strategies that are
 its job ("esconv_strategies": a question is Catalyst's, a suggestion Guide's), so a classifier of strategies is a
@@ -15,26 +17,24 @@ mascot's own (--held-out 0.25 at --seed 0 by default, as `train --data ESCONV` s
 context is in either classifier's data); the rest is halved between the two. Both are measured on the
 held-out dialogues: 8-way strategy accuracy, 4-way persona accuracy (turns whose strategy is one persona's
 job), precision and recall per class, and calibration (expected calibration error over 10 bins).
+Simplified: both are linear (logistic regression on fixed features); no encoder is fine-tuned.
 
     python mascot.py strategies --esconv path/to/esconv/train.jsonl     (~3 min on 2 CPU cores)
 """
 
 import json
-import sys
 from collections import Counter
+from itertools import chain
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # the project's modules, from the repo root
-import models  # noqa: E402
-from extras.evaluators import EQUAL_TOKENS  # noqa: E402
-from judge import StrategyClassifier, strategy_features  # noqa: E402
-from metrics import words  # noqa: E402
+import models
+from extras.evaluators import EQUAL_TOKENS
+from judge import StrategyClassifier, strategy_features
+from metrics import words
 from plumbing.cli import flag_type
 from plumbing.common import UserError
 from plumbing.files import HERE
@@ -80,7 +80,9 @@ def text_ngrams(text: str) -> set[str]:
 
 def ngrams(texts: list[str], min_count: int = 3, size: int = 5000) -> list[str]:
     """A vocabulary: the `size` n-grams found in the most texts, each in at least `min_count` of them."""
-    counts = Counter(g for t in texts for g in text_ngrams(t))
+    counts = Counter()  # n-gram -> how many texts have it
+    for t in texts:
+        counts.update(text_ngrams(t))
     return sorted(g for g, n in counts.most_common(size) if n >= min_count)
 
 
@@ -96,33 +98,35 @@ class FunctionEvaluator:
     def __init__(
         self, tok, personas: PersonaSet, path: str | Path = FILE, vocab: list[str] | None = None
     ):
-        self.tok, self.personas = tok, personas
-        if vocab is None:  # the shipped model, else one being fitted
+        self.tok = tok
+        self.personas = personas
+        if vocab is None:  # the shipped model, else one being fitted (main sets weight and bias)
             if not Path(path).is_file():
                 raise UserError(
                     f"{path}: no persona-function evaluator; fit one with `python mascot.py strategies`"
                 )
             with safe_open(str(path), "pt") as f:
-                vocab, self.weight, self.bias = (
-                    json.loads(f.metadata()["vocab"]),
-                    f.get_tensor("weight"),
-                    f.get_tensor("bias"),
-                )
-        self.vocab, self.index = vocab, {g: i for i, g in enumerate(vocab)}
+                vocab = json.loads(f.metadata()["vocab"])
+                self.weight = f.get_tensor("weight")  # (8, V)
+                self.bias = f.get_tensor("bias")  # (8,)
+        self.vocab = vocab
+        self.index = {g: i for i, g in enumerate(vocab)}  # n-gram -> feature column
 
     def features(self, texts: list[str]) -> torch.Tensor:
+        """(N, V) binary features: which vocabulary n-grams each text has."""
         x = torch.zeros(len(texts), len(self.vocab))  # (N, V)
         for i, t in enumerate(texts):
             x[i, [self.index[g] for g in text_ngrams(t) if g in self.index]] = 1.0
         return x
 
     def probs(self, texts: list[str]) -> torch.Tensor:
+        """(N, 8) p(strategy | text)."""
         return torch.softmax(self.features(texts) @ self.weight.T + self.bias, dim=-1)  # (N, 8)
 
-    def predicted(self, texts: list[str]) -> list[str]:  # the persona doing the most
-        mass = function_mass(
-            self.probs(texts), [p.esconv_strategies for p in self.personas.personas]
-        )  # (N, P)
+    def predicted(self, texts: list[str]) -> list[str]:
+        """Per text, the persona whose job it does the most of."""
+        strategies = [p.esconv_strategies for p in self.personas.personas]
+        mass = function_mass(self.probs(texts), strategies)  # (N, P)
         return [self.personas.names()[k] for k in mass.argmax(-1).tolist()]
 
     def score(self, items: list[tuple[str, str]]) -> list[dict]:
@@ -134,13 +138,19 @@ class FunctionEvaluator:
             self.tok.decode(self.tok(r, add_special_tokens=False)["input_ids"][:EQUAL_TOKENS])
             for r in replies
         ]
-        full, head = (self.predicted(replies), self.predicted(heads)) if items else ([], [])
-        return [
-            {"function": float(f == s), "function_equal": float(h == s)}
-            if s in labelled
-            else {"function": None, "function_equal": None}
-            for (s, _), f, h in zip(items, full, head)
-        ]
+        if not items:
+            return []
+        full = self.predicted(replies)
+        head = self.predicted(heads)
+        scores = []
+        for (speaker, _), f, h in zip(items, full, head):
+            if speaker in labelled:
+                scores.append(
+                    {"function": float(f == speaker), "function_equal": float(h == speaker)}
+                )
+            else:
+                scores.append({"function": None, "function_equal": None})
+        return scores
 
 
 def fit_softmax(x: torch.Tensor, y: torch.Tensor, l2: float, steps: int = 300):
@@ -163,15 +173,14 @@ def fit_softmax(x: torch.Tensor, y: torch.Tensor, l2: float, steps: int = 300):
 def calibration(probs: torch.Tensor, y: torch.Tensor, bins: int = 10) -> tuple[float, list[dict]]:
     """Expected calibration error: |accuracy - mean top probability| per equal-width bin of the top
     probability, weighted by the bin's share of turns (0: what it says is what it gets); and the bins."""
-    conf, pred = probs.max(-1)
-    table, ece = [], 0.0
+    conf, pred = probs.max(-1)  # (N,) the top probability and its class
+    table = []
+    ece = 0.0
     for k in range(bins):
         inside = (conf > k / bins) & (conf <= (k + 1) / bins)
         if inside.any():
-            acc, mean = (
-                (pred[inside] == y[inside]).float().mean().item(),
-                conf[inside].mean().item(),
-            )
+            acc = (pred[inside] == y[inside]).float().mean().item()
+            mean = conf[inside].mean().item()
             ece += inside.float().mean().item() * abs(acc - mean)
             table.append(
                 {
@@ -186,16 +195,23 @@ def calibration(probs: torch.Tensor, y: torch.Tensor, bins: int = 10) -> tuple[f
 
 def per_class(pred: torch.Tensor, y: torch.Tensor, names: list[str]) -> list[dict]:
     """Precision and recall of each class; None where undefined (never predicted, no example)."""
-    rate = lambda hits, n: hits / n if n else None  # noqa: E731
-    return [
-        {
-            "class": name,
-            "n": int((y == k).sum()),
-            "precision": rate(int(((pred == k) & (y == k)).sum()), int((pred == k).sum())),
-            "recall": rate(int(((pred == k) & (y == k)).sum()), int((y == k).sum())),
-        }
-        for k, name in enumerate(names)
-    ]
+    rows = []
+    for k, name in enumerate(names):
+        hits = int(((pred == k) & (y == k)).sum())
+        rows.append(
+            {
+                "class": name,
+                "n": int((y == k).sum()),
+                "precision": share(hits, int((pred == k).sum())),
+                "recall": share(hits, int((y == k).sum())),
+            }
+        )
+    return rows
+
+
+def share(hits: int, n: int) -> float | None:
+    """hits / n; None when n is 0."""
+    return hits / n if n else None
 
 
 def measure(probs: torch.Tensor, y: torch.Tensor, personas) -> dict:
@@ -208,7 +224,8 @@ def measure(probs: torch.Tensor, y: torch.Tensor, personas) -> dict:
             for s in SUPPORT_STRATEGIES
         ]
     )
-    y_persona, mapped = owner[y], owner[y] >= 0  # "Others" is no persona's job
+    y_persona = owner[y]  # (N,) the persona whose job each turn's strategy is, -1 for none
+    mapped = y_persona >= 0  # "Others" is no persona's job
     pred_persona = function_mass(probs[mapped], strategies).argmax(-1)
     ece, table = calibration(probs, y)
     return {
@@ -226,7 +243,7 @@ def measure(probs: torch.Tensor, y: torch.Tensor, personas) -> dict:
 
 
 def print_report(title: str, r: dict) -> None:
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    """measure's figures: accuracies, precision and recall per class, calibration per bin."""
     print(
         f"\n{title}: {r['n']} held-out supporter turns; strategy accuracy (8-way) {r['strategy_accuracy']:.3f} "
         f"(majority class {r['strategy_majority']:.3f}); persona accuracy (4-way, the {r['n_persona']} turns whose "
@@ -235,7 +252,7 @@ def print_report(title: str, r: dict) -> None:
     )
     print(
         "\n".join(
-            f"  {c['class']:<28} {c['n']:>5} {fmt(c['precision']):>9} {fmt(c['recall']):>7}"
+            f"  {c['class']:<28} {c['n']:>5} {three_places(c['precision']):>9} {three_places(c['recall']):>7}"
             for c in r["strategies"] + r["personas"]
         )
     )
@@ -248,7 +265,41 @@ def print_report(title: str, r: dict) -> None:
     )
 
 
+def three_places(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
 def main(argv: list[str], cli) -> int:
+    """`mascot.py strategies --esconv ...`: fit both classifiers, print their held-out figures, save them."""
+    args = parse_args(argv[1:], cli)
+    personas = load_personas(args.personas, "support")
+    require_mapping(personas, "--personas")  # the classifiers map strategies through the cards
+    splits = cli.read_data(args.esconv, "support")
+    contexts = list(chain.from_iterable(splits.values()))  # every split's dialogues
+    train, held = split_contexts(contexts, args.held_out, args.seed)
+    halves = classifier_halves(train, args.seed)  # disjoint dialogues for the two classifiers
+    rows = {
+        name: labelled_turns(part)
+        for name, part in (("judge", halves[0]), ("evaluator", halves[1]), ("held-out", held))
+    }
+    if not all(rows.values()):
+        raise UserError(
+            f"--esconv {args.esconv}: {', '.join(f'{len(v)} {k}' for k, v in rows.items())} labelled "
+            "supporter turns; each part needs some (is this ESConv?)"
+        )
+    print(
+        f"{len(contexts)} dialogues: {len(halves[0])} for the judge's classifier, {len(halves[1])} for "
+        f"the evaluator's, {len(held)} held out; "
+        + ", ".join(f"{len(v)} {k} turns" for k, v in rows.items())
+    )
+    data = Path(args.esconv).name
+    fit_judge_classifier(args, rows, personas, {"dialogues": len(halves[0]), "data": data})
+    fit_function_evaluator(args, rows, personas, {"dialogues": len(halves[1]), "data": data})
+    return 0
+
+
+def parse_args(argv: list[str], cli):
+    """The flags: the data, its split (as train's), the two L2 penalties and where to save."""
     p = cli.Parser(
         prog="mascot.py strategies",
         formatter_class=cli.Formatter,
@@ -292,29 +343,13 @@ def main(argv: list[str], cli) -> int:
     p.add_argument(
         "--evaluator-out", default=str(FunctionEvaluator.FILE), help="the evaluator (safetensors)"
     )
-    args = p.parse_args(argv[1:])
-    personas = load_personas(args.personas, "support")
-    require_mapping(personas, "--personas")  # the classifiers map strategies through the cards
-    contexts = [c for part in cli.read_data(args.esconv, "support").values() for c in part]
-    train, held = split_contexts(contexts, args.held_out, args.seed)
-    halves = classifier_halves(train, args.seed)
-    rows = {
-        name: labelled_turns(part)
-        for name, part in (("judge", halves[0]), ("evaluator", halves[1]), ("held-out", held))
-    }
-    if not all(rows.values()):
-        raise UserError(
-            f"--esconv {args.esconv}: {', '.join(f'{len(v)} {k}' for k, v in rows.items())} labelled "
-            "supporter turns; each part needs some (is this ESConv?)"
-        )
-    print(
-        f"{len(contexts)} dialogues: {len(halves[0])} for the judge's classifier, {len(halves[1])} for "
-        f"the evaluator's, {len(held)} held out; "
-        + ", ".join(f"{len(v)} {k} turns" for k, v in rows.items())
-    )
-    y = {k: torch.tensor([r[3] for r in v]) for k, v in rows.items()}
+    return p.parse_args(argv)
 
-    encoder = models.SentenceEncoder()  # the judge's: MiniLM, reply and message
+
+def fit_judge_classifier(args, rows: dict, personas, meta: dict) -> None:
+    """The judge's: MiniLM features of the reply and the message it answers, logistic regression."""
+    y = {k: torch.tensor([r[3] for r in v]) for k, v in rows.items()}  # strategy indices
+    encoder = models.SentenceEncoder()
     x = {
         k: strategy_features(encoder, [r[2] for r in rows[k]], [r[1] for r in rows[k]])
         for k in ("judge", "held-out")
@@ -322,35 +357,26 @@ def main(argv: list[str], cli) -> int:
     w, b = fit_softmax(x["judge"], y["judge"], args.l2)
     report = measure(torch.softmax(x["held-out"] @ w.T + b, -1), y["held-out"], personas)
     print_report("the judge's classifier (MiniLM + logistic regression)", report)
-    save(
-        args.judge_out,
-        w,
-        b,
-        {"report": report, "dialogues": len(halves[0]), "data": Path(args.esconv).name},
-    )
+    save(args.judge_out, w, b, {"report": report, **meta})
 
-    vocab = ngrams([r[2] for r in rows["evaluator"]])  # the evaluator's: word n-grams of the reply
+
+def fit_function_evaluator(args, rows: dict, personas, meta: dict) -> None:
+    """The evaluator's: word 1-2-grams of the reply alone, logistic regression."""
+    y = {k: torch.tensor([r[3] for r in v]) for k, v in rows.items()}  # strategy indices
+    vocab = ngrams([r[2] for r in rows["evaluator"]])
     ev = FunctionEvaluator(None, personas, vocab=vocab)
-    ev.weight, ev.bias = w, b = fit_softmax(
+    w, b = fit_softmax(
         ev.features([r[2] for r in rows["evaluator"]]), y["evaluator"], args.evaluator_l2
     )
+    ev.weight = w
+    ev.bias = b
     report = measure(ev.probs([r[2] for r in rows["held-out"]]), y["held-out"], personas)
     print_report("the evaluator's classifier (word 1-2-grams + logistic regression)", report)
-    save(
-        args.evaluator_out,
-        w,
-        b,
-        {
-            "report": report,
-            "vocab": vocab,
-            "dialogues": len(halves[1]),
-            "data": Path(args.esconv).name,
-        },
-    )
-    return 0
+    save(args.evaluator_out, w, b, {"report": report, "vocab": vocab, **meta})
 
 
 def save(path: str, w: torch.Tensor, b: torch.Tensor, meta: dict) -> None:
+    """The weights as safetensors, the strategy names and `meta` as JSON metadata."""
     save_file(
         {"weight": w.contiguous(), "bias": b.contiguous()},
         path,

@@ -45,9 +45,10 @@ def flag_type(name: str, kind: type, check: str = ""):
 
 # --- Flags: each declared once, here or as an `option` field of a settings dataclass -------------
 class Parser(argparse.ArgumentParser):
-    def error(
-        self, message
-    ):  # one line (argparse's own prints the whole usage first); main() prints it
+    """argparse's parser, but a bad flag is one line (argparse's own prints the whole usage
+    first): a UserError, which mascot.main prints."""
+
+    def error(self, message):
         raise UserError(f"{message} (python {self.prog} --help lists every flag)")
 
 
@@ -56,36 +57,39 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        return (
-            text
-            if "default" in text or action.default in (None, False, "", argparse.SUPPRESS)
-            else super()._get_help_string(action)
-        )
+        if "default" in text or action.default in (None, False, "", argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+def _flag_kind(f: dataclasses.Field, name: str, check) -> dict:
+    """How argparse reads one `option` field: a bool as --x / --no-x, a list of choices, text as
+    it is, a number through flag_type (which applies the check)."""
+    if isinstance(f.default, bool):
+        return {"action": argparse.BooleanOptionalAction}
+    if isinstance(check, list):
+        return {"choices": check}
+    if isinstance(f.default, str):
+        return {}
+    return {"type": flag_type(name, type(f.default), check)}
 
 
 def add_options(group, cls, prefix: str = "") -> None:
     """One flag per `option` field of a settings dataclass (`--num-generations` for num_generations): the default,
-    help and valid range come from the field (data.option); a bool becomes --x / --no-x."""
+    help and valid range come from the field (plumbing.common.option); a bool becomes --x / --no-x."""
     for f in dataclasses.fields(cls):
-        if "help" in f.metadata:
-            name, check = "--" + prefix + f.name.replace("_", "-"), f.metadata["check"]
-            kw = (
-                {"action": argparse.BooleanOptionalAction}
-                if isinstance(f.default, bool)
-                else {"choices": check}
-                if isinstance(check, list)
-                else {}
-                if isinstance(f.default, str)
-                else {"type": flag_type(name, type(f.default), check)}
-            )
-            group.add_argument(
-                name,
-                *filter(None, [f.metadata["alias"]]),
-                dest=(prefix + f.name).replace("-", "_"),
-                default=f.default,
-                help=f.metadata["help"],
-                **kw,
-            )
+        if "help" not in f.metadata:
+            continue  # a field set in code, not from the command line
+        name = "--" + prefix + f.name.replace("_", "-")
+        aliases = [f.metadata["alias"]] if f.metadata["alias"] else []
+        group.add_argument(
+            name,
+            *aliases,
+            dest=(prefix + f.name).replace("-", "_"),
+            default=f.default,
+            help=f.metadata["help"],
+            **_flag_kind(f, name, f.metadata["check"]),
+        )
 
 
 def options(cls, args, prefix: str = "", **given):
@@ -101,7 +105,24 @@ def options(cls, args, prefix: str = "", **given):
 
 
 def common_flags(p, trained: bool = True) -> None:
-    """What every command that runs models needs."""
+    """What every command that runs models needs; `trained`: the commands that run the trained roles."""
+    _model_and_data_flags(p)
+    if trained:
+        _role_flags(p)
+    _served_flags(p)
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bars (a terminal) or phase lines (a log)"
+    )
+    p.add_argument(
+        "--user-every",
+        type=flag_type("--user-every", int, "non-negative"),
+        default=2,
+        help="the simulated user answers after every N agent turns (0: never)",
+    )
+
+
+def _model_and_data_flags(p) -> None:
+    """The base model, where it runs, the persona and data files, the run folder, the judge."""
     p.add_argument(
         "--model",
         default=EMBEDDED,
@@ -151,30 +172,37 @@ def common_flags(p, trained: bool = True) -> None:
         "strategies, features elsewhere) | offline-features | hf:<model or folder> | openai:<base url> | rm:<folder>",
     )
     p.add_argument("--judge-model", default=None, help="the model name for an openai: judge")
-    if trained:
+
+
+def _role_flags(p) -> None:
+    """Which model plays each role: a trained folder, the base model, or one served elsewhere."""
+    p.add_argument(
+        "--speakers",
+        default=None,
+        help="a folder or openai:<base url> (default: RUN/stage1/speakers "
+        "if it exists, else --model)",
+    )
+    p.add_argument(
+        "--director",
+        default=None,
+        help="a folder or openai:<base url> (default: RUN/stage2/director "
+        "if it exists, else --model; train --stage 2 starts from it)",
+    )
+    p.add_argument(
+        "--user",
+        default=None,
+        help="the simulated user: a folder or openai:<base url> (default: --model)",
+    )
+    for role in ("speakers", "director", "user"):
         p.add_argument(
-            "--speakers",
+            f"--{role}-model",
             default=None,
-            help="a folder or openai:<base url> (default: RUN/stage1/speakers "
-            "if it exists, else --model)",
+            help=f"the served model's name for --{role} openai:...",
         )
-        p.add_argument(
-            "--director",
-            default=None,
-            help="a folder or openai:<base url> (default: RUN/stage2/director "
-            "if it exists, else --model; train --stage 2 starts from it)",
-        )
-        p.add_argument(
-            "--user",
-            default=None,
-            help="the simulated user: a folder or openai:<base url> (default: --model)",
-        )
-        for role in ("speakers", "director", "user"):
-            p.add_argument(
-                f"--{role}-model",
-                default=None,
-                help=f"the served model's name for --{role} openai:...",
-            )
+
+
+def _served_flags(p) -> None:
+    """How long and how often to wait for a served role or judge (plumbing/served.py)."""
     p.add_argument(
         "--served-timeout",
         type=flag_type("--served-timeout", float, "positive"),
@@ -192,13 +220,4 @@ def common_flags(p, trained: bool = True) -> None:
         type=flag_type("--served-concurrency", int, "positive"),
         default=8,
         help="openai: roles and judge: requests in flight at once; each answer is cached as it arrives",
-    )
-    p.add_argument(
-        "--quiet", action="store_true", help="no progress bars (a terminal) or phase lines (a log)"
-    )
-    p.add_argument(
-        "--user-every",
-        type=flag_type("--user-every", int, "non-negative"),
-        default=2,
-        help="the simulated user answers after every N agent turns (0: never)",
     )

@@ -30,11 +30,15 @@ def progress(items, desc: str):
     """A phase's progress: a tqdm bar on a terminal, a line when it ends in a log, nothing under --quiet or no desc."""
     if QUIET or not desc:
         return items
-    return tqdm(items, desc, leave=False) if sys.stderr.isatty() else _phase_line(items, desc)
+    if sys.stderr.isatty():
+        return tqdm(items, desc, leave=False)
+    return _phase_line(items, desc)
 
 
 def _phase_line(items, desc: str):
-    start, n = time.time(), 0
+    """Yield the items, then one line saying how many and how long (a log file needs no bar)."""
+    start = time.time()
+    n = 0
     try:
         for n, item in enumerate(items, 1):
             yield item

@@ -1,8 +1,9 @@
-"""plumbing/datasets.py: the public datasets the paper uses, read in their official release formats.
+"""plumbing/datasets.py: the public datasets the paper uses, in their official formats (skip on first reading).
 
-MASCOT (arXiv 2601.14230) trains and evaluates on Empathetic Dialogues (split by valence), QMSum meetings (Academic,
-Committee, Product) and ESConv (held-out transfer). `load_splits(spec, set)` reads any of them into the bundled file's
-data.Context, so nothing downstream knows the source; mascot.py calls it for any --data not in our format:
+It holds the readers of each release format and `read_data`, what --data goes through. MASCOT (arXiv 2601.14230)
+trains and evaluates on Empathetic Dialogues (split by valence), QMSum meetings (Academic, Committee, Product) and
+ESConv (held-out transfer). `load_splits(spec, set)` reads any of them into the bundled file's scenarios.Context, so
+nothing downstream knows the source; `read_data` calls it for any --data not in our format:
     ED train/valid/test.csv          one Context per conv_id, with its turns
     ED JSON lines                    {conv_id, emotion, polarity, situation, first_utterance}
     ESConv.json / its JSON lines     one Context per dialogue, from the seeker's first turn
@@ -49,30 +50,41 @@ EXPECTED = (
 )
 
 
+# ESConv's speakers, in its JSON (seeker, supporter) and JSON-lines (usr, sys) spellings.
+ESCONV_SPEAKERS = {"usr": "user", "seeker": "user", "sys": "supporter", "supporter": "supporter"}
+
+
 class BadRow(Exception):
     """A dataset row we skip; the message says what is wrong with it."""
 
 
 def emotion_valence(emotion: str, fallback: str = "") -> str:
-    e, f = emotion.strip().lower(), fallback.strip().lower()
-    if e in POSITIVE or e in NEGATIVE or e == "surprised":
-        return "positive" if e in POSITIVE else "negative" if e in NEGATIVE else "ambiguous"
-    return (
-        "ambiguous"
-        if f in ("neutral", "neutral-ambiguous")
-        else f
-        if f in ("positive", "negative", "ambiguous")
-        else ""
-    )
+    """positive | negative | ambiguous for one of ED's emotions ("surprised" can be either); for
+    any other, the row's own polarity (`fallback`, neutral read as ambiguous); "" if neither says."""
+    e = emotion.strip().lower()
+    f = fallback.strip().lower()
+    if e in POSITIVE:
+        return "positive"
+    if e in NEGATIVE:
+        return "negative"
+    if e == "surprised":
+        return "ambiguous"
+    if f in ("neutral", "neutral-ambiguous"):
+        return "ambiguous"
+    if f in ("positive", "negative", "ambiguous"):
+        return f
+    return ""
 
 
 def domain_of(name: object) -> str:
+    """One of QMSum's DOMAINS spelt as we spell it, or "" (any case; not text: "")."""
     return next(
         (d for d in DOMAINS if isinstance(name, str) and name.strip().lower() == d.lower()), ""
     )
 
 
 def field(row: dict, key: str) -> str:
+    """A row's non-empty text field, stripped; a BadRow if it has none."""
     value = row.get(key)
     if not isinstance(value, str) or not value.strip():
         raise BadRow(f"field '{key}' is missing or empty")
@@ -85,7 +97,8 @@ def ed_text(text: str) -> str:
 
 def ed_row(row: dict) -> Context:
     """Without an utterance (train_situations.jsonl) the first-person situation doubles as the opening."""
-    emotion, situation = field(row, "emotion"), ed_text(field(row, "situation"))
+    emotion = field(row, "emotion")
+    situation = ed_text(field(row, "situation"))
     first = row.get("first_utterance")
     return Context(
         str(row.get("conv_id") or ""),
@@ -101,35 +114,28 @@ def ed_row(row: dict) -> Context:
 def esconv_row(row: dict) -> Context:
     """ESConv.json turns {speaker: seeker|supporter, content, annotation: {strategy}} or JSON-lines {speaker: usr|sys,
     text, strategy}. Over half the dialogues open with a supporter greeting: turns[0] is the seeker's first turn."""
-    situation, emotion, dialog = (
-        field(row, "situation"),
-        field(row, "emotion_type"),
-        row.get("dialog"),
-    )
+    situation = field(row, "situation")
+    emotion = field(row, "emotion_type")
+    dialog = row.get("dialog")
     if not isinstance(dialog, list) or not dialog:
         raise BadRow("'dialog' is missing or empty")
     turns = []
     for t in dialog:
-        t = t if isinstance(t, dict) else {}
-        speaker = {
-            "usr": "user",
-            "seeker": "user",
-            "sys": "supporter",
-            "supporter": "supporter",
-        }.get(str(t.get("speaker", "")).lower())
+        if not isinstance(t, dict):
+            t = {}
+        speaker = ESCONV_SPEAKERS.get(str(t.get("speaker", "")).lower())
         text = t.get("text", t.get("content"))
         if speaker is None or not isinstance(text, str):
             raise BadRow("a dialog turn lacks a usr/sys speaker or its text")
-        annotation = t.get("annotation") if isinstance(t.get("annotation"), dict) else {}
+        annotation = t.get("annotation")
+        if not isinstance(annotation, dict):
+            annotation = {}
         strategy = t.get("strategy") or annotation.get("strategy")
         if text.strip():
-            turns.append(
-                {
-                    "speaker": speaker,
-                    "text": text.strip(),
-                    **({"strategy": strategy} if strategy else {}),
-                }
-            )
+            turn = {"speaker": speaker, "text": text.strip()}
+            if strategy:
+                turn["strategy"] = strategy
+            turns.append(turn)
     start = next((i for i, t in enumerate(turns) if t["speaker"] == "user"), None)
     if start is None:
         raise BadRow("the dialog has no seeker turn")
@@ -155,20 +161,18 @@ def clean_transcript(text: str) -> str:
 
 def meeting_row(meeting_id: str, topics: object, transcript: object, domain: str) -> Context:
     """A meeting's topics ({topic, ...} or text) and turns ({speaker, content}); the first speaker plays the user."""
-    names = [
-        t.get("topic") if isinstance(t, dict) else t
-        for t in (topics if isinstance(topics, list) else [])
-    ]
+    if not isinstance(topics, list):
+        topics = []
+    names = [t.get("topic") if isinstance(t, dict) else t for t in topics]
     names = [n.strip() for n in names if isinstance(n, str) and n.strip()]
     if not names or not isinstance(transcript, list):
         raise BadRow("no topics in 'topic_list', or the transcript is not a list")
-    turns, chair = [], None
+    turns = []
+    chair = None  # the first speaker: the one who plays the user
     for t in transcript:
-        text = (
-            clean_transcript(t["content"])
-            if isinstance(t, dict) and isinstance(t.get("content"), str)
-            else ""
-        )
+        text = ""
+        if isinstance(t, dict) and isinstance(t.get("content"), str):
+            text = clean_transcript(t["content"])
         if text and len(turns) < MAX_MEETING_TURNS:
             chair = chair or t.get("speaker")
             turns.append(
@@ -188,6 +192,7 @@ def meeting_row(meeting_id: str, topics: object, transcript: object, domain: str
 
 
 def our_row(row: dict) -> Context:
+    """A row of our own contexts format (scenarios.context_row), its problems as a BadRow."""
     try:
         return context_row(row)
     except UserError as e:
@@ -226,13 +231,15 @@ def parse_rows(path: Path, rows: list[tuple[int, object]], parse=None) -> list[C
         if not kinds:
             raise UserError(f"{path}: unrecognised rows; expected {EXPECTED}")
         parse = kinds.most_common(1)[0][0]
-    contexts, skipped = [], 0
+    contexts = []
+    skipped = 0
     for number, row in rows:
         try:
             if not isinstance(row, dict):
                 raise BadRow(f"not a JSON object ({json_type(row)})")
             c = parse(row)
-            c.id = c.id or (f"esconv-{number}" if c.source == "esconv" else f"{path.stem}-{number}")
+            if not c.id:  # rows without an id are named by their line
+                c.id = f"esconv-{number}" if c.source == "esconv" else f"{path.stem}-{number}"
             contexts.append(c)
         except BadRow as e:
             skipped += 1
@@ -259,7 +266,8 @@ def load_ed_csv(path: Path) -> list[Context]:
         raise UserError(
             f"{path}: not an Empathetic Dialogues CSV (conv_id,utterance_idx,context,prompt,...)"
         )
-    convs, skipped = {}, 0
+    convs = {}
+    skipped = 0
     for row in reader:
         # A few release lines have stray commas that shift every column: drop the line, not the file.
         if (
@@ -301,21 +309,15 @@ def load_ed_csv(path: Path) -> list[Context]:
 
 def load_meetings(files: list[Path]) -> list[Context]:
     """QMSum meeting files, one per id (ALL/ and domain folders repeat them); domain: folder name or `*domains.json`."""
-    by_id, mappings = {}, {}
+    by_id = {}
+    mappings = {}  # folder -> {meeting id: domain} of the *domains.json files beside it
     for file in files:
         if file.parent not in mappings:
-            mapping = mappings[file.parent] = {}
-            for m in sorted(file.parent.parent.glob("*domains.json")) + sorted(
-                file.parent.glob("*domains.json")
-            ):
-                value = read_json(m)
-                mapping.update(
-                    {k: domain_of(v) for k, v in value.items()} if isinstance(value, dict) else {}
-                )
+            mappings[file.parent] = domains_beside(file.parent)
         meeting = read_json(file)
-        domain = next(
-            (domain_of(p) for p in reversed(file.parent.parts) if domain_of(p)), ""
-        ) or mappings[file.parent].get(file.stem, "")
+        # A folder on the way named after a domain (QMSum's Academic/...) says it, else the mapping.
+        domain = next((domain_of(p) for p in reversed(file.parent.parts) if domain_of(p)), "")
+        domain = domain or mappings[file.parent].get(file.stem, "")
         try:
             c = meeting_row(
                 file.stem, meeting.get("topic_list"), meeting.get("meeting_transcripts"), domain
@@ -328,7 +330,19 @@ def load_meetings(files: list[Path]) -> list[Context]:
     return list(by_id.values())
 
 
+def domains_beside(folder: Path) -> dict[str, str]:
+    """{meeting id: domain} of the `*domains.json` files in a folder's parent, then in the folder."""
+    mapping = {}
+    found = sorted(folder.parent.glob("*domains.json")) + sorted(folder.glob("*domains.json"))
+    for path in found:
+        value = read_json(path)
+        if isinstance(value, dict):
+            mapping.update({k: domain_of(v) for k, v in value.items()})
+    return mapping
+
+
 def load_file(path: Path) -> list[Context]:
+    """One data file, its format told by its suffix and content (module docstring)."""
     suffix = path.suffix.lower()
     if suffix == ".csv":
         return load_ed_csv(path)
@@ -362,37 +376,10 @@ def load_splits(spec: str, persona_set: str) -> dict[str, list[Context]]:
     path = Path(spec).expanduser()
     if not path.exists():
         raise UserError(f"{path}: no such file or folder; expected 'bundled', {EXPECTED}")
-    found: dict[str, list[Context]] = {}
     if path.is_file():
-        found["all"] = load_file(path)
+        found = {"all": load_file(path)}
     else:
-        files = sorted(
-            p
-            for p in path.rglob("*")
-            if p.suffix.lower() in (".csv", ".json", ".jsonl")
-            and not p.name.endswith("domains.json")
-        )
-        meetings = [
-            f for f in files if f.suffix == ".json" and "meeting_transcripts" in read_text(f)
-        ]
-        others = [f for f in files if f not in meetings and f.parent == path]
-        for f in files if meetings else []:  # a damaged meeting file must not vanish without a word
-            if f.suffix == ".json" and f not in meetings:
-                warn(f"{f}: not a QMSum meeting file (no meeting_transcripts); skipping it")
-        named = {f: split_of(f, path) for f in meetings + others if split_of(f, path)}
-        if named:
-            for split in dict.fromkeys(named.values()):
-                mine = [f for f, s in named.items() if s == split]
-                found[split] = load_meetings([f for f in mine if f in meetings]) + [
-                    c for f in mine if f not in meetings for c in load_file(f)
-                ]
-        elif meetings or len(others) == 1:
-            found["all"] = load_meetings(meetings) if meetings else load_file(others[0])
-        else:
-            raise UserError(
-                f"{path}: the folder holds {', '.join(f.name for f in others) or 'no data files'}; "
-                "pass one file, a folder of QMSum meetings, or a folder of official splits"
-            )
+        found = folder_splits(path)
     for split, contexts in found.items():
         kept = {}
         for c in contexts:
@@ -406,8 +393,50 @@ def load_splits(spec: str, persona_set: str) -> dict[str, list[Context]]:
     return found
 
 
-if __name__ == "__main__":
-    spec = sys.argv[1] if len(sys.argv) > 1 else "data/contexts.jsonl"
+def folder_splits(path: Path) -> dict[str, list[Context]]:
+    """{split: contexts} of a folder: its official splits by file or folder name, else {"all": ...}
+    of its QMSum meetings or of its one data file."""
+    files = sorted(
+        p
+        for p in path.rglob("*")
+        if p.suffix.lower() in (".csv", ".json", ".jsonl") and not p.name.endswith("domains.json")
+    )
+    meetings = [f for f in files if f.suffix == ".json" and "meeting_transcripts" in read_text(f)]
+    others = [f for f in files if f not in meetings and f.parent == path]
+    if meetings:  # a damaged meeting file must not vanish without a word
+        for f in files:
+            if f.suffix == ".json" and f not in meetings:
+                warn(f"{f}: not a QMSum meeting file (no meeting_transcripts); skipping it")
+    named = {f: split_of(f, path) for f in meetings + others if split_of(f, path)}
+    if named:
+        found = {}
+        for split in dict.fromkeys(named.values()):
+            mine = [f for f, s in named.items() if s == split]
+            contexts = load_meetings([f for f in mine if f in meetings])
+            for f in mine:
+                if f not in meetings:
+                    contexts += load_file(f)
+            found[split] = contexts
+        return found
+    if meetings:
+        return {"all": load_meetings(meetings)}
+    if len(others) == 1:
+        return {"all": load_file(others[0])}
+    raise UserError(
+        f"{path}: the folder holds {', '.join(f.name for f in others) or 'no data files'}; "
+        "pass one file, a folder of QMSum meetings, or a folder of official splits"
+    )
+
+
+def read_data(spec: str, set_name: str) -> dict[str, list]:
+    """{split: contexts} for --data: our format through scenarios.load_contexts, the public datasets here."""
+    if spec == "bundled" or (spec.endswith(".jsonl") and is_contexts_file(spec)):
+        return {"all": load_contexts(spec, set_name)}
+    return load_splits(spec, set_name)
+
+
+def describe(spec: str) -> None:
+    """Print how a dataset reads: per persona set and split, the contexts and the first one."""
     for set_name in ("support", "meeting"):
         try:
             for split, cs in load_splits(spec, set_name).items():
@@ -422,9 +451,5 @@ if __name__ == "__main__":
             print(f"{set_name}: {e}")
 
 
-# --- Shared set-up: data, models, judge ---------------------------------------------------------------
-def read_data(spec: str, set_name: str) -> dict[str, list]:
-    """{split: contexts} for --data: our format through scenarios.load_contexts, the public datasets here."""
-    if spec == "bundled" or (spec.endswith(".jsonl") and is_contexts_file(spec)):
-        return {"all": load_contexts(spec, set_name)}
-    return load_splits(spec, set_name)
+if __name__ == "__main__":
+    describe(sys.argv[1] if len(sys.argv) > 1 else "data/contexts.jsonl")

@@ -1,4 +1,11 @@
-"""plumbing/devices.py: where the models run, and in which precision (skip on first reading)."""
+"""plumbing/devices.py: where the models run, and in which precision (skip on first reading).
+
+check_device     --device and --dtype checked before any work
+frozen_dtype     the precision of models that only run (bf16 where the device computes it natively)
+native_bf16      does this CPU or GPU compute bf16 natively?
+autocast         bf16 matmuls in training, fp32 master weights
+release_memory   hand freed memory back to the operating system between phases
+"""
 
 import ctypes
 import gc
@@ -16,6 +23,7 @@ def frozen_dtype(args) -> torch.dtype:
 
 
 def check_device(args) -> None:
+    """Refuse a --device or --dtype this machine cannot run, before any work starts."""
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError(
             "--device cuda: this torch sees no CUDA device; install a CUDA build of torch or use --device cpu"

@@ -23,14 +23,13 @@ HERE = Path(__file__).resolve().parents[1]  # the repository root (data/ lives t
 def resolve(path: str | Path) -> Path:
     """A relative path from the working directory, else beside this file (the shipped personas.json)."""
     path = Path(path).expanduser()
-    return (
-        HERE / path
-        if not path.is_absolute() and not path.exists() and (HERE / path).exists()
-        else path
-    )
+    if not path.is_absolute() and not path.exists() and (HERE / path).exists():
+        return HERE / path
+    return path
 
 
 def read_text(path: str | Path) -> str:
+    """A UTF-8 text file; a missing file or other bytes are a UserError that says the fix."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file; check the path")
@@ -43,6 +42,7 @@ def read_text(path: str | Path) -> str:
 
 
 def read_json(path: str | Path) -> object:
+    """A JSON file; bad JSON is a UserError naming the line and column."""
     try:
         return json.loads(read_text(path))
     except json.JSONDecodeError as e:
@@ -92,7 +92,8 @@ def read_jsonl(path: str | Path, on_damage=None, numbered: bool = False) -> list
     a warning (what a crash in the middle of append_jsonl leaves); one elsewhere is real damage: a
     UserError naming the line, unless on_damage(line, problem) says the caller can do without it
     (the answer cache asks again). numbered=True returns (line, record) pairs."""
-    rows, records = jsonl_lines(path), []
+    rows = jsonl_lines(path)
+    records = []
     for i, (number, value, error) in enumerate(rows):
         if error and i == len(rows) - 1:
             warn(f"{path}: ignoring line {number}, cut off mid-write ({error})")
@@ -157,15 +158,12 @@ def atomic_folder(target: str | Path):
     tmp.mkdir(parents=True)
     try:
         yield tmp
-    except Exception as err:  # a half-written folder only takes space; safetensors and torch
-        shutil.rmtree(
-            tmp, ignore_errors=True
-        )  # wrap a full disk's OSError in their own errors: unwrap it
-        raise (
-            OSError(errno.ENOSPC, "No space left on device", str(target))
-            if "No space left" in str(err)
-            else err
-        )
+    except Exception as err:
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder only takes space
+        # safetensors and torch wrap a full disk's OSError in their own errors: unwrap it.
+        if "No space left" in str(err):
+            raise OSError(errno.ENOSPC, "No space left on device", str(target))
+        raise
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
@@ -187,7 +185,8 @@ class AnswerCache:
     loses at most that line). A garbled line is skipped with a warning, counted, and asked again."""
 
     def __init__(self, path: str | Path):
-        self.path, self.skipped = Path(path), 0  # skipped: garbled lines, asked again
+        self.path = Path(path)
+        self.skipped = 0  # garbled lines, asked again
         self._values: dict[str, object] = {}
         if self.path.exists():
             for r in read_jsonl(self.path, on_damage=self._damaged):

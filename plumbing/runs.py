@@ -86,17 +86,16 @@ def start_stage(args, out: Path, ranks, data_file: Path) -> None:
         **vars(args),
         "fingerprint": fingerprint(data_file, args.personas, args.profiles_file),
     }
-    made = (
-        read_json(out / "config.json")
-        if any(f.name != "config.json" for f in out.glob("*"))
-        else {}
-    )
-    for key in [k for k in config if k in made and k not in OPERATIONAL and made[k] != config[k]]:
-        what = (
-            "--data, --personas or --profiles-file: their files differ from those that"
-            if key == "fingerprint"
-            else f"--{key.replace('_', '-')} {config[key]}: {key} {made[key]} is what"
-        )
+    made = {}  # the record of what made the folder's files, if it holds any besides config.json
+    if any(f.name != "config.json" for f in out.glob("*")):
+        made = read_json(out / "config.json")
+    for key in config:
+        if key not in made or key in OPERATIONAL or made[key] == config[key]:
+            continue
+        if key == "fingerprint":
+            what = "--data, --personas or --profiles-file: their files differ from those that"
+        else:
+            what = f"--{key.replace('_', '-')} {config[key]}: {key} {made[key]} is what"
         raise UserError(
             f"{what} made {out}; use its settings (with --resume to continue it) or a new --run"
         )
@@ -109,30 +108,33 @@ def model_card(
 ) -> str:
     """A saved model's README.md: the command, key metrics, one training prompt (the layout to reproduce, as chat
     messages for the tokenizer's template) and the persona cards."""
-    block = lambda x: "```json\n" + json.dumps(x, indent=1, ensure_ascii=False) + "\n```\n"  # noqa: E731
+    cards = {"set": personas.name, "personas": [vars(p) for p in personas.personas]}
     return (
         f"# mascot {role}\n\nTrained by mascot (MASCOT, arXiv 2601.14230) from `{base}`.\n\nCommand: `python "
         f"mascot.py {' '.join(command)}`\n\n## Key metrics\n"
         + "".join(f"- {k}: {v}\n" for k, v in metrics.items())
         + "\n## Prompt layout (one training prompt)\n"
-        + block(prompt)
+        + _json_block(prompt)
         + "\n## Persona cards\n"
-        + block({"set": personas.name, "personas": [vars(p) for p in personas.personas]})
+        + _json_block(cards)
     )
+
+
+def _json_block(value) -> str:
+    """A fenced JSON code block of a model card."""
+    return "```json\n" + json.dumps(value, indent=1, ensure_ascii=False) + "\n```\n"
 
 
 def folder_stamp(folder: str) -> list:
     """(name, size, mtime) of every file of a model folder: what changes when it is trained again, so a
     saved system result is never reused for other weights (a model name is its own identity)."""
     path = Path(folder)
-    return (
-        sorted(
-            [str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns]
-            for f in path.rglob("*")
-            if f.is_file()
-        )
-        if path.is_dir()
-        else [folder]
+    if not path.is_dir():
+        return [folder]  # a hub id or a served model: its name
+    return sorted(
+        [str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns]
+        for f in path.rglob("*")
+        if f.is_file()
     )
 
 
@@ -144,11 +146,10 @@ def save_checkpoint(folder: Path, step: int, policy, tok, optimizer) -> Path:
     with atomic_folder(final) as tmp:
         save_model(policy, tok, tmp / "model")
         opt = optimizer.state_dict()
-        tensors = {
-            f"{i}.{k}": (v if torch.is_tensor(v) else torch.tensor(v)).contiguous()
-            for i, st in opt["state"].items()
-            for k, v in st.items()
-        }  # "<param>.<exp_avg|...>"
+        tensors = {}  # "<param index>.<exp_avg|exp_avg_sq|step>" -> tensor
+        for i, param_state in opt["state"].items():
+            for k, v in param_state.items():
+                tensors[f"{i}.{k}"] = (v if torch.is_tensor(v) else torch.tensor(v)).contiguous()
         tensors["rng.torch"] = torch.get_rng_state()
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         state = random.getstate()

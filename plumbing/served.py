@@ -1,12 +1,13 @@
-"""extras/served.py: models served elsewhere, through one OpenAI-compatible /chat/completions client.
+"""plumbing/served.py: models served elsewhere, through one OpenAI-compatible client (skip on first reading).
 
+It holds the HTTP client (ChatClient), a served frozen role (ServedModel) and a served judge (OpenAIJudge).
 Any server speaking the OpenAI chat API (vLLM, llama.cpp, Ollama, a hosted API) can be the judge (judge(): an
 OpenAIJudge, for `--judge openai:<base url>`) or a frozen role (served_role(): a ServedModel, `--speakers openai:...`,
 --user, --director). Every request goes through a ChatClient and each answer is cached as it arrives, so a crashed
 run loses at most the requests in flight. The client promises (tests/test_judge.py checks each):
   - one deadline per request for connect, headers and body together (--served-timeout): a trickle fails on time;
   - 429, 5xx, connection errors, deadlines: retried (--served-retries), jittered backoff or Retry-After, <= max_backoff;
-  - any other 4xx fails at once as one line (data.UserError) quoting the server's message, with a hint and the key
+  - any other 4xx fails at once as one line (a UserError) quoting the server's message, with a hint and the key
     masked: $MASCOT_JUDGE_API_KEY (roles: $MASCOT_API_KEY), read per request, never stored;
   - `content: null` (a reasoning model that spent its tokens thinking) is its own error;
   - a preflight request (max_tokens=1) before any work, so a bad URL, key or model name fails first.
@@ -38,10 +39,16 @@ def server_message(raw: bytes, secret: str) -> str:
     text = raw.decode("utf-8", errors="replace")
     with contextlib.suppress(json.JSONDecodeError, AttributeError):
         error = json.loads(text).get("error")
-        text = error.get("message", text) if isinstance(error, dict) else (error or text)
+        if isinstance(error, dict):
+            text = error.get("message", text)
+        elif error:
+            text = error
     text = " ".join(str(text).split())
-    text = text.replace(secret, "***") if secret else text
-    return text[:MESSAGE_CHARS] + ("..." if len(text) > MESSAGE_CHARS else "")
+    if secret:
+        text = text.replace(secret, "***")
+    if len(text) > MESSAGE_CHARS:
+        return text[:MESSAGE_CHARS] + "..."
+    return text
 
 
 class DeadlineExceeded(TimeoutError):
@@ -63,30 +70,26 @@ class ChatClient:
         backoff: float = 1.0,
         max_backoff: float = 60.0,
     ):
-        self.base_url, self.model, self.flag, self.api_key_env = (
-            base_url.rstrip("/"),
-            model,
-            flag,
-            api_key_env,
-        )
-        self.parts, self.url = (
-            urllib.parse.urlsplit(self.base_url),
-            self.base_url + "/chat/completions",
-        )
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.flag = flag
+        self.api_key_env = api_key_env
+        self.parts = urllib.parse.urlsplit(self.base_url)
+        self.url = self.base_url + "/chat/completions"
         if self.parts.scheme not in ("http", "https") or not self.parts.hostname:
             raise self._fail(
                 f"{self.base_url!r} is not an http:// or https:// URL; write the whole base URL, "
                 "e.g. openai:http://localhost:8000/v1"
             )
-        self.timeout, self.max_retries, self.backoff, self.max_backoff = (
-            timeout,
-            max_retries,
-            backoff,
-            max_backoff,
-        )
+        self.timeout = timeout  # seconds for one whole request: connect, headers and body
+        self.max_retries = max_retries
+        self.backoff = backoff  # the first wait before a retry, doubled each time
+        self.max_backoff = max_backoff
         self.requests = 0  # HTTP attempts sent, retries included
-        self.sleep, self.clock = time.sleep, time.monotonic  # tests record the waits instead
-        self._jitter, self._lock = random.Random(), threading.Lock()
+        self.sleep = time.sleep  # tests record the waits instead
+        self.clock = time.monotonic
+        self._jitter = random.Random()
+        self._lock = threading.Lock()  # guards `requests` across the request threads
 
     def __repr__(self) -> str:
         return f"ChatClient(url={self.url!r}, model={self.model!r})"
@@ -113,11 +116,10 @@ class ChatClient:
                 raise DeadlineExceeded(f"no complete answer within {self.timeout:g} s")
             return left
 
-        kind = (
-            http.client.HTTPSConnection
-            if self.parts.scheme == "https"
-            else http.client.HTTPConnection
-        )
+        if self.parts.scheme == "https":
+            kind = http.client.HTTPSConnection
+        else:
+            kind = http.client.HTTPConnection
         conn = kind(self.parts.hostname, self.parts.port, timeout=remaining())
         try:
             conn.request(
@@ -152,16 +154,23 @@ class ChatClient:
             "temperature": temperature,
             "max_tokens": max_tokens,
         }
-        request.update({k: v for k, v in (("top_p", top_p), ("seed", seed)) if v is not None})
-        key, body = os.environ.get(self.api_key_env, ""), json.dumps(request).encode("utf-8")
-        headers = {"Content-Type": "application/json"} | (
-            {"Authorization": f"Bearer {key}"} if key else {}
-        )
+        if top_p is not None:
+            request["top_p"] = top_p
+        if seed is not None:
+            request["seed"] = seed
+        key = os.environ.get(self.api_key_env, "")  # read per request, never stored
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return self._with_retries(json.dumps(request).encode("utf-8"), headers, key)
+
+    def _with_retries(self, body: bytes, headers: dict, key: str) -> str:
+        """POST until an answer, a request the server refuses, or max_retries retries spent."""
         last_error = ""
         for attempt in range(self.max_retries + 1):
             with self._lock:
                 self.requests += 1
-            wait = None
+            wait = None  # the server's Retry-After, if it sends one
             try:
                 status, reply_headers, raw = self._post(body, headers)
             except (OSError, http.client.HTTPException) as err:  # refused, reset, deadline, ...
@@ -170,47 +179,43 @@ class ChatClient:
                 if status == 200:
                     return self._reply_text(raw)
                 message = server_message(raw, key)
-                if (
-                    status != 429 and status < 500
-                ):  # the request itself is wrong: retrying cannot help
+                # Any other 4xx: the request itself is wrong, and retrying cannot help.
+                if status != 429 and status < 500:
                     raise self._fail(
                         f"HTTP {status} from {self.url}: {message!r}; " + self._status_hint(status)
                     )
                 last_error = f"HTTP {status}: {message!r}"
-                with contextlib.suppress(
-                    TypeError, ValueError
-                ):  # no Retry-After, or an HTTP date (not supported)
+                # No Retry-After, or an HTTP date (not supported): our own backoff below.
+                with contextlib.suppress(TypeError, ValueError):
                     wait = max(0.0, float(reply_headers.get("Retry-After")))
             if attempt < self.max_retries:
-                if wait is None:  # no Retry-After from the server: our own backoff
+                if wait is None:  # exponential backoff with jitter, so clients do not retry in step
                     wait = self.backoff * 2**attempt * self._jitter.uniform(0.5, 1.5)
                 self.sleep(min(wait, self.max_backoff))
-        hint = (
-            "raise --served-timeout if the server is just slow"
-            if last_error.startswith("DeadlineExceeded")
-            else "check that the server is running and reachable"
-        )
+        if last_error.startswith("DeadlineExceeded"):
+            hint = "raise --served-timeout if the server is just slow"
+        else:
+            hint = "check that the server is running and reachable"
         raise self._fail(
             f"no answer from {self.url} after {self.max_retries + 1} attempts (last: {last_error}); {hint}"
         )
 
     def _reply_text(self, raw: bytes) -> str:
         try:
-            content = (message := json.loads(raw.decode("utf-8"))["choices"][0]["message"])[
-                "content"
-            ]
+            message = json.loads(raw.decode("utf-8"))["choices"][0]["message"]
+            content = message["content"]
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, IndexError, TypeError):
             raise self._fail(
                 f"{self.url} did not return a chat completion (no choices[0].message.content); "
                 "is the base URL right?"
             ) from None
         if content is None:
-            thinking = (
-                " (it sent reasoning_content: a reasoning model that spent max_tokens thinking; turn its "
-                "reasoning off or serve a non-reasoning model)"
-                if message.get("reasoning_content")
-                else ""
-            )
+            thinking = ""
+            if message.get("reasoning_content"):
+                thinking = (
+                    " (it sent reasoning_content: a reasoning model that spent max_tokens thinking; turn its "
+                    "reasoning off or serve a non-reasoning model)"
+                )
             raise self._fail(f"{self.url} answered with content null{thinking}")
         return content
 
@@ -228,8 +233,11 @@ def run_concurrently(todo: list, compute_one, store, concurrency: int) -> None:
     arrival, so it is cached at once. The first failure cancels the rest, stores what is in flight, then raises."""
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="openai")
     try:
-        futures, error = {pool.submit(compute_one, item): item for item in todo}, None
-        for future in (f for f in as_completed(futures) if not f.cancelled()):
+        futures = {pool.submit(compute_one, item): item for item in todo}
+        error = None
+        for future in as_completed(futures):
+            if future.cancelled():
+                continue
             try:
                 store(futures[future], future.result())
             except Exception as err:  # the first failure wins; the rest are its echoes
@@ -247,6 +255,8 @@ class ServedModel:
     """A frozen chat model on a server in place of a local one (same settings and row seeds; the server applies its chat
     template): one request per conversation, `concurrency` at a time, each cached; no tokens, so never GRPO's policy."""
 
+    API_KEY_ENV = "MASCOT_API_KEY"  # the NAME of the variable that holds the roles' key
+
     def __init__(
         self,
         base_url: str,
@@ -257,14 +267,14 @@ class ServedModel:
         retries: int = 5,
         concurrency: int = 8,
         cache_path: str | Path | None = None,
-        api_key_env: str = "MASCOT_API_KEY",
     ):
         if not model:
             raise UserError(
                 f"{flag}: no model name; pass {model_flag} NAME (the name the server serves)"
             )
-        self.client = ChatClient(base_url, model, flag, api_key_env, timeout, retries)
-        self.name, self.concurrency = f"openai:{self.client.base_url}:{model}", concurrency
+        self.client = ChatClient(base_url, model, flag, self.API_KEY_ENV, timeout, retries)
+        self.name = f"openai:{self.client.base_url}:{model}"
+        self.concurrency = concurrency
         self.cache = AnswerCache(cache_path) if cache_path else None
 
     def __repr__(self) -> str:
@@ -281,37 +291,38 @@ class ServedModel:
         """One reply per conversation, in order (models.generate_texts's arguments and meaning)."""
         if isinstance(seeds, int):
             seeds = [seeds + i for i in range(len(conversations))]
-        settings = [
-            {"messages": m, "max_tokens": max_new_tokens}
-            | (  # chat()'s arguments, and the cache key
-                {"temperature": 0.0}
-                if seeds is None
-                else {"temperature": temperature, "top_p": top_p, "seed": seeds[i]}
-            )
-            for i, m in enumerate(conversations)
-        ]
+        settings = []  # chat()'s arguments per conversation, and what its cache key is made of
+        for i, messages in enumerate(conversations):
+            request = {"messages": messages, "max_tokens": max_new_tokens}
+            if seeds is None:  # no seeds: greedy, as models.generate_texts
+                request["temperature"] = 0.0
+            else:
+                request.update(temperature=temperature, top_p=top_p, seed=seeds[i])
+            settings.append(request)
         keys = [AnswerCache.make_key(self.name, "chat", x) for x in settings]
-        return cached_answers(
-            self.cache,
-            keys,
-            lambda todo, store: run_concurrently(
-                todo, lambda i: self.client.chat(**settings[i]), store, self.concurrency
-            ),
-        )
+
+        def ask(i: int) -> str:
+            return self.client.chat(**settings[i])
+
+        def compute_misses(todo: list[int], store) -> None:
+            run_concurrently(todo, ask, store, self.concurrency)
+
+        return cached_answers(self.cache, keys, compute_misses)
 
 
 class OpenAIJudge(Judge):
     """An OpenAI-protocol LLM judge at temperature 0, pairwise questions in both orders: a request per missing verdict,
     `concurrency` at a time, cached on arrival; an unreadable answer counts in `unreadable`: no verdict, not cached."""
 
-    can_generate, read_score = True, staticmethod(parse_rubric_score)
+    can_generate = True
+    read_score = staticmethod(parse_rubric_score)
     LABEL_MAX_TOKENS = 16  # room for "Reply A" or "**B**", not for an essay
+    API_KEY_ENV = "MASCOT_JUDGE_API_KEY"  # the NAME of the variable that holds the judge's key
 
     def __init__(
         self,
         base_url: str,
         model: str | None,
-        api_key_env: str = "MASCOT_JUDGE_API_KEY",
         timeout: float = 60,
         max_retries: int = 5,
         backoff: float = 1.0,
@@ -325,22 +336,28 @@ class OpenAIJudge(Judge):
                 f"{flag}: no model name; pass --judge-model NAME or set MASCOT_JUDGE_MODEL"
             )
         self.client = ChatClient(
-            base_url, model, flag, api_key_env, timeout, max_retries, backoff, max_backoff
+            base_url, model, flag, self.API_KEY_ENV, timeout, max_retries, backoff, max_backoff
         )
         super().__init__(cache_path)
-        self.model, self.concurrency, self.name = (
-            model,
-            concurrency,
-            f"openai:{self.client.base_url}:{model}",
-        )
+        self.model = model
+        self.concurrency = concurrency
+        self.name = f"openai:{self.client.base_url}:{model}"
         self._lock = threading.Lock()  # guards `unreadable` across the request threads
 
-    backend_calls = property(
-        lambda self: self.client.requests, lambda self, v: setattr(self.client, "requests", v)
-    )
+    @property
+    def backend_calls(self) -> int:
+        """HTTP requests sent (Judge counts backend calls; here the client does)."""
+        return self.client.requests
+
+    @backend_calls.setter
+    def backend_calls(self, value: int) -> None:
+        self.client.requests = value
 
     def _compute_misses(self, todo, compute, store):
-        run_concurrently(todo, lambda i: compute([i])[0], store, self.concurrency)
+        def one(i):
+            return compute([i])[0]
+
+        run_concurrently(todo, one, store, self.concurrency)
 
     def _compare_uncached(self, states, firsts, seconds):
         verdicts = []
@@ -351,26 +368,25 @@ class OpenAIJudge(Judge):
                 )
                 for x, y in ((a, b), (b, a))
             ]
-            picks = [parse_ab(t) for t in answers]
+            picks = [parse_ab(t) for t in answers]  # 0 ("A"), 1 ("B") or None (unreadable)
             with self._lock:
                 self.unreadable += picks.count(None)
-            # Order (a, b): "A" (0) means the first is better; order (b, a): "B" (1) does.
-            verdicts.append(
-                combine_orders(*(None if p is None else float(p == k) for k, p in enumerate(picks)))
-            )
-            verdicts[-1].detail["answers"] = answers
+            # p_first of each order: in order (a, b) "A" (0) means a is better; in (b, a) "B" (1) does.
+            p_first = [None if p is None else float(p == k) for k, p in enumerate(picks)]
+            verdict = combine_orders(*p_first)
+            verdict.detail["answers"] = answers
+            verdicts.append(verdict)
         return verdicts
 
     def _score_uncached(self, states, replies):  # None (unreadable) is counted by Judge.score_many
-        values = [
-            parse_rubric_score(
-                self.client.chat(
-                    judge_messages("judge_pointwise", s, reply=r), self.LABEL_MAX_TOKENS
-                )
+        scores = []
+        for s, r in zip(states, replies):
+            answer = self.client.chat(
+                judge_messages("judge_pointwise", s, reply=r), self.LABEL_MAX_TOKENS
             )
-            for s, r in zip(states, replies)
-        ]
-        return [None if v is None else (v - 1) / 4 for v in values]  # 1..5 -> [0, 1]
+            value = parse_rubric_score(answer)  # 1..5, or None
+            scores.append(None if value is None else (value - 1) / 4)  # 1..5 -> [0, 1]
+        return scores
 
     def _complete_uncached(self, prompt, max_new_tokens):
         return self.client.chat([{"role": "user", "content": prompt}], max_new_tokens)

@@ -15,7 +15,16 @@ import scenarios
 import warmstart
 from extras import baselines, director_headroom, sft
 from plumbing import common, files
-from simulate import USER, Cast, Conversation, Directive, RoundRobin, Turn, run_conversations
+from simulate import (
+    USER,
+    Cast,
+    Conversation,
+    Directive,
+    RoundRobin,
+    Turn,
+    TurnPlan,
+    run_conversations,
+)
 
 FIXTURE = str(mascot.ROOT / "tests" / "fixtures" / "data" / "esconv_sft" / "train.jsonl")
 
@@ -147,10 +156,12 @@ def test_self_consistency_keeps_the_consensus_or_the_judges_pick(monkeypatch):
 
 
 def test_the_baselines_plug_into_the_conversation_loop(tiny):
-    # simulate.run_conversations(speak=...) on the tiny model: every agent turn is the pipeline's.
+    # simulate.run_conversations with Cast(speak=...) on the tiny model: every agent turn is the
+    # pipeline's.
     model, tok = tiny
     ps, profiles = personas(), scenarios.load_profiles(mascot.ROOT / "data" / "profiles.json")
-    cast = Cast(ps, model, tok, model, tok, 4, style="zero-shot-cot")
+    speak = baselines.SelfConsistency(2)
+    cast = Cast(ps, model, tok, model, tok, 4, style="zero-shot-cot", speak=speak)
     contexts = scenarios.load_contexts("bundled", "support")[:2]
     convs = run_conversations(
         contexts,
@@ -158,10 +169,8 @@ def test_the_baselines_plug_into_the_conversation_loop(tiny):
         cast,
         profiles,
         ["average"] * 2,
-        2,
-        1,
+        TurnPlan(2, 1),
         0,
-        speak=baselines.SelfConsistency(2),
     )
     for conv in convs:
         agents = conv.agent_turns()

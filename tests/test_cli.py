@@ -379,10 +379,12 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
 def test_demo_prints_one_conversation_before_and_after_side_by_side(tmp_path, capsys):
     from extras import demo
 
-    turns = lambda who: [
-        {"speaker": "User", "text": "I failed my exam."},
-        {"speaker": who, "text": f"{who} answers here."},
-    ]
+    def turns(who):
+        return [
+            {"speaker": "User", "text": "I failed my exam."},
+            {"speaker": who, "text": f"{who} answers here."},
+        ]
+
     rows = [
         {"system": "round-robin", "context_id": "c1", "turns": turns("Anchor")},
         {"system": "mascot", "context_id": "c1", "turns": turns("Beacon")},
@@ -415,25 +417,32 @@ def test_demo_verdict_shows_groups_of_two_or_more_and_says_whether_a_change_is_b
     from extras import demo
 
     status = {m.key: "ok" for m in all_metrics()}
-    s = lambda mean, lo, hi: {"mean": mean, "lo": lo, "hi": hi, "n": 3}  # noqa: E731
-    convs = lambda values: [{"metrics": {"self_bleu": v}} for v in values]  # noqa: E731
-    systems = lambda n: {
-        "round-robin": {
-            "n": n,
-            "metrics": {k: s(0.5, 0.4, 0.6) for k in status},
-            "conversations": convs([0.5] * n),
-        },
-        "mascot": {
-            "n": n,
-            "metrics": {k: s(0.6, 0.5, 0.7) for k in status},
-            "conversations": convs([0.4] * n),
-        },
-        "zero-shot": {
-            "n": 1,
-            "metrics": {k: s(0.2, None, None) for k in status},
-            "conversations": convs([0.2]),
-        },
-    }
+
+    def s(mean, lo, hi):
+        return {"mean": mean, "lo": lo, "hi": hi, "n": 3}
+
+    def convs(values):
+        return [{"metrics": {"self_bleu": v}} for v in values]
+
+    def systems(n):
+        return {
+            "round-robin": {
+                "n": n,
+                "metrics": {k: s(0.5, 0.4, 0.6) for k in status},
+                "conversations": convs([0.5] * n),
+            },
+            "mascot": {
+                "n": n,
+                "metrics": {k: s(0.6, 0.5, 0.7) for k in status},
+                "conversations": convs([0.4] * n),
+            },
+            "zero-shot": {
+                "n": 1,
+                "metrics": {k: s(0.2, None, None) for k in status},
+                "conversations": convs([0.2]),
+            },
+        }
+
     beyond = {"mascot": {"self_bleu": s(-0.1, -0.2, -0.05)}}
     lines = demo.verdict({"status": status, "systems": systems(3), "changes": beyond})
     assert any(l.startswith("mascot ") for l in lines) and not any(

@@ -1,6 +1,6 @@
-"""Tests for data.py: persona validation, our contexts format, the split, profiles, JSON lines,
-seeds and flags, and the files the repo ships. The readers of the public datasets (extras/datasets.py)
-are tested in tests/test_datasets.py.
+"""Tests for scenarios.py: persona validation, our contexts format, the split, profiles, JSON
+lines, seeds and flags, and the files the repo ships. The readers of the public datasets
+(plumbing/datasets.py) are tested in tests/test_datasets.py.
 
 Run: .venv/bin/python -m pytest -q tests/test_data.py
 """

@@ -1,4 +1,4 @@
-"""Tests of extras/datasets.py: every official format it reads, its splits, and how a run uses them
+"""Tests of plumbing/datasets.py: every official format it reads, its splits, and how a run uses them
 (mascot.load_inputs): a folder with train / valid / test trains on train and evaluates on test.
 
 Small fixtures in tests/fixtures/data/ imitate each official format with our own invented lines;

@@ -16,7 +16,7 @@ import simulate
 import warmstart
 from plumbing import common, loading
 from scenarios import Persona, PersonaSet
-from simulate import USER, Cast, Conversation, Turn, run_conversations, user_messages
+from simulate import USER, Cast, Conversation, Turn, TurnPlan, run_conversations, user_messages
 
 
 @pytest.fixture(scope="module")
@@ -528,8 +528,7 @@ def test_rollouts_are_reproducible_with_a_fixed_seed(support):
             cast,
             profiles,
             ["average", "openness-high"],
-            n_agent_turns=3,
-            user_every=2,
+            TurnPlan(n_agent_turns=3, user_every=2),
             seed=5,
         )
         return [[(t.speaker, t.text) for t in c.turns] for c in convs]
@@ -566,12 +565,16 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
         points.append(c)
     prompts = [dr.director_messages(personas, p) for p in points]
     model, tok = loading.load_model("tiny")
-    # Supervised warm start on the format (director.py, section 5), here with one-line targets.
+    # Supervised warm start on the format (warmstart.py, section 3), here with one-line targets.
     examples = [
         (prompts[k % 6], f"Agent: {names[random.Random(k).randrange(4)]}") for k in range(480)
     ]
     warmstart.supervised_finetune(
-        model, tok, examples, steps=60, batch_size=8, lr=1e-2, log=lambda s: None
+        model,
+        tok,
+        examples,
+        warmstart.SFTSettings(steps=60, batch_size=8, lr=1e-2),
+        log=lambda s: None,
     )
 
     def sample_prompts(step):
@@ -598,7 +601,7 @@ def test_grpo_on_a_tiny_director_raises_a_programmatic_group_reward(tmp_path, co
         seed=0,
         beta=0.0,
     )
-    rows = grpo.train_grpo(model, tok, sample_prompts, reward_fn, cfg, tmp_path, log=lambda s: None)
+    rows = grpo.train_grpo(model, tok, grpo.Task(sample_prompts, reward_fn), cfg, tmp_path)
     first = sum(r["reward"] for r in rows[:3]) / 3
     last = sum(r["reward"] for r in rows[-4:]) / 4
     print(f"group reward first 3 steps {first:.3f}, last 4 steps {last:.3f}")
@@ -631,7 +634,11 @@ def test_supervised_steps_give_the_whole_batch_gradient(support, context, monkey
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_and_read)
     loss = warmstart.supervised_finetune(
-        model, tok, examples, steps=1, batch_size=4, lr=0.0, log=lambda s: None
+        model,
+        tok,
+        examples,
+        warmstart.SFTSettings(steps=1, batch_size=4, lr=0.0),
+        log=lambda s: None,
     )[0]
     monkeypatch.undo()
     whole, _ = loading.load_model("tiny")
@@ -673,15 +680,16 @@ def test_first_line_weight_is_a_weighted_mean_over_target_tokens(support, contex
         model,
         tok,
         examples,
-        steps=1,
-        batch_size=2,
-        lr=0.0,
+        warmstart.SFTSettings(steps=1, batch_size=2, lr=0.0, first_line_weight=5.0),
         log=lambda s: None,
-        first_line_weight=5.0,
     )[0]
     assert loss == pytest.approx(num / den, rel=1e-5)
     plain = warmstart.supervised_finetune(
-        model, tok, examples, steps=1, batch_size=2, lr=0.0, log=lambda s: None
+        model,
+        tok,
+        examples,
+        warmstart.SFTSettings(steps=1, batch_size=2, lr=0.0),
+        log=lambda s: None,
     )[0]
     assert plain == pytest.approx(float(-(logps * mask).sum() / mask.sum()), rel=1e-5)
     assert loss != pytest.approx(plain, rel=1e-3)
@@ -711,7 +719,11 @@ def test_format_warm_start_teaches_a_tiny_director_the_three_lines(support, cont
     # what is left). At 1e-2 the loss stays on a noisy plateau near 0.8, where whether the greedy
     # directives parse depends on the CPU's float summation order, so the test would not be stable.
     losses = warmstart.supervised_finetune(
-        model, tok, examples, steps=100, batch_size=8, lr=5e-3, log=lambda s: None
+        model,
+        tok,
+        examples,
+        warmstart.SFTSettings(steps=100, batch_size=8, lr=5e-3),
+        log=lambda s: None,
     )
     after = sum(d.valid for d in director.choose(points))
     print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f}; parseable {before}/4 -> {after}/4")

@@ -26,7 +26,7 @@ import models
 import scenarios
 import simulate
 from extras import evaluators
-from plumbing import common, files, loading
+from plumbing import common, files, loading, results
 from simulate import USER, Conversation, Directive, Turn, reply_text, role_setting, speaker_messages
 
 
@@ -56,7 +56,7 @@ TINY = [
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Tiny models gain nothing from a second thread, and on a busy CPU the threads wait for each
-    other (measured: the end-to-end run below took 64 s of CPU with 2 threads, 12 s with 1)."""
+    other, so the end-to-end runs below are much faster with one."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -767,7 +767,7 @@ def test_an_interrupted_evaluation_redoes_only_the_unfinished_systems(tmp_path, 
     assert ran == ["round-robin"]  # zero-shot was kept, not simulated again
     for name in ("zero-shot", "round-robin"):
         # Equal up to float summation order (the sentence encoder pads a batch of other texts).
-        got, want = (evaluate.json_safe(r["systems"][name]["metrics"]) for r in (resumed, whole))
+        got, want = (results.json_safe(r["systems"][name]["metrics"]) for r in (resumed, whole))
         assert got.keys() == want.keys()
         for key in want:
             assert got[key].get("n") == want[key].get("n")

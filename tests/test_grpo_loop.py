@@ -64,9 +64,8 @@ def test_grpo_raises_a_programmatic_reward_on_the_tiny_model(tmp_path):
     # The sampled tokens depend on the last bits of the logits, so another CPU's kernels can send a
     # run along another path (the plain kernels do, for seed 0, from step 4): the thresholds leave
     # room for any of those paths, not for one run's exact numbers.
-    rows = grpo.train_grpo(
-        model, tok, sample_prompts, reward_fn, config(max_steps=12), tmp_path, log=lambda s: None
-    )
+    task = grpo.Task(sample_prompts, reward_fn)
+    rows = grpo.train_grpo(model, tok, task, config(max_steps=12), tmp_path)
     first = sum(r["reward"] for r in rows[:2]) / 2
     last = sum(r["reward"] for r in rows[-3:]) / 3
     print(f"reward first 2 steps {first:.3f}, last 3 steps {last:.3f}")
@@ -85,21 +84,17 @@ def test_checkpoint_round_trip_and_resume_refuses_without_one(tmp_path):
         grpo.train_grpo(
             model,
             tok,
-            sample_prompts,
-            reward_fn,
+            grpo.Task(sample_prompts, reward_fn),
             config(max_steps=2),
             tmp_path,
             resume=True,
-            log=lambda s: None,
         )
     grpo.train_grpo(
         model,
         tok,
-        sample_prompts,
-        reward_fn,
+        grpo.Task(sample_prompts, reward_fn),
         config(max_steps=2, save_steps=1),
         tmp_path,
-        log=lambda s: None,
     )
     ckpt = runs.checkpoints(tmp_path / "checkpoints")[0]  # the newest complete one
     assert ckpt.name == "ckpt-000002" and not list((tmp_path / "checkpoints").glob("*.tmp"))
@@ -122,10 +117,8 @@ from test_grpo_loop import low_id_task, config
 model, tok = loading.load_model("tiny")
 sample_prompts, reward_fn = low_id_task(tok)
 out = Path(sys.argv[1])
-def log(line):
-    print(line, flush=True)
-grpo.train_grpo(model, tok, sample_prompts, reward_fn, config(max_steps=6, save_steps=2), out,
-                resume=sys.argv[2] == "resume", log=log)
+grpo.train_grpo(model, tok, grpo.Task(sample_prompts, reward_fn), config(max_steps=6, save_steps=2), out,
+                resume=sys.argv[2] == "resume")
 from safetensors.torch import save_file
 save_file({{k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}},
           str(out / "final.safetensors"))
@@ -199,11 +192,9 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
         grpo.train_grpo(
             model,
             tok,
-            sample_prompts,
-            nan_reward,
+            grpo.Task(sample_prompts, nan_reward),
             config(max_steps=5),
             tmp_path,
-            log=lambda s: None,
         )
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["skipped"] for r in rows)
@@ -266,25 +257,22 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, dama
     grpo.train_grpo(
         model,
         tok,
-        sample_prompts,
-        reward_fn,
+        grpo.Task(sample_prompts, reward_fn),
         config(max_steps=2, save_steps=1),
         tmp_path,
-        log=lambda s: None,
     )
     broken = tmp_path / "checkpoints" / "ckpt-000002" / damage
     broken.write_bytes(b"{not json" if damage == "state.json" else broken.read_bytes()[:100])
     model, tok = loading.load_model("tiny")
-    lines = []
     rows = grpo.train_grpo(
         model,
         tok,
-        sample_prompts,
-        reward_fn,
+        grpo.Task(sample_prompts, reward_fn),
         config(max_steps=3, save_steps=1),
         tmp_path,
         resume=True,
-        log=lines.append,
     )
-    assert "ckpt-000002 cannot be loaded" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "ckpt-000002 cannot be loaded" in captured.err
+    lines = captured.out.splitlines()
     assert any("ckpt-000001" in line for line in lines) and [r["step"] for r in rows][-2:] == [2, 3]

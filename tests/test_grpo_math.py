@@ -5,16 +5,12 @@ Run: .venv/bin/python -m pytest -q tests/test_grpo_math.py
 """
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import grpo  # noqa: E402
+import grpo
 
 # The hand-computed losses below sum at most 6 per-token terms (their sizes add up to ~7), whose
 # inputs went through a log and an exp (a rounding each). A sum of n fp32 terms may be off by
@@ -110,7 +106,9 @@ def hand_batch():
 @pytest.mark.parametrize("loss_type, expected", [("grpo", -0.6725), ("dapo", -0.922)])
 def test_grpo_loss_hand_clipping(loss_type, expected):
     logps, old, ref, adv, mask = hand_batch()
-    loss, stats = grpo.grpo_loss(logps, old, None, adv, mask, loss_type=loss_type)
+    loss, stats = grpo.grpo_loss(
+        logps, old, None, adv, mask, grpo.LossSettings(loss_type=loss_type)
+    )
     assert loss.item() == pytest.approx(expected, abs=HAND_TOL)
     assert stats["clip_frac"] == pytest.approx(0.4)
     assert stats["ratio_mean"] == pytest.approx(1.02, abs=HAND_TOL)
@@ -123,7 +121,7 @@ def test_grpo_loss_clipped_tokens_get_no_gradient():
     #   row 0: [0 (clipped), -2*0.5/5 = -0.2, -2*1.1/5 = -0.44]
     #   row 1: [0 (clipped), 0.5*1.5/5 = 0.15, 0 (padding)]
     logps, old, _, adv, mask = hand_batch()
-    loss, _ = grpo.grpo_loss(logps, old, None, adv, mask, loss_type="dapo")
+    loss, _ = grpo.grpo_loss(logps, old, None, adv, mask, grpo.LossSettings(loss_type="dapo"))
     loss.backward()
     assert torch.allclose(
         logps.grad, torch.tensor([[0.0, -0.2, -0.44], [0.0, 0.15, 0.0]]), atol=1e-6
@@ -133,7 +131,9 @@ def test_grpo_loss_clipped_tokens_get_no_gradient():
 @pytest.mark.parametrize("loss_type, expected", [("grpo", -0.656495), ("dapo", -0.905863)])
 def test_grpo_loss_hand_kl(loss_type, expected):
     logps, old, ref, adv, mask = hand_batch()
-    loss, stats = grpo.grpo_loss(logps, old, ref, adv, mask, beta=0.1, loss_type=loss_type)
+    loss, stats = grpo.grpo_loss(
+        logps, old, ref, adv, mask, grpo.LossSettings(beta=0.1, loss_type=loss_type)
+    )
     assert loss.item() == pytest.approx(expected, abs=1e-5)
     assert stats["kl"] == pytest.approx(0.161371, abs=1e-5)
 
@@ -153,7 +153,9 @@ def test_grpo_loss_hand_kl(loss_type, expected):
 )
 def test_ratio_is_one_but_gradient_is_policy_gradient(loss_type, expected_loss, expected_grad):
     logps, _, _, adv, mask = hand_batch()
-    loss, stats = grpo.grpo_loss(logps, None, None, adv, mask, loss_type=loss_type)
+    loss, stats = grpo.grpo_loss(
+        logps, None, None, adv, mask, grpo.LossSettings(loss_type=loss_type)
+    )
     assert stats["ratio_mean"] == 1.0 and stats["clip_frac"] == 0.0
     assert loss.item() == pytest.approx(expected_loss, abs=HAND_TOL)
     loss.backward()
@@ -163,7 +165,9 @@ def test_ratio_is_one_but_gradient_is_policy_gradient(loss_type, expected_loss, 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_masked_tokens_get_exactly_zero_gradient(loss_type):
     logps, old, ref, adv, mask = hand_batch()  # pad token: ratio 2, d = 5
-    loss, _ = grpo.grpo_loss(logps, old, ref, adv, mask, beta=0.1, loss_type=loss_type)
+    loss, _ = grpo.grpo_loss(
+        logps, old, ref, adv, mask, grpo.LossSettings(beta=0.1, loss_type=loss_type)
+    )
     loss.backward()
     assert logps.grad[1, 2].item() == 0.0
     assert (logps.grad[mask.bool()] != 0).any()
@@ -172,9 +176,11 @@ def test_masked_tokens_get_exactly_zero_gradient(loss_type):
 def test_grpo_loss_rejects_bad_arguments():
     logps, old, _, adv, mask = hand_batch()
     with pytest.raises(ValueError):
-        grpo.grpo_loss(logps, old, None, adv, mask, beta=0.1)  # KL without a reference
+        grpo.grpo_loss(
+            logps, old, None, adv, mask, grpo.LossSettings(beta=0.1)
+        )  # KL without a reference
     with pytest.raises(ValueError):
-        grpo.grpo_loss(logps, old, None, adv, mask, loss_type="ppo")
+        grpo.grpo_loss(logps, old, None, adv, mask, grpo.LossSettings(loss_type="ppo"))
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
@@ -187,19 +193,19 @@ def test_gradient_accumulation_matches_full_batch(loss_type):
     adv = torch.tensor([1.0, -0.5, 0.7, -1.2])
     # micro-batch 1 (rows 0-1) has 9 real tokens, micro-batch 2 (rows 2-3) only 3
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
-    kwargs = dict(beta=0.05, loss_type=loss_type)
+    knobs = grpo.LossSettings(beta=0.05, loss_type=loss_type)
 
     full = base.clone().requires_grad_(True)
-    grpo.grpo_loss(full, old, ref, adv, mask, **kwargs)[0].backward()
+    grpo.grpo_loss(full, old, ref, adv, mask, knobs)[0].backward()
 
     total = int(mask.sum()) if loss_type == "dapo" else B  # 12 tokens, or 4 sequences
     micro = base.clone().requires_grad_(True)
     naive = base.clone().requires_grad_(True)
     for rows in (slice(0, 2), slice(2, 4)):
         args = (old[rows], ref[rows], adv[rows], mask[rows])
-        grpo.grpo_loss(micro[rows], *args, normalizer=total, **kwargs)[0].backward()
+        grpo.grpo_loss(micro[rows], *args, knobs, normalizer=total)[0].backward()
         # the naive way: each micro-batch averaged on its own, then averaged over 2 micro-batches
-        (grpo.grpo_loss(naive[rows], *args, **kwargs)[0] / 2).backward()
+        (grpo.grpo_loss(naive[rows], *args, knobs)[0] / 2).backward()
     # Each token's gradient is computed on its own (the loss is a sum, so no sum is reordered by
     # the split): equal up to a rounding of values below 1.
     assert torch.allclose(micro.grad, full.grad, atol=1e-7)

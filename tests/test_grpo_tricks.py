@@ -24,16 +24,12 @@ Run: .venv/bin/python -m pytest -q tests/test_grpo_tricks.py
 
 import copy
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import grpo  # noqa: E402
-import models  # noqa: E402
+import grpo
+import models
 from plumbing import loading
 
 B, P, C = 6, 6, 5  # 2 prompts x G = 3, prompt width 6, completion width 5
@@ -218,7 +214,9 @@ def test_beta_zero_skips_the_reference_pass_without_changing_the_loss(tiny):
     with torch.no_grad():
         ref_logps = grpo.completion_logprobs(ref, ids, attn, P)  # (B, C)
     logps = grpo.completion_logprobs(model, ids, attn, P)  # (B, C)
-    loss, stats = grpo.grpo_loss(logps, None, ref_logps, adv, mask, beta=0.0, loss_type="dapo")
+    loss, stats = grpo.grpo_loss(
+        logps, None, ref_logps, adv, mask, grpo.LossSettings(beta=0.0, loss_type="dapo")
+    )
     loss.backward()
     assert stats["kl"] > 0  # the reference does differ ...
     assert loss.item() == pytest.approx(
@@ -252,7 +250,9 @@ def test_one_iteration_skips_the_old_policy_pass_without_changing_the_loss(tiny)
         old_logps = grpo.completion_logprobs(fresh, ids, attn, P)  # (B, C)
         ref_logps = grpo.completion_logprobs(ref, ids, attn, P)  # (B, C)
     logps = grpo.completion_logprobs(fresh, ids, attn, P)  # (B, C)
-    loss, stats = grpo.grpo_loss(logps, old_logps, ref_logps, adv, mask, beta=0.1, loss_type="dapo")
+    loss, stats = grpo.grpo_loss(
+        logps, old_logps, ref_logps, adv, mask, grpo.LossSettings(beta=0.1, loss_type="dapo")
+    )
     loss.backward()
     assert stats["ratio_mean"] == pytest.approx(
         1.0, abs=1e-6
@@ -294,7 +294,9 @@ def test_shared_prompts_give_the_plain_loss_and_gradients_for_fewer_tokens(tiny)
         :, P - 1 : -1
     ]  # (B, C, V)
     logps = torch.log_softmax(logits.float(), -1).gather(2, ids[:, P:, None]).squeeze(2)  # (B, C)
-    loss, _ = grpo.grpo_loss(logps, None, None, adv, mask, beta=0.0, loss_type="dapo")
+    loss, _ = grpo.grpo_loss(
+        logps, None, None, adv, mask, grpo.LossSettings(beta=0.0, loss_type="dapo")
+    )
     loss.backward()
     assert seen_plain == [B * (P + C)]
     assert_same_grads(shared, {n: p.grad for n, p in plain.named_parameters()})
@@ -369,16 +371,10 @@ def test_grpo_step_scores_rewards_without_autograd(tiny):
 
     prompts = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "hello"}]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
-    stats, gen, rewards = grpo.grpo_step(
-        model,
-        tok,
-        optimizer,
-        prompts,
-        [0, 1],
-        reward_fn,
-        config(num_generations=2, max_new_tokens=3, beta=0.0),
-        step=1,
-    )
+    learner = grpo.Learner(model, tok, optimizer)
+    task = grpo.Task(prompts=None, reward=reward_fn)
+    cfg = config(num_generations=2, max_new_tokens=3, beta=0.0)
+    stats, gen, rewards = grpo.grpo_step(learner, task, prompts, [0, 1], cfg, step=1)
     assert seen == [False]
     assert gen.completion_ids.shape[0] == 4 and rewards == [0.0, 1.0, 0.0, 1.0]
     assert stats["reward"] == pytest.approx(0.5) and stats["kl"] is None

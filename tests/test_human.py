@@ -481,7 +481,7 @@ class Browser:
     def close(self) -> None:
         try:
             self.call("Browser.close", timeout=10)
-        except Exception:  # noqa: BLE001  the browser may already be gone
+        except Exception:  # the browser may already be gone: closing it is best effort
             pass
         self.proc.wait(timeout=30)
 

@@ -1,5 +1,5 @@
-"""Tests for the judges: the cache and the offline judge (judge.py), the LLM judges, the pair files and
-the report (extras/judges.py), the OpenAI judge and its client (extras/served.py).
+"""Tests for the judges: the cache, the offline judge and the LLM judges (judge.py), the pair files and
+the report (extras/judges.py), the OpenAI judge and its client (plumbing/served.py).
 
 The OpenAI judge is tested against a small HTTP server that each test starts on 127.0.0.1 (port 0)
 in a thread, with a scripted list of answers, so retries, timeouts and key handling are exercised
@@ -369,7 +369,7 @@ def test_content_null_is_its_own_error():
 
 
 def judge_args(spec="offline", model=None):
-    """The flags mascot.make_judge and extras/served.judge read."""
+    """The flags mascot.make_judge and plumbing/served.judge read."""
     return argparse.Namespace(
         judge=spec,
         judge_model=model,
@@ -639,8 +639,7 @@ def test_semantic_features_by_hand():
         context=e[1],
         history=torch.stack([reply, e[2]]),
         bank=e[3:],
-        own=e[0],
-        others=e[1][None],
+        lines=(e[0], e[1][None]),
     )
     assert f == pytest.approx(
         {
@@ -944,9 +943,7 @@ def test_stage1_counts_unreadable_answers_and_blames_the_judge():
 
     def blame(j):
         with pytest.raises(UserError, match="confirmed no preference pair") as err:
-            reward.build_pairs(
-                reward.RLAIFConfig(), states, candidates, personas, j, 0, log=lambda *a: None
-            )
+            reward.build_pairs(reward.RLAIFConfig(), states, candidates, personas, j, 0)
         return "every answer was unreadable" in str(err.value)
 
     assert blame(Scripted([None, None, None]))  # every score unreadable

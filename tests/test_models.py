@@ -65,7 +65,7 @@ def test_a_frozen_model_computes_the_same(smol):
 def test_a_frozen_model_lets_go_of_the_weight_file(smol):
     # The weights are read through the memory-mapped safetensors file; if the model's tensors
     # kept pointing into the mapping, all it read would stay resident on top of the model's own
-    # copies: 1.11 GB after loading a frozen SmolLM2-135M instead of ~0.7 GB.
+    # copies, and the growth would pass the bound below.
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); from plumbing import loading\n"
         "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"

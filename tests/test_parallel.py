@@ -1,8 +1,8 @@
-"""Data-parallel GRPO (extras/multigpu.py): two gloo processes take the one-process step.
+"""Data-parallel GRPO (plumbing/parallel.py): two gloo processes take the one-process step.
 
 Each process is a real `python` with torchrun's environment variables (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT), running one grpo.grpo_step on the tiny model: with one process through
-grpo.OneProcess, with two through parallel.Ranks. After the step the weights of rank 0 must equal
+parallel.OneProcess, with two through parallel.Ranks. After the step the weights of rank 0 must equal
 those of the single process on the same global batch to 1e-6, for both loss normalisations, with
 micro-batch accumulation on. Then the CLI under torchrun.
 """
@@ -43,8 +43,9 @@ def reward_fn(meta, texts, gen):
     return rewards, {"len": rewards}
 optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.0)
 scorer = ranks.wrap(grpo.LogProbs(model))       # torchrun: DistributedDataParallel
-stats, gen, rewards = grpo.grpo_step(model, tok, optimizer, prompts, [0, 1, 2, 3], reward_fn, cfg, 1, ranks=ranks,
-                                     scorer=scorer)
+learner = grpo.Learner(model, tok, optimizer, ranks=ranks, scorer=scorer)
+stats, gen, rewards = grpo.grpo_step(learner, grpo.Task(None, reward_fn), prompts, [0, 1, 2, 3], cfg, 1)
+del learner
 del scorer                  # DDP's reducer goes before the process group does (atexit): no abort at exit
 if ranks.is_main:
     save_file({k: v.clone().contiguous() for k, v in model.state_dict().items()}, sys.argv[2])

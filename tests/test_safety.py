@@ -345,7 +345,8 @@ def test_fit_mlp_learns_a_rule_on_raw_features():
     g = torch.Generator().manual_seed(0)
     X = torch.randn(400, 3, generator=g) * torch.tensor([10.0, 1.0, 0.1]) + 5.0
     y = (X[:, 0] - 5.0 > 0).float()
-    probe = training.fit_mlp(X, y, torch.ones(400), hidden=8, epochs=200, lr=1e-2, dropout=0.0)
+    fit = training.ProbeFit(hidden=8, epochs=200, lr=1e-2, dropout=0.0)
+    probe = training.fit_mlp(X, y, torch.ones(400), fit)
     accuracy = ((safety.mlp_logits(probe, X) > 0).float() == y).float().mean()
     assert accuracy > 0.95  # raw features in: mu and sd travel with it
 

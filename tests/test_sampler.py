@@ -10,7 +10,7 @@ tie. So every greedy equality below first checks, with `clear_greedy`, that the 
 have no near-tie; sampled equalities draw one uniform number per token and flip only if it lands
 within the (~1e-7) rounding of a CDF boundary.
 
-Run: .venv/bin/python -m pytest -q tests/test_models.py
+Run: .venv/bin/python -m pytest -q tests/test_sampler.py
 """
 
 import copy
@@ -119,7 +119,7 @@ def test_on_token_sees_every_sampled_token_as_it_comes(tiny):
         max_new_tokens=10,
         temperature=0.9,
         seeds=3,
-        on_token=lambda token: seen.append(token.clone()),
+        options=models.DecodeOptions(on_token=lambda token: seen.append(token.clone())),
     )
     assert torch.equal(torch.stack(seen, 1), gen.completion_ids)
 
@@ -166,10 +166,11 @@ def test_each_finished_row_stops_and_its_mask_ends_at_the_stop(tiny):
     finally:
         handle.remove()
     assert gen.completion_ids.shape[1] == 5 and all(gen.finished)
-    # min_new_tokens forbids the stop tokens early on.
+    # DecodeOptions.min_new_tokens forbids the stop tokens early on.
     handle = force_stop(model, tok, rows[:1], stop, {0: 1})
+    fixed = models.DecodeOptions(min_new_tokens=6)
     try:
-        gen = models.generate(model, tok, rows[:1], max_new_tokens=6, seeds=1, min_new_tokens=6)
+        gen = models.generate(model, tok, rows[:1], max_new_tokens=6, seeds=1, options=fixed)
     finally:
         handle.remove()
     assert int(gen.completion_mask[0].sum()) == 6 and gen.completion_ids[0, 1] != stop
@@ -273,9 +274,9 @@ def test_grpo_step_logs_the_sampler_trainer_logprob_gap(tiny, sampling_copy):
         rewards = [float(len(t) % 3) for t in texts]
         return rewards, {"len3": rewards}
 
-    stats, gen, _ = grpo.grpo_step(
-        policy, tok, optimizer, [ANCHOR, HI], [0, 1], reward_fn, cfg, 1, sampling=sampling
-    )
+    learner = grpo.Learner(policy, tok, optimizer, sampling=sampling)
+    task = grpo.Task(prompts=None, reward=reward_fn)
+    stats, gen, _ = grpo.grpo_step(learner, task, [ANCHOR, HI], [0, 1], cfg, 1)
     assert stats["entropy"] > 0 and 0 <= stats["completions/clipped_ratio"] <= 1
     if sampling_copy != "bf16":
         assert stats["logp_mismatch"] < 1e-4  # fp32: the policy's own numbers

@@ -1,6 +1,7 @@
 """Persona function from ESConv's human strategy labels: the cards' mapping, the judge's classifier and
 the evaluator (their math by hand, that they learn, the shipped files on real held-out dialogues), the
-`strategies` command end to end, and the director's ESConv warm start (extras/strategies.py)."""
+`strategies` command end to end, the group reward's grounded terms (director.py) and both warm starts
+(warmstart.py)."""
 
 import argparse
 import copy
@@ -407,9 +408,7 @@ def test_next_agent_agreement_is_the_share_of_turns_whose_target_the_director_na
 
 def test_the_esconv_warm_start_records_held_out_agreement_before_and_after(tiny, support, tmp_path):
     contexts = esconv(str(ROOT / "tests/fixtures/data/esconv/ESConv.json"))
-    examples, source, agreement = warmstart.warm_start_examples(
-        contexts, support, 8, 0.34, 0, balanced=False
-    )
+    targets = warmstart.warm_start_examples(contexts, support, 8, 0.34, 0, balanced=False)
     model = copy.deepcopy(tiny[0])
     warm = warmstart.warm_start(
         dr.DirectorConfig(director_warmup=2),
@@ -417,9 +416,7 @@ def test_the_esconv_warm_start_records_held_out_agreement_before_and_after(tiny,
         model,
         tiny[1],
         support,
-        examples,
-        source,
-        agreement,
+        targets,
         lambda *a: {"n": 0},
         resume=False,
     )
@@ -611,7 +608,7 @@ def test_stage2_with_esconv_measures_agreement_and_grounds_the_group_reward(tmp_
     assert {"r_plausible", "r_compliant"} <= set(step) and -1 <= step["r_compliant"] <= 1
 
 
-# --- The speakers' warm start, card against card (extras/sft.py; train --stage 1 on ESConv) ----------------------
+# --- The speakers' warm start, card against card (warmstart.py; train --stage 1 on ESConv) ----------------------
 SFT_FIXTURE = str(ROOT / "tests/fixtures/data/esconv_sft/train.jsonl")
 
 
@@ -677,7 +674,11 @@ def test_the_card_term_is_the_cross_entropy_of_the_card_posterior(card_task):
     model, tok = loading.load_model("tiny")
     example = card_task(1, seed=3)
     step = warmstart.card_contrastive_finetune(
-        model, tok, example, steps=1, batch_size=1, lr=0.0, log=lambda s: None
+        model,
+        tok,
+        example,
+        warmstart.CardSettings(steps=1, batch_size=1, lr=0.0),
+        log=lambda s: None,
     )[0]
     posterior = warmstart.card_accuracy(model, tok, example)["posterior"]
     assert step["card_ce"] == pytest.approx(-math.log(posterior), rel=1e-4)
@@ -695,7 +696,11 @@ def test_the_card_contrastive_warm_start_teaches_a_tiny_model_to_read_its_card(c
     held = card_task(40, seed=99)
     before = warmstart.card_accuracy(model, tok, held)
     history = warmstart.card_contrastive_finetune(
-        model, tok, card_task(160, seed=0), steps=40, batch_size=4, lr=3e-3, log=lambda s: None
+        model,
+        tok,
+        card_task(160, seed=0),
+        warmstart.CardSettings(steps=40, batch_size=4, lr=3e-3),
+        log=lambda s: None,
     )
     after = warmstart.card_accuracy(model, tok, held)
     print(
@@ -719,9 +724,8 @@ def test_an_interrupted_card_warm_start_goes_on_from_its_checkpoint_to_the_same_
         return loading.load_model("tiny")
 
     model, tok = fresh()
-    whole = warmstart.card_contrastive_finetune(
-        model, tok, examples, steps=6, lr=lr, log=lambda s: None
-    )
+    settings = warmstart.CardSettings(steps=6, lr=lr)
+    whole = warmstart.card_contrastive_finetune(model, tok, examples, settings, log=lambda s: None)
 
     def stop_at_five(line):
         if line.startswith("speakers' warm start 5/"):
@@ -730,13 +734,13 @@ def test_an_interrupted_card_warm_start_goes_on_from_its_checkpoint_to_the_same_
     cut, _ = fresh()
     with pytest.raises(KeyboardInterrupt):
         warmstart.card_contrastive_finetune(
-            cut, tok, examples, steps=6, lr=lr, log=stop_at_five, folder=tmp_path, every=2
+            cut, tok, examples, settings, log=stop_at_five, folder=tmp_path, every=2
         )
     assert [p.name for p in runs.checkpoints(tmp_path)] == ["ckpt-000004", "ckpt-000002"]
     again, _ = fresh()
     steps = []
     resumed = warmstart.card_contrastive_finetune(
-        again, tok, examples, steps=6, lr=lr, log=steps.append, folder=tmp_path, every=2
+        again, tok, examples, settings, log=steps.append, folder=tmp_path, every=2
     )
     assert [s.split(":")[0] for s in steps] == [
         "speakers' warm start 5/6",
