@@ -185,16 +185,65 @@ def completion_hidden(model, ids, mask, positions, P: int):
     continue from the prompt's end, and a mask lets its tokens see the prompt and the earlier tokens of their
     own reply only, exactly what they would see in their own row. So states and gradients are the plain path's
     (up to float summation order), while the prompt's activations exist once per group: 2 x (300 + 4 x 32)
-    tokens instead of 8 x 332 at our shapes: the sampler's shared prefill, for training."""
+    tokens instead of 8 x 332 at our shapes: the sampler's shared prefill, for training.
+
+    Packing replaces the model's own attention mask with ours, so it is used only where that is
+    exact (`packed_mask_for`); elsewhere each row runs on its own (`unpacked_hidden`)."""
     C = ids.shape[1] - P
     seq_ids, seq_pos, who, rows = pack_groups(ids, mask, positions, P)  # (U, L) each
+    packed_mask = packed_mask_for(model, who)
+    if packed_mask is None:
+        return unpacked_hidden(model, ids, mask, positions, P)
     hidden = model.get_decoder()(
         input_ids=seq_ids,
         position_ids=seq_pos,
-        attention_mask=packed_attention(who)[:, None],  # (U, 1, L, L): one head dimension
+        attention_mask=packed_mask,  # (U, 1, L, L): one head dimension
         use_cache=False,
     ).last_hidden_state  # (U, L, H)
     return unpack_completions(hidden, rows, len(ids), C)  # (B, C, H)
+
+
+def packed_mask_for(model, who: torch.Tensor):
+    """The packed sequences' 4D mask in the form the model's attention honours, or None where a
+    custom mask would be wrong. transformers hands a 4D mask to the attention unchanged: SDPA reads a
+    boolean mask as allowed / not allowed, but eager attention ADDS the mask to its scores, so there
+    it must be 0 / -inf-like (a boolean one would mask nothing). None: another attention kernel (flash
+    attention takes no 4D mask), or a sliding window shorter than the packed sequence (our mask
+    would override the window; Gemma 2 and 3 alternate window layers with full ones)."""
+    config = model.config
+    impl = getattr(config, "_attn_implementation", "eager")
+    if impl not in ("sdpa", "eager"):
+        return None
+    if sliding_window_of(config) and who.shape[1] > sliding_window_of(config):
+        return None
+    allowed = packed_attention(who)[:, None]  # (U, 1, L, L) boolean
+    if impl == "sdpa":
+        return allowed
+    dtype = next(model.parameters()).dtype
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return additive.masked_fill(~allowed, torch.finfo(dtype).min)  # (U, 1, L, L) 0 or min
+
+
+def sliding_window_of(config) -> int | None:
+    """The attention window of a model whose layers (some or all) attend locally, else None. Newer
+    configs list each layer's kind (layer_types); older ones switch windows with use_sliding_window."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    return window if getattr(config, "use_sliding_window", True) else None
+
+
+def unpacked_hidden(model, ids, mask, positions, P: int):
+    """(B, C, H) the plain way: every row through the body on its own, the model building its own
+    causal, padding and sliding-window masks from the 2-D mask; the state at position t predicts
+    token t + 1."""
+    hidden = model.get_decoder()(
+        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+    ).last_hidden_state  # (B, P + C, H)
+    return hidden[:, P - 1 : -1]  # (B, C, H)
 
 
 def left_pad_1d(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
@@ -260,8 +309,9 @@ def completion_logprobs(
     states at the C positions that predict the completion (completion_hidden), then the LM head `chunk_size` rows at a
     time, each reduced at once to logit[target] - logsumexp(logits). Logits are divided by the sampling temperature
     (as TRL), so these are log-probs of the distribution the tokens were drawn from. Position ids count real tokens
-    only, as the sampler did, so a left-padded row gets the log-probs it has unpadded. Works where logits are exactly
-    lm_head(final state) (Llama, SmolLM2, Qwen). Values at padding are finite but meaningless: mask them.
+    only, as the sampler did, so a left-padded row gets the log-probs it has unpadded. Logits are lm_head(final state),
+    soft-capped where the model caps them (Gemma 2: cap x tanh(logits / cap)); `check_logprobs` refuses a model whose
+    forward does something else. Values at padding are finite but meaningless: mask them.
     input_ids, attention_mask: (B, P + C), the prompt left-padded and the completion right-padded.
     """
     B, T = input_ids.shape
@@ -273,9 +323,13 @@ def completion_logprobs(
     hidden = hidden.reshape(B * C, -1)  # (B*C, H)
     targets = input_ids[:, P:].reshape(B * C)  # (B*C,)
     head = model.get_output_embeddings()
+    cap = getattr(model.config, "final_logit_softcapping", None)
     out = []
     for start in range(0, B * C, chunk_size):
-        logits = head(hidden[start : start + chunk_size]).float() / temperature  # (n, V)
+        logits = head(hidden[start : start + chunk_size]).float()  # (n, V)
+        if cap:
+            logits = cap * torch.tanh(logits / cap)  # as the model's own forward caps them
+        logits = logits / temperature
         out.append(
             logits.gather(1, targets[start : start + chunk_size, None]).squeeze(1)
             - torch.logsumexp(logits, -1)
@@ -301,6 +355,35 @@ def target_logprobs(model, pad_id: int, rows: list[tuple[list[int], list[int]]])
         p_ids.shape[1],
     )
     return logps, c_mask.to(dev)
+
+
+def check_logprobs(model, tok) -> float:
+    """Refuse, with one line, a model whose log-probabilities completion_logprobs cannot reproduce:
+    two replies to one chat (so the packed path runs) scored both ways, against log_softmax of the
+    model's own forward. Returns the largest gap per token (fp32: ~1e-6; bf16 weights: ~1e-2)."""
+    prompt = models.chat_prompt_ids(tok, [[{"role": "user", "content": "Say something kind."}]])[0]
+    replies = [tok(t, add_special_tokens=False)["input_ids"] for t in ("You did well.", "Hi.")]
+    rows = [(prompt, reply) for reply in replies]
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        ours, mask = target_logprobs(model, tok.pad_token_id, rows)  # (2, C)
+        gap = 0.0
+        for r, (p, reply) in enumerate(rows):
+            ids = torch.tensor([p + reply], device=mask.device)  # (1, T) one row, no padding
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)  # (T, V)
+            theirs = logp[len(p) - 1 : -1].gather(1, ids[0, len(p) :, None]).squeeze(1)  # (C_r,)
+            gap = max(gap, float((ours[r, : len(reply)] - theirs).abs().max()))
+    model.train(was_training)
+    bound = 5e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
+    if gap > bound:
+        raise UserError(
+            f"{getattr(model.config, 'name_or_path', '') or type(model).__name__}: the trainer's "
+            f"log-probabilities differ from the model's own by {gap:.3g} nats a token; "
+            "grpo.completion_logprobs cannot train this architecture (its logits are not "
+            "lm_head(final state), capped as config says)"
+        )
+    return gap
 
 
 # --- Settings, and one process or several -------------------------------------------------------
@@ -354,6 +437,12 @@ class GRPOConfig:
         False,
         "recompute activations in backward (GRPO, the reward model, the "
         "director's warm start): far less memory, ~1/5 more compute",
+    )
+    # A model too large for fp32 AdamW on the GPU (Qwen3-1.7B on 24 GB): plumbing/offload.py.
+    offload_optimizer: bool = option(
+        False,
+        "train the policy in bf16 on the GPU, its fp32 master weights and AdamW moments in CPU "
+        "memory (ZeRO-Offload's idea): 4 bytes a parameter on the GPU instead of 16",
     )
     # Sample from a bf16 copy of the policy (mascot.py sets it from --dtype; models.SamplingCopy).
     sample_bf16: bool = False
@@ -767,13 +856,15 @@ def train_grpo(
         raise UserError(
             f"--prompts-per-step {cfg.prompts_per_step}: must be a multiple of the {ranks.world} processes"
         )
-    optimizer = models.adamw(policy, cfg.learning_rate, cfg.weight_decay)
+    check_logprobs(policy, tok)  # an architecture we cannot score is refused before any work
+    # With --offload-optimizer the policy turns bf16 here, its fp32 masters going to CPU memory.
+    optimizer = models.adamw(policy, cfg.learning_rate, cfg.weight_decay, cfg.offload_optimizer)
     learner = Learner(policy, tok, optimizer, ref_model, ranks)
     start = start_or_resume(learner, out, resume)
     learner.scorer = ranks.wrap(
         LogProbs(policy)
     )  # torchrun: DDP, which also copies rank 0's weights
-    if cfg.sample_bf16:
+    if cfg.sample_bf16 and not cfg.offload_optimizer:  # an offloaded policy is bf16 already
         learner.sampling = models.SamplingCopy(policy)
     rows, bad = [], 0
     for step in range(start + 1, cfg.max_steps + 1):

@@ -219,7 +219,9 @@ def train_stage1(args, ranks=OneProcess()) -> dict:
     reference = rlaif.base if cfg.beta > 0 else None  # the KL anchor: the model GRPO starts from
     rlaif.base = None  # without a KL term the frozen copy's work is done
     release_memory()
-    policy, tok = loading.load_model(args.model, device=args.device)
+    # fp32, or bf16 under --offload-optimizer (then before and after are checked in one precision).
+    dtype = models.policy_dtype(cfg.offload_optimizer)
+    policy, tok = loading.load_model(args.model, device=args.device, dtype=dtype)
     personas = inputs.personas
     check = SpeakerCheck(policy, tok, rlaif.held_states, personas, rlaif.reward_fn, cfg)
     before = check("before GRPO") if ranks.is_main else None

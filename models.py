@@ -31,6 +31,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from plumbing.common import UserError
 from plumbing.loading import ENCODER_PACKAGE, package_folder, quiet_transformers
+from plumbing.offload import OffloadedAdamW
 
 # How simulate.speaker_messages labels another agent's turn in a speaker's prompt ...
 OTHER_LABEL = "({}, another companion)"
@@ -38,11 +39,20 @@ OTHER_LABEL = "({}, another companion)"
 OTHER_TURN = re.escape(OTHER_LABEL).replace(r"\{\}", r"[^()\n]{1,40}")
 
 
-def adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
+def adamw(model, lr: float, weight_decay: float, offload: bool = False):
     """Every training loop's AdamW, fused: one kernel updates each parameter in place, where the
     default (foreach) allocates temporaries as large as all the parameters together, which costs
-    memory and time on a CPU."""
+    memory and time on a CPU. offload: the model trains in bf16 and AdamW's fp32 state lives in
+    CPU memory (--offload-optimizer, plumbing/offload.py), for models too large for the GPU's memory."""
+    if offload:
+        return OffloadedAdamW(model, lr, weight_decay)
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
+
+
+def policy_dtype(offload: bool) -> torch.dtype:
+    """The dtype a trained model is loaded in: fp32 (AdamW's small updates need its 24 bits), or
+    bf16 under --offload-optimizer, whose fp32 master weights live in CPU memory instead."""
+    return torch.bfloat16 if offload else torch.float32
 
 
 def set_gradient_checkpointing(model, enabled: bool) -> None:
@@ -177,21 +187,137 @@ class Sampling:
     options: DecodeOptions
 
 
-def stop_token_ids(tokenizer) -> list[int]:
-    """eos plus the chat template's end-of-turn marker, if it has one."""
+# Every chat template's end-of-turn marker we know, beside the eos tokens a model names itself:
+# ChatML (Qwen, SmolLM2) <|im_end|>; Llama 3 <|eot_id|>, and Llama 3.1's <|eom_id|> (the end of a
+# tool-calling message) and <|end_of_text|>; Phi-3 <|end|>; Gemma <end_of_turn>; GPT-style <|endoftext|>.
+END_OF_TURN_MARKERS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+)
+
+
+def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
+    """The tokens that end a reply: the tokenizer's eos, the eos list of the model's own generation
+    config (Llama 3.1 names three), and the end-of-turn markers the vocabulary has."""
     ids = {tokenizer.eos_token_id}
-    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"):
+    own = getattr(generation_config, "eos_token_id", None)
+    if isinstance(own, int):
+        ids.add(own)
+    elif own is not None:
+        ids.update(own)
+    for marker in END_OF_TURN_MARKERS:
         tid = tokenizer.convert_tokens_to_ids(marker)
         if isinstance(tid, int) and tid >= 0 and tid != tokenizer.unk_token_id:
             ids.add(tid)
     return sorted(i for i in ids if i is not None)
 
 
+# --- Rendering a chat: one rule for every model family ----------------------------------------
+# Every prompt here is a list of chat messages (system, user, assistant) rendered by the model's
+# own chat template, which is what it was tuned on. Templates differ in ways that would otherwise
+# break or silently change a prompt, so every caller (the sampler, the reward model, the warm
+# starts, the LLM judge, the evaluators) renders through `render_chat`, which applies one rule:
+#   - thinking off: a template with a thinking mode (Qwen3's `enable_thinking`) would spend the
+#     reply's token budget thinking; the generation prompt then ends with its empty think block;
+#   - no system role (Gemma 2): the system message is folded into the first user turn;
+#   - strict alternation (Gemma 2 and 3): neighbouring messages of one role are joined, and a
+#     history that opens with the assistant's own turn loses that turn (the window slides one on);
+#   - a template that still cannot render such a chat is one line naming the model.
+
+
+@dataclass(frozen=True)
+class TemplateStyle:
+    """What a tokenizer's chat template accepts, found once by rendering tiny probe chats."""
+
+    thinking: bool  # it has a thinking switch (enable_thinking), turned off here
+    system: bool  # it renders a system message
+    alternation: bool  # it refuses two neighbouring messages of one role
+
+
+_STYLES: dict[tuple, TemplateStyle] = {}  # (tokenizer name, template) -> its style
+
+
+def template_style(tok) -> TemplateStyle:
+    """The tokenizer's TemplateStyle (cached); a UserError when it has no usable chat template."""
+    template = tok.chat_template if isinstance(tok.chat_template, str) else str(tok.chat_template)
+    key = (tok.name_or_path, template)
+    if key not in _STYLES:
+        if not tok.chat_template:
+            raise UserError(
+                f"{tok.name_or_path}: the tokenizer has no chat template; mascot prompts every role "
+                "as a chat, so use an instruction-tuned model (or give the tokenizer a chat_template)"
+            )
+        thinking = "enable_thinking" in template
+        system_probe = [{"role": "system", "content": "S-probe"}, {"role": "user", "content": "U"}]
+        user_probe = [{"role": "user", "content": "A"}, {"role": "user", "content": "B"}]
+        system = "S-probe" in (try_render(tok, system_probe, thinking) or "")
+        alternation = try_render(tok, user_probe, thinking) is None
+        _STYLES[key] = TemplateStyle(thinking, system, alternation)
+    return _STYLES[key]
+
+
+def try_render(tok, messages: list[dict], thinking: bool) -> str | None:
+    """The template's text for `messages`, or None where the template raises (its way to refuse)."""
+    extra = {"enable_thinking": False} if thinking else {}
+    try:
+        return tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **extra
+        )
+    except Exception:  # jinja2's TemplateError from raise_exception(), and template bugs alike
+        return None
+
+
+def fit_to_template(messages: list[dict], style: TemplateStyle) -> list[dict]:
+    """The messages reshaped so the template takes them (the rule above); unchanged otherwise."""
+    out = [dict(m) for m in messages]
+    if not style.system and out and out[0]["role"] == "system":
+        system = out.pop(0)["content"]
+        if out and out[0]["role"] == "user":
+            out[0]["content"] = f"{system}\n\n{out[0]['content']}"
+        else:
+            out.insert(0, {"role": "user", "content": system})
+    if not style.alternation:
+        return out
+    joined = []
+    for m in out:
+        if joined and joined[-1]["role"] == m["role"]:
+            joined[-1]["content"] += "\n\n" + m["content"]
+        else:
+            joined.append(m)
+    first = 1 if joined and joined[0]["role"] == "system" else 0
+    while len(joined) > first + 1 and joined[first]["role"] == "assistant":
+        joined.pop(first)  # a history must open with the user's turn
+    return joined
+
+
+def render_chat(tok, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """`messages` as text by the tokenizer's own chat template, under the one rule above: ready for
+    the assistant's reply (add_generation_prompt), or a finished chat (the reward model reads those)."""
+    style = template_style(tok)
+    extra = {"enable_thinking": False} if style.thinking else {}
+    fitted = fit_to_template(messages, style)
+    try:
+        return tok.apply_chat_template(
+            fitted, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+        )
+    except Exception as err:  # what the rule could not fix: one line, naming the model
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(
+            f"{tok.name_or_path}: its chat template refuses mascot's chats ({first}); use a model "
+            "whose template takes system, user and assistant messages"
+        ) from None
+
+
 def chat_prompt_ids(tokenizer, conversations: list[list[dict]]) -> list[list[int]]:
     """Each conversation through the model's own chat template, ready for the assistant's turn."""
     rows = []
     for messages in conversations:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = render_chat(tokenizer, messages, add_generation_prompt=True)
         # The template already wrote the special tokens it wants (<|im_start|> ...): add no more.
         rows.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return rows
@@ -402,7 +528,7 @@ def generate(
         temperature,
         top_p,
         row_generators(seeds, prompt_ids.shape[0], device),
-        torch.tensor(stop_token_ids(tokenizer), device=device),
+        torch.tensor(stop_token_ids(tokenizer, model.generation_config), device=device),
         tokenizer.pad_token_id,
         options,
     )

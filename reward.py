@@ -122,11 +122,28 @@ CONFIG_FILE = "reward_config.json"
 FORMAT_TAG = "mascot-reward-model-2"
 
 
+def give_own_pad_token(tok) -> bool:
+    """Give the tokenizer a pad token of its own where its pad token would end a rendered chat.
+    HF's sequence classifier reads the rightmost token that is not the pad token, and a chat must
+    be read at its end, the token after the reply's end of turn has been seen. Llama 3 has no pad
+    token (plumbing/loading.py borrows its <|eot_id|>, which ends every turn) and Phi-3's pad is the
+    <|endoftext|> its rendered chat ends with: read by that rule, both would score the reply's last
+    word instead. Returns whether a token was added (the model then needs one more embedding row)."""
+    probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+    text = models.render_chat(tok, probe, add_generation_prompt=False)
+    last = tok(text, add_special_tokens=False)["input_ids"][-1]
+    if tok.pad_token_id is not None and last != tok.pad_token_id:
+        return False
+    tok.add_special_tokens({"pad_token": "<|reward_pad|>"})
+    return True
+
+
 class RewardModel(torch.nn.Module):
     """r(chat) = w . h_last, an HF `AutoModelForSequenceClassification` with one label (`pipeline` and TRL's
     `reward_funcs=<folder>` load it). h_last, the final state at the last real token, is the only one that has seen
-    persona, conversation AND reply (where InstructGPT and TRL read it). HF pools the rightmost non-pad token; the pad
-    is <|im_end|>, which closes every turn, but a rendered chat ends "<|im_end|>\\n": that newline (tested)."""
+    persona, conversation AND reply (where InstructGPT and TRL read it). HF pools the rightmost non-pad token: for
+    SmolLM2 the pad is <|im_end|>, which closes every turn, but a rendered chat ends "<|im_end|>\\n", so it reads that
+    newline (tested); where the pad token would end a chat, `give_own_pad_token` gives the model one of its own."""
 
     def __init__(
         self,
@@ -147,12 +164,15 @@ class RewardModel(torch.nn.Module):
     def from_base(cls, name: str = loading.EMBEDDED, device: str = "cpu"):
         """A fresh reward model on the body of a causal LM: its LM head replaced by a scalar `score` head."""
         lm, tok = loading.load_model(name, device=device)
+        own_pad = give_own_pad_token(tok)
         config = copy.deepcopy(lm.config)
         config.num_labels = 1  # one scalar score
-        config.pad_token_id = tok.pad_token_id  # HF pools the last token before the padding
+        config.pad_token_id = tok.pad_token_id  # HF pools the last token that is not padding
         config.problem_type = "regression"
         net = AutoModelForSequenceClassification.from_config(config).to(device)
-        net.model.load_state_dict(lm.get_decoder().state_dict())
+        getattr(net, net.base_model_prefix).load_state_dict(lm.get_decoder().state_dict())
+        if own_pad:  # one more embedding row, for the new pad token (it is never attended to)
+            net.resize_token_embeddings(len(tok))
         # No bias (HF's head has none either): the loss only sees r_c - r_r, where a bias cancels.
         # std 1/sqrt(H + 1) as Ziegler et al. 2019: untrained scores start near zero but not all equal.
         torch.nn.init.normal_(net.score.weight, std=1.0 / math.sqrt(config.hidden_size + 1))
@@ -173,7 +193,7 @@ class RewardModel(torch.nn.Module):
         reply and what it answers sit at the end (512 leaves a persona and ~10 turns)."""
         rows = []
         for messages in chats:
-            text = tok.apply_chat_template(messages, tokenize=False)
+            text = models.render_chat(tok, messages, add_generation_prompt=False)
             ids = tok(text, add_special_tokens=False)["input_ids"]
             rows.append(ids[-self.max_length :])
         return models.left_pad(rows, tok.pad_token_id)

@@ -68,20 +68,25 @@ class SFTSettings:
 
 
 def token_rows(tok, examples: list[tuple[list[dict], str]]) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, target ids) per example: the chat rendered with and without the assistant turn,
-    and the difference, so the target ends with the template's own end-of-turn marker."""
+    """(prompt ids, target ids) per example: the chat rendered (models.render_chat) with and without
+    the assistant turn, and the difference, cut after its first stop token, so the target ends with
+    the template's own end-of-turn marker, where the sampler stops (not with what some templates
+    write after it: Phi-3 adds the end-of-text token)."""
+    stops = set(models.stop_token_ids(tok))
     rows = []
     for messages, target in examples:
-        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        full = tok.apply_chat_template(
-            messages + [{"role": "assistant", "content": target}], tokenize=False
-        )
+        prompt = models.render_chat(tok, messages, add_generation_prompt=True)
+        answered = messages + [{"role": "assistant", "content": target}]
+        full = models.render_chat(tok, answered, add_generation_prompt=False)
         if full.startswith(prompt):
             completion = full[len(prompt) :].rstrip("\n")
         else:  # a template that renders the history differently once it is answered
             completion = target + (tok.eos_token or "")
         prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
         completion_ids = tok(completion, add_special_tokens=False)["input_ids"]
+        ends = [i for i, t in enumerate(completion_ids) if t in stops]
+        if ends:
+            completion_ids = completion_ids[: ends[0] + 1]
         rows.append((prompt_ids, completion_ids))
     return rows
 
@@ -178,6 +183,7 @@ class CardSettings:
     batch_size: int = 4  # supporter turns per step (each K rows, one per card)
     lr: float = 4e-5  # the rate the warm start was measured at (docs/RESULTS.md)
     contrast: float = 1.0  # the weight of the card term; 0: plain SFT
+    offload: bool = False  # bf16 weights, fp32 AdamW state in CPU memory (--offload-optimizer)
 
 
 def strategy_owners(personas) -> dict[str, str]:
@@ -251,7 +257,7 @@ def card_contrastive_finetune(
     nll + contrast * card_ce (`card_terms`; contrast 0: plain SFT). Returns per step the two
     terms ("nll", nats per token; "card_ce", log K = chance). With `folder`, a checkpoint every
     `every` steps: a call that finds one goes on from it, to the uninterrupted weights."""
-    opt = models.adamw(model, settings.lr, weight_decay=0.0)
+    opt = models.adamw(model, settings.lr, weight_decay=0.0, offload=settings.offload)
     history = []
     start = 0
     if folder and checkpoints(folder):  # weights, AdamW moments and RNG, then the steps' history
@@ -335,7 +341,11 @@ def speaker_warm_start(args, out: Path, inputs, check: int = 60) -> str:
             "--speaker-warmup: no strategy-labelled supporter turns in the training or "
             "held-out dialogues"
         )
-    model, tok = load_model(args.model, device=args.device)
+    # With --offload-optimizer the model trains in bf16 (plumbing/offload.py): load it so, and the
+    # held-out check before and after compares one precision.
+    offload = getattr(args, "offload_optimizer", False)
+    model, tok = load_model(args.model, device=args.device, dtype=models.policy_dtype(offload))
+    grpo.check_logprobs(model, tok)  # an architecture we cannot score is refused before any work
     before = card_accuracy(model, tok, held)
     distinct = len({(t, k) for _, t, k in train})  # card_examples cycles the shorter lists
     chance = 1 / len(inputs.personas.personas)
@@ -346,7 +356,7 @@ def speaker_warm_start(args, out: Path, inputs, check: int = 60) -> str:
         flush=True,
     )
     checkpoint_folder = out / "speakers_warm_checkpoints"
-    settings = CardSettings(args.speaker_warmup)
+    settings = CardSettings(args.speaker_warmup, offload=offload)
     history = card_contrastive_finetune(model, tok, train, settings, folder=checkpoint_folder)
     after = card_accuracy(model, tok, held)
     print(
@@ -481,11 +491,8 @@ def next_agent_agreement(model, tok, personas, contexts, n: int = 300, seed: int
     model.eval()
     hits = []
     for c, j, target in turns:
-        chat = tok.apply_chat_template(
-            director_messages(personas, esconv_prefix(c, j, personas)),
-            tokenize=False,
-            add_generation_prompt=True,
-        )
+        messages = director_messages(personas, esconv_prefix(c, j, personas))
+        chat = models.render_chat(tok, messages, add_generation_prompt=True)
         ids = tok(chat + "Agent:", add_special_tokens=False)["input_ids"]
         scores = name_scores(model, tok, ids, name_ids)  # (A,)
         hits.append(float(names[int(scores.argmax())] == target.agent))
@@ -547,6 +554,7 @@ def warm_start(
     if resume and checkpoints(out / "checkpoints") and (out / "warm_start.json").exists():
         return read_json(out / "warm_start.json")
     examples, source, agreement = targets
+    grpo.check_logprobs(policy, tok)  # an architecture we cannot score is refused before any work
     before = None
     after = None
     if agreement:
