@@ -275,23 +275,29 @@ def try_render(tok, messages: list[dict], thinking: bool) -> str | None:
 def fit_to_template(messages: list[dict], style: TemplateStyle) -> list[dict]:
     """The messages reshaped so the template takes them (the rule above); unchanged otherwise."""
     out = [dict(m) for m in messages]
+    if style.alternation:
+        out = alternating(out)
     if not style.system and out and out[0]["role"] == "system":
         system = out.pop(0)["content"]
         if out and out[0]["role"] == "user":
             out[0]["content"] = f"{system}\n\n{out[0]['content']}"
         else:
             out.insert(0, {"role": "user", "content": system})
-    if not style.alternation:
-        return out
+    return out
+
+
+def alternating(messages: list[dict]) -> list[dict]:
+    """Neighbouring messages of one role joined, and the history opened by the user: an opening
+    assistant turn (after the system message) gives way, as if the window had slid one turn on."""
     joined = []
-    for m in out:
+    for m in messages:
         if joined and joined[-1]["role"] == m["role"]:
             joined[-1]["content"] += "\n\n" + m["content"]
         else:
             joined.append(m)
     first = 1 if joined and joined[0]["role"] == "system" else 0
     while len(joined) > first + 1 and joined[first]["role"] == "assistant":
-        joined.pop(first)  # a history must open with the user's turn
+        joined.pop(first)
     return joined
 
 

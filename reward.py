@@ -167,12 +167,14 @@ class RewardModel(torch.nn.Module):
         own_pad = give_own_pad_token(tok)
         config = copy.deepcopy(lm.config)
         config.num_labels = 1  # one scalar score
-        config.pad_token_id = tok.pad_token_id  # HF pools the last token that is not padding
         config.problem_type = "regression"
+        if not own_pad:
+            config.pad_token_id = tok.pad_token_id  # HF pools the last token that is not padding
         net = AutoModelForSequenceClassification.from_config(config).to(device)
         getattr(net, net.base_model_prefix).load_state_dict(lm.get_decoder().state_dict())
         if own_pad:  # one more embedding row, for the new pad token (it is never attended to)
             net.resize_token_embeddings(len(tok))
+            net.config.pad_token_id = tok.pad_token_id
         # No bias (HF's head has none either): the loss only sees r_c - r_r, where a bias cancels.
         # std 1/sqrt(H + 1) as Ziegler et al. 2019: untrained scores start near zero but not all equal.
         torch.nn.init.normal_(net.score.weight, std=1.0 / math.sqrt(config.hidden_size + 1))

@@ -15,6 +15,7 @@ sliding window (16 tokens, so a short test already crosses it), Qwen3's think bl
 projections. Each builds in well under a second, with no download.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -151,7 +152,7 @@ SPECS = {
         pad="<|endoftext|>",
         stops=("<|endoftext|>", "<|assistant|>", "<|end|>"),
         add_bos=False,  # Phi-3-mini's tokenizer_config.json has add_bos_token: false
-        config_class=Phi3Config,  # no head_dim field of its own: hidden_size / heads (16)
+        config_class=Phi3Config,  # no head_dim field: hidden_size / num_attention_heads (16)
         model_class=Phi3ForCausalLM,  # fused qkv_proj and gate_up_proj
         config=dict(num_key_value_heads=4, rms_norm_eps=1e-5),
         # As in Phi-3-mini: the role tags and <|end|> eat the newline after them when encoding.
@@ -200,9 +201,15 @@ def tokenizer(family: str):
 
 # --- The model -----------------------------------------------------------------------------
 def model_config(family: str, tok, **overrides):
-    """The family's config class at the shared tiny SHAPE, its token ids taken from `tok`."""
+    """The family's config class at the shared tiny SHAPE, its token ids taken from `tok`. An
+    override that is not a field of the config class is a TypeError: transformers would keep it
+    as a stray attribute that nothing reads, so a misspelt field would pass unnoticed."""
     fam = spec(family)
-    settings = {**SHAPE, **fam.config, **overrides}
+    fields = {f.name for f in dataclasses.fields(fam.config_class)}
+    if unknown := sorted(set(overrides) - fields):
+        raise TypeError(f"{fam.config_class.__name__} has no field {', '.join(unknown)}")
+    # SHAPE's fields the class lacks are left out: Phi3Config has no head_dim (it derives it).
+    settings = {k: v for k, v in {**SHAPE, **fam.config}.items() if k in fields} | overrides
     return fam.config_class(
         vocab_size=len(tok),
         bos_token_id=tok.bos_token_id,
