@@ -438,12 +438,6 @@ class GRPOConfig:
         "recompute activations in backward (GRPO, the reward model, the "
         "director's warm start): far less memory, ~1/5 more compute",
     )
-    # A model too large for fp32 AdamW on the GPU (Qwen3-1.7B on 24 GB): plumbing/offload.py.
-    offload_optimizer: bool = option(
-        False,
-        "train the policy in bf16 on the GPU, its fp32 master weights and AdamW moments in CPU "
-        "memory (ZeRO-Offload's idea): 4 bytes a parameter on the GPU instead of 16",
-    )
     # Sample from a bf16 copy of the policy (mascot.py sets it from --dtype; models.SamplingCopy).
     sample_bf16: bool = False
     # Fixed choices, not flags (why: where they are used).
@@ -857,14 +851,16 @@ def train_grpo(
             f"--prompts-per-step {cfg.prompts_per_step}: must be a multiple of the {ranks.world} processes"
         )
     check_logprobs(policy, tok)  # an architecture we cannot score is refused before any work
-    # With --offload-optimizer the policy turns bf16 here, its fp32 masters going to CPU memory.
-    optimizer = models.adamw(policy, cfg.learning_rate, cfg.weight_decay, cfg.offload_optimizer)
+    # A bf16 policy (--offload-optimizer) trains through fp32 masters in CPU memory (models.adamw).
+    optimizer = models.adamw(policy, cfg.learning_rate, cfg.weight_decay)
     learner = Learner(policy, tok, optimizer, ref_model, ranks)
     start = start_or_resume(learner, out, resume)
     learner.scorer = ranks.wrap(
         LogProbs(policy)
     )  # torchrun: DDP, which also copies rank 0's weights
-    if cfg.sample_bf16 and not cfg.offload_optimizer:  # an offloaded policy is bf16 already
+    if (
+        cfg.sample_bf16 and next(policy.parameters()).dtype == torch.float32
+    ):  # a bf16 one samples itself
         learner.sampling = models.SamplingCopy(policy)
     rows, bad = [], 0
     for step in range(start + 1, cfg.max_steps + 1):

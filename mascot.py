@@ -96,6 +96,12 @@ def train_flags(t) -> None:
         "--resume", action="store_true", help="continue from the newest complete checkpoint"
     )
     t.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="train every model (speakers, reward model, director, warm starts) in bf16, with "
+        "fp32 master weights and AdamW state in CPU memory: 4 bytes a parameter on the GPU, not 16",
+    )
+    t.add_argument(
         "--dist-timeout",
         type=flag_type("--dist-timeout", float, "positive"),
         default=180.0,
@@ -220,7 +226,7 @@ def train_stage1(args, ranks=OneProcess()) -> dict:
     rlaif.base = None  # without a KL term the frozen copy's work is done
     release_memory()
     # fp32, or bf16 under --offload-optimizer (then before and after are checked in one precision).
-    dtype = models.policy_dtype(cfg.offload_optimizer)
+    dtype = models.policy_dtype(args.offload_optimizer)
     policy, tok = loading.load_model(args.model, device=args.device, dtype=dtype)
     personas = inputs.personas
     check = SpeakerCheck(policy, tok, rlaif.held_states, personas, rlaif.reward_fn, cfg)
@@ -268,7 +274,7 @@ class Stage1Reward:
 
 def rlaif_reward(args, inputs, out: Path) -> Stage1Reward:
     """Phase I, steps 0-4: from the speaker's own samples to a reward model of the judge's preferences."""
-    cfg = options(reward.RLAIFConfig, args)
+    cfg = options(reward.RLAIFConfig, args, offload_optimizer=args.offload_optimizer)
     personas = inputs.personas
     # Step 0 (ESConv only; our addition): the speakers' warm start, card against card. A card-blind
     # speaker cannot be rewarded into its role (warmstart.py); the rest of stage 1 starts from it.
@@ -395,7 +401,8 @@ def train_stage2(args, ranks=OneProcess()) -> dict:
     # Step 1: freeze the speakers (stage 1's) and a simulated user; load the director GRPO trains.
     cast = frozen_cast(args, inputs, out)
     start_from = args.director or args.model
-    policy, tok = loading.load_model(start_from, device=args.device)
+    dtype = models.policy_dtype(args.offload_optimizer)  # bf16 with fp32 masters in CPU memory
+    policy, tok = loading.load_model(start_from, device=args.device, dtype=dtype)
     models.set_gradient_checkpointing(
         policy, args.gradient_checkpointing
     )  # the warm start's passes too

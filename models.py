@@ -32,6 +32,7 @@ from transformers import AutoModel, AutoTokenizer
 from plumbing.common import UserError
 from plumbing.loading import ENCODER_PACKAGE, package_folder, quiet_transformers
 from plumbing.offload import OffloadedAdamW
+from plumbing.templates import render_chat
 
 # How simulate.speaker_messages labels another agent's turn in a speaker's prompt ...
 OTHER_LABEL = "({}, another companion)"
@@ -39,12 +40,13 @@ OTHER_LABEL = "({}, another companion)"
 OTHER_TURN = re.escape(OTHER_LABEL).replace(r"\{\}", r"[^()\n]{1,40}")
 
 
-def adamw(model, lr: float, weight_decay: float, offload: bool = False):
+def adamw(model, lr: float, weight_decay: float):
     """Every training loop's AdamW, fused: one kernel updates each parameter in place, where the
     default (foreach) allocates temporaries as large as all the parameters together, which costs
-    memory and time on a CPU. offload: the model trains in bf16 and AdamW's fp32 state lives in
-    CPU memory (--offload-optimizer, plumbing/offload.py), for models too large for the GPU's memory."""
-    if offload:
+    memory and time on a CPU. AdamW always updates fp32 weights: bf16's 8 significant bits would
+    lose a small step. So a model trained in bf16 (--offload-optimizer loads it so) gets fp32
+    master copies, and AdamW's state, in CPU memory (plumbing/offload.py)."""
+    if any(p.dtype == torch.bfloat16 for p in model.parameters()):
         return OffloadedAdamW(model, lr, weight_decay)
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
 
@@ -217,112 +219,12 @@ def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-# --- Rendering a chat: one rule for every model family ----------------------------------------
-# Every prompt here is a list of chat messages (system, user, assistant) rendered by the model's
-# own chat template, which is what it was tuned on. Templates differ in ways that would otherwise
-# break or silently change a prompt, so every caller (the sampler, the reward model, the warm
-# starts, the LLM judge, the evaluators) renders through `render_chat`, which applies one rule:
-#   - thinking off: a template with a thinking mode (Qwen3's `enable_thinking`) would spend the
-#     reply's token budget thinking; the generation prompt then ends with its empty think block;
-#   - no system role (Gemma 2): the system message is folded into the first user turn;
-#   - strict alternation (Gemma 2 and 3): neighbouring messages of one role are joined, and a
-#     history that opens with the assistant's own turn loses that turn (the window slides one on);
-#   - a template that still cannot render such a chat is one line naming the model.
-
-
-@dataclass(frozen=True)
-class TemplateStyle:
-    """What a tokenizer's chat template accepts, found once by rendering tiny probe chats."""
-
-    thinking: bool  # it has a thinking switch (enable_thinking), turned off here
-    system: bool  # it renders a system message
-    alternation: bool  # it refuses two neighbouring messages of one role
-
-
-_STYLES: dict[tuple, TemplateStyle] = {}  # (tokenizer name, template) -> its style
-
-
-def template_style(tok) -> TemplateStyle:
-    """The tokenizer's TemplateStyle (cached); a UserError when it has no usable chat template."""
-    template = tok.chat_template if isinstance(tok.chat_template, str) else str(tok.chat_template)
-    key = (tok.name_or_path, template)
-    if key not in _STYLES:
-        if not tok.chat_template:
-            raise UserError(
-                f"{tok.name_or_path}: the tokenizer has no chat template; mascot prompts every role "
-                "as a chat, so use an instruction-tuned model (or give the tokenizer a chat_template)"
-            )
-        thinking = "enable_thinking" in template
-        system_probe = [{"role": "system", "content": "S-probe"}, {"role": "user", "content": "U"}]
-        user_probe = [{"role": "user", "content": "A"}, {"role": "user", "content": "B"}]
-        system = "S-probe" in (try_render(tok, system_probe, thinking) or "")
-        alternation = try_render(tok, user_probe, thinking) is None
-        _STYLES[key] = TemplateStyle(thinking, system, alternation)
-    return _STYLES[key]
-
-
-def try_render(tok, messages: list[dict], thinking: bool) -> str | None:
-    """The template's text for `messages`, or None where the template raises (its way to refuse)."""
-    extra = {"enable_thinking": False} if thinking else {}
-    try:
-        return tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **extra
-        )
-    except Exception:  # jinja2's TemplateError from raise_exception(), and template bugs alike
-        return None
-
-
-def fit_to_template(messages: list[dict], style: TemplateStyle) -> list[dict]:
-    """The messages reshaped so the template takes them (the rule above); unchanged otherwise."""
-    out = [dict(m) for m in messages]
-    if style.alternation:
-        out = alternating(out)
-    if not style.system and out and out[0]["role"] == "system":
-        system = out.pop(0)["content"]
-        if out and out[0]["role"] == "user":
-            out[0]["content"] = f"{system}\n\n{out[0]['content']}"
-        else:
-            out.insert(0, {"role": "user", "content": system})
-    return out
-
-
-def alternating(messages: list[dict]) -> list[dict]:
-    """Neighbouring messages of one role joined, and the history opened by the user: an opening
-    assistant turn (after the system message) gives way, as if the window had slid one turn on."""
-    joined = []
-    for m in messages:
-        if joined and joined[-1]["role"] == m["role"]:
-            joined[-1]["content"] += "\n\n" + m["content"]
-        else:
-            joined.append(m)
-    first = 1 if joined and joined[0]["role"] == "system" else 0
-    while len(joined) > first + 1 and joined[first]["role"] == "assistant":
-        joined.pop(first)
-    return joined
-
-
-def render_chat(tok, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """`messages` as text by the tokenizer's own chat template, under the one rule above: ready for
-    the assistant's reply (add_generation_prompt), or a finished chat (the reward model reads those)."""
-    style = template_style(tok)
-    extra = {"enable_thinking": False} if style.thinking else {}
-    fitted = fit_to_template(messages, style)
-    try:
-        return tok.apply_chat_template(
-            fitted, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
-        )
-    except Exception as err:  # what the rule could not fix: one line, naming the model
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserError(
-            f"{tok.name_or_path}: its chat template refuses mascot's chats ({first}); use a model "
-            "whose template takes system, user and assistant messages"
-        ) from None
-
-
 def chat_prompt_ids(tokenizer, conversations: list[list[dict]]) -> list[list[int]]:
     """Each conversation through the model's own chat template, ready for the assistant's turn."""
     rows = []
     for messages in conversations:
+        # One rule for every model family (plumbing/templates.py): thinking off, the system message
+        # folded where the template refuses one, alternation kept where it is required.
         text = render_chat(tokenizer, messages, add_generation_prompt=True)
         # The template already wrote the special tokens it wants (<|im_start|> ...): add no more.
         rows.append(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -45,6 +45,7 @@ from metrics import cluster_means, content_words, standard_error, words
 from plumbing import devices, loading
 from plumbing.common import UserError, derive_seed, option, progress
 from plumbing.files import append_jsonl, asset, atomic_folder, read_jsonl, write_jsonl
+from plumbing.templates import render_chat
 from scenarios import Context, PersonaSet
 from simulate import (
     USER,
@@ -84,6 +85,8 @@ class RLAIFConfig:
     hack_pairs: int = option(
         2, "synthetic reward hacks per judged state, as rejected replies", "non-negative"
     )
+    # --offload-optimizer (mascot sets it): the reward model trains in bf16 (plumbing/offload.py).
+    offload_optimizer: bool = False
     speaker_warmup: int = option(
         120,
         "ESConv data only: card-contrastive steps (4 supporter turns each) first",
@@ -130,7 +133,7 @@ def give_own_pad_token(tok) -> bool:
     <|endoftext|> its rendered chat ends with: read by that rule, both would score the reply's last
     word instead. Returns whether a token was added (the model then needs one more embedding row)."""
     probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
-    text = models.render_chat(tok, probe, add_generation_prompt=False)
+    text = render_chat(tok, probe, add_generation_prompt=False)
     last = tok(text, add_special_tokens=False)["input_ids"][-1]
     if tok.pad_token_id is not None and last != tok.pad_token_id:
         return False
@@ -161,9 +164,10 @@ class RewardModel(torch.nn.Module):
         self.metrics = metrics or {}  # its held-out accuracies, as train_reward_model measured them
 
     @classmethod
-    def from_base(cls, name: str = loading.EMBEDDED, device: str = "cpu"):
-        """A fresh reward model on the body of a causal LM: its LM head replaced by a scalar `score` head."""
-        lm, tok = loading.load_model(name, device=device)
+    def from_base(cls, name: str = loading.EMBEDDED, device: str = "cpu", dtype=torch.float32):
+        """A fresh reward model on the body of a causal LM: its LM head replaced by a scalar `score`
+        head; dtype: bf16 to train it through fp32 masters in CPU memory (--offload-optimizer)."""
+        lm, tok = loading.load_model(name, device=device, dtype=dtype)
         own_pad = give_own_pad_token(tok)
         config = copy.deepcopy(lm.config)
         config.num_labels = 1  # one scalar score
@@ -195,7 +199,7 @@ class RewardModel(torch.nn.Module):
         reply and what it answers sit at the end (512 leaves a persona and ~10 turns)."""
         rows = []
         for messages in chats:
-            text = models.render_chat(tok, messages, add_generation_prompt=False)
+            text = render_chat(tok, messages, add_generation_prompt=False)
             ids = tok(text, add_special_tokens=False)["input_ids"]
             rows.append(ids[-self.max_length :])
         return models.left_pad(rows, tok.pad_token_id)
@@ -871,7 +875,8 @@ def fit_reward_model(
         print(f"stage 1: reusing the reward model in {folder}")
     else:
         torch.manual_seed(seed)  # the scalar head's initialisation
-        rm, rm_tok = RewardModel.from_base(base_model, device=device)
+        train_dtype = models.policy_dtype(cfg.offload_optimizer)
+        rm, rm_tok = RewardModel.from_base(base_model, device=device, dtype=train_dtype)
         models.set_gradient_checkpointing(rm.net, checkpointing)
         metrics = train_reward_model(
             rm, rm_tok, pairs, cfg.rm_held_out, cfg.rm_epochs, cfg.rm_lr, seed=seed

@@ -47,6 +47,7 @@ from plumbing.devices import release_memory
 from plumbing.files import read_json, save_model, write_json
 from plumbing.loading import load_model
 from plumbing.runs import checkpoints, load_checkpoint, save_checkpoint
+from plumbing.templates import render_chat
 from reward import shown
 from scenarios import classifier_halves, require_mapping, split_contexts
 from simulate import USER, Conversation, Directive, Turn, least_spoken_agent, speaker_messages
@@ -75,9 +76,9 @@ def token_rows(tok, examples: list[tuple[list[dict], str]]) -> list[tuple[list[i
     stops = set(models.stop_token_ids(tok))
     rows = []
     for messages, target in examples:
-        prompt = models.render_chat(tok, messages, add_generation_prompt=True)
+        prompt = render_chat(tok, messages, add_generation_prompt=True)
         answered = messages + [{"role": "assistant", "content": target}]
-        full = models.render_chat(tok, answered, add_generation_prompt=False)
+        full = render_chat(tok, answered, add_generation_prompt=False)
         if full.startswith(prompt):
             completion = full[len(prompt) :].rstrip("\n")
         else:  # a template that renders the history differently once it is answered
@@ -183,7 +184,6 @@ class CardSettings:
     batch_size: int = 4  # supporter turns per step (each K rows, one per card)
     lr: float = 4e-5  # the rate the warm start was measured at (docs/RESULTS.md)
     contrast: float = 1.0  # the weight of the card term; 0: plain SFT
-    offload: bool = False  # bf16 weights, fp32 AdamW state in CPU memory (--offload-optimizer)
 
 
 def strategy_owners(personas) -> dict[str, str]:
@@ -257,7 +257,7 @@ def card_contrastive_finetune(
     nll + contrast * card_ce (`card_terms`; contrast 0: plain SFT). Returns per step the two
     terms ("nll", nats per token; "card_ce", log K = chance). With `folder`, a checkpoint every
     `every` steps: a call that finds one goes on from it, to the uninterrupted weights."""
-    opt = models.adamw(model, settings.lr, weight_decay=0.0, offload=settings.offload)
+    opt = models.adamw(model, settings.lr, weight_decay=0.0)
     history = []
     start = 0
     if folder and checkpoints(folder):  # weights, AdamW moments and RNG, then the steps' history
@@ -356,7 +356,7 @@ def speaker_warm_start(args, out: Path, inputs, check: int = 60) -> str:
         flush=True,
     )
     checkpoint_folder = out / "speakers_warm_checkpoints"
-    settings = CardSettings(args.speaker_warmup, offload=offload)
+    settings = CardSettings(args.speaker_warmup)
     history = card_contrastive_finetune(model, tok, train, settings, folder=checkpoint_folder)
     after = card_accuracy(model, tok, held)
     print(
@@ -492,7 +492,7 @@ def next_agent_agreement(model, tok, personas, contexts, n: int = 300, seed: int
     hits = []
     for c, j, target in turns:
         messages = director_messages(personas, esconv_prefix(c, j, personas))
-        chat = models.render_chat(tok, messages, add_generation_prompt=True)
+        chat = render_chat(tok, messages, add_generation_prompt=True)
         ids = tok(chat + "Agent:", add_special_tokens=False)["input_ids"]
         scores = name_scores(model, tok, ids, name_ids)  # (A,)
         hits.append(float(names[int(scores.argmax())] == target.agent))

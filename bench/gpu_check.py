@@ -8,8 +8,8 @@ minutes. Only the GRPO steps are timed (grpo.grpo_step and models.generate wrapp
     generate     the share of the step spent sampling;
     peak memory  torch.cuda.max_memory_allocated() and max_memory_reserved() from the start of the process,
                  never reset: the reward model's training, the candidates and the held-out checks count too;
-                 the peak before the first GRPO step is printed beside it (the phase before GRPO, mostly the
-                 reward model's training).
+                 the peak before the first GRPO step is printed beside it (the reward model's training and
+                 the held-out check before GRPO).
 --model picks the model (default: the embedded SmolLM2-135M); above ~0.5B parameters (counted from its config on
 the meta device, no weights loaded) the check adds --gradient-checkpointing and says so (--checkpointing /
 --no-checkpointing decide instead). --offload-optimizer is passed on to mascot (plumbing/offload.py). The exact

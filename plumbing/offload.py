@@ -1,6 +1,6 @@
 """plumbing/offload.py: AdamW with its fp32 state in CPU memory (skip on first reading).
 
-`--offload-optimizer` (grpo.GRPOConfig.offload_optimizer): the memory trick that lets Qwen3-1.7B's
+`--offload-optimizer` (a `train` flag; models.adamw picks this optimiser for any bf16 model): the memory trick that lets Qwen3-1.7B's
 stage 1 train on a 24 GB card without LoRA (docs/PERFORMANCE.md has the arithmetic). Full
 fine-tuning with fp32 AdamW needs 16 bytes a parameter on the GPU (weights, gradients, two moments):
 27.5 GB for 1.7B parameters before anything else. Here the GPU holds the policy in bf16 (2 bytes)
@@ -54,10 +54,13 @@ class OffloadedAdamW:
         """The gradients (already clipped) to the CPU in fp32, AdamW on the masters, and the
         masters back into the model's bf16 weights."""
         for p, master in zip(self.params, self.masters):
-            master.grad = None if p.grad is None else p.grad.to("cpu", torch.float32)
+            # Over PCIe in bf16 (2 bytes a parameter), widened to fp32 on the CPU.
+            master.grad = None if p.grad is None else p.grad.to("cpu").float()
         self.inner.step()
         for p, master in zip(self.params, self.masters):
-            p.copy_(master, non_blocking=True)  # rounds to bf16 on the way
+            p.copy_(
+                master.to(torch.bfloat16), non_blocking=True
+            )  # rounded on the CPU, sent in bf16
             master.grad = None
 
     def state_dict(self) -> dict:

@@ -20,6 +20,7 @@ import grpo
 import models
 import reward
 from plumbing.loading import load_model
+from plumbing.templates import render_chat
 
 SYSTEM = {"role": "system", "content": "You are Anchor, the emotional validator."}
 USER = {"role": "user", "content": "I failed my driving test again."}
@@ -43,7 +44,7 @@ def attention_paths(family: str) -> list[str]:
 @pytest.mark.parametrize("family", families.FAMILIES)
 def test_every_family_renders_a_speaker_prompt(built, family):
     _, tok = load_model(str(built[family]))
-    text = models.render_chat(tok, [SYSTEM, USER])
+    text = render_chat(tok, [SYSTEM, USER])
     assert "emotional validator" in text and "driving test" in text  # nothing dropped
     if family == "qwen3":  # thinking off: the think block is written and closed for the model
         assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -58,7 +59,7 @@ def test_a_history_opening_with_the_speakers_own_turn_still_renders(built, famil
     # first and alternation: the opening assistant turn gives way, neighbours of one role join.
     _, tok = load_model(str(built[family]))
     messages = [SYSTEM, ASSISTANT, USER, {"role": "user", "content": "And I cried."}]
-    text = models.render_chat(tok, messages)
+    text = render_chat(tok, messages)
     assert "discouraging" not in text and "driving test again.\n\nAnd I cried." in text
 
 
@@ -68,7 +69,7 @@ def test_a_tokenizer_without_a_chat_template_is_one_line(built):
     _, tok = load_model(str(built["llama3"]))
     tok.chat_template = None
     with pytest.raises(UserError, match="no chat template"):
-        models.render_chat(tok, [USER])
+        render_chat(tok, [USER])
 
 
 # --- Stop tokens -------------------------------------------------------------------------------
