@@ -123,6 +123,11 @@ _FIELD = re.compile(
 )
 # Words models use for the same field: "Speaker: Anchor" names the agent, "Strategy:" the action.
 _SYNONYMS = {"speaker": "agent", "next": "agent", "strategy": "action"}
+# What a directive may carry into a speaker's prompt. The Action stays free text (the paper's
+# director writes its own actions) but short: the set's strategies are under 50 characters and the
+# paper's example about 55. A Tone is a word or three ("calm and steady").
+ACTION_CHARS = 120
+TONE_CHARS = 40
 
 
 def parse_directive(text: str, personas: PersonaSet, fallback_agent: str) -> Directive:
@@ -131,26 +136,42 @@ def parse_directive(text: str, personas: PersonaSet, fallback_agent: str) -> Dir
     Robust to case, markdown ("**Agent:**"), extra text, "Speaker"/"Strategy" as synonyms and an
     agent named by its role or inside a phrase ("Agent: I think Beacon should go"). No known agent:
     invalid, and `fallback_agent` speaks (the format term of the group reward penalises it; the logs
-    count it)."""
+    count it). What reaches a speaker's prompt is bounded (`bounded_field`, `known_tone`): a served
+    or trained director's text is not trusted to be a directive."""
     fields: dict[str, str] = {}
     for line in (text if isinstance(text, str) else "").splitlines():
         m = _FIELD.match(line)
         if m:
             key = _SYNONYMS.get(m.group(1).lower(), m.group(1).lower())
-            # The first value of a field wins; 200 characters is far more than a directive needs.
-            fields.setdefault(key, m.group(2).strip().strip("*\"'`").strip()[:200])
-    named = fields.get("agent")
+            fields.setdefault(key, m.group(2))  # the first value of a field wins
+    named = bounded_field(fields.get("agent", ""), 200)  # only ever matched against the roster
+    action = bounded_field(fields.get("action", ""), ACTION_CHARS)
+    tone = known_tone(bounded_field(fields.get("tone", ""), TONE_CHARS), personas.tones)
     persona = personas.find(named) if named else None
     if persona is None and named:
         persona = first_persona_named(named, personas)
     agent = persona.name if persona else fallback_agent
-    return Directive(
-        agent,
-        fields.get("action", ""),
-        fields.get("tone", ""),
-        persona is not None,
-        (text or "")[:1000],
-    )
+    return Directive(agent, action, tone, persona is not None, (text or "")[:1000])
+
+
+def bounded_field(value: str, limit: int) -> str:
+    """One field's value as a prompt may carry it: one line of printable characters (a control or
+    format character, e.g. an escape sequence's ESC, a bidi override or a zero-width space, is
+    dropped; any other space becomes a plain one), markdown quotes and stars stripped, at most
+    `limit` characters."""
+    kept = "".join(" " if ch.isspace() else ch for ch in value if ch.isprintable() or ch.isspace())
+    return kept.strip().strip("*\"'`").strip()[:limit].rstrip()
+
+
+def known_tone(tone: str, tones: list[str]) -> str:
+    """The tone if every word of it is a word of the set's tone list ("calm" of "calm and steady",
+    "warm and gentle"), else "" (none). Dropped, not replaced by the nearest listed tone: that would
+    put a choice in the director's mouth; without a tone the speaker keeps its card's own style."""
+    vocabulary = {w for t in tones for w in re.findall(r"[^\W\d_]+", t.casefold())}
+    words = re.findall(r"[^\W\d_]+", tone.casefold())
+    if not tones or (words and set(words) <= vocabulary):
+        return tone
+    return ""
 
 
 def first_persona_named(phrase: str, personas: PersonaSet):

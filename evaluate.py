@@ -29,7 +29,6 @@ studies are extras/human.py. results.md is laid out by plumbing/results.py.
     python mascot.py evaluate [--systems round-robin,mascot] [--profiles all --contexts 50]
 """
 
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -966,35 +965,30 @@ def run_or_resume(
     systems: list[System], setup: Setup, cfg: EvalConfig, keys: list[str], out: Path, protocol: dict
 ) -> tuple[dict, list]:
     """{name: results entry} of every system, and the transcript rows. Each finished system is saved
-    at once (out/partial/NAME.json) with the protocol its numbers depend on; a later run with the
-    same protocol keeps it, so an interrupted evaluation redoes only the unfinished systems."""
+    at once (out/partial/NAME.json) with what ITS numbers depend on (plumbing/results.py); a later
+    run with the same keeps it, so an interrupted evaluation redoes only the unfinished systems."""
     entries = {}
     rows = []
     for system in systems:
-        part = out / "partial" / f"{system.name}.json"
-        saved = files.read_json(part) if part.is_file() else {}
-        if saved.get("protocol") == results.json_safe(protocol):
+        parts = (system.speakers, system.order, system.pipeline)  # what the system is made of
+        saved = results.saved_system(out / "partial", system.name, parts, protocol)
+        if saved:
             entries[system.name] = saved["entry"]
             sys_rows = saved["rows"]
-            print(f"{system.name}: kept from the interrupted evaluation ({part})", flush=True)
+            print(f"{system.name}: kept from the interrupted evaluation", flush=True)
         else:
             convs, entries[system.name] = run_system(system, setup, cfg, keys)
             sys_rows = [
                 {"system": system.name, "index": i, **c.to_json()} for i, c in enumerate(convs)
             ]
-            saved = {"protocol": protocol, "entry": entries[system.name], "rows": sys_rows}
-            files.write_json(part, results.json_safe(saved))
+            saved = {"entry": entries[system.name], "rows": sys_rows}
+            results.save_system(out / "partial", system.name, parts, protocol, saved)
         rows += sys_rows
     return entries, rows
 
 
 def run(
-    cfg: EvalConfig,
-    setup: Setup,
-    systems: list[System],
-    skipped: dict,
-    out: Path,
-    protocol: dict,
+    cfg: EvalConfig, setup: Setup, systems: list[System], skipped: dict, out: Path, protocol: dict
 ) -> dict:
     """Run every system, score, write out/{transcripts.jsonl, results.json, results.md}.
     skipped: {system: why} (choose_systems); protocol: everything the numbers depend on (the
@@ -1031,5 +1025,6 @@ def run(
     files.write_jsonl(out / "transcripts.jsonl", rows)
     files.write_json(out / "results.json", results.json_safe(evaluation))
     files.write_text_atomic(out / "results.md", markdown)
-    shutil.rmtree(out / "partial", ignore_errors=True)
+    every = {s.name: (s.speakers, s.order, s.pipeline) for s in SYSTEMS}
+    results.tidy_partials(out / "partial", entries, every, protocol)
     return evaluation

@@ -797,12 +797,30 @@ def start_or_resume(learner: Learner, out: Path, resume: bool) -> int:
     return 0
 
 
-def refuse_nonfinite_weights(learner: Learner, row: dict, out: Path) -> None:
-    """Stop at once, with one line, if an applied update made a weight NaN or inf (the checkpoints
-    on disk are from before it)."""
-    if not row["skipped"] and not all(torch.isfinite(p).all() for p in learner.policy.parameters()):
+MAX_WEIGHT_CHANGE = 0.5  # a step moves the weights' norm by ~lr (1e-5); by half, it broke them
+
+
+def weights_norm(model) -> float:
+    """The L2 norm of all the model's weights together."""
+    return float(torch.sqrt(sum(p.detach().float().pow(2).sum() for p in model.parameters())))
+
+
+def refuse_broken_weights(learner: Learner, row: dict, out: Path, norm_before: float) -> None:
+    """Stop at once, with one line, if an applied update made a weight NaN or inf, or blew the
+    weights up (--lr 1e30 leaves finite weights of 1e29, which are no model either): their norm
+    moved by more than MAX_WEIGHT_CHANGE of itself in one step. The checkpoints on disk are from
+    before it."""
+    if row["skipped"]:
+        return
+    params = learner.policy.parameters()
+    broken = ""
+    if not all(torch.isfinite(p).all() for p in params):
+        broken = "became non-finite"
+    elif abs(weights_norm(learner.policy) - norm_before) > MAX_WEIGHT_CHANGE * norm_before:
+        broken = f"changed by more than {MAX_WEIGHT_CHANGE:.0%} of their norm in one step"
+    if broken:
         raise UserError(
-            f"training stopped: the weights became non-finite at step {row['step']} (lower --lr); "
+            f"training stopped: the weights {broken} at step {row['step']} (lower --lr); "
             f"the checkpoints in {out / 'checkpoints'} are intact"
         )
 
@@ -866,9 +884,10 @@ def train_grpo(
     for step in range(start + 1, cfg.max_steps + 1):
         t0 = time.time()
         prompts, meta = task.prompts(step)
+        norm_before = weights_norm(policy)
         stats, gen, rewards = grpo_step(learner, task, prompts, meta, cfg, step)
         row = {"step": step, **stats, "seconds": time.time() - t0}
-        refuse_nonfinite_weights(learner, row, out)
+        refuse_broken_weights(learner, row, out, norm_before)
         bad = bad + 1 if row["skipped"] else 0
         rows.append(row)
         texts = None

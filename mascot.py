@@ -47,13 +47,13 @@ import scenarios
 import warmstart
 from judge import HFJudge, OfflineJudge
 from metrics import paired_change
-from plumbing import common, files, loading, runs, served
+from plumbing import common, files, loading, results, runs, served
 from plumbing.cli import Formatter, Parser, add_options, common_flags, flag_type, options
 from plumbing.common import UserError
 from plumbing.datasets import read_data
 from plumbing.devices import check_device, frozen_dtype, release_memory
 from plumbing.parallel import OneProcess, Ranks
-from plumbing.runs import folder_stamp, model_card, start_stage
+from plumbing.runs import model_card, start_stage
 from reward import RMJudge
 from simulate import Cast
 
@@ -167,12 +167,12 @@ def load_role(spec: str, role: str, args, cache: Path | None = None):
     served elsewhere (plumbing/served.py; tokenizer None), checked with one tiny request now."""
     if spec.startswith("openai:"):
         return served.served_role(spec, role, args, cache), None
+    flag = "--model"  # the flag an error names: the one that gave this folder
+    for name in (role, "sft"):
+        if getattr(args, name, None) == spec:
+            flag = f"--{name}"
     return loading.load_model(
-        spec,
-        device=args.device,
-        dtype=frozen_dtype(args),
-        frozen=True,
-        flag=f"--{role}" if getattr(args, role, None) == spec else "--model",
+        spec, device=args.device, dtype=frozen_dtype(args), frozen=True, flag=flag
     )
 
 
@@ -650,14 +650,15 @@ def evaluate_cmd(args) -> dict:
         guard=extra("safety").default_guard(),  # people read these transcripts
         pipelines=baseline_pipelines(cfg, evaluators.judge),
     )
-    protocol = eval_protocol(args, cfg, inputs, setup, folders)
+    data_file = scenarios.contexts_path(args.data)
+    protocol = results.evaluation_protocol(args, cfg, inputs, setup, folders, data_file)
     t0 = time.time()
-    results = evaluate.run(cfg, setup, systems, skipped, out, protocol)
+    evaluation = evaluate.run(cfg, setup, systems, skipped, out, protocol)
     print((out / "results.md").read_text(encoding="utf-8"))
     print(
         f"evaluation: {time.time() - t0:.0f} s; wrote {out}/results.md, results.json, transcripts.jsonl"
     )
-    return results
+    return evaluation
 
 
 def eval_folders(args) -> dict[str, str]:
@@ -720,21 +721,8 @@ def eval_evaluators(args, cfg, inputs, base) -> evaluate.Evaluators:
     function = None
     if any(p.esconv_strategies for p in inputs.personas.personas):
         function = extra("strategies").FunctionEvaluator(base[1], inputs.personas)
-    trained_with = training_judges(Path(args.run))
+    trained_with = results.training_judges(Path(args.run))
     return evaluate.Evaluators(judge, encoder, nli, identifier, function, args.judge, trained_with)
-
-
-def training_judges(run: Path) -> dict[int, str]:
-    """{stage: the --judge it trained with}, from the stages' config.json: results.md says whether
-    training used this evaluation's judge (a score training pushed up is weaker evidence)."""
-    judges = {}
-    for stage in (1, 2):
-        config = run / f"stage{stage}" / "config.json"
-        if config.is_file():
-            judges[stage] = files.read_json(config).get("judge", "offline")
-        else:
-            judges[stage] = "offline (assumed: no config.json)"
-    return judges
 
 
 def few_shot_examples(args, systems: list) -> list:
@@ -752,30 +740,6 @@ def baseline_pipelines(cfg, judge) -> dict:
             cfg.sc_samples, cfg.sc_pick, judge, s.style
         ),
         "multiagentesc": lambda s: extra("baselines").MultiAgentESC(),
-    }
-
-
-def eval_protocol(args, cfg, inputs, setup, folders: dict[str, str]) -> dict:
-    """Everything the numbers depend on: results.md's opening summary, the conversations, the
-    judge, the flags and the models' stamps. A system saved by an interrupted evaluation is reused
-    only under the same protocol, so the flags that choose what to run or compare are left out."""
-    profiles = list(dict.fromkeys(setup.profiles))
-    contexts = len({c.id for c in setup.contexts})
-    summary = (
-        f"{len(setup.contexts)} conversations per system: {contexts} held-out '{args.set}' "
-        f"contexts of `{args.data}` x {len(profiles)} profile(s) ({', '.join(profiles)}); "
-        f"{inputs.split}; seed {args.seed}; {args.turns} agent turns, the user every "
-        f"{args.user_every}; {cfg.role_setting} persona cards; simulated user "
-        f"{args.user or args.model}; every system sees the same contexts, profiles and seeds."
-    )
-    left_out = ("systems", "run", "pairwise", "pairwise_by")
-    return {
-        "summary": summary,
-        "contexts": [c.id for c in setup.contexts],
-        "profiles": setup.profiles,
-        "judge": setup.evaluators.judge.name,
-        "config": {k: v for k, v in vars(args).items() if k not in left_out},
-        "models": {k: folder_stamp(f) for k, f in folders.items()},
     }
 
 

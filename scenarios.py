@@ -63,9 +63,22 @@ class Persona:
     esconv_strategies: list[str] = field(default_factory=list)
 
 
-def _words(text: str) -> tuple[str, ...]:
-    """The lower-case words and numbers of a text: how names and roles are compared."""
-    return tuple(re.findall(r"[a-z0-9]+", text.casefold()))
+# How names and roles are compared: their lower-case words and numbers. Cards written in ASCII
+# compare ASCII words, as they always have; cards in another script, letters of every script.
+ASCII_WORDS, ALL_WORDS = r"[a-z0-9]+", r"[^\W_]+"
+# The speaker labels simulate.py gives the person and the crisis guard (simulate.USER, SAFETY): an
+# agent named so would read as the person speaking, or as a crisis stop.
+RESERVED = ("User", "Safety")
+
+
+def _words(text: str, pattern: str = ALL_WORDS) -> tuple[str, ...]:
+    """The lower-case words and numbers of a text."""
+    return tuple(re.findall(pattern, text.casefold()))
+
+
+def _pattern(personas: list) -> str:
+    """The word pattern of a roster: ASCII_WORDS when every name and role is ASCII."""
+    return ASCII_WORDS if all((p.name + p.role).isascii() for p in personas) else ALL_WORDS
 
 
 def _contains(haystack: tuple, needle: tuple) -> bool:
@@ -93,12 +106,13 @@ class PersonaSet:
         """The persona a free-text mention refers to ("Anchor", "the action guide", "Validator"),
         or None if none or several fit. Tried in order: exact name, exact role, a name inside the
         phrase, the phrase inside a name or role; case and punctuation ignored."""
-        query = _words(name_or_role)
+        w = _pattern(self.personas)
+        query = _words(name_or_role, w)
         tests = [
-            lambda p: _words(p.name) == query,
-            lambda p: _words(p.role) == query,
-            lambda p: _contains(query, _words(p.name)),
-            lambda p: _contains(_words(p.name), query) or _contains(_words(p.role), query),
+            lambda p: _words(p.name, w) == query,
+            lambda p: _words(p.role, w) == query,
+            lambda p: _contains(query, _words(p.name, w)),
+            lambda p: _contains(_words(p.name, w), query) or _contains(_words(p.role, w), query),
         ]
         for test in tests:
             hits = [p for p in self.personas if test(p)]
@@ -166,16 +180,17 @@ def load_personas(path: str | Path = "personas.json", set_name: str = "support")
             f"{where} must be an object with description, a non-empty personas list, "
             "strategies, tones"
         )
-    personas = []
-    seen = {}  # casefolded name -> its persona number: names must differ beyond case
-    for i, item in enumerate(raw["personas"], start=1):
-        p = persona_row(item, f"{where} persona #{i}")
-        if p.name.casefold() in seen:
+    personas = [
+        persona_row(item, f"{where} persona #{i}") for i, item in enumerate(raw["personas"], 1)
+    ]
+    seen = {}  # a name's words -> its persona number: PersonaSet.find must tell every name apart
+    for i, p in enumerate(personas, start=1):
+        j = seen.setdefault(_words(p.name, _pattern(personas)), i)
+        if j != i:
             raise UserError(
-                f"{where}: personas #{seen[p.name.casefold()]} and #{i} are both named '{p.name}'"
+                f"{where}: personas #{j} and #{i} are named {personas[j - 1].name!r} and "
+                f"{p.name!r}, one name but for case, spacing or punctuation; rename one"
             )
-        seen[p.name.casefold()] = i
-        personas.append(p)
     return PersonaSet(
         set_name,
         _need(raw, "description", where),
@@ -202,9 +217,14 @@ def persona_row(item, here: str) -> Persona:
             f"are not ESConv's; use {', '.join(SUPPORT_STRATEGIES)}"
         )
     # One line of plain characters: a newline in a name could spoof a line of the director's output.
-    if not re.fullmatch(r"[\w][\w .'-]{0,39}", p.name):
+    if not re.fullmatch(r"[\w][\w .'-]{0,39}", p.name) or not _words(p.name):
         raise UserError(
             f"{here}: name {p.name!r} must be one line of at most 40 letters, digits, spaces, . ' -"
+            " with a letter or digit"
+        )
+    if _words(p.name) in map(_words, RESERVED):  # simulate.py's labels of the person, the guard
+        raise UserError(
+            f"{here}: name {p.name!r} is reserved for the person's or the guard's turns"
         )
     return p
 
@@ -415,7 +435,7 @@ def make_inputs(
 ) -> Inputs:
     """The run's train / held-out contexts: `splits` {"train", "test"/"valid"} of official splits
     (used as the paper does), else {"all"} (split at random here). `earlier`: the config.json of
-    the stages this builds on; made on the same data (resolved paths), they must agree on
+    the stages this builds on; made on the same data (same_data), they must agree on
     SPLIT_SETTINGS."""
     for path in earlier:
         check_same_split(path, config)
@@ -443,13 +463,14 @@ def make_inputs(
 
 def check_same_split(path, config: dict) -> None:
     """A UserError unless the stage whose config.json is at `path` held out the same contexts:
-    made on the same data file, it must agree on every SPLIT_SETTINGS value."""
+    made on the same data, under any path (same_data), it must agree on every SPLIT_SETTINGS
+    value."""
     old = {}
     if Path(path).is_file():
         old = read_json(path)
     if old.get("data") is None:
         return
-    if contexts_path(old["data"]).resolve() != contexts_path(config["data"]).resolve():
+    if not same_data(contexts_path(old["data"]), contexts_path(config["data"])):
         return  # other data: another split, nothing to compare
     for key in SPLIT_SETTINGS:
         if key in old and old[key] != config[key]:
@@ -459,6 +480,20 @@ def check_same_split(path, config: dict) -> None:
                 f"it trained on would be held out here; use {flag} {old[key]} or a new --run "
                 "folder"
             )
+
+
+def same_data(old: Path, new: Path) -> bool:
+    """Are these the same contexts: one path, or the same bytes under another (a copy)? A file
+    that is gone cannot be compared, so it counts as the same (a split setting must then agree)."""
+    if not old.exists() or old.resolve() == new.resolve():
+        return True
+    return new.exists() and _contents(old) == _contents(new)
+
+
+def _contents(path: Path) -> list:
+    """The data file's bytes, or every file of a data folder as (its path in it, its bytes)."""
+    found = sorted(path.rglob("*")) if path.is_dir() else [path]
+    return [(f.relative_to(path), f.read_bytes()) for f in found if f.is_file()]
 
 
 def classifier_halves(train, seed: int) -> tuple[list, list]:

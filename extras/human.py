@@ -10,6 +10,8 @@ most 10 each) and answer (1) "which provides better socio-collaborative support?
 `serve` shows speakers and texts only (directives and crisis events would give a system away) and appends each answer at
 once (flush + fsync), so a study survives a crash and resumes; annotators work at once under their own names. Plain HTML
 forms (`required` fields, checked again by the server), no JavaScript; a page, so raters see both conversations at once.
+The server takes answers only from its own page (a secret token in each form, the Host and Origin headers checked) and
+enforces --ratings and --per-annotator itself; docs/THREATS.md says what it does and does not defend against.
 One record (line) per judgement; "systems": [A, B], A under test; "item": the seed; no "likert" in a choice-only study:
     {"annotator": "a1", "item": "3", "context_id": "esconv-12", "systems": ["mascot", "few-shot-cot"],
      "left": "few-shot-cot", "choice": "mascot", "time": "2026-11-30T14:00:00",
@@ -19,11 +21,17 @@ One record (line) per judgement; "systems": [A, B], A under test; "item": the se
 import argparse
 import contextlib
 import datetime
+import hmac
 import html
+import ipaddress
 import math
 import random
+import re
+import secrets
+import socket
 import sys
 import threading
+import time
 from collections import Counter, defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from metrics import win_rate
 from plumbing import common, files
-from plumbing.cli import flag_type
+from plumbing.cli import Parser, flag_type
 from plumbing.common import UserError
 from plumbing.results import json_safe  # NaN -> null
 
@@ -355,10 +363,48 @@ def run(args) -> dict:
 
 
 # --- the annotation page -------------------------------------------------------------------------------
+# What the server defends against (docs/THREATS.md, "The annotation page"): another web page open
+# in an annotator's browser posting forged answers (cross-site request forgery), a hostile domain
+# that re-resolves to 127.0.0.1 to read our page and post to it (DNS rebinding), answers past the
+# study's limits, and malformed requests. A refused request gets an HTTP status and one line of
+# reason, and stores nothing.
+MAX_BODY = 4096  # bytes; the answer form is about 300, so anything much larger is not our form
+REQUEST_SECONDS = 10.0  # the most a client may take over its request line, its headers or its body
+LINGER_SECONDS = 2.0  # after refusing an unread body: how long we drop what the client still sends
+LINGER_BYTES = 1 << 20  # ... and how much of it
+ANNOTATOR = re.compile(r"[A-Za-z0-9_.-]{1,40}")  # the start page's pattern, checked again here
+SECURITY_HEADERS = {
+    # No other site may show our pages in a frame: a framed item page carries the token, and a
+    # user tricked into clicking its button would send a genuine answer (clickjacking).
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "frame-ancestors 'none'",
+    # The item page holds the token: no cache should keep a copy.
+    "Cache-Control": "no-store",
+}
+
 STYLE = """body{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em;color:#222}.err{color:#a00}
 .pair{display:flex;gap:1.5em}.conv{flex:1;border:1px solid #bbb;border-radius:6px;padding:.5em 1em}.turn{margin:.4em 0}
 .who{font-weight:bold}.user .who{color:#555}.likert{margin:.3em 0}fieldset{border:1px solid #ddd;margin:.8em 0}
 button{font-size:1.1em;padding:.4em 1.5em}"""
+
+
+class Refused(Exception):
+    """A request the server will not act on: an HTTP status and a one-line reason for the client
+    (the server prints it too). Nothing of a refused request is stored."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def check_annotator(name: str) -> str:
+    """An annotator name as the start page asks for it: 1-40 letters, digits, '_', '.' or '-'. The
+    browser checks the pattern, but a direct request skips the browser; the name goes into the
+    judgements file and onto the page, so it must be one short printable line."""
+    if not ANNOTATOR.fullmatch(name):
+        raise Refused(400, "the field 'annotator' must be 1-40 letters, digits, '_', '.' or '-'")
+    return name
 
 
 class Study:
@@ -386,6 +432,13 @@ class Study:
             if r["systems"] == items[0]["systems"]
         ]
 
+    def fields(self) -> set[str]:
+        """The names of the fields the answer form sends; any other field is not our form."""
+        names = {"annotator", "item", "token", "choice"}
+        if self.likert:
+            names |= {f"c{pos}_{k}" for pos in (1, 2) for k in LIKERT}
+        return names
+
     def shown(self, annotator: str, item: dict) -> list[str]:
         """The systems shown as Conversation 1 (left) and 2: random, fixed per annotator and item (across reloads)."""
         a, b = item["systems"]
@@ -406,11 +459,14 @@ class Study:
         return self.items[min(open_items, key=lambda i: counts[i])], len(done)
 
     def answer(self, form: dict[str, str]) -> str:
-        """Check one submitted form and append its judgement; returns the annotator, or raises ValueError."""
-        annotator = form.get("annotator", "").strip()
+        """Check one submitted form (its token already checked) and append its judgement; returns
+        the annotator. Raises Refused for a malformed form or one past the study's limits, and
+        ValueError for a question left unanswered (raised only once the annotator and the item
+        are known good, so the page can be shown again)."""
+        annotator = check_annotator(form.get("annotator", ""))
         item = self.items.get(form.get("item", ""))
-        if not annotator or item is None:
-            raise ValueError("the form lost its annotator or item; go back to the start page")
+        if item is None:
+            raise Refused(400, "the field 'item' names no item of this study")
         shown = self.shown(annotator, item)
         if form.get("choice") not in ("1", "2"):
             raise ValueError("choose the conversation that provides better support")
@@ -430,12 +486,30 @@ class Study:
                 k: int(v) for k, v in ratings.items()
             }
         record["time"] = datetime.datetime.now().isoformat(timespec="seconds")
+        # The limits are checked on the stored judgements, not trusted to the page (a direct
+        # request skips it), and under the lock together with the write: two answers arriving at
+        # once cannot both pass the check.
         with self.lock:
-            if not any(
-                r["annotator"] == annotator and r["item"] == item["item"] for r in self.records
-            ):
-                files.append_jsonl(self.out, record)  # (a double submit keeps the first)
-                self.records.append(record)
+            mine = {r["item"] for r in self.records if r["annotator"] == annotator}
+            if item["item"] in mine:
+                return annotator  # a double submit keeps the first
+            if len(mine) >= self.per_annotator:
+                raise Refused(
+                    409,
+                    f"annotator {annotator} has rated {len(mine)} item(s), "
+                    "the most one annotator rates (--per-annotator)",
+                )
+            if sum(r["item"] == item["item"] for r in self.records) >= self.ratings:
+                raise Refused(
+                    409,
+                    f"item {item['item']} already has its {self.ratings} judgements (--ratings); "
+                    "start again for another item",
+                )
+            try:
+                files.append_jsonl(self.out, record)
+            except OSError as err:  # a full disk, a file made read-only: say so, keep serving
+                raise Refused(500, f"{self.out}: the answer could not be saved: {err}") from None
+            self.records.append(record)
         return annotator
 
 
@@ -457,8 +531,20 @@ two conversations is random.</p>
 )
 
 
-def item_page(study: Study, annotator: str, item: dict, done: int, error: str = "") -> bytes:
-    """One item: the situation, the two conversations side by side, the question (and Likert items)."""
+def refused_page(err: Refused) -> bytes:
+    """The reason a request was refused, and the way back to the start."""
+    return page(
+        "Request refused",
+        f"<h1>Request refused</h1><p class='err'>{html.escape(err.reason)}</p>"
+        "<p><a href='/'>Back to the start page</a></p>",
+    )
+
+
+def item_page(
+    study: Study, annotator: str, item: dict, done: int, token: str, error: str = ""
+) -> bytes:
+    """One item: the situation, the two conversations side by side, the question (and Likert
+    items). The form carries the server's token: only a page this server served can answer."""
     shown = study.shown(annotator, item)
     convs = "".join(
         conversation_html(pos, item["turns"][system]) for pos, system in enumerate(shown, 1)
@@ -473,6 +559,7 @@ def item_page(study: Study, annotator: str, item: dict, done: int, error: str = 
 <h1>The situation</h1><p>{html.escape(item["situation"])}</p><div class='pair'>{convs}</div>
 <form method="post" action="/answer"><input type="hidden" name="annotator" value="{html.escape(annotator)}">
 <input type="hidden" name="item" value="{html.escape(item["item"])}">
+<input type="hidden" name="token" value="{html.escape(token)}">
 <fieldset><legend>{html.escape(QUESTION)}</legend>
 <label><input type="radio" name="choice" value="1" required> Conversation 1</label>
 <label><input type="radio" name="choice" value="2" required> Conversation 2</label></fieldset>
@@ -506,62 +593,282 @@ def likert_html(pos: int) -> str:
     return f"<fieldset><legend>Conversation {pos}</legend>" + "".join(items) + "</fieldset>"
 
 
-def serve(study: Study, port: int = 8765) -> ThreadingHTTPServer:
-    """A server bound to 127.0.0.1 only (never reachable from another machine); port 0 = any free port."""
+# --- the checks every request passes ------------------------------------------------------------------
+def allowed_hosts(host: str, port: int) -> set[str]:
+    """The Host header values a browser sends for this server: 127.0.0.1, localhost or the --host
+    given, with the port (a browser leaves out :80). A DNS-rebinding page reaches 127.0.0.1 under
+    its own domain name, so its requests carry that name and are refused."""
+    names = {"127.0.0.1", "localhost", host.lower()}
+    hosts = {f"{name}:{port}" for name in names}
+    if port == 80:
+        hosts |= names
+    return hosts
 
-    class Handler(BaseHTTPRequestHandler):
-        def send(self, status: int, body: bytes = b"", location: str = "") -> None:
+
+def check_host(headers, hosts: set[str]) -> None:
+    """Exactly one Host header, naming this server (every request, GET too: a rebinding page that
+    could read the item page would learn the token)."""
+    values = headers.get_all("Host") or []
+    if len(values) != 1 or values[0].strip().lower() not in hosts:
+        raise Refused(
+            403, f"the Host header must be this server's address: {', '.join(sorted(hosts))}"
+        )
+
+
+def same_site(url: str, hosts: set[str]) -> bool:
+    """Whether an Origin or Referer value names one of this server's pages."""
+    try:
+        parts = urlparse(url.strip())
+    except ValueError:  # e.g. an unclosed [ in the address
+        return False
+    return parts.scheme == "http" and parts.netloc.lower() in hosts
+
+
+def check_origin(headers, hosts: set[str]) -> None:
+    """A browser names the page a POST comes from in Origin (and usually Referer); when it does, it
+    must be one of ours. Clients that send neither (curl, scripts) still need the token."""
+    for header in ("Origin", "Referer"):
+        for value in headers.get_all(header) or []:
+            if not same_site(value, hosts):
+                raise Refused(
+                    403, f"the {header} header names another site: answers come from this page only"
+                )
+
+
+def body_length(headers) -> int:
+    """The body's size from its one Content-Length header, parsed strictly: digits only (int()
+    would also take '+5', ' 5 ' or '5_0', and '-1'), at most MAX_BODY."""
+    if headers.get("Transfer-Encoding") is not None:
+        raise Refused(400, "the Transfer-Encoding header is not accepted: send a Content-Length")
+    values = headers.get_all("Content-Length") or []
+    if not values:
+        raise Refused(411, "a POST needs a Content-Length header")
+    text = values[0].strip()
+    if len(values) > 1 or not re.fullmatch(r"[0-9]+", text):
+        raise Refused(400, "the Content-Length header must be one whole number of bytes")
+    if len(text) > 9 or int(text) > MAX_BODY:  # (a 9-digit limit keeps int() of huge text away)
+        raise Refused(413, f"the Content-Length header is over the {MAX_BODY}-byte limit")
+    return int(text)
+
+
+def parse_form(body: bytes, fields: set[str]) -> dict[str, str]:
+    """The answer form's fields from a url-encoded body: UTF-8 (percent escapes too), only the
+    form's own fields, each at most once."""
+    try:
+        pairs = parse_qs(
+            body.decode("utf-8"),
+            keep_blank_values=True,  # an empty field is reported as empty, not as missing
+            strict_parsing=True,
+            errors="strict",
+            max_num_fields=2 * len(fields),
+        )
+    except ValueError:  # (UnicodeDecodeError is a ValueError)
+        raise Refused(400, "the body is not a url-encoded UTF-8 form") from None
+    for name, values in pairs.items():
+        if name not in fields:
+            raise Refused(400, f"the form has an unknown field {ascii(name[:40])}")
+        if len(values) > 1:
+            raise Refused(400, f"the field '{name}' is given {len(values)} times")
+    return {name: values[0] for name, values in pairs.items()}
+
+
+def check_token(form: dict[str, str], token: str) -> None:
+    """The form must carry this server's token: a page on another site cannot read it (the browser
+    keeps our pages from other origins), so it cannot forge an answer. compare_digest takes as
+    long wherever the first wrong character is, so timing a refusal tells nothing of the token."""
+    if not hmac.compare_digest(form.get("token", "").encode("utf-8"), token.encode("ascii")):
+        raise Refused(
+            403,
+            "the field 'token' is missing or out of date: reload the page "
+            "(a restarted server has a new token)",
+        )
+
+
+class AnnotationHandler(BaseHTTPRequestHandler):
+    """One request to the annotation server. serve() makes a subclass per server that sets its
+    study, its token and its Host values."""
+
+    study: Study
+    token: str  # secret, new at each start; in every form, required on every POST
+    hosts: set[str]  # allowed_hosts()
+    # The socket's timeout (StreamRequestHandler applies it): a client that stays silent in its
+    # request line or headers is dropped, rather than holding a thread for ever.
+    timeout = REQUEST_SECONDS
+
+    def send(self, status: int, body: bytes = b"", location: str = "") -> None:
+        try:
             self.send_response(status)
             if location:
                 self.send_header("Location", location)
+            for name, value in SECURITY_HEADERS.items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+        except OSError:  # the client left before reading the answer: nothing to tell it
+            self.close_connection = True
 
-        def do_GET(self):
+    def refuse(self, err: Refused) -> None:
+        if err.status != 404:  # (a browser asks for /favicon.ico: not worth a line)
+            print(f"refused {self.command}: {err.status} {err.reason}", file=sys.stderr)
+        self.send(err.status, refused_page(err))
+
+    def do_GET(self):
+        try:
+            check_host(self.headers, self.hosts)
             url = urlparse(self.path)
-            annotator = parse_qs(url.query).get("annotator", [""])[0].strip()
-            if url.path != "/item" or not annotator:
-                return self.send(200 if url.path in ("/", "/item") else 404, START)
-            item, done = study.next_item(annotator)
+            if url.path not in ("/", "/item"):
+                raise Refused(404, "no such page")
+            name = parse_qs(url.query).get("annotator", [""])[0]
+            if url.path == "/" or not name:
+                return self.send(200, START)
+            annotator = check_annotator(name)
+            item, done = self.study.next_item(annotator)
             if item:
-                return self.send(200, item_page(study, annotator, item, done))
+                return self.send(200, item_page(self.study, annotator, item, done, self.token))
             thanks = (
                 f"<h1>Thank you, {html.escape(annotator)}</h1>"
                 f"<p>You rated {done} item(s); nothing is left for you.</p>"
             )
             self.send(200, page("Thank you", thanks))
+        except Refused as err:
+            self.refuse(err)
 
-        def do_POST(self):
-            if urlparse(self.path).path != "/answer":
-                return self.send(404, START)
-            length = int(self.headers.get("Content-Length") or 0)
-            form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode("utf-8")).items()}
+    def do_POST(self):
+        self.unread = True  # the body is still in the socket
+        try:
+            self.answer()
+        except Refused as err:
+            self.refuse(err)
+            if self.unread:
+                self.linger()
+
+    def answer(self) -> None:
+        """POST /answer: the checks in order (whose request, how big, which form), then the
+        judgement; the first check that fails raises Refused."""
+        check_host(self.headers, self.hosts)
+        if urlparse(self.path).path != "/answer":
+            raise Refused(404, "no such page")
+        check_origin(self.headers, self.hosts)
+        form = parse_form(self.read_body(body_length(self.headers)), self.study.fields())
+        check_token(form, self.token)
+        try:
+            annotator = self.study.answer(form)
+        except ValueError as err:  # a question left out: the same page again, saying which
+            who = form["annotator"]
+            done = sum(r["annotator"] == who for r in self.study.records)
+            item = self.study.items[form["item"]]
+            return self.send(400, item_page(self.study, who, item, done, self.token, str(err)))
+        self.send(303, location="/item?" + urlencode({"annotator": annotator}))
+
+    def read_body(self, length: int) -> bytes:
+        """Exactly `length` bytes, within `self.timeout` for the whole body: a client that sends
+        less than its Content-Length, or a byte at a time, cannot hold this thread."""
+        deadline = time.monotonic() + self.timeout
+        body = b""
+        while len(body) < length:
+            left = deadline - time.monotonic()
             try:
-                annotator = study.answer(form)
-            except ValueError as err:  # the same page again, saying what is missing
-                item = study.items.get(form.get("item", ""))
-                who = form.get("annotator", "").strip()
-                if not (item and who):
-                    return self.send(400, START)
-                done = sum(r["annotator"] == who for r in study.records)
-                return self.send(400, item_page(study, who, item, done, str(err)))
-            self.send(303, location="/item?" + urlencode({"annotator": annotator}))
+                if left <= 0:
+                    raise TimeoutError
+                self.connection.settimeout(left)
+                chunk = self.rfile.read1(length - len(body))  # what has come, up to the rest
+            except TimeoutError:
+                raise Refused(
+                    408,
+                    f"the body did not arrive within {self.timeout:g} s (Content-Length too large?)",
+                ) from None
+            if not chunk:
+                raise Refused(400, "the body is shorter than its Content-Length header")
+            body += chunk
+        self.unread = False
+        return body
 
-        def log_message(self, *args):  # quiet: the JSONL file is the log
+    def linger(self) -> None:
+        """After refusing a POST whose body was not read: close our side for writing, then read
+        and drop what the client still sends, a little and briefly. Closing a socket with
+        unread data resets the connection, and the client could lose our answer with it."""
+        deadline = time.monotonic() + LINGER_SECONDS
+        dropped = 0
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            while dropped < LINGER_BYTES and time.monotonic() < deadline:
+                self.connection.settimeout(max(deadline - time.monotonic(), 0.01))
+                chunk = self.connection.recv(65536)
+                if not chunk:  # the client has sent everything and closed
+                    break
+                dropped += len(chunk)
+        except OSError:  # a timeout or a client already gone: either way, done
             pass
 
-    return ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    def log_message(self, *args):  # quiet: the JSONL file is the log
+        pass
+
+
+def serve(
+    study: Study, port: int = 8765, host: str = "127.0.0.1", seconds: float = REQUEST_SECONDS
+) -> ThreadingHTTPServer:
+    """The annotation server on host:port (127.0.0.1 by default: never reachable from another
+    machine); port 0 = any free port. `seconds`: the most a client may take to send a request."""
+
+    class Handler(AnnotationHandler):
+        """AnnotationHandler for this server alone: its own study, token and time limit."""
+
+    Handler.study = study
+    Handler.token = secrets.token_urlsafe(32)
+    Handler.timeout = seconds
+    server = ThreadingHTTPServer((host, port), Handler)
+    Handler.hosts = allowed_hosts(host, server.server_address[1])  # port 0: the one it bound
+    return server
+
+
+# --- the command line ------------------------------------------------------------------------------
+def port_flag(text: str) -> int:
+    """--port: a TCP port, 1-65535, checked as the flags are read (past 65535 the socket library
+    raises OverflowError, a traceback, and only when it binds)."""
+    if not re.fullmatch(r"[0-9]{1,5}", text.strip()) or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"--port must be a whole number from 1 to 65535, got {text!r}"
+        )
+    return int(text)
+
+
+def host_flag(text: str) -> str:
+    """--host: the name or IPv4 address annotators' browsers use for this server. The Host check
+    accepts only it (besides 127.0.0.1 and localhost), so a wildcard such as 0.0.0.0, a name no
+    browser sends, is refused here rather than refusing every request later."""
+    name = text.strip().lower()
+    if not re.fullmatch(r"[a-z0-9.-]{1,253}", name):
+        raise argparse.ArgumentTypeError(
+            f"--host must be a host name or an IPv4 address, got {text!r}"
+        )
+    if name == "0.0.0.0":
+        raise argparse.ArgumentTypeError(
+            "--host 0.0.0.0 listens on every address, but browsers send the name they were "
+            "given: give this machine's name or address"
+        )
+    return name
+
+
+def loopback(host: str) -> bool:
+    """Whether `host` is this machine only (127.x.x.x or localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost
+        return False
 
 
 def main(argv=None) -> int:
     """`python extras/human.py serve ...`: the annotation page until Ctrl-C."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # plumbing.cli.Parser: a bad flag is one line (a UserError), not argparse's usage and exit
+    p = Parser(prog="extras/human.py", description=__doc__.split("\n")[0])
     commands = p.add_subparsers(dest="command", required=True)
     s = commands.add_parser(
         "serve",
-        help="the annotation page on 127.0.0.1",
+        help="the annotation page on 127.0.0.1 (or --host)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     s.add_argument(
@@ -593,23 +900,36 @@ def main(argv=None) -> int:
     s.add_argument(
         "--seed", type=int, default=0, help="seed of the sides and of each annotator's order"
     )
-    s.add_argument("--port", type=int, default=8765)
-    args = p.parse_args(argv)
+    s.add_argument("--port", type=port_flag, default=8765, help="TCP port, 1-65535")
+    s.add_argument(
+        "--host",
+        type=host_flag,
+        default="127.0.0.1",
+        help="the address to listen on and that browsers use; anything but 127.0.0.1 or "
+        "localhost opens the page to the network (docs/THREATS.md)",
+    )
     try:
+        args = p.parse_args(argv)
         items = load_items(args.transcripts, args.a, args.b)
         study = Study(
             items, Path(args.out), args.ratings, args.per_annotator, args.likert, args.seed
         )
-        server = serve(study, args.port)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # the port is taken or not allowed
-        print(f"error: --port {args.port}: {err}", file=sys.stderr)
+    try:
+        server = serve(study, args.port, args.host)
+    except OSError as err:  # the port is taken or not allowed, or the host is not this machine's
+        print(f"error: --host {args.host} --port {args.port}: {err}", file=sys.stderr)
         return 2
+    if not loopback(args.host):
+        common.warn(
+            f"--host {args.host}: anyone who can reach this address can open the page and answer "
+            "under any name; there is no login and no TLS (docs/THREATS.md)"
+        )
     print(
         f"{len(items)} items, {len(study.records)} judgements so far in {args.out}; "
-        f"open http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)",
+        f"open http://{args.host}:{server.server_address[1]}/ (Ctrl-C stops)",
         flush=True,
     )
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: every answer is already on disk

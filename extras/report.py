@@ -12,6 +12,7 @@ fixed colour-blind-safe palette.
 
 import argparse
 import html
+import json
 import math
 import re
 import sys
@@ -39,9 +40,15 @@ def esc(text) -> str:
     return html.escape(str(text), quote=True)
 
 
+# The largest magnitude a chart places. Beyond it an axis's span (hi - lo) and its ticks overflow a
+# float; a metric that large (a 400-digit int, 1e308 in a damaged metrics.jsonl) is no measurement.
+LIMIT = 1e300
+
+
 def finite(v) -> bool:
-    """A real number that is not NaN or infinite (a bool is not a number here)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A real number that is not NaN or infinite, nor beyond ±LIMIT (a bool is not a number here).
+    Compared, not converted: float() of a 400-digit int overflows."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and -LIMIT <= v <= LIMIT
 
 
 # --- 1. Axis ticks with round numbers -------------------------------------------------------------
@@ -58,13 +65,17 @@ def nice_number(x: float, round_it: bool) -> float:
     return 10**e * nice
 
 
+TINY = 1e-300  # the least span nice_ticks divides into ticks
+
+
 def nice_ticks(lo: float, hi: float, max_ticks: int = 6, min_step: float = 0.0) -> list[float]:
     """Round ticks covering [lo, hi], first and last the axis limits: (0.13, 0.92) -> 0.0, 0.2 .. 1.0. A constant is
     widened to sit mid-plot, but 0 gets [0, 1] (a share that never moved); min_step=1: whole ticks (GRPO steps)."""
     lo, hi = min(lo, hi), max(lo, hi)  # the same pair, in order
-    if hi == lo and lo == 0:
+    # A span below TINY is a constant: its tick step would underflow to 0 (5e-324 beside 0).
+    if hi - lo < TINY and abs(lo) < TINY:
         lo, hi = 0.0, 1.0  # a share that never moved
-    elif hi == lo:
+    elif hi - lo < TINY:
         pad = 1.0 if lo == int(lo) else abs(lo) * 0.1
         lo, hi = lo - pad, hi + pad
     step = max(nice_number(nice_number(hi - lo, False) / (max_ticks - 1), True), min_step)
@@ -345,9 +356,37 @@ def load(path: Path, lines: bool = False):
         value = read_jsonl(path) if lines else read_json(path)
     except UserError as err:
         return empty, str(err)
+    except ValueError:  # json.loads refuses an int of over 4300 digits, and with it the file
+        try:
+            value = read_long_ints(path, lines)
+        except ValueError as err:  # damaged besides
+            return empty, f"{path.parent.name}/{path.name} is not valid JSON ({err})"
     if not lines and not isinstance(value, dict):
         return {}, f"{path.name} is not a JSON object"
     return value, ""
+
+
+def read_long_ints(path: Path, lines: bool):
+    """A run file that holds an integer too long to convert (over 4300 digits), read again with every
+    such integer as NaN: a gap in a chart, not a lost file. A line that is not an object is skipped."""
+    text = path.read_text(encoding="utf-8-sig", errors="replace")  # as files.read_text
+    if not lines:
+        return json.loads(text, parse_int=int_or_nan)
+    records = []
+    for line in text.split("\n"):
+        try:
+            records.append(json.loads(line, parse_int=int_or_nan))
+        except ValueError:
+            continue  # blank, or damaged
+    return [r for r in records if isinstance(r, dict)]
+
+
+def int_or_nan(digits: str) -> int | float:
+    """A JSON integer, or NaN for one of more digits than Python converts."""
+    try:
+        return int(digits)
+    except ValueError:
+        return math.nan
 
 
 def part(obj: dict, key: str) -> dict:
@@ -370,8 +409,10 @@ def keys_of(rows: list[dict], prefix: str, skip: tuple = ()) -> list[str]:
 
 def fmt(v) -> str:
     """A table cell: a count as it is, a number to 3 decimals, None as n/a, anything else escaped."""
-    if type(v) is int:
+    if type(v) is int and finite(v):
         return str(v)
+    if type(v) is int:
+        return "not a number"  # hundreds of digits: no count
     if finite(v):
         return f"{v:.3f}"
     if v is None:
@@ -656,7 +697,7 @@ def eval_section(run: Path) -> str:
     if not path.is_file():
         out.append(note("eval/results.md not found. Run: python mascot.py evaluate"))
         return "\n".join(out)
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = path.read_text(encoding="utf-8-sig", errors="replace")  # as files.read_text
     text = re.sub(r"\A\s*# [^\n]*\n", "", text)  # its title: the page has its own
     out.append(markdown_to_html(text))
     out.append(

@@ -99,12 +99,31 @@ def risk_patterns(by_category: dict[str, list[str]], rx) -> list[tuple[str, re.P
 
 
 # --- Steps 1-3: normalise, blank the idioms and denials, name the category -------------------
+# Control characters as a terminal, a log or a program writes them out: ANSI escape sequences
+# ("\x1b[31m", "^[[0m"), backslash escapes ("\x07", "\u0000", "\033", "\a\b") and caret notation
+# ("^@^A^B", as `cat -v` prints). None is a word, but read as text they made words: "^R^U" the chat
+# words "are you", "\037pwned" the leet word "oetpwned"; on a line of them the probe fired. They
+# become spaces. Only forms that cannot be ordinary writing go alone (a numbered escape, an ANSI
+# sequence); a caret pair or a letter escape goes only in a run of two or more: a lone "^This"
+# points at the message above, and "so\tired" may mean "so tired".
+_ESC = r"(?:\x1b|\^\[|\\(?:e|x1b|033|u001b))"
+_NUMBERED = r"\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|[0-7]{1,3})"
+_LETTER = r"\\[abefnrtv]"
+_CARET = r"\^[@a-z\[\\\]_?]"  # not "^^": an emoticon
+_CONTROL_NOTATION = re.compile(
+    rf"{_ESC}\[[0-?]*[ -/]*[@-~]"  # an ANSI (CSI) sequence: colours, cursor moves
+    rf"|(?:{_NUMBERED}|{_LETTER})*{_NUMBERED}(?:{_NUMBERED}|{_LETTER})*"
+    rf"|(?:{_LETTER}){{2,}}|(?:{_CARET}){{2,}}",
+    re.IGNORECASE,
+)
+
+
 def normalise(text: str) -> str:
     """Canonical lower-case form that every pattern is written against. Example:
     "I just dont wanna be alive anymoreee!!" -> " i do not want to be alive anymore . " """
     p = patterns()
     # NFKC folds full-width and "fancy font" letters (U+1D4F2 etc.) into plain ASCII letters.
-    t = unicodedata.normalize("NFKC", text).lower()
+    t = _CONTROL_NOTATION.sub(" ", unicodedata.normalize("NFKC", text)).lower()
     t = p["apostrophes"].sub("'", t)
     for pattern, repl in p["contractions"]:  # "can't" -> "can not", "I'm" -> "I am"
         t = pattern.sub(repl, t)

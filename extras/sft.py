@@ -24,6 +24,7 @@ from plumbing import files, loading, runs
 from plumbing.cli import flag_type
 from plumbing.common import UserError
 from reward import shown
+from scenarios import contexts_path
 from simulate import speaker_messages
 from warmstart import (
     SFTSettings,
@@ -73,9 +74,35 @@ def parse_args(argv: list[str], cli):
 
 
 def main(argv: list[str], cli) -> int:
-    """`mascot.py sft ...` (argv[0] is "sft"; cli is mascot.py, for the shared flags and loaders)."""
-    train_sft(parse_args(argv[1:], cli), cli)
+    """`mascot.py sft ...` (argv[0] is "sft"; cli is mascot.py, for the shared flags and loaders).
+    One command at a time in a run folder, as train's: two sft runs at once would each write the
+    model and config.json, and the folder would record one's settings beside the other's model."""
+    args = parse_args(argv[1:], cli)
+    with runs.run_lock(args.run):
+        train_sft(args, cli)
     return 0
+
+
+def check_settings(args, out: Path) -> dict:
+    """The settings to record in out/config.json, checked as runs.start_stage checks a stage's: once
+    the folder holds what an earlier sft made, a setting that differs (the data, personas and
+    profiles by content) is a UserError naming it; only runs.OPERATIONAL ones may change."""
+    config = {
+        **vars(args),
+        "fingerprint": runs.fingerprint(
+            contexts_path(args.data), args.personas, args.profiles_file
+        ),
+    }
+    made = {}
+    if any(f.name != "config.json" for f in out.glob("*")):
+        made = files.read_json(out / "config.json") if (out / "config.json").is_file() else {}
+    for key, value in config.items():
+        if key in made and key not in runs.OPERATIONAL and made[key] != value:
+            what = f"--{key.replace('_', '-')} {value}: {key} {made[key]} is what"
+            if key == "fingerprint":
+                what = "--data, --personas or --profiles-file: their files differ from those that"
+            raise UserError(f"{what} made {out}; use its settings or a new --run")
+    return config
 
 
 def train_sft(args, cli) -> dict:
@@ -90,7 +117,7 @@ def train_sft(args, cli) -> dict:
             f"--data {args.data}: no strategy-labelled supporter turns in the training split; the "
             "SFT baseline learns from ESConv (ESConv.json or an ESConv .jsonl)"
         )
-    runs.save_config(vars(args), out)
+    runs.save_config(check_settings(args, out), out)
     random.Random(args.seed).shuffle(train)  # supervised_finetune cycles through them in order
     print(
         f"sft: {len(train)} supporter turns from {len(inputs.train)} training dialogues ({inputs.split}); "

@@ -17,6 +17,7 @@ for mascot.py to split at random. ED and ESConv (CC BY-NC 4.0) and QMSum (MIT) a
 
 import csv
 import io
+import json
 import re
 import sys
 from collections import Counter
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from plumbing.common import UserError, warn
 from plumbing.files import json_type, jsonl_lines, read_json, read_text
-from scenarios import Context, context_row, is_contexts_file, load_contexts
+from scenarios import Context, context_row, contexts_path, is_contexts_file, load_contexts
 
 POSITIVE = set(
     "sentimental anticipating caring faithful grateful impressed trusting prepared confident content "
@@ -207,7 +208,8 @@ def meeting_openings_row(r: dict) -> Context:
 
 
 def row_kind(row: object):
-    """Which parser reads a JSON-lines row, from its keys (None: none)."""
+    """Which parser reads a JSON-lines row, from its keys (None: none). A row with `set` or
+    `first_message` is ours even when it lacks the other: a broken row of ours, not an ED row."""
     keys = set(row) if isinstance(row, dict) else set()
     return next(
         (
@@ -215,7 +217,8 @@ def row_kind(row: object):
             for parse, needs in (
                 (esconv_row, {"dialog"}),
                 (meeting_openings_row, {"first_turns", "topic_list"}),
-                (our_row, {"set", "first_message"}),
+                (our_row, {"set"}),
+                (our_row, {"first_message"}),
                 (ed_row, {"emotion", "situation"}),
             )
             if needs <= keys
@@ -224,13 +227,38 @@ def row_kind(row: object):
     )
 
 
+# The formats row_kind tells apart, as an error names them.
+FORMATS = {
+    esconv_row: "an ESConv dialogue",
+    meeting_openings_row: "a QMSum openings row",
+    our_row: "a contexts row in our format",
+    ed_row: "an Empathetic Dialogues row",
+}
+
+
+def file_format(path: Path, rows: list[tuple[int, object]]):
+    """The one format (row_kind) of a JSON-lines file's rows, None if no row has one. A file that
+    mixes formats (two files joined) is a UserError naming the first row of another format than
+    the first row's: read as either, the other's rows would be lost row by row."""
+    first = None  # (row number, format) of the first row with a format
+    for number, row in rows:
+        kind = row_kind(row)
+        if kind is not None and first is None:
+            first = (number, kind)
+        elif kind is not None and kind is not first[1]:
+            raise UserError(
+                f"{path}: row {number} is {FORMATS[kind]} but row {first[0]} is "
+                f"{FORMATS[first[1]]}; a data file holds one format: put each in its own file"
+            )
+    return first and first[1]
+
+
 def parse_rows(path: Path, rows: list[tuple[int, object]], parse=None) -> list[Context]:
-    """Parse numbered rows, skipping and counting bad ones, in `parse`'s format, else most rows' (not just row 1's)."""
+    """Parse numbered rows, skipping and counting bad ones, in `parse`'s format, else the one
+    format of the rows (file_format)."""
+    parse = parse or file_format(path, rows)
     if parse is None:
-        kinds = Counter(filter(None, (row_kind(r) for _, r in rows)))
-        if not kinds:
-            raise UserError(f"{path}: unrecognised rows; expected {EXPECTED}")
-        parse = kinds.most_common(1)[0][0]
+        raise UserError(f"{path}: unrecognised rows; expected {EXPECTED}")
     contexts = []
     skipped = 0
     for number, row in rows:
@@ -273,7 +301,7 @@ def load_ed_csv(path: Path) -> list[Context]:
         if (
             6 <= len(row) <= 8
             and all(c.strip() for c in row[:3] + row[4:6])
-            and row[1].strip().isdigit()
+            and row[1].strip().isdecimal()
         ):
             conv = convs.setdefault(
                 row[0].strip(), {"emotion": row[2].strip(), "prompt": row[3], "utts": []}
@@ -429,10 +457,42 @@ def folder_splits(path: Path) -> dict[str, list[Context]]:
 
 
 def read_data(spec: str, set_name: str) -> dict[str, list]:
-    """{split: contexts} for --data: our format through scenarios.load_contexts, the public datasets here."""
-    if spec == "bundled" or (spec.endswith(".jsonl") and is_contexts_file(spec)):
-        return {"all": load_contexts(spec, set_name)}
-    return load_splits(spec, set_name)
+    """{split: contexts} for --data: our format through scenarios.load_contexts, the public datasets
+    here. A number too long for Python to read (its 4300-digit limit) is a UserError naming its row."""
+    try:
+        if spec == "bundled":
+            return {"all": load_contexts(spec, set_name)}
+        if spec.endswith(".jsonl") and is_contexts_file(spec):
+            path = Path(spec).expanduser()
+            file_format(path, [(n, v) for n, v, _ in jsonl_lines(path)])  # ours alone
+            return {"all": load_contexts(spec, set_name)}
+        return load_splits(spec, set_name)
+    except ValueError as err:  # json.loads raises it for such a number; bad JSON is a UserError
+        raise long_number(contexts_path(spec), err) from None
+
+
+def long_number(path: Path, err: ValueError) -> Exception:
+    """The UserError naming the first line of the data (a file, or a folder's files) that holds a
+    number of more than 4300 digits; `err` itself if none does (then it is a bug, not the data)."""
+    for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+        data = file.is_file() and file.suffix.lower() in (".csv", ".json", ".jsonl")
+        lines = read_text(file).split("\n") if data else []
+        for number, line in enumerate(lines, start=1):
+            if re.search(r"\d{4301}", line) and not readable_line(line):
+                return UserError(
+                    f"{file}: row {number} holds a number of more than 4300 digits, "
+                    "more than a context needs or Python reads; fix or delete that row"
+                )
+    return err
+
+
+def readable_line(line: str) -> bool:
+    """Does one line parse as JSON by itself (its long digits inside a string)?"""
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
 
 
 def describe(spec: str) -> None:

@@ -11,14 +11,19 @@ but it runs every code path in a fraction of a second, which is what the tests n
 
 import importlib.util
 import os
+import pickle
+import re
 import socket
 import sys
+import tempfile
+import warnings
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
 from huggingface_hub import constants as hub_constants
 from huggingface_hub.utils import logging as hub_logging
+from safetensors import SafetensorError
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -60,10 +65,11 @@ def quiet_transformers() -> None:
 
 def embedded_model_folder() -> Path:
     """The cached safetensors copy of the embedded SmolLM2, converted from the GGUF on first use."""
-    cache = Path(os.environ.get("MASCOT_CACHE", Path.home() / ".cache" / "mascot")).expanduser()
+    cache = cache_folder()
     target = cache / EMBEDDED
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
+    check_writable(cache)  # now, not after the ~20 s conversion
     folder = package_folder(GGUF_PACKAGE)
     if folder is None or not (folder / GGUF_FILE).exists():
         raise UserError(
@@ -86,6 +92,35 @@ def embedded_model_folder() -> Path:
     plain.load_state_dict(quantised.state_dict())
     # save_model is atomic: an interrupted conversion leaves no half-written cache.
     return save_model(plain, tok, target)
+
+
+def cache_folder() -> Path:
+    """$MASCOT_CACHE, else ~/.cache/mascot; a UserError naming MASCOT_CACHE when neither can be named."""
+    try:
+        if "MASCOT_CACHE" in os.environ:
+            return Path(os.environ["MASCOT_CACHE"]).expanduser()
+        return Path.home() / ".cache" / "mascot"
+    except RuntimeError as err:  # "~" with no HOME, and no home folder for this user either
+        raise UserError(
+            f"MASCOT_CACHE: cannot find the cache folder ({err}); set MASCOT_CACHE to a writable folder"
+        ) from None
+
+
+def check_writable(cache: Path) -> None:
+    """A UserError naming MASCOT_CACHE unless the cache folder can be created and written."""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache):
+            pass
+    except OSError as err:
+        # Unset, the cache lies under HOME: say so, as HOME is then what is wrong.
+        where = (
+            "MASCOT_CACHE" if "MASCOT_CACHE" in os.environ else "MASCOT_CACHE (unset: under HOME)"
+        )
+        raise UserError(
+            f"{where} {cache}: cannot write there ({err.strerror or err}); set MASCOT_CACHE to a "
+            "writable folder"
+        ) from None
 
 
 def tiny_model(tokenizer, seed: int = 0):
@@ -142,14 +177,57 @@ def _from_pretrained(name: str, dtype: torch.dtype, flag: str):
         # retry for ~50 s. (The embedded folder always exists.)
         offline = not is_folder and not hub_answers()
         tok = AutoTokenizer.from_pretrained(source, local_files_only=offline)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=offline)
+        with warnings.catch_warnings():
+            # torch's safe unpickler warns (two lines) about the protocol of any pickle it reads.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=dtype, local_files_only=offline
+            )
     except (OSError, ValueError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if is_folder:
+            raise UserError(
+                f"{flag} {name}: cannot load the model saved in this folder ({first_line(err)})"
+            ) from None
         raise UserError(
-            f"{flag} {name}: not a local model folder, and loading it as a hub id failed ({first}); "
+            f"{flag} {name}: not a local model folder, and loading it as a hub id failed ({first_line(err)}); "
             "pass 'smollm2-135m', 'tiny', a folder written by save_pretrained, or a hub id"
         ) from None
+    except (RuntimeError, SafetensorError, pickle.UnpicklingError) as err:
+        # Weights that do not load: the folder's (or the download's) files, not our code.
+        where = f"{flag} {name}" + (f" ({source})" if str(source) != name else "")
+        raise UserError(f"{where}: {weights_problem(err)}") from None
     return model, tok
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message, or its type's name."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def weights_problem(err: BaseException) -> str:
+    """What is wrong with weights that did not load, and the fix, in one line."""
+    if isinstance(err, pickle.UnpicklingError):
+        # torch refused a pickle that is not plain tensors (weights_only). Its message suggests
+        # turning that off, which would run whatever the pickle calls: show only what it found.
+        found = re.search(
+            r"WeightsUnpickler error:\s*([^\n]+)|(Trying to load unsupported [^\n]+)", str(err)
+        )
+        what = f" ({(found[1] or found[2]).split('. ')[0].rstrip('.')})" if found else ""
+        return (
+            f"its pickled weights (pytorch_model.bin) are refused: not plain tensors{what}, and "
+            "loading them otherwise could run code; pass a folder saved with safetensors"
+        )
+    if isinstance(err, SafetensorError):
+        return (
+            f"a .safetensors file in the folder is damaged ({first_line(err)}); save the model "
+            "again, or pass another folder"
+        )
+    if "ignore_mismatched_sizes" in str(err) or "size mismatch" in str(err):
+        return (
+            "its weights do not fit its config.json (a tensor's shape differs); pass the folder "
+            "the weights were saved in as it was written"
+        )
+    return f"its weights cannot be loaded ({first_line(err)})"
 
 
 def hub_answers(timeout: float = 3.0) -> bool:
@@ -175,8 +253,7 @@ def load_nli(name: str, device: str):
         model = AutoModelForSequenceClassification.from_pretrained(name).to(device).eval()
         nli_label_index(model.config.id2label, name)
     except (OSError, ValueError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UserError(
-            f"--nli-model {name}: cannot use it ({first}); pass a local MNLI-style classifier folder"
+            f"--nli-model {name}: cannot use it ({first_line(err)}); pass a local MNLI-style classifier folder"
         ) from None
     return model, tok

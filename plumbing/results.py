@@ -11,6 +11,11 @@ table), which the demo, the crisis guard and the human study reuse.
 """
 
 import math
+import shutil
+from pathlib import Path
+
+from plumbing import files, runs
+from plumbing.runs import folder_stamp
 
 # The columns of the per-slice tables: the overall rubric scores and the measures the paper's
 # claims rest on (persona, redundancy, copying), so one table per slice stays readable.
@@ -212,3 +217,102 @@ def questions_asked(systems: dict, criteria: dict) -> int:
             asked += c["agent_turns"] * len(criteria["agent"])
             asked += (c["agent_turns"] > 0) * len(criteria["collective"])
     return asked
+
+
+# --- Saved systems: an interrupted evaluation keeps what finished -----------------------------
+# evaluate.run_or_resume saves each finished system in RUN/eval/partial/NAME.json beside what its
+# numbers depend on: the protocol every system shares, and of the protocol's "own" part (a trained
+# model's stamp, a pipeline's settings, keyed by what a system is made of) only its own, so a
+# changed flag that no system's numbers depend on, or another system's model, keeps it.
+
+
+def evaluation_protocol(args, cfg, inputs, setup, folders: dict[str, str], data_file) -> dict:
+    """Everything the numbers depend on: results.md's opening summary, the conversations, the
+    judge, the flags, the input files (data_file: the contexts --data names) and the models' stamps. A system saved by an interrupted
+    evaluation is reused only where what ITS numbers depend on is the same (system_protocol), so
+    the flags that choose what to run, compare or print are left out."""
+    profiles = list(dict.fromkeys(setup.profiles))
+    contexts = len({c.id for c in setup.contexts})
+    summary = (
+        f"{len(setup.contexts)} conversations per system: {contexts} held-out '{args.set}' "
+        f"contexts of `{args.data}` x {len(profiles)} profile(s) ({', '.join(profiles)}); "
+        f"{inputs.split}; seed {args.seed}; {args.turns} agent turns, the user every "
+        f"{args.user_every}; {cfg.role_setting} persona cards; simulated user "
+        f"{args.user or args.model}; every system sees the same contexts, profiles and seeds."
+    )
+    # What one kind of system alone depends on, by System.speakers, .order or .pipeline (evaluate.
+    # system_protocol): a trained model by its stamp, not its path, a pipeline by its settings.
+    own = {
+        "trained": [folder_stamp(folders["trained"]), args.speakers_model],
+        "sft": [folder_stamp(folders["sft"])],
+        "trained-director": [folder_stamp(folders["trained-director"]), args.director_model],
+        "self-consistency": [cfg.sc_samples, cfg.sc_pick],
+    }
+    # What no system's numbers depend on: what runs or is compared, where and how it is reported,
+    # how long a served request may wait; and the flags `own` holds.
+    left_out = (
+        "systems run pairwise pairwise_by quiet argv human served_timeout served_retries "
+        "served_concurrency sft speakers director speakers_model director_model sc_samples sc_pick"
+    ).split()
+    data = runs.fingerprint(data_file, args.personas, args.profiles_file)
+    return {
+        "summary": summary,
+        "contexts": [c.id for c in setup.contexts],
+        "profiles": setup.profiles,
+        "judge": setup.evaluators.judge.name,
+        "config": {k: v for k, v in vars(args).items() if k not in left_out},
+        # The files of the contexts, cards and users (by content); the base and user models.
+        "inputs": [data, folder_stamp(args.model), folder_stamp(args.user or args.model)],
+        "own": own,
+    }
+
+
+def training_judges(run: Path) -> dict[int, str]:
+    """{stage: the --judge it trained with}, from the stages' config.json: results.md says whether
+    training used this evaluation's judge (a score training pushed up is weaker evidence)."""
+    judges = {}
+    for stage in (1, 2):
+        config = run / f"stage{stage}" / "config.json"
+        if config.is_file():
+            judges[stage] = files.read_json(config).get("judge", "offline")
+        else:
+            judges[stage] = "offline (assumed: no config.json)"
+    return judges
+
+
+def system_protocol(parts: tuple, protocol: dict) -> dict:
+    """What one system's numbers depend on; parts: what it is made of (its speakers, order and
+    pipeline, evaluate.System)."""
+    own = {k: v for k, v in protocol.get("own", {}).items() if k in parts}
+    return json_safe({**protocol, "own": own})
+
+
+def saved_system(folder: Path, name: str, parts: tuple, protocol: dict) -> dict | None:
+    """The system as saved in folder, if saved under its system_protocol."""
+    part = folder / f"{name}.json"
+    saved = files.read_json(part) if part.is_file() else {}
+    ok = isinstance(saved, dict) and saved.get("protocol") == system_protocol(parts, protocol)
+    return saved if ok else None
+
+
+def save_system(folder: Path, name: str, parts: tuple, protocol: dict, saved: dict) -> None:
+    """A finished system's entry and rows, under its system_protocol (written atomically)."""
+    record = {"protocol": system_protocol(parts, protocol), **saved}
+    files.write_json(folder / f"{name}.json", json_safe(record))
+
+
+def tidy_partials(folder: Path, entries: dict, every: dict, protocol: dict) -> None:
+    """Once results.json is written: a saved system this evaluation did not include (another
+    --systems) that a later one could reuse stays in partial/; the rest (in the results, or saved
+    under another protocol) goes, and partial/ with it when nothing stays. every: {name: parts}."""
+    keep = set()
+    for name, parts in every.items():
+        if name not in entries and saved_system(folder, name, parts, protocol):
+            keep.add(name)
+    for part in folder.glob("*.json"):
+        if part.stem not in keep:
+            part.unlink()
+    if keep:
+        print(f"kept in {folder} for an evaluation that runs them: {', '.join(sorted(keep))}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -4,13 +4,16 @@ It holds the HTTP client (ChatClient), a served frozen role (ServedModel) and a 
 Any server speaking the OpenAI chat API (vLLM, llama.cpp, Ollama, a hosted API) can be the judge (judge(): an
 OpenAIJudge, for `--judge openai:<base url>`) or a frozen role (served_role(): a ServedModel, `--speakers openai:...`,
 --user, --director). Every request goes through a ChatClient and each answer is cached as it arrives, so a crashed
-run loses at most the requests in flight. The client promises (tests/test_judge.py checks each):
+run loses at most the requests in flight. The client promises (tests/test_judge.py, tests/test_served.py check each):
   - one deadline per request for connect, headers and body together (--served-timeout): a trickle fails on time;
   - 429, 5xx, connection errors, deadlines: retried (--served-retries), jittered backoff or Retry-After, <= max_backoff;
   - any other 4xx fails at once as one line (a UserError) quoting the server's message, with a hint and the key
     masked: $MASCOT_JUDGE_API_KEY (roles: $MASCOT_API_KEY), read per request, never stored;
   - `content: null` (a reasoning model that spent its tokens thinking) is its own error;
-  - a preflight request (max_tokens=1) before any work, so a bad URL, key or model name fails first.
+  - a preflight request (max_tokens=1) before any work, so a bad URL, key or model name fails first;
+  - a reply is bounded twice: a body over MAX_REPLY_BYTES is refused while it is read (never parsed, never
+    cached), and the text is cut to max_tokens x CHARS_PER_TOKEN characters before anyone (the cache
+    included) sees it: a server that ignores max_tokens cannot flood the cache or a local model's prompt.
 Simplified: no streaming, no HTTP proxies (the deadline needs http.client's own socket), no HTTP-date Retry-After.
     python mascot.py judge-eval --judge openai:http://localhost:8000/v1 --judge-model qwen3 --pairs ...
     python mascot.py evaluate --speakers openai:http://localhost:8000/v1 --speakers-model qwen3 ...
@@ -32,6 +35,18 @@ from plumbing.common import UserError
 from plumbing.files import AnswerCache, cached_answers
 
 MESSAGE_CHARS = 200  # how much of a server's error body an error message quotes
+# A chat completion's body: a few KB for the replies asked here (at most a few hundred tokens, each
+# JSON-escaped); 1 MiB is far above that and far below what would hurt the cache or memory.
+MAX_REPLY_BYTES = 1 << 20
+# A reply of max_tokens tokens is at most this many characters per token: tokenizers' pieces are
+# words or parts of words (a few characters); 32 leaves room for long runs of spaces or dashes.
+CHARS_PER_TOKEN = 32
+
+
+def printable(text: str) -> str:
+    """Only the printable characters: what a server sends ends up in an error line on the user's
+    terminal, where an escape sequence would act (set the title, clear the screen) instead of show."""
+    return "".join(ch for ch in text if ch.isprintable())
 
 
 def server_message(raw: bytes, secret: str) -> str:
@@ -43,7 +58,7 @@ def server_message(raw: bytes, secret: str) -> str:
             text = error.get("message", text)
         elif error:
             text = error
-    text = " ".join(str(text).split())
+    text = printable(" ".join(str(text).split()))
     if secret:
         text = text.replace(secret, "***")
     if len(text) > MESSAGE_CHARS:
@@ -53,6 +68,11 @@ def server_message(raw: bytes, secret: str) -> str:
 
 class DeadlineExceeded(TimeoutError):
     """The whole request took longer than the client's timeout."""
+
+
+class ReplyTooLarge(Exception):
+    """A 200 reply's body is over the client's max_reply_bytes (not an OSError: never retried, since a
+    server that ignores max_tokens would only send it again)."""
 
 
 class ChatClient:
@@ -86,6 +106,7 @@ class ChatClient:
         self.backoff = backoff  # the first wait before a retry, doubled each time
         self.max_backoff = max_backoff
         self.requests = 0  # HTTP attempts sent, retries included
+        self.max_reply_bytes = MAX_REPLY_BYTES  # tests lower it
         self.sleep = time.sleep  # tests record the waits instead
         self.clock = time.monotonic
         self._jitter = random.Random()
@@ -128,16 +149,31 @@ class ChatClient:
             sock = conn.sock  # the response keeps reading from it: no read may outlast the deadline
             sock.settimeout(remaining())
             with conn.getresponse() as response:
-                chunks = []
-                while True:  # chunk by chunk: a trickle cannot outlast the deadline
-                    sock.settimeout(remaining())
-                    if not (chunk := response.read1(65536)):
-                        return response.status, response.headers, b"".join(chunks)
-                    chunks.append(chunk)
+                return response.status, response.headers, self._read_body(response, sock, remaining)
         except TimeoutError as err:  # socket.timeout is TimeoutError since 3.10
             raise DeadlineExceeded(f"no complete answer within {self.timeout:g} s") from err
         finally:
             conn.close()
+
+    def _read_body(self, response, sock, remaining) -> bytes:
+        """The body, chunk by chunk (a trickle cannot outlast the deadline), at most max_reply_bytes:
+        a 200 over it is ReplyTooLarge (nothing of it is kept); an error body is cut there (only its
+        first MESSAGE_CHARS are ever quoted)."""
+        limit = self.max_reply_bytes
+        length = response.getheader("Content-Length") or ""  # announced: refused before reading
+        if response.status == 200 and length.isdigit() and int(length) > limit:
+            raise ReplyTooLarge(int(length))
+        chunks, size = [], 0
+        while True:
+            sock.settimeout(remaining())
+            if not (chunk := response.read1(65536)):
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                if response.status == 200:
+                    raise ReplyTooLarge(size)
+                return (b"".join(chunks) + chunk)[:limit]
+            chunks.append(chunk)
 
     def chat(
         self,
@@ -147,7 +183,8 @@ class ChatClient:
         top_p: float | None = None,
         seed: int | None = None,
     ) -> str:
-        """One chat completion, with retries: the text; `seed` asks for reproducible sampling (vLLM, llama.cpp)."""
+        """One chat completion, with retries: the text, at most max_tokens x CHARS_PER_TOKEN
+        characters; `seed` asks for reproducible sampling (vLLM, llama.cpp)."""
         request = {
             "model": self.model,
             "messages": messages,
@@ -162,7 +199,16 @@ class ChatClient:
         headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        return self._with_retries(json.dumps(request).encode("utf-8"), headers, key)
+        try:
+            text = self._with_retries(json.dumps(request).encode("utf-8"), headers, key)
+        except ReplyTooLarge as err:
+            raise self._fail(
+                f"{self.url} sent a reply of {err.args[0]} bytes or more, over the "
+                f"{self.max_reply_bytes} a chat completion may have (max_tokens {max_tokens} was "
+                "asked); does the server honour max_tokens?"
+            ) from None
+        # A server that ignores max_tokens: no more than it could have said reaches the caller.
+        return text[: max_tokens * CHARS_PER_TOKEN]
 
     def _with_retries(self, body: bytes, headers: dict, key: str) -> str:
         """POST until an answer, a request the server refuses, or max_retries retries spent."""
@@ -174,7 +220,8 @@ class ChatClient:
             try:
                 status, reply_headers, raw = self._post(body, headers)
             except (OSError, http.client.HTTPException) as err:  # refused, reset, deadline, ...
-                last_error = f"{type(err).__name__}: {err}".splitlines()[0]
+                # e.g. BadStatusLine quotes the server's status line
+                last_error = printable(f"{type(err).__name__}: {err}".splitlines()[0])
             else:
                 if status == 200:
                     return self._reply_text(raw)
@@ -217,6 +264,11 @@ class ChatClient:
                     "reasoning off or serve a non-reasoning model)"
                 )
             raise self._fail(f"{self.url} answered with content null{thinking}")
+        if not isinstance(content, str):  # e.g. a list of parts: not what the callers read
+            raise self._fail(
+                f"{self.url} answered with a {type(content).__name__} as content, not a "
+                "string; serve a plain chat model"
+            )
         return content
 
     def preflight(self) -> None:
@@ -307,7 +359,10 @@ class ServedModel:
         def compute_misses(todo: list[int], store) -> None:
             run_concurrently(todo, ask, store, self.concurrency)
 
-        return cached_answers(self.cache, keys, compute_misses)
+        texts = cached_answers(self.cache, keys, compute_misses)
+        # chat() trims what it gets; a cache written before it did may still hold a longer reply.
+        limit = max_new_tokens * CHARS_PER_TOKEN
+        return [t[:limit] if isinstance(t, str) else t for t in texts]
 
 
 class OpenAIJudge(Judge):

@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest -q tests/test_baselines.py
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import mascot
 import scenarios
 import warmstart
 from extras import baselines, director_headroom, sft
-from plumbing import common, files
+from plumbing import common, files, runs
 from simulate import (
     USER,
     Cast,
@@ -341,6 +342,32 @@ def test_sft_command_trains_saves_and_evaluate_runs_it(tmp_path):
     # On data without strategy-labelled supporter turns the command says what it needs.
     with pytest.raises(common.UserError, match="ESConv"):
         sft.main(["sft", "--model", "tiny", "--run", str(tmp_path / "b")], mascot)
+
+
+def test_sft_takes_the_run_lock_and_refuses_other_settings_on_a_made_folder(tmp_path):
+    # Two sft commands with different --lr at once both exited 0: config.json said one lr, the
+    # model was the other's. Now one holds the run lock, and on a folder an earlier sft made a
+    # different setting is one line naming it, as train's stages refuse theirs.
+    argv = ["sft", "--model", "tiny", "--run", str(tmp_path), "--data", FIXTURE]
+    argv += ["--held-out", "0.34", "--steps", "1", "--batch-size", "2", "--max-new-tokens", "4"]
+    with runs.run_lock(tmp_path):  # another command holds the folder
+        with pytest.raises(common.UserError, match="in use by another mascot command"):
+            sft.main(argv + ["--lr", "1e-3"], mascot)
+    assert not (tmp_path / "sft").exists()
+    assert sft.main(argv + ["--lr", "1e-3"], mascot) == 0
+    model = tmp_path / "sft" / "model" / "model.safetensors"
+    made = model.stat().st_mtime_ns
+    with pytest.raises(common.UserError, match=r"^--lr 0.002: lr 0.001 is what made .*sft; ") as e:
+        sft.main(argv + ["--lr", "2e-3"], mascot)
+    assert "\n" not in str(e.value)
+    assert files.read_json(tmp_path / "sft" / "config.json")["lr"] == 0.001
+    assert model.stat().st_mtime_ns == made  # the model is still the one config.json describes
+    other = tmp_path / "copy.jsonl"
+    other.write_text(Path(FIXTURE).read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    with pytest.raises(common.UserError, match="--data, --personas or --profiles-file"):
+        sft.main([*argv[:6], str(other), *argv[7:], "--lr", "1e-3"], mascot)
+    # The same settings (how it reports is not one) train it again.
+    assert sft.main(argv + ["--lr", "1e-3", "--quiet"], mascot) == 0
 
 
 # ------------------------------------------------------------------ the director's headroom

@@ -262,3 +262,214 @@ def test_a_stream_that_the_clean_up_changed_is_shown_again():
         printer(torch.tensor([i]))
     printer.finish("Something else.")
     assert "".join(written) == "Anchor: That sounds\nAnchor (cleaned up): Something else.\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Model text on the terminal: no escape sequences (fake_openai's `ansi` and `inject` modes)
+# ----------------------------------------------------------------------------------------------
+# What a terminal acts on: ESC, BEL, backspace, carriage return, DEL and the C1 controls (0x9b
+# is an 8-bit CSI, 0x9d an OSC).
+CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class EscapeTokenizer:
+    """A model whose tokens carry a window title (OSC 0), a screen clear cut over two tokens and
+    an 8-bit CSI."""
+
+    PIECES = ["Anchor", ":", " Hi", " \x1b]0;pw", "ned\x07", " there", "\x1b[2", "J", " friend"]
+    PIECES += ["\x9b31m", " now", "."]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.PIECES[i] for i in ids)
+
+
+def test_a_streamed_reply_shows_no_control_sequence_even_one_cut_between_tokens():
+    written = []
+    printer = chat.StreamPrinter(EscapeTokenizer(), "Anchor", ["Anchor"], written.append)
+    for i in range(len(EscapeTokenizer.PIECES)):
+        printer(torch.tensor([i]))
+    printer.finish("Hi \x1b]0;pwned\x07 there\x1b[2J friend\x9b31m now.")  # what is stored
+    shown = "".join(written)
+    assert not CONTROLS.search(shown) and shown == "Anchor: Hi  there friend now.\n"
+
+
+def test_terminal_text_keeps_newlines_tabs_and_text():
+    assert chat.terminal_text("a\tb\nc é 🙂") == "a\tb\nc é 🙂"
+    assert chat.terminal_text("x\x1b]52;c;ZXZpbA==\x1b\\y\x1bcz\r\x7f") == "xyz"
+    assert chat.terminal_text("cut off \x1b]0;tit") == "cut off "  # swallowed, as a terminal would
+
+
+def test_a_served_speakers_escape_sequences_never_reach_the_terminal(tmp_path):
+    """The tester's session: `printf 'hello\\n' | mascot.py chat --speakers openai:URL` with a
+    server whose replies set the window title, clear the screen and write the clipboard (OSC 52):
+    printed raw. Now stripped on the terminal; the /save file keeps the reply as the model wrote
+    it (the record), every control escaped so that `cat` of it drives nothing. The served
+    director's injected directive shows bounded, without its tone."""
+    from fake_openai import ANSI_REPLY, MODES, FakeServer
+
+    saved = tmp_path / "chat.json"
+    with FakeServer([MODES["ansi"]]) as speakers, FakeServer([MODES["inject"]]) as director:
+        rc, lines, err = run_piped(
+            tmp_path,
+            f"hello\n/save {saved}\n",
+            *("--speakers", "openai:" + speakers.url, "--speakers-model", "s"),
+            *("--director", "openai:" + director.url, "--director-model", "d"),
+            *("--show-directives", "--agents-per-turn", "1"),
+        )
+    assert rc == 0, err
+    out = "\n".join(lines)
+    assert not CONTROLS.search(out) and "pwned" not in out and "cm0g" not in out
+    assert "Guide: Hello friend, I hear you red done" in lines
+    (directive,) = [x for x in lines if x.startswith("[Agent: Guide")]
+    assert directive.endswith("/ Tone: -]") and "evil" not in directive
+    raw = saved.read_bytes()
+    assert not CONTROLS.search(raw.decode("utf-8")) and b"\xc2\x9b" not in raw
+    reply = json.loads(raw)["turns"][1]["text"]
+    assert "\x1b]0;pwned\x07" in reply and "\x9b31m" in reply and ANSI_REPLY.startswith("Hello")
+
+
+# ----------------------------------------------------------------------------------------------
+# simulate: bad flags, appending as conversations finish, resuming
+# ----------------------------------------------------------------------------------------------
+def simulate_here(capsys, *argv) -> tuple[int, str, str]:
+    """mascot.py simulate in this process: (exit status, stderr, stdout)."""
+    import mascot
+
+    code = mascot.main(["simulate", "--model", "tiny", *argv])
+    captured = capsys.readouterr()
+    return code, captured.err, captured.out
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def test_simulate_refuses_an_empty_run_and_profile_ids_it_could_never_select(
+    tmp_path, capsys, monkeypatch
+):
+    """`--run ""` wrote .lock and simulate/ into the working directory; a profile id `all` or
+    `a,b` loaded fine but no --profile could pick it; an unknown --profile was blamed on
+    `--profiles`, a flag simulate does not have."""
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = simulate_here(capsys, "--run", "")
+    assert code == 2 and "--run is empty" in err and len(error_lines(err)) == 1, err
+    assert list(tmp_path.iterdir()) == []
+    profiles = json.loads((ROOT / "data" / "profiles.json").read_text())
+    for bad in ("all", "average,calm"):
+        profiles["profiles"][0]["id"] = bad
+        path = tmp_path / "profiles.json"
+        path.write_text(json.dumps(profiles))
+        code, err, _ = simulate_here(
+            capsys, "--run", str(tmp_path / "run"), "--profiles-file", str(path)
+        )
+        assert code == 2 and str(path) in err and repr(bad) in err, err
+        assert len(error_lines(err)) == 1
+    code, err, _ = simulate_here(capsys, "--run", str(tmp_path / "run"), "--profile", "grumpy")
+    assert code == 2 and "--profile grumpy" in err and "--profiles " not in err, err
+
+
+def seeded(body):
+    """A server whose every reply names the seed it was sampled with: a resumed conversation
+    must get the seeds an uninterrupted one did."""
+    from fake_openai import completion, plain, role_of
+
+    if role_of(body) in ("speaker", "user"):
+        return completion(f"{role_of(body)} reply, seed {body.get('seed')}")
+    return plain(body)
+
+
+def test_an_interrupted_simulate_keeps_what_finished_and_the_same_command_goes_on(
+    tmp_path, capsys, monkeypatch
+):
+    """Interrupted after its first conversation, simulate said "run the same command (it picks
+    up what is done)" but had written nothing. Now each finished conversation is appended as it
+    finishes; the same command simulates only the rest (with their own seeds) and ends with the
+    file an uninterrupted run writes; other settings are refused, by name."""
+    from fake_openai import FakeServer
+
+    from plumbing import files
+
+    with FakeServer([seeded]) as server:
+        url = "openai:" + server.url
+
+        def simulate_into(run, *extra):
+            return simulate_here(
+                capsys,
+                *("--run", str(run), "--contexts", "3", "--turns", "2", "--max-new-tokens", "6"),
+                *("--speakers", url, "--speakers-model", "s", "--user", url, "--user-model", "u"),
+                *extra,
+            )
+
+        assert simulate_into(tmp_path / "whole")[0] == 0
+        whole = (tmp_path / "whole" / "simulate" / "round-robin.jsonl").read_text()
+        asked_whole = len(server.requests)
+
+        out = tmp_path / "run" / "simulate" / "round-robin.jsonl"
+        append = files.append_jsonl
+
+        def then_ctrl_c(path, record):
+            append(path, record)
+            if Path(path) == out:  # Ctrl-C right after the first conversation is written
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(files, "append_jsonl", then_ctrl_c)
+        code, err, _ = simulate_into(tmp_path / "run", "--batch", "1")
+        monkeypatch.undo()
+        assert code == 130 and "picks up what is done" in err, err
+        assert len(out.read_text().splitlines()) == 1
+        code, err, printed = simulate_into(tmp_path / "run", "--batch", "1")
+        assert code == 0 and "(1 of them from an earlier run)" in printed, err
+        assert out.read_text() == whole
+        # Both runs together asked what the whole run asked, plus one more preflight per role.
+        assert len(server.requests) == 2 * asked_whole + 2
+
+        # Again: nothing left to do. Other settings: refused, by name.
+        asked = len(server.requests)
+        code, err, printed = simulate_into(tmp_path / "run", "--batch", "1")
+        assert code == 0 and "(3 of them from an earlier run)" in printed, err
+        assert len(server.requests) == asked + 2  # the preflights only
+        for flags, change in [
+            (["--batch", "1", "--turns", "3"], "--turns was 2, now 3"),
+            (["--batch", "3"], "--batch was 1, now 3"),
+        ]:
+            code, err, _ = simulate_into(tmp_path / "run", *flags)
+            assert code == 2 and change in err and len(error_lines(err)) == 1, err
+        out.with_name(out.name + ".settings.json").unlink()
+        code, err, _ = simulate_into(tmp_path / "run", "--batch", "1")
+        assert code == 2 and "no settings file" in err, err
+        assert out.read_text() == whole
+
+
+def test_a_resumed_simulate_on_local_models_writes_what_an_uninterrupted_one_does(
+    tmp_path, capsys, monkeypatch
+):
+    """Local models sample a little differently in another batch (padding changes the
+    arithmetic), so the batches are fixed ranges rerun whole: interrupted in the middle of its
+    first batch, the resumed run redoes that batch and the file is byte for byte the same."""
+    from plumbing import files
+
+    flags = ["--contexts", "3", "--turns", "2", "--max-new-tokens", "6", "--batch", "2"]
+    assert simulate_here(capsys, "--run", str(tmp_path / "whole"), *flags)[0] == 0
+    whole = (tmp_path / "whole" / "simulate" / "round-robin.jsonl").read_text()
+    out = tmp_path / "run" / "simulate" / "round-robin.jsonl"
+    append = files.append_jsonl
+
+    def then_ctrl_c(path, record):
+        append(path, record)
+        if Path(path) == out:  # after the first of the batch's two conversations
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(files, "append_jsonl", then_ctrl_c)
+    assert simulate_here(capsys, "--run", str(tmp_path / "run"), *flags)[0] == 130
+    monkeypatch.undo()
+    assert len(out.read_text().splitlines()) == 1
+    code, err, printed = simulate_here(capsys, "--run", str(tmp_path / "run"), *flags)
+    assert code == 0 and "from an earlier run" not in printed, err  # its batch was redone
+    assert out.read_text() == whole
+
+
+def test_the_conversations_left_run_in_the_batches_an_uninterrupted_run_has():
+    """Fixed batches [k*size, (k+1)*size), run whole: the same batches on every run, and each
+    starts at its own seed (run_conversations gives conversation i the seed seed + i)."""
+    assert chat.batches([0, 1, 2, 4, 5], 2, 6) == [range(0, 2), range(2, 4), range(4, 6)]
+    assert chat.batches([4], 3, 5) == [range(3, 5)] and chat.batches([], 8, 3) == []

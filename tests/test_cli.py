@@ -842,3 +842,74 @@ def test_grpo_flags_carry_trl_names_and_the_old_spellings_still_work():
         parser.parse_args(
             ["train", "--stage", "1", "--scale-rewards", "yes"]
         )  # TRL's three choices only
+
+
+def test_a_moved_or_copied_run_folder_resumes(tmp_path, capsys, monkeypatch):
+    """A run folder's place is not part of what made it: a copy, or the folder moved elsewhere,
+    resumes (config.json's "run" is where it was made)."""
+    import shutil
+
+    first = tmp_path / "r1"
+    code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, "--run", str(first))
+    assert code == 0, err
+    copy, moved = tmp_path / "r8a", tmp_path / "elsewhere" / "r8b"
+    shutil.copytree(first, copy, symlinks=True)
+    moved.parent.mkdir()
+    shutil.move(first, moved)
+    for run in (copy, moved):
+        code, err = mascot_here(
+            capsys, monkeypatch, *TINY_STAGE1, "--run", str(run), "--resume", "--steps", "2"
+        )
+        assert code == 0, err
+        assert (run / "stage1" / "checkpoints" / "ckpt-000002").is_dir()
+        assert json.loads((run / "stage1" / "config.json").read_text())["run"] == str(run)
+
+
+def test_a_path_inside_the_run_folder_matches_it_where_it_now_lies():
+    made = {"run": "/a/r1", "speakers": "/a/r1/stage1/speakers", "model": "tiny"}
+    now = {"run": "/b/r8", "speakers": "/b/r8/stage1/speakers", "model": "tiny"}
+    assert runs.same_setting("speakers", made, now) and runs.same_setting("model", made, now)
+    assert runs.same_setting("speakers", made, {**now, "speakers": made["speakers"]})  # as made
+    for other in ("/b/r8/stage1/other", "/b/elsewhere", "/a/r1/stage1/other", None):
+        assert not runs.same_setting("speakers", made, {**now, "speakers": other}), other
+
+
+def test_old_checkpoints_without_resume_are_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """A stage folder holding GRPO checkpoints, run again without --resume: refused at the start,
+    not after the states, judging, reward model and held-out pass."""
+    run = tmp_path / "run"
+    code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, "--run", str(run))
+    assert code == 0, err
+
+    def work(*args, **kwargs):
+        raise AssertionError("work began")
+
+    monkeypatch.setattr(cli, "rlaif_reward", work)
+    code, err = mascot_here(capsys, monkeypatch, *TINY_STAGE1, "--run", str(run))
+    assert code == 2 and len(error_lines(err)) == 1, err
+    assert (
+        f"{run / 'stage1' / 'checkpoints'} holds checkpoints of an earlier run; continue it with "
+        "--resume, or use a new --run" in err
+    )
+
+
+def test_a_broken_role_folder_is_one_line_naming_its_flag(tmp_path, capsys, monkeypatch):
+    from plumbing import files, loading
+
+    folder = files.save_model(*loading.load_model("tiny"), tmp_path / "speakers")
+    (folder / "model.safetensors").write_bytes(b"\xff" * 4096)
+    code, err = mascot_here(
+        capsys,
+        monkeypatch,
+        "simulate",
+        "--model",
+        "tiny",
+        "--run",
+        str(tmp_path / "run"),
+        "--contexts",
+        "1",
+        "--speakers",
+        str(folder),
+    )
+    assert code == 2 and len(error_lines(err)) == 1 and "Traceback" not in err, err
+    assert f"--speakers {folder}: a .safetensors file in the folder is damaged" in err

@@ -75,6 +75,49 @@ def test_find_persona_by_name_or_role(query, expected):
     assert (found.name if found else None) == expected
 
 
+def test_find_works_for_every_name_the_validator_accepts(tmp_path):
+    """Names in other scripts passed validation but PersonaSet.find matched [a-z0-9] words only,
+    so stage 1 died on None.name; now find reads letters of every script."""
+    raw = json.loads((FIX / "personas.json").read_text())
+    names = ["Беакон", "触媒", "Ånchor", "Guide"]
+    for p, name in zip(raw["support"]["personas"], names):
+        p["name"] = name
+    path = tmp_path / "personas.json"
+    path.write_text(json.dumps(raw, ensure_ascii=False), encoding="utf-8")
+    support = scenarios.load_personas(path, "support")
+    for name in names:
+        assert support.find(name).name == name
+        assert support.find(f"Agent: {name.upper()}.").name == name
+    assert support.find("critical thinker").name == "触媒"  # roles as before
+    assert support.find("беакон и 触媒") is None  # two names: ambiguous
+
+
+@pytest.mark.parametrize(
+    "names, fragments",
+    [
+        (["User"], ["persona #1:", "name 'User' is reserved"]),
+        (["Anchor", "safety"], ["persona #2:", "name 'safety' is reserved"]),
+        (["Anchor", "Beacon", "USER."], ["persona #3:", "name 'USER.' is reserved"]),
+        (["A-1", "A 1"], ["personas #1 and #2", "'A-1' and 'A 1'", "spacing or punctuation"]),
+        (["Anchor", "Anchor."], ["personas #1 and #2", "'Anchor' and 'Anchor.'"]),
+        (["Беакон", "беакон"], ["personas #1 and #2", "but for case"]),
+        (["_"], ["persona #1:", "name '_'", "a letter or digit"]),
+    ],
+)
+def test_names_that_would_break_the_pipeline_are_refused(tmp_path, names, fragments):
+    """A persona named User or Safety speaks turns that read as the person's or a crisis stop;
+    names that differ only in punctuation or spacing cannot be told apart by find."""
+
+    def rename(raw):
+        for p, name in zip(raw["support"]["personas"], names):
+            p["name"] = name
+
+    message = persona_error(tmp_path, rename)
+    for fragment in fragments:
+        assert fragment in message
+    assert "\n" not in message
+
+
 def persona_error(tmp_path, mutate, set_name="support") -> str:
     """Apply `mutate` to a copy of the fixture, load it, return the UserError message."""
     raw = copy.deepcopy(json.loads((FIX / "personas.json").read_text()))
@@ -379,6 +422,24 @@ def test_make_inputs_stops_a_command_that_would_leak_training_contexts(tmp_path)
         make(held_out=0.5)
     # Another corpus (held-out transfer, e.g. ESConv) shares no contexts with the training data.
     make(data="esconv.jsonl", seed=5, held_out=0.1)
+    other = tmp_path / "other.jsonl"
+    other.write_text((FIX / "contexts.jsonl").read_text(encoding="utf-8"), encoding="utf-8")
+    make(data=str(other), seed=5)
+    # The same contexts under another path (a byte-identical copy) split as the stage did.
+    copied = tmp_path / "copy" / "mine.jsonl"
+    copied.parent.mkdir()
+    copied.write_bytes((ROOT / "data" / "contexts.jsonl").read_bytes())
+    make(data=str(copied))  # the same settings: no error
+    with pytest.raises(UserError, match="--seed 1: .*config.json was made with --seed 0"):
+        make(data=str(copied), seed=1)
+    # A folder of official splits copied elsewhere is the same data too.
+    files.write_json(config, {"data": str(FIX / "ed"), "set": "support", "seed": 0})
+    (tmp_path / "ed").mkdir()
+    for f in (FIX / "ed").iterdir():
+        (tmp_path / "ed" / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(UserError, match="--seed 2"):
+        make(data=str(tmp_path / "ed"), seed=2)
+    make(data=str(FIX / "ed_splits"), seed=2)  # other data
 
 
 def test_flag_type_names_the_flag_and_rejects_out_of_range_values():

@@ -145,16 +145,55 @@ def test_shared_style_ed_and_openings_jsonl():
     assert openings[0].turns[1] == {"speaker": "participant", "text": "I've got some sketches."}
 
 
-def test_the_format_of_a_mixed_file_is_the_one_most_rows_have(tmp_path, capsys):
-    """Three QMSum openings rows and one ED row: the file is read as QMSum openings (each row of a
-    kind must count as the same kind), and the one ED row is skipped with a warning."""
-    rows = (FIX / "qmsum_openings.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+def test_a_file_mixing_formats_names_the_first_row_of_the_other_format(tmp_path, capsys):
+    """Two files joined: our rows then ESConv dialogues (read as ours by row 1 before: 40 "skipping"
+    warnings and a misleading held-out error), or the other way round (read by the majority, our
+    rows skipped). Either way one line names the file and the first row of the other format."""
+    ours = (FIX / "contexts.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    esconv = (FIX / "esconv_split" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:1]
     ed = (FIX / "ed_shared" / "valid_contexts.jsonl").read_text(encoding="utf-8").splitlines()[0]
-    third = json.loads(rows[1]) | {"id": "X003"}
-    path = tmp_path / "mixed.jsonl"
-    path.write_text("\n".join([ed, *rows, json.dumps(third)]) + "\n", encoding="utf-8")
-    assert [c.id for c in contexts(path, "meeting")] == ["X001", "X002", "X003"]
-    assert "skipping row 1" in capsys.readouterr().err
+    openings = (FIX / "qmsum_openings.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    cases = [
+        (ours + esconv * 40, "row 3 is an ESConv dialogue but row 1 is a contexts row in our"),
+        (esconv * 40 + ours, "row 41 is a contexts row in our format but row 1 is an ESConv"),
+        ([ed, *openings], "row 2 is a QMSum openings row but row 1 is an Empathetic Dialogues"),
+    ]
+    for n, (rows, message) in enumerate(cases):
+        path = tmp_path / f"mixed{n}.jsonl"
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        with pytest.raises(UserError, match=f"mixed{n}.jsonl: {message}") as e:
+            inputs("--data", str(path))
+        assert "\n" not in str(e.value)
+    assert "skipping" not in capsys.readouterr().err
+    # A broken row of ours (no first_message, but an ED-like emotion and situation) is skipped
+    # as ours, not taken for another format.
+    broken = json.loads(ours[1])
+    del broken["first_message"]
+    path = tmp_path / "broken.jsonl"
+    path.write_text("\n".join([ours[0], json.dumps(broken)]) + "\n", encoding="utf-8")
+    assert [c.id for c in datasets.read_data(str(path), "support")["all"]] == ["sup-01"]
+    assert "skipping line 2" in capsys.readouterr().err
+
+
+def test_a_number_too_long_to_read_is_one_line_naming_the_file_and_row(tmp_path):
+    ours = (FIX / "contexts.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    digits = "1" + "0" * 4999  # 5000 digits: past the limit of Python's int()
+    in_text = json.loads(ours[0]) | {"situation": "9" * 5000}  # in a string: fine
+    esconv = (FIX / "esconv_split" / "train.jsonl").read_text().splitlines()[0]
+    for name, rows in {
+        "ours.jsonl": [json.dumps(in_text), ours[1][:-1] + f', "emotion": {digits}}}'],
+        "esconv.jsonl": [esconv, esconv[:-1] + f', "survey": {digits}}}'],
+    }.items():
+        path = tmp_path / name
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        with pytest.raises(UserError, match=f"{name}: row 2 holds a number of more than 4300"):
+            inputs("--data", str(path))
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(esconv + "\n", encoding="utf-8")
+    (folder / "test.jsonl").write_text(f'{{"dialog": [], "n": {"7" * 5000}}}\n')
+    with pytest.raises(UserError, match="test.jsonl: row 1 holds a number"):
+        datasets.read_data(str(folder), "support")
 
 
 def test_context_source_errors(tmp_path):

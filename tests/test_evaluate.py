@@ -789,6 +789,72 @@ def test_an_interrupted_evaluation_redoes_only_the_unfinished_systems(tmp_path, 
     assert ran == ["zero-shot", "round-robin"]
 
 
+def test_a_saved_system_survives_flags_that_do_not_decide_its_numbers(tmp_path, monkeypatch):
+    """A finished system was redone when the command line changed at all (--quiet, --systems),
+    and a saved one left out of the results was deleted. Now each is kept while what ITS numbers
+    depend on is unchanged, and partial/ keeps it until the results hold it or it is invalid."""
+    out = tmp_path / "run"
+    partial = out / "eval" / "partial"
+    real_run_system, ran = evaluate.run_system, []
+
+    def interrupted(system, *rest):
+        if system.name == "round-robin":
+            raise KeyboardInterrupt
+        ran.append(system.name)
+        return real_run_system(system, *rest)
+
+    def evaluation(systems, *more, stop=False):
+        ran.clear()
+        argv = TINY[:4] + ["--turns", "1", "--max-new-tokens", "2", "--systems", systems]
+        argv += ["--pairwise-by", "judge", "--no-persona-id", "--run", str(out), *more]
+        monkeypatch.setattr(evaluate, "run_system", interrupted if stop else counted)
+        return run(argv)
+
+    def counted(system, *rest):
+        ran.append(system.name)
+        return real_run_system(system, *rest)
+
+    with pytest.raises(KeyboardInterrupt):
+        evaluation("zero-shot,few-shot,round-robin", stop=True)
+    assert sorted(p.name for p in partial.iterdir()) == ["few-shot.json", "zero-shot.json"]
+    # Other --systems, --pairwise, --quiet, --served-timeout: zero-shot is kept, few-shot too.
+    flags = ["--quiet", "--pairwise", "round-robin,zero-shot", "--served-timeout", "9"]
+    evaluation("zero-shot,round-robin", *flags)
+    assert ran == ["round-robin"]
+    assert [p.name for p in partial.iterdir()] == ["few-shot.json"]  # not in the results
+    kept = evaluation("few-shot")
+    assert ran == [] and not partial.exists()  # now the results hold it
+    assert kept["systems"]["few-shot"]["n"] == 2
+    # Another --max-new-tokens decides every system's numbers: nothing is reused, and a system
+    # that could no longer be reused is deleted at the end.
+    with pytest.raises(KeyboardInterrupt):
+        evaluation("zero-shot,few-shot,round-robin", stop=True)
+    evaluation("zero-shot", "--max-new-tokens", "3")
+    assert ran == ["zero-shot"] and not partial.exists()
+
+
+def test_each_system_depends_on_its_own_models_only():
+    protocol = {
+        "config": {"turns": 2},
+        "own": {"trained": ["stamp A"], "sft": ["stamp B"], "self-consistency": [5, "majority"]},
+    }
+    by_name = {s.name: s for s in evaluate.SYSTEMS}
+    retrained = protocol | {"own": protocol["own"] | {"trained": ["stamp C"]}}
+    for name, changes in {"zero-shot": False, "sft": False, "mascot-c": True}.items():
+        system = by_name[name]
+        parts = (system.speakers, system.order, system.pipeline)
+        before, after = (results.system_protocol(parts, p) for p in (protocol, retrained))
+        assert (before != after) == changes
+
+    def own(name):
+        system = by_name[name]
+        parts = (system.speakers, system.order, system.pipeline)
+        return results.system_protocol(parts, protocol)["own"]
+
+    assert own("self-consistency") == {"self-consistency": [5, "majority"]}
+    assert own("sft") == {"sft": ["stamp B"]}
+
+
 class CrisisAlways:
     """A guard that flags every message (the real one is tested in tests/test_safety.py)."""
 

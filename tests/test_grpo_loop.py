@@ -276,3 +276,83 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, dama
     assert "ckpt-000002 cannot be loaded" in captured.err
     lines = captured.out.splitlines()
     assert any("ckpt-000001" in line for line in lines) and [r["step"] for r in rows][-2:] == [2, 3]
+
+
+def _empty_state(ckpt):
+    (ckpt / "state.json").write_text("{}")
+
+
+def _no_torch_rng(ckpt):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(ckpt / "optimizer.safetensors"))
+    del tensors["rng.torch"]
+    save_file(tensors, str(ckpt / "optimizer.safetensors"))
+
+
+def _one_weight_only(ckpt):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(ckpt / "model" / "model.safetensors"))
+    assert len(tensors) == 20  # the tiny model's 21 names less the tied lm_head
+    first = sorted(tensors)[0]
+    save_file({first: tensors[first]}, str(ckpt / "model" / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        (_empty_state, "state.json lacks"),
+        (_no_torch_rng, "lacks rng.torch"),
+        (_one_weight_only, "model.safetensors lacks 19 weights"),
+    ],
+)
+def test_a_checkpoint_missing_a_field_tensor_or_weight_falls_back_too(
+    tmp_path, damage, needle, capsys
+):
+    """Well-formed files that lack part of a checkpoint (state.json "{}", no rng.torch, a model file
+    of 1 of its 20 tensors) are damage too: a warning and the checkpoint before it, never a KeyError
+    or weights silently taken from the starting model."""
+    model, tok = loading.load_model("tiny")
+    sample_prompts, reward_fn = low_id_task(tok)
+    task = grpo.Task(sample_prompts, reward_fn)
+    grpo.train_grpo(model, tok, task, config(max_steps=2, save_steps=1), tmp_path)
+    damage(tmp_path / "checkpoints" / "ckpt-000002")
+    model, tok = loading.load_model("tiny")
+    rows = grpo.train_grpo(
+        model, tok, task, config(max_steps=3, save_steps=1), tmp_path, resume=True
+    )
+    captured = capsys.readouterr()
+    assert "ckpt-000002 cannot be loaded" in captured.err and needle in captured.err
+    assert "resumed from" in captured.out and "ckpt-000001 at step 1" in captured.out
+    assert [r["step"] for r in rows] == [2, 3]
+
+
+def test_missing_weights_ignores_tied_weights_only(tmp_path):
+    """A tied lm_head is saved once, under either name: not missing. An untied one is a weight."""
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM
+
+    tied, _ = loading.load_model("tiny")
+    state = tied.state_dict()
+    file = tmp_path / "model.safetensors"
+    save_file({k: v for k, v in state.items() if k != "lm_head.weight"}, str(file))
+    assert runs.missing_weights(tied, file) == []
+    config = tied.config.to_dict() | {"tie_word_embeddings": False}
+    untied = LlamaForCausalLM(type(tied.config).from_dict(config))
+    assert runs.missing_weights(untied, file) == ["lm_head.weight"]
+    save_file({"lm_head.weight": state["lm_head.weight"].clone()}, str(file))
+    missing = runs.missing_weights(tied, file)
+    assert len(missing) == 19 and "model.embed_tokens.weight" not in missing
+
+
+def test_an_update_that_blows_the_weights_up_stops_the_run(tmp_path):
+    """--lr 1e30 leaves finite weights of ~1e29: no model either. The run stops at the first such
+    step with one line, before any checkpoint of the broken weights is written."""
+    from plumbing.common import UserError
+
+    model, tok = loading.load_model("tiny")
+    task = grpo.Task(*low_id_task(tok))
+    with pytest.raises(UserError, match="changed by more than 50% of their norm in one step"):
+        grpo.train_grpo(model, tok, task, config(max_steps=2, learning_rate=1e30), tmp_path)
+    assert runs.checkpoints(tmp_path / "checkpoints") == []

@@ -11,10 +11,13 @@ Run: .venv/bin/python -m pytest -q tests/test_human.py
 """
 
 import collections
+import contextlib
+import html
 import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -217,17 +220,17 @@ def server(tmp_path):
     write_transcripts(tmp_path / "transcripts.jsonl")
     out = tmp_path / "human" / "annotations.jsonl"
 
-    def start():
+    def start(ratings, per_annotator, serve_kw):
         items = human.load_items(tmp_path / "transcripts.jsonl", "mascot", "few-shot-cot")
-        study = human.Study(items, out, ratings=2, per_annotator=10, likert=True, seed=0)
-        srv = human.serve(study, 0)
+        study = human.Study(items, out, ratings, per_annotator, likert=True, seed=0)
+        srv = human.serve(study, 0, **serve_kw)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         return srv, study, f"http://127.0.0.1:{srv.server_address[1]}"
 
     servers = []
 
-    def make():
-        servers.append(start())
+    def make(ratings=2, per_annotator=10, **serve_kw):
+        servers.append(start(ratings, per_annotator, serve_kw))
         return servers[-1]
 
     yield make, out
@@ -241,29 +244,73 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def get(url):
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return r.status, r.read().decode()
-
-
-def post(url, form):
-    opener = urllib.request.build_opener(NoRedirect)
+def get(url, headers=None):
+    request = urllib.request.Request(url, headers=headers or {})
     try:
-        with opener.open(url, urllib.parse.urlencode(form).encode(), timeout=30) as r:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def post(url, form, headers=None):
+    """POST a form; headers (a Host, an Origin) replace urllib's own."""
+    opener = urllib.request.build_opener(NoRedirect)
+    request = urllib.request.Request(url, urllib.parse.urlencode(form).encode(), headers or {})
+    try:
+        with opener.open(request, timeout=30) as r:
             return r.status, r.headers.get("Location"), r.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.headers.get("Location"), err.read().decode()
 
 
+def hidden(page, name):
+    """The value of the page's hidden field `name`, as a browser would send it."""
+    return page.split(f'name="{name}" value="')[1].split('"')[0]
+
+
+def token_of(base):
+    """The token a page of this server carries ("" from a page without one)."""
+    page = get(f"{base}/item?annotator=a1")[1]
+    return hidden(page, "token") if 'name="token"' in page else ""
+
+
 def full_form(page, choice="1", rating="4"):
-    item = page.split('name="item" value="')[1].split('"')[0]
-    form = {
-        "annotator": page.split('name="annotator" value="')[1].split('"')[0],
-        "item": item,
-        "choice": choice,
-    }
+    form = {"annotator": hidden(page, "annotator"), "item": hidden(page, "item"), "choice": choice}
+    if 'name="token"' in page:  # (the form as the server served it, its token included)
+        form["token"] = hidden(page, "token")
     form.update({f"c{pos}_{k}": rating for pos in (1, 2) for k in human.LIKERT})
     return form
+
+
+def answer_form(annotator, item, token, choice="1"):
+    """An answer as a direct request would make it, without loading the page first."""
+    form = {"annotator": annotator, "item": str(item), "token": token, "choice": choice}
+    form.update({f"c{pos}_{k}": "4" for pos in (1, 2) for k in human.LIKERT})
+    return form
+
+
+def raw(base, lines, body=b"", wait=10.0):
+    """Send a request byte for byte (urllib will not send a malformed one): `lines` are the request
+    line and the headers. Reads until the server closes; returns (status, whole response). A
+    server that holds the connection longer than `wait` seconds fails the test (socket timeout)."""
+    port = int(base.rsplit(":", 1)[1])
+    request = "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        sock.sendall(request)
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    status = int(data.split(b" ", 2)[1]) if data else 0
+    return status, data.decode("utf-8", "replace")
+
+
+def stored(out):
+    """The judgements in the file so far."""
+    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
 
 
 def test_pages_are_blind_saved_resumable_and_shared(server):
@@ -377,6 +424,270 @@ def test_evaluate_human_writes_the_report(tmp_path, capsys):
     path.write_text("")
     assert mascot.main(["evaluate", "--run", str(tmp_path / "run"), "--human", str(path)]) == 2
     assert "holds no judgements yet" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the server refuses what its page did not send
+# Each test below first reproduced a defect a tester found with curl (the server then stored the
+# forged or over-limit answer, held a thread, or printed a traceback).
+
+
+def test_forged_cross_site_post_is_refused(server):
+    # A page on another site posting into the annotator's browser: the tester's curl, stored as
+    # {"annotator": "victim"} before the fix.
+    make, out = server
+    _, _, base = make()
+    port = base.rsplit(":", 1)[1]
+    forged = {"annotator": "victim", "item": "0", "choice": "1"}
+    forged.update({f"c{pos}_{k}": "5" for pos in (1, 2) for k in human.LIKERT})
+    evil = {"Origin": "http://evil.example", "Host": f"attacker.example:{port}"}
+    status, _, body = post(f"{base}/answer", forged, evil)
+    assert status == 403 and "Host header" in html.unescape(body)
+    # With the right Host, another site's Origin or Referer is refused even with a valid token
+    # (which such a page cannot read: the token is defence one, Origin defence two).
+    _, page = get(f"{base}/item?annotator=victim")
+    form = full_form(page)
+    for headers in (
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},  # a sandboxed frame or a data: page
+        {"Origin": f"https://127.0.0.1:{port}"},  # another scheme is another origin
+        {"Referer": "http://evil.example/page.html"},
+        {"Origin": base, "Referer": f"http://127.0.0.1.evil.example:{port}/"},
+    ):
+        status, _, body = post(f"{base}/answer", form, headers)
+        assert status == 403 and "names another site" in html.unescape(body), headers
+    assert stored(out) == []
+    # What a browser sends from our own page is taken.
+    ours = {"Origin": base, "Referer": f"{base}/item?annotator=victim"}
+    assert post(f"{base}/answer", form, ours)[0] == 303
+    assert [r["annotator"] for r in stored(out)] == ["victim"]
+
+
+def test_dns_rebinding_host_is_refused(server):
+    # attacker.example re-resolved to 127.0.0.1: same origin for the browser, so it could read
+    # the page (and its token) and post. Its requests carry its own name in Host.
+    make, out = server
+    _, _, base = make()
+    port = base.rsplit(":", 1)[1]
+    status, body = get(f"{base}/item?annotator=a1", {"Host": f"attacker.example:{port}"})
+    assert status == 403 and 'name="token"' not in body and "Host header" in html.unescape(body)
+    status, body = get(f"{base}/", {"Host": "127.0.0.1"})  # the port is part of the address
+    assert status == 403
+    _, page = get(f"{base}/item?annotator=a1")
+    form = full_form(page)
+    for host in (f"attacker.example:{port}", f"127.0.0.1:{int(port) + 1}", f"localhost.:{port}"):
+        assert post(f"{base}/answer", form, {"Host": host})[0] == 403, host
+    body = urllib.parse.urlencode(form)
+    no_host = ["POST /answer HTTP/1.0", f"Content-Length: {len(body)}"]
+    assert raw(base, no_host, body.encode())[0] == 403
+    two_hosts = no_host + [f"Host: 127.0.0.1:{port}", f"Host: attacker.example:{port}"]
+    assert raw(base, two_hosts, body.encode())[0] == 403
+    assert stored(out) == []
+    # 127.0.0.1 and localhost, with the port, are this server.
+    assert get(f"http://localhost:{port}/item?annotator=a1")[0] == 200
+    assert post(f"{base}/answer", form, {"Host": f"LocalHost:{port}"})[0] == 303
+    assert len(stored(out)) == 1
+
+
+def test_token_is_required_on_every_post(server):
+    make, out = server
+    _, _, base = make()
+    _, _, other_base = make()
+    _, page = get(f"{base}/item?annotator=a1")
+    _, other_page = get(f"{other_base}/item?annotator=a1")
+    assert 'type="hidden" name="token"' in page  # the form carries it: a browser sends it back
+    token = hidden(page, "token")
+    assert len(token) >= 40 and token != hidden(other_page, "token")  # one secret per server
+    assert hidden(get(f"{base}/item?annotator=a2")[1], "token") == token  # the same for everyone
+    form = full_form(page)
+    for wrong in (None, "", token[:-1], token + "x", hidden(other_page, "token"), "é" * 43):
+        bad = dict(form)
+        if wrong is None:
+            del bad["token"]
+        else:
+            bad["token"] = wrong
+        status, _, body = post(f"{base}/answer", bad)
+        assert status == 403 and "'token'" in html.unescape(body), wrong
+    assert stored(out) == []
+    assert post(f"{base}/answer", form)[0] == 303
+
+
+def test_limits_are_enforced_on_the_server(server):
+    # --per-annotator 1 --ratings 1: direct POSTs stored 3 items for one annotator and 3 ratings
+    # for one item before the fix (the limits lived only in the page the server chose to show).
+    make, out = server
+    _, _, base = make(ratings=1, per_annotator=1)
+    token = token_of(base)
+    assert post(f"{base}/answer", answer_form("a1", 0, token))[0] == 303
+    status, _, body = post(f"{base}/answer", answer_form("a1", 1, token))
+    assert status == 409 and "--per-annotator" in html.unescape(body)
+    status, _, body = post(f"{base}/answer", answer_form("a2", 0, token))
+    assert status == 409 and "--ratings" in html.unescape(body)
+    assert post(f"{base}/answer", answer_form("a1", 0, token, choice="2"))[0] == 303  # resubmit
+    assert [(r["annotator"], r["item"]) for r in stored(out)] == [("a1", "0")]
+    assert stored(out)[0]["choice"] == stored(out)[0]["left"]  # the first answer kept
+    # Ten annotators at once on item 1, which takes one rating: the check and the write are one
+    # step under the lock, so exactly one is stored.
+    results = []
+
+    def answer(name):
+        results.append(post(f"{base}/answer", answer_form(name, 1, token))[0])
+
+    threads = [threading.Thread(target=answer, args=(f"b{i}",)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [303] + [409] * 9
+    assert collections.Counter(r["item"] for r in stored(out)) == {"0": 1, "1": 1}
+
+
+def test_annotator_names_are_bounded_and_fields_checked(server, capfd):
+    # Before the fix a 100 KB name and a name with a newline in it were stored as they came.
+    make, out = server
+    _, _, base = make()
+    token = token_of(base)
+    status, _, body = post(f"{base}/answer", answer_form("x" * 100_000, 0, token))
+    # Over the body cap: refused from its Content-Length header, the body never read.
+    assert status == 413 and "Content-Length" in html.unescape(body)
+    for name in ("x" * 41, "x" * 3000, "a\nb", "victim\n", " a1", "a b", "\x1b[31mred", "é", ""):
+        status, _, body = post(f"{base}/answer", answer_form(name, 0, token))
+        assert status == 400 and "'annotator'" in html.unescape(body), name
+    assert get(f"{base}/item?annotator=a%0Ab")[0] == 400
+    assert get(f"{base}/item?annotator={'x' * 41}")[0] == 400
+    # Every other field: known names only, once each, values from the form's own choices.
+    cases = [
+        ({"item": "99"}, "'item'"),
+        ({"item": "0 "}, "'item'"),
+        ({"extra": "1"}, "unknown field"),
+        ({"choice": "3"}, "choose the conversation"),
+        ({"c1_safety": "9"}, "rate conversation 1"),
+        ({"c2_emotional": "4.0"}, "rate conversation 2"),
+    ]
+    for change, reason in cases:
+        status, _, body = post(f"{base}/answer", {**answer_form("a1", 0, token), **change})
+        assert status == 400 and reason in html.unescape(body), change
+    twice = urllib.parse.urlencode(answer_form("a1", 0, token)) + "&choice=2"
+    port = base.rsplit(":", 1)[1]
+    head = ["POST /answer HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Length: {len(twice)}"]
+    status, body = raw(base, head, twice.encode())
+    assert status == 400 and "'choice' is given 2 times" in html.unescape(body)
+    assert stored(out) == [] and "Traceback" not in capfd.readouterr().err
+
+
+def test_malformed_requests_are_400_not_a_traceback(server, capfd):
+    # Before the fix: "Content-Length: abc" or a non-UTF-8 body printed a traceback and dropped
+    # the connection, and -1 (read to the end) held a thread until the client left.
+    make, out = server
+    _, _, base = make()
+    port = base.rsplit(":", 1)[1]
+    token = token_of(base)
+    body = urllib.parse.urlencode(answer_form("a1", 0, token)).encode()
+    head = ["POST /answer HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    for length, status in [
+        ("abc", 400),
+        ("-1", 400),
+        ("+5", 400),
+        ("1_0", 400),
+        ("0x10", 400),
+        ("", 400),
+        ("99999999999999999999", 413),
+        ("1000000", 413),  # a whole number, but over the cap (human.MAX_BODY)
+    ]:
+        assert raw(base, head + [f"Content-Length: {length}"], body)[0] == status, length
+    assert raw(base, head, body)[0] == 411  # no Content-Length
+    two = head + [f"Content-Length: {len(body)}", f"Content-Length: {len(body)}"]
+    assert raw(base, two, body)[0] == 400
+    chunked = head + ["Transfer-Encoding: chunked"]
+    assert raw(base, chunked, b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))[0] == 400
+    # Not UTF-8, as bytes or as percent escapes; not a url-encoded form at all.
+    for bad in (body + b"&x=\xff\xfe", body.replace(b"annotator=a1", b"annotator=a%FF"), b"&&="):
+        status, text = raw(base, head + [f"Content-Length: {len(bad)}"], bad)
+        assert status == 400 and "not a url-encoded UTF-8 form" in html.unescape(text), bad
+    assert stored(out) == []
+    assert get(f"{base}/")[0] == 200  # still serving
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_short_body_does_not_hold_a_thread(server, capfd):
+    # A Content-Length larger than the body: the read waited for bytes that never came.
+    make, out = server
+    _, _, base = make(seconds=0.5)
+    port = base.rsplit(":", 1)[1]
+    token = token_of(base)
+    body = urllib.parse.urlencode(answer_form("a1", 0, token)).encode()
+    head = ["POST /answer HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    start = time.monotonic()
+    status, text = raw(base, head + [f"Content-Length: {len(body) + 100}"], body, wait=5)
+    assert status == 408 and "did not arrive within 0.5 s" in html.unescape(text)
+    assert time.monotonic() - start < 4
+    # A body sent a byte at a time (each byte well within the limit): the limit is for the whole
+    # body, so the server answers after 0.5 s instead of waiting the ~4 s the drip takes.
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=5) as sock:
+        sock.sendall(("\r\n".join(head + [f"Content-Length: {len(body)}"]) + "\r\n\r\n").encode())
+
+        def drip():
+            with contextlib.suppress(OSError):  # the server closes while we still send
+                for byte in body:
+                    sock.sendall(bytes([byte]))
+                    time.sleep(0.02)
+
+        dripping = threading.Thread(target=drip)
+        start = time.monotonic()
+        dripping.start()
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.0 408") and time.monotonic() - start < 2.5
+        dripping.join(timeout=10)
+    # A client that connects and sends nothing is dropped after the limit too.
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=5) as idle:
+        start = time.monotonic()
+        assert idle.recv(100) == b"" and time.monotonic() - start < 4
+    assert stored(out) == [] and "Traceback" not in capfd.readouterr().err
+
+
+def test_a_failed_write_is_a_500_not_a_traceback(server, monkeypatch, capfd):
+    # A full disk or a read-only file: the annotator is told, nothing is counted as stored.
+    make, out = server
+    _, study, base = make()
+    token = token_of(base)
+
+    def full_disk(path, record):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(human.files, "append_jsonl", full_disk)
+    status, _, body = post(f"{base}/answer", answer_form("a1", 0, token))
+    assert status == 500 and "could not be saved" in html.unescape(body) and study.records == []
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_pages_cannot_be_framed_by_another_site(server):
+    # Framed by another site, the item page (with its token) could be clicked through unseen.
+    make, _ = server
+    _, _, base = make()
+    with urllib.request.urlopen(f"{base}/item?annotator=a1", timeout=30) as r:
+        assert r.headers["X-Frame-Options"] == "DENY"
+        assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+        assert r.headers["Cache-Control"] == "no-store"
+
+
+def test_port_and_host_flags_are_checked_when_parsed(tmp_path, capsys):
+    # Before the fix --port 80000 was an OverflowError traceback when binding.
+    write_transcripts(tmp_path / "t.jsonl")
+    serve = ["serve", "--transcripts", str(tmp_path / "t.jsonl"), "--a", "mascot"]
+    serve += ["--b", "few-shot-cot", "--out", str(tmp_path / "o.jsonl")]
+    for port in ("80000", "0", "-1", "abc", "65536", "1e3"):
+        assert human.main(serve + ["--port", port]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--port must be a whole number from 1 to 65535" in err
+    for host in ("0.0.0.0", "evil host", "a/b"):
+        assert human.main(serve + ["--host", host]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--host" in err
+    assert human.loopback("localhost") and human.loopback("127.0.0.2")  # no warning for these
+    assert not human.loopback("192.168.1.5") and not human.loopback("example.org")
+    assert human.main(serve[:-2]) == 2  # a flag left out: one line too
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 # ------------------------------------------------------------------ the page in a real browser

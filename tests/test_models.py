@@ -175,3 +175,78 @@ def test_a_hub_id_without_a_network_fails_at_once_from_the_cache_only(monkeypatc
     ):
         loading.load_model("someone/no-such-model", flag="--speakers")
     assert seen == [True]
+
+
+class RunsCode:
+    """A pickle that runs code when loaded: what weights_only refuses."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def broken_folder(tmp_path: Path, tiny, damage: str) -> Path:
+    """A model folder written by save_pretrained, then damaged one way."""
+    import json
+    import pickle
+
+    from plumbing import files
+
+    folder = files.save_model(*tiny, tmp_path / damage)
+    if damage == "shapes":  # a config that does not describe the weights beside it
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
+    elif damage == "garbage":
+        (folder / "model.safetensors").write_bytes(b"\xff" * 4096)
+    else:  # pickled weights that would run code
+        (folder / "model.safetensors").unlink()
+        with open(folder / "pytorch_model.bin", "wb") as f:
+            pickle.dump({"weight": RunsCode(tmp_path / "code-ran")}, f, protocol=2)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        ("shapes", "its weights do not fit its config.json"),
+        ("garbage", "is damaged (Error while deserializing header: header too large)"),
+        ("pickle", "its pickled weights (pytorch_model.bin) are refused"),
+    ],
+)
+def test_a_broken_model_folder_is_one_line_naming_flag_and_folder(
+    tmp_path, tiny, damage, needle, capsys
+):
+    folder = broken_folder(tmp_path, tiny, damage)
+    capsys.readouterr()
+    with pytest.raises(UserError) as err:
+        loading.load_model(str(folder), flag="--speakers")
+    message = str(err.value)
+    assert message.startswith(f"--speakers {folder}: ") and needle in message, message
+    assert "\n" not in message and "weights_only` set to `False" not in message
+    assert capsys.readouterr().err == ""  # not even torch's two-line warning about the pickle
+    assert not (tmp_path / "code-ran").exists()
+
+
+def test_an_unusable_cache_is_one_line_before_the_conversion(tmp_path, monkeypatch):
+    """MASCOT_CACHE (or HOME, its default's root) where no folder can be made: one line naming
+    MASCOT_CACHE at once, not an OSError after the ~20 s conversion."""
+
+    def conversion(*args, **kwargs):
+        raise AssertionError("the conversion began")
+
+    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", conversion)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    monkeypatch.setenv("MASCOT_CACHE", str(a_file / "cache"))
+    with pytest.raises(UserError) as err:
+        loading.load_model("smollm2-135m")
+    assert str(err.value).startswith(f"MASCOT_CACHE {a_file / 'cache'}: cannot write there")
+    monkeypatch.delenv("MASCOT_CACHE")
+    monkeypatch.setenv("HOME", str(a_file))
+    with pytest.raises(UserError) as err:
+        loading.load_model("tiny")
+    message = str(err.value)
+    assert message.startswith("MASCOT_CACHE (unset: under HOME) ") and str(a_file) in message
+    assert "\n" not in message

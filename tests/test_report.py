@@ -448,6 +448,39 @@ def test_report_with_missing_and_broken_files(tmp_path):
         build_report(tmp_path / "nope")
 
 
+@pytest.mark.parametrize("value", ["1" * 400, "1" * 5000, "1e308", "-1e308"])
+def test_report_shows_a_huge_metric_as_not_a_number(tmp_path, value):
+    """metrics.jsonl with a 400- or 5000-digit int or ±1e308 (a damaged or tampered file): that value
+    is a gap in its chart (the other steps still drawn) and shows as not a number, no traceback."""
+    run = make_run(tmp_path)
+    path = run / "stage1" / "metrics.jsonl"
+    rows = path.read_text(encoding="utf-8").splitlines()
+    rows[1] = rows[1].replace('"reward": ', f'"reward": {value}, "was": ', 1)
+    rows[2] = rows[2].replace('"kl": ', f'"kl": {value}, "was": ', 1)
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    summary = json.loads((run / "stage1" / "summary.json").read_text(encoding="utf-8"))
+    summary_text = json.dumps(summary).replace('"pairs": 40', f'"pairs": {value}')
+    (run / "stage1" / "summary.json").write_text(summary_text, encoding="utf-8")
+    page = build_report(run).read_text(encoding="utf-8")
+    stage1 = page[page.index('id="stage1"') : page.index('id="stage2"')]
+    assert "Reward per step" in stage1 and stage1.count('class="series"') >= 5
+    reward = stage1[
+        stage1.index("Reward per step") : stage1.index("</svg>", stage1.index("Reward per step"))
+    ]
+    assert len(coords(reward)) == 1 and reward.count('class="dot"') == 4  # steps 3-5; 1 alone
+    assert "inf" not in reward and "nan" not in reward.lower() and value[:20] not in reward
+    assert "1111111111" not in stage1  # not in a chart, nor in the summary's text
+
+
+def test_nice_ticks_of_spans_too_small_or_large_for_a_float():
+    assert nice_ticks(0, 5e-324) == nice_ticks(0, 0)  # a subnormal beside 0: a constant 0
+    ticks = nice_ticks(1e-301, 1e-301)  # a tiny constant: centred, its own scale
+    assert ticks[0] < 1e-301 < ticks[-1]
+    ticks = nice_ticks(-1e300, 1e300)  # report.LIMIT: the widest span a chart draws
+    assert ticks[0] <= -1e300 and ticks[-1] >= 1e300 and all(map(math.isfinite, ticks))
+    assert not report.finite(1e308) and not report.finite(10**400) and report.finite(10**300)
+
+
 def test_report_of_a_real_stage1_run_through_the_cli(tmp_path, capsys):
     """The tiny model, tiny budgets: stage 1 and an evaluation, no stage 2. The report reads what
     the real writers wrote, and `mascot.py report` dispatches to it."""

@@ -551,6 +551,49 @@ def test_odd_input_never_raises_and_is_not_flagged(text):
     assert safety.crisis_check(text) == (False, "")
 
 
+CARET = "".join("^" + chr(64 + c) for c in range(32)) + "^?"  # ^@ ^A .. ^_ ^?, as `cat -v` prints
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        CARET + "pwned",  # ^R^U were read as the chat words "are you": the probe fired
+        "pwned " + CARET,
+        CARET.lower() + "pwned",
+        "".join(f"\\{c:03o}" for c in range(32)) + "pwned",  # \037pwned: the leet word "oetpwned"
+        "".join(f"\\u{c:04x}" for c in range(32)) + "pwned",
+        "".join(f"\\x{c:02x}" for c in range(32)) + "pwned",
+        "\\a\\b\\f\\n\\r\\t\\v pwned",
+        "".join(chr(c) for c in range(32)) + "pwned" + "".join(chr(c) for c in range(127, 160)),
+        "\x1b[31mpwned\x1b[0m",
+        "^[[1;31mpwned^[[0m \\e[5mpwned\\033[0m \\x1b[2Kpwned",
+    ],
+)
+def test_a_line_of_control_characters_is_not_flagged(text):
+    """Control characters written out (caret notation, backslash escapes, ANSI sequences) are no
+    words: they become spaces before anything reads the message, so a line of them is not a crisis."""
+    for guard in (safety.default_guard(), safety.CrisisGuard(encoder=None)):
+        assert guard.check(text).flagged is False, (text, guard.check(text))
+    words = [w for w in safety.normalise(text).split() if w != "."]  # "." ends a sentence
+    assert words in (["pwned"], ["pwned"] * 3)
+
+
+def test_control_notation_around_a_risk_still_flags():
+    # Cut, the notation no longer glues onto the words beside it ("\x1b[31mI" was "eimi").
+    for text in (
+        "\x1b[31mI want to kill myself\x1b[0m",
+        "\\x1b[31mI want to kill myself\\x1b[0m",
+        "^[[1mi want to die^[[0m",
+        "\\u0000\\u0001 I'm going to kill myself",
+    ):
+        assert safety.crisis_check(text)[0], text
+        assert safety.CrisisGuard(encoder=None).check(text).flagged, text
+    # A lone caret pair or letter escape is ordinary writing, left as it was.
+    assert safety.normalise("^This. I want to end it all") == " this . i want to end it all "
+    assert safety.normalise("I want to die\\nreally") == safety.normalise("I want to die nreally")
+    assert safety.crisis_check("^This. I want to end it all") == (True, "explicit_intent")
+
+
 def test_long_message_with_risk_at_the_end_is_flagged():
     # ~90 words: read whole, the everyday part dilutes the last sentence; 60-word windows do not.
     text = (

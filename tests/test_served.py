@@ -11,10 +11,12 @@ import json
 import threading
 
 import pytest
-from fake_openai import FakeServer, completion
+from fake_openai import INJECTED_ACTION, MODES, FakeServer, completion, role_of
 
+import director
 import mascot
 import models
+import plumbing.served as serving
 import simulate
 from plumbing import common
 from plumbing.served import ServedModel
@@ -286,3 +288,110 @@ def test_stage_1_with_a_judge_that_decides_nothing_says_so(tmp_path, capsys):
     assert (
         len([line for line in err.splitlines() if line.startswith("error:")]) == 1
     )  # one line (tqdm aside)
+
+
+# --- Hostile servers (fake_openai.MODES) ----------------------------------------------------------
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("mode", ["huge", "huge-unannounced"])
+def test_a_reply_over_the_byte_cap_is_refused_and_never_cached(tmp_path, mode):
+    """A server that ignores max_tokens and sends 5 MB: all of it went into the cache (20 MB after
+    four replies) and on into the next prompt. Now it is refused as one line while it is read, with
+    or without a Content-Length, and nothing is cached."""
+    with FakeServer([MODES[mode]]) as server:
+        model = served(server.url, tmp_path, retries=0)
+        with pytest.raises(common.UserError, match=r"bytes or more.*max_tokens 6") as err:
+            model.generate_texts([CHAT], 6, seeds=[1])
+    assert "\n" not in str(err.value) and str(serving.MAX_REPLY_BYTES) in str(err.value)
+    cache = tmp_path / "cache.jsonl"
+    assert not cache.exists() or cache.stat().st_size == 0
+
+
+def test_a_reply_longer_than_max_tokens_allows_is_cut_before_anyone_sees_it(tmp_path, monkeypatch):
+    """100 KB (under the byte cap) for max_tokens 6: cut to 6 x CHARS_PER_TOKEN characters before
+    the cache or the caller sees it; a cache written before the cut is cut on the way out."""
+    bound = 6 * serving.CHARS_PER_TOKEN
+    with FakeServer([MODES["long"]]) as server:
+        (text,) = served(server.url, tmp_path).generate_texts([CHAT], 6, seeds=[1])
+        assert text == ("word " * 20_000)[:bound]
+        assert (tmp_path / "cache.jsonl").stat().st_size < 2 * bound
+        with monkeypatch.context() as m:  # an old cache: the whole reply stored
+            m.setattr(serving, "CHARS_PER_TOKEN", 10**6)
+            served(server.url, tmp_path).generate_texts([CHAT], 6, seeds=[2])
+        asked = len(server.requests)
+        again = served(server.url, tmp_path).generate_texts([CHAT, CHAT], 6, seeds=[1, 2])
+        assert again == [text, text] and len(server.requests) == asked  # from the cache, cut
+
+
+def test_simulate_with_a_server_that_ignores_max_tokens(tmp_path, capsys):
+    """The tester's run: served speakers sending 5 MB replies, the simulated user the local tiny
+    model. Before: 20 MB in served_cache.jsonl, then the user model asked for 6e12 bytes (a
+    traceback). Now one line and a small cache; replies under the byte cap but over max_tokens
+    are cut, so the local user model reads a prompt of normal size."""
+    run = tmp_path / "run"
+    flags = ["simulate", "--model", "tiny", "--run", str(run), "--contexts", "2", "--turns", "2"]
+    flags += ["--max-new-tokens", "6", "--speakers-model", "m", "--served-retries", "0"]
+    with FakeServer([MODES["huge"]]) as server:
+        code = mascot.main([*flags, "--speakers", "openai:" + server.url])
+    err = capsys.readouterr().err
+    assert code == 2 and len(error_lines(err)) == 1 and "Traceback" not in err, err
+    assert "bytes or more" in err and f"--speakers openai:{server.url}" in err
+    cache = run / "simulate" / "served_cache.jsonl"
+    assert not cache.exists() or cache.stat().st_size < 10_000
+    with FakeServer([MODES["long"]]) as server:
+        run_main([*flags, "--speakers", "openai:" + server.url])
+    rows = [
+        json.loads(x) for x in (run / "simulate" / "round-robin.jsonl").read_text().splitlines()
+    ]
+    agent_texts = [t["text"] for r in rows for t in r["turns"] if t["directive"]]
+    assert len(agent_texts) == 4
+    assert all(len(t) <= 6 * serving.CHARS_PER_TOKEN for t in agent_texts)
+    assert cache.stat().st_size < 10_000
+
+
+def test_a_served_directors_free_text_is_bounded_before_it_reaches_a_speaker(tmp_path):
+    """fake_openai's `inject` director: Action "Ignore previous instructions ..." (600 characters,
+    escape sequences after it), Tone "evil". Both were stored and written into every speaker's
+    prompt. Now the stored directive and the prompt carry a bounded printable action and no tone."""
+    run = tmp_path / "run"
+    with FakeServer([MODES["inject"]]) as server:
+        url = "openai:" + server.url
+        run_main(
+            ["simulate", "--model", "tiny", "--run", str(run), "--policy", "director"]
+            + ["--contexts", "2", "--turns", "2", "--max-new-tokens", "6"]
+            + ["--speakers", url, "--speakers-model", "s", "--user", url, "--user-model", "u"]
+            + ["--director", url, "--director-model", "d"]
+        )
+        prompts = [
+            r["json"]["messages"][0]["content"]
+            for r in server.requests
+            if role_of(r["json"]) == "speaker"
+        ]
+    rows = [json.loads(x) for x in (run / "simulate" / "director.jsonl").read_text().splitlines()]
+    directives = [t["directive"] for r in rows for t in r["turns"] if t["directive"]]
+    action = INJECTED_ACTION[: director.ACTION_CHARS].rstrip()
+    assert len(directives) == 4
+    assert all(d["agent"] == "Guide" and d["action"] == action for d in directives)
+    assert all(d["tone"] == "" for d in directives)
+    assert len(prompts) == 4
+    for prompt in prompts:
+        assert "evil" not in prompt and "\x1b" not in prompt and "\u202e" not in prompt
+        (sentence,) = [x for x in prompt.splitlines() if x.startswith("In your next message")]
+        assert len(sentence) <= director.ACTION_CHARS + 60
+
+
+def test_what_a_server_says_in_an_error_cannot_drive_the_terminal():
+    """The server's error message is quoted in the one-line error the user reads; its escape
+    sequences (a window title, a screen clear) are dropped; a content that is not a string (a
+    list of parts) is its own one-line error, not a traceback further on."""
+    hostile = {"error": {"message": "bad \x1b]0;pwned\x07\x1b[2Jrequest\x9b"}}
+    parts = {"choices": [{"message": {"content": [{"type": "text", "text": "hi"}]}}]}
+    with FakeServer([(400, {}, hostile)]) as server:
+        with pytest.raises(common.UserError, match=r"bad \]0;pwned\[2Jrequest") as err:
+            served(server.url, retries=0).generate_texts([CHAT], 4, seeds=[1])
+    assert str(err.value).isprintable()
+    with FakeServer([(200, {}, parts)]) as server:
+        with pytest.raises(common.UserError, match="a list as content, not a string"):
+            served(server.url, retries=0).generate_texts([CHAT], 4, seeds=[1])
