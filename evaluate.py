@@ -249,6 +249,7 @@ HACK_TITLES = (
     "repeats itself",
     "meta/prompt leak",
     "empty or trivial",
+    "word salad",
 )
 
 
@@ -316,7 +317,7 @@ class Evaluators:
     says, column by column, whether a stage of training used the evaluator."""
 
     judge: object  # the rubric judge (judge.py, an LLM) or a scoring one (offline, reward.RMJudge)
-    encoder: object  # models.SentenceEncoder: semantic redundancy and mean similarity
+    encoder: object  # loading.SentenceEncoder: semantic redundancy and mean similarity
     nli: tuple | None  # (model, tokenizer) of an MNLI-style classifier; None: NLI rates skipped
     identifier: object  # extras/evaluators.PersonaIdentifier on the frozen base model, or None
     function: object  # extras/strategies.FunctionEvaluator, or None (no card lists strategies)

@@ -429,6 +429,12 @@ class GRPOConfig:
         10, "checkpoint every N steps (and at the end)", "positive", "--save-every"
     )
     dump_every: int = option(5, "write the sampled completions every N steps", "positive")
+    eval_every: int = option(
+        0,
+        "score the held-out prompts every N steps: a curve in metrics.jsonl (0: only before "
+        "and after)",
+        "non-negative",
+    )
     # Memory and speed on a GPU; neither changes what is optimised (tests/test_grpo_tricks.py).
     autocast_bf16: bool = option(
         False, "bf16 autocast for the forward passes (GPU); weights, gradients and AdamW stay fp32"
@@ -485,6 +491,8 @@ class Task:
     # diagnose(meta, texts) -> {name: [0 or 1 per completion]}: the reward-hack diagnostics, logged
     # as hack_<name> beside the reward (not part of it), so a reward that rises by copying shows.
     diagnose: Callable | None = None
+    # evaluate(step) -> {"reward", "se"}: the held-out check, every cfg.eval_every steps (rank 0).
+    evaluate: Callable | None = None
 
 
 class LogProbs(torch.nn.Module):
@@ -765,6 +773,8 @@ def log_line(row: dict, steps: int) -> str:
     elif "r_clean" in row:
         shown = f"clean {row['r_clean']:.2f} "
     skipped = "SKIPPED (non-finite) " if row["skipped"] else ""
+    if "heldout_reward" in row:
+        shown += f"held-out {row['heldout_reward']:+.3f} ±{shown_or_dash(row, 'heldout_se')} "
     return (
         f"step {row['step']:4d}/{steps} reward {row['reward']:+.3f} ±{row['reward_std']:.3f} "
         f"kl {shown_or_dash(row, 'kl')} clip {row['clip_ratio/region_mean']:.3f} "
@@ -888,6 +898,9 @@ def train_grpo(
         stats, gen, rewards = grpo_step(learner, task, prompts, meta, cfg, step)
         row = {"step": step, **stats, "seconds": time.time() - t0}
         refuse_broken_weights(learner, row, out, norm_before)
+        if task.evaluate and cfg.eval_every and step % cfg.eval_every == 0 and ranks.is_main:
+            held = task.evaluate(step)  # the curve to trust: prompts GRPO never trains on
+            row["heldout_reward"], row["heldout_se"] = held["reward"], held["se"]
         bad = bad + 1 if row["skipped"] else 0
         rows.append(row)
         texts = None

@@ -40,8 +40,19 @@ from safetensors.torch import load_file
 
 import models
 import scenarios
-from metrics import META_PATTERNS, STOPWORDS, leaks_meta, words
+from metrics import (
+    META_PATTERNS,
+    SALAD_MIN_WORDS,
+    SALAD_PAIRS,
+    SALAD_QUESTION_WORDS,
+    SALAD_QUESTIONS,
+    STOPWORDS,
+    leaks_meta,
+    word_salad,
+    words,
+)
 from plumbing import files, loading
+from plumbing.answers import parse_rubric_score
 from plumbing.common import UserError
 from plumbing.files import AnswerCache, cached_answers
 from simulate import JUDGE_TURNS, JudgeState
@@ -246,11 +257,13 @@ def strategy_features(encoder, replies: list[str], messages: list[str]) -> torch
 #   persona_recital  cos(reply, the description or style) beyond RECITAL_FLOOR
 #   meta_leak     -1 for prompt or meta text;  too_short  -(MIN_WORDS - words)+ / MIN_WORDS
 #   keyword_list  a list of 1-2 word fragments, or too few function words for a sentence
+#   word_salad    a pile of words (metrics.word_salad), or a reply a language model finds
+#                 too surprising to be English (Fluency, SURPRISE_FLOOR); either way of reading
 # Why a penalty per hack: stage 1 optimises whatever the judge pays for, and a judge that pays for
 # similarity to the message and the card teaches the policy to copy and recite them. Each
 # constant's measurement on our labelled pairs, and what was tried instead: docs/JUDGE.md.
 
-OFFLINE_RECIPE = 2  # bump when a feature's definition changes: it is part of the cache name
+OFFLINE_RECIPE = 3  # bump when a feature's definition changes: it is part of the cache name
 # Every hack penalty weighs 2: a reply that is all hack loses 2, four standard deviations of z over
 # honest replies, so no quality feature can buy it back.
 OFFLINE_WEIGHTS = {
@@ -266,6 +279,7 @@ OFFLINE_WEIGHTS = {
     "meta_leak": 2.0,
     "too_short": 2.0,
     "keyword_list": 2.0,
+    "word_salad": 2.0,
 }
 RELEVANCE_CAP = 0.8  # above it, a reply is closer to a copy of the message than to an answer
 REPEAT_FLOOR = 0.5  # staying on the topic is not repeating a turn
@@ -275,6 +289,11 @@ RECITAL_FLOOR = 0.4  # good replies stay near or below it; recitals of the card 
 MIN_WORDS = 6  # a companion's turn says something: "Okay." is a hack, not a reply
 LIST_FLOOR = 0.3  # a sentence may list a few words; keyword stuffing lists most of them
 FUNCTION_FLOOR = 0.05  # English sentences need function words; a bare keyword list has few
+# Word salad also by surprise: the mean nats a token of the reply alone under the embedded SmolLM2.
+# English is predictable to a language model whatever its words; a pile of words is not, however
+# it is punctuated. Human supporter turns sit near 4 (95% under 6), piles far above.
+SURPRISE_FLOOR = 7.5
+SURPRISE_SPAN = 2.5  # the penalty grows to 1 at SURPRISE_FLOOR + SURPRISE_SPAN nats
 OFFLINE_CENTER = -0.02  # the mean of z over honest replies: a typical one scores 0.5
 OFFLINE_SCALE = 2.0  # 1 / the std of z over honest replies
 # Where the speaker's card lists ESConv strategies and a StrategyClassifier is given, its function
@@ -290,6 +309,7 @@ HACK_PENALTIES = (
     "meta_leak",
     "too_short",
     "keyword_list",
+    "word_salad",
 )
 FUNCTION_WEIGHTS = {
     "function": 2.0,
@@ -425,6 +445,7 @@ def lexical_features(
         "meta_leak": -float(leaks),
         "too_short": -max(0, MIN_WORDS - len(words(reply))) / MIN_WORDS,
         "keyword_list": -list_likeness(reply),
+        "word_salad": -word_salad(reply),  # the OfflineJudge adds the surprise of the reply
     }
 
 
@@ -454,6 +475,42 @@ def semantic_features(reply, sentences, does, card, context, history, bank, line
         "off_role": off_role,
         "persona_recital": -hinge(float((card @ reply).max()), RECITAL_FLOOR),
     }
+
+
+class Fluency:
+    """The mean surprise, in nats a token, of a text alone under a small frozen language model (the
+    embedded SmolLM2-135M): the word-salad guard that no punctuation fools. Loaded on first use."""
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self.model = None
+        self.tok = None
+        self.memo: dict[str, float] = {}  # a text's surprise, computed once
+
+    @torch.no_grad()
+    def surprise(self, texts: list[str], batch_size: int = 16) -> list[float]:
+        if self.model is None:
+            self.model, self.tok = loading.load_model(loading.EMBEDDED, self.device, frozen=True)
+        todo = sorted(
+            {t for t in texts if t not in self.memo}, key=len
+        )  # similar lengths batch well
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            rows = [self.tok(t, add_special_tokens=False)["input_ids"] or [0] for t in chunk]
+            ids, mask = models.left_pad(rows, self.tok.pad_token_id)  # (b, T)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as if each row were alone
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+            logp = torch.log_softmax(logits[:, :-1].float(), -1)  # (b, T - 1, V): token t + 1
+            seen = logp.gather(2, ids[:, 1:, None])[..., 0] * mask[:, 1:]  # (b, T - 1)
+            counts = mask[:, 1:].sum(1).clamp(min=1)  # (b,) the tokens that have a predecessor
+            for text, nll in zip(chunk, (-seen.sum(1) / counts).tolist()):
+                self.memo[text] = nll
+        return [self.memo[t] for t in texts]
+
+
+def surprise_penalty(nats: float) -> float:
+    """0 up to SURPRISE_FLOOR nats a token, then linear to 1 at SURPRISE_FLOOR + SURPRISE_SPAN."""
+    return min(1.0, max(0.0, nats - SURPRISE_FLOOR) / SURPRISE_SPAN)
 
 
 # --- 4. The offline judge ------------------------------------------------------------------------
@@ -494,13 +551,14 @@ class OfflineJudge(ScoreJudge):
         classifier: StrategyClassifier | bool | None = None,
     ):
         super().__init__(cache_path)
-        self.encoder = encoder or models.SentenceEncoder()
+        self.encoder = encoder or loading.SentenceEncoder()
         self.classifier = self._pick_classifier(persona_sets, classifier)
         self.weights = dict(OFFLINE_WEIGHTS if weights is None else weights)
         phrases = files.asset("generic_phrases.json")["phrases"]
         self.name = self._recipe_name(persona_sets, phrases)
         self.bank = self.encoder.embed(phrases)  # (K, D)
         self.voices = self._persona_voices(persona_sets)
+        self.fluency = Fluency(getattr(self.encoder, "device", "cpu"))
 
     def _pick_classifier(self, persona_sets, classifier):
         """True means the shipped classifier, loaded only when some card lists ESConv strategies
@@ -525,6 +583,12 @@ class OfflineJudge(ScoreJudge):
             MIN_WORDS,
             LIST_FLOOR,
             FUNCTION_FLOOR,
+            SALAD_MIN_WORDS,
+            SALAD_PAIRS,
+            SALAD_QUESTIONS,
+            SALAD_QUESTION_WORDS,
+            SURPRISE_FLOOR,
+            SURPRISE_SPAN,
             OFFLINE_CENTER,
             OFFLINE_SCALE,
             PROMPT_TALK,
@@ -584,7 +648,16 @@ class OfflineJudge(ScoreJudge):
         self._embed_once(states, replies)
         out = [self._features(s, r) for s, r in zip(states, replies)]
         self._add_function(states, replies, out)
+        self._add_surprise(replies, out)
         return out
+
+    def _add_surprise(self, replies, out) -> None:
+        """The word-salad penalty, read both ways: the larger of the words' (lexical_features) and
+        the language model's surprise, for replies long enough to be a pile (SALAD_MIN_WORDS)."""
+        long = [i for i, r in enumerate(replies) if len(words(r)) >= SALAD_MIN_WORDS]
+        nats = self.fluency.surprise([replies[i] for i in long])
+        for i, n in zip(long, nats):
+            out[i]["word_salad"] = min(out[i]["word_salad"], -surprise_penalty(n))
 
     def _embed_once(self, states, replies) -> None:
         """Every text the features read, in one batched pass (sorted: similar lengths batch
@@ -650,114 +723,9 @@ class OfflineJudge(ScoreJudge):
         return out
 
 
-# --- 5. Reading an LLM judge's answers: which reply it picked, and a 1-5 rubric score ----------
-# Small judges answer in prose ("I think Response B is better"), so an answer is read by patterns,
-# the most explicit first.
-_LABEL_NAME = r"(?:(?i:reply|response|answer|option|choice)\s+)"
-_PICKS = [
-    # "B is better", "Reply A was clearly stronger"
-    re.compile(
-        _LABEL_NAME + r"?(?<![A-Za-z])([AB])(?![A-Za-z])[*\"'`)\]]*\s+(?:is|was|seems)\s+"
-        r"(?:clearly\s+|much\s+|slightly\s+|the\s+)?(?i:better|stronger|preferred)"
-    ),
-    # "the better reply is B", "I prefer A", "I choose Response B"
-    re.compile(
-        r"(?i:better(?:\s+(?:reply|response|answer|option|choice|one))?\s+is|prefer|pick|choose)"
-        r"\s+" + _LABEL_NAME + r"?[*\"'`(\[]*([AB])(?![A-Za-z])"
-    ),
-    # the answer opens with the label: "B", "**A**"
-    re.compile(r"^[\s\"'*`(\[]*([AB])(?![A-Za-z])"),
-    # a named label anywhere: "Response: B"
-    re.compile(
-        r"\b(?:reply|response|answer|option|choice)\b[\s:*\"'`(\[-]*([AB])(?![A-Za-z])",
-        re.IGNORECASE,
-    ),
-    # the first standalone A or B
-    re.compile(r"(?<![A-Za-z])([AB])(?![A-Za-z])"),
-]
-# "A better reply is B": that A is an article, not a label.
-_ARTICLE = re.compile(r"[Aa]\s+(?!is\b|wins\b|was\b|seems\b)[a-z]")
-
-
-def parse_ab(text: str) -> int | None:
-    """0 for "A", 1 for "B", None. Tried in order: a sentence saying which is better ("I prefer
-    B"), so "A: Reply B is better." is B; the leading label; a named label; the first standalone
-    A/B."""
-    if not isinstance(text, str):
-        return None
-    for pattern in _PICKS:
-        for m in pattern.finditer(text):
-            if not _ARTICLE.match(text, m.start(1)):
-                return "AB".index(m.group(1).upper())
-    return None
-
-
-# A 1-5 rubric answer: every statement that looks like a score is read, and all must agree.
-_NUM = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)(?![0-9])"  # a whole number or a decimal, captured
-_QUOTES = r"[\s*_\"'`]*"  # markdown and quotes around a label or a number
-# "Score: 4", "rating is 4", "Score - 4/5", "grade of 4 out of 5"
-_LABELLED_RE = re.compile(
-    r"\b(?:score|rating|grade)s?\b"
-    + _QUOTES
-    + r"(?:[:=]|-(?=\s)|\bis\b|\bof\b)?"
-    + _QUOTES
-    + _NUM
-    + r"(?:\s*(?:/|\bout\s+of\b)\s*"
-    + _NUM
-    + r")?",
-    re.IGNORECASE,
-)
-_FRACTION_RE = re.compile(_NUM + r"\s*(?:/|\bout\s+of\b)\s*" + _NUM, re.IGNORECASE)  # "4 out of 5"
-_BOLD_RE = re.compile(r"\*\*\s*" + _NUM + r"\s*\*\*")  # "**4**"
-_STARS_RE = re.compile(_NUM + r"\s*stars?\b", re.IGNORECASE)  # "4 stars"
-_BARE_RE = re.compile(r"[\s*_\"'`(\[]*" + _NUM + r"[\s*_\"'`)\].!]*")  # an answer that is a number
-
-
-def _score_value(number: str, lo: int, hi: int) -> int | None:
-    """'4' and '4.0' -> 4 inside [lo, hi]; 4.5, 0 or a 99-digit run -> None."""
-    whole, _, fraction = number.partition(".")
-    if fraction.strip("0") or len(whole) > 6:
-        return None
-    value = int(whole)
-    if lo <= value <= hi:
-        return value
-    return None
-
-
-def _on_scale(top: str, hi: int) -> bool:
-    """Is the number after "/" or "out of" the scale's top? "4/10" is on another scale."""
-    return _score_value(top, hi, hi) is not None
-
-
-def _labelled_score(m: re.Match, lo: int, hi: int) -> int | None:
-    if m.group(2) is not None and not _on_scale(m.group(2), hi):
-        return None  # "Score: 4/10": another scale, so no reading of it can be trusted
-    return _score_value(m.group(1), lo, hi)
-
-
-def parse_rubric_score(text: str, lo: int = 1, hi: int = 5) -> int | None:
-    """An integer rubric score in [lo, hi] read from free text, or None. Judges are asked to end
-    with "Score: N", but models wander, so every statement that LOOKS like a score is read: labelled
-    ("Score: 4", "rating is 4", "4/5"), a fraction over the scale's top ("4 out of 5"), a bold
-    number, "4 stars", or an answer that is only the number, after scale descriptions ("(1-5)",
-    "1 to 5") are removed. All must agree ("5/5 ... no, 2/5" is None): a self-correction cannot be
-    told from a quotation, and a silently wrong score is worse than a missing one."""
-    if not isinstance(text, str):
-        return None
-    scale = rf"\(?(?<![0-9.]){lo}\s*(?:-|–|—|to)\s*{hi}(?![0-9])\)?"
-    text = re.sub(scale, " ", text, flags=re.IGNORECASE)
-    found = [_labelled_score(m, lo, hi) for m in _LABELLED_RE.finditer(text)]
-    for m in _FRACTION_RE.finditer(text):
-        if _on_scale(m.group(2), hi):
-            found.append(_score_value(m.group(1), lo, hi))
-    for pattern in (_BOLD_RE, _STARS_RE):
-        found += [_score_value(m.group(1), lo, hi) for m in pattern.finditer(text)]
-    bare = _BARE_RE.fullmatch(text)
-    if bare:
-        found.append(_score_value(bare.group(1), lo, hi))
-    if len(set(found)) == 1:
-        return found[0]
-    return None
+# --- 5. An LLM judge's verdict: asked in both orders -------------------------------------------
+# How its free-text answers are read ("I think Response B is better", "Score: 4/5") is plumbing:
+# plumbing/answers.py (parse_ab, parse_rubric_score).
 
 
 def combine_orders(p_ab: float | None, p_ba: float | None) -> Verdict:

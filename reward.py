@@ -82,6 +82,17 @@ class RLAIFConfig:
     format_weight: float = option(
         1.0, "weight of the format reward next to the reward-model score", "non-negative"
     )
+    reward: str = option(
+        "model",
+        "GRPO's reward: the reward model (the paper's route) or the judge's own score (d-RLAIF)",
+        ["model", "judge"],
+    )
+    min_rm_agreement: float = option(
+        0.7,
+        "GRPO starts only on a reward model that agrees with the judge on this share of "
+        "held-out judged pairs (with 30 or more of them); 0: no gate",
+        "fraction",
+    )
     hack_pairs: int = option(
         2, "synthetic reward hacks per judged state, as rejected replies", "non-negative"
     )
@@ -276,17 +287,22 @@ def split_pairs(pairs: list[dict], held_out: float, seed: int) -> tuple[list[dic
     return train, [p for p in pairs if p["state_id"] in held]
 
 
-def evaluate_pairs(rm: RewardModel, tok, pairs: list[dict]):
-    """(loss, accuracy = share with r_c > r_r; a tie is wrong), or (None, None) for no pairs."""
+def evaluate_pairs(rm: RewardModel, tok, pairs: list[dict], with_se: bool = False):
+    """(loss, accuracy = share with r_c > r_r; a tie is wrong), or (None, None) for no pairs; with_se:
+    (loss, accuracy, its standard error over STATES: a state's pairs share a conversation, so they
+    are not independent evidence)."""
     if not pairs:
-        return None, None
+        return (None, None, None) if with_se else (None, None)
     chats = []
     for p in pairs:
         chats += [p["chosen_messages"], p["rejected_messages"]]
     scores = torch.tensor(rm.score_texts(tok, chats)).view(-1, 2)  # (N, 2): chosen, rejected
     loss = bradley_terry_loss(scores[:, 0], scores[:, 1]).item()
-    accuracy = (scores[:, 0] > scores[:, 1]).float().mean().item()
-    return loss, accuracy
+    right = (scores[:, 0] > scores[:, 1]).float()  # (N,)
+    if not with_se:
+        return loss, right.mean().item()
+    se = standard_error(cluster_means(right.tolist(), [p["state_id"] for p in pairs]))
+    return loss, right.mean().item(), se
 
 
 def train_reward_model(
@@ -325,7 +341,10 @@ def train_reward_model(
         )
         metrics["train_loss"] = loss_sum / len(train)
         metrics["train_accuracy"] = correct / len(train)
-        metrics["heldout_loss"], metrics["heldout_accuracy"] = evaluate_pairs(rm, tok, ordinary)
+        judged = evaluate_pairs(rm, tok, ordinary, with_se=True)
+        metrics["heldout_loss"], metrics["heldout_accuracy"], metrics["heldout_accuracy_se"] = (
+            judged
+        )
         metrics["heldout_hack_accuracy"] = evaluate_pairs(rm, tok, hacked)[1]
         print(
             f"reward model epoch {epoch}/{epochs}: train loss {metrics['train_loss']:.4f} acc "
@@ -645,6 +664,7 @@ HACK_KINDS = (
     "empty-trivial",
     "echoes-agent",
     "off-role",
+    "word-salad",
 )
 
 
@@ -691,7 +711,22 @@ def make_hacks(state: State, personas: PersonaSet, seed: int) -> dict[str, str]:
     out["echoes-agent"] = rng.choice(agents) if agents else None
     others = [e for q in personas.personas if q.name != p.name for e in q.examples]
     out["off-role"] = rng.choice(others or [None])
+    out["word-salad"] = salad(pool, rng)
     return {k: v for k, v in out.items() if v}
+
+
+def salad(pool: list[str], rng: random.Random) -> str | None:
+    """A pile of the topic's and the card's words, 8-14 of them without commas (keyword-stuffing is
+    the comma list), half the time dressed as sentences with capitals and full stops: what a judge
+    of surface features may reward (metrics.word_salad and the judge's surprise catch it)."""
+    if len(pool) < 8:
+        return None
+    picked = [rng.choice(pool) for _ in range(rng.randint(8, 14))]
+    if rng.random() < 0.5:
+        return " ".join(picked)
+    cuts = sorted(rng.sample(range(1, len(picked)), 2))  # three "sentences"
+    parts = [picked[: cuts[0]], picked[cuts[0] : cuts[1]], picked[cuts[1] :]]
+    return " ".join(" ".join(p).capitalize() + "." for p in parts)
 
 
 def hack_pairs(
@@ -734,10 +769,7 @@ def speaker_reward_fn(rm: RewardModel, rm_tok, personas: PersonaSet, format_weig
         cleaned = [models.clean_reply(t, s.persona, names) for s, t in zip(states, texts)]
         chats = [s.rm_messages(personas, c) for s, c in zip(states, cleaned)]
         rm_scores = rm.score_texts(rm_tok, chats)
-        fmt = []
-        for s, text, done in zip(states, texts, finished):
-            others = [n for n in names if n != s.persona]
-            fmt.append(format_reward(text, s.persona, others, done)[0])
+        fmt = [format_score(s, t, done, names) for s, t, done in zip(states, texts, finished)]
         total = [r + format_weight * f for r, f in zip(rm_scores, fmt)]
         return total, {"rm": rm_scores, "format": fmt}
 
@@ -757,10 +789,11 @@ def heldout_reward(
     gen = models.generate(policy, tok, chats, cfg.max_new_tokens, cfg.temperature, seeds=seeds)
     total, comp = reward_fn(rows, gen.texts, gen.finished)
     n = len(total)
+    source = "rm" if "rm" in comp else "judge"  # what scored the replies (--reward)
     return {
         "reward": sum(total) / n,
         "se": standard_error(cluster_means(total, [s.id for s in rows])),
-        "rm": sum(comp["rm"]) / n,
+        source: sum(comp[source]) / n,
         "format": sum(comp["format"]) / n,
         "n": n,
         "states": [s.id for s in rows],
@@ -884,11 +917,53 @@ def fit_reward_model(
         rm.save(folder, rm_tok, metrics)
         rm = rm.to(dtype).eval().requires_grad_(False)
     print(
-        f"reward model held-out accuracy: {shown(metrics['heldout_accuracy'])} on "
-        f"{metrics['n_heldout']} judged pairs, {shown(metrics['heldout_hack_accuracy'])} on "
+        f"reward model held-out agreement with the judge: {shown(metrics['heldout_accuracy'])} ± "
+        f"{shown(metrics.get('heldout_accuracy_se'))} (se over states) on {metrics['n_heldout']} "
+        f"judged pairs, {shown(metrics['heldout_hack_accuracy'])} on "
         f"{metrics['n_heldout_hack']} synthetic-hack pairs (0.5 is chance)"
     )
     return rm, rm_tok, metrics
+
+
+GATE_PAIRS = 30  # fewer held-out judged pairs measure no agreement worth gating on
+
+
+def check_agreement(cfg: RLAIFConfig, metrics: dict) -> None:
+    """The gate before GRPO: a reward model that does not carry the judge's preferences (its
+    held-out agreement under --min-rm-agreement) would only teach the speakers its noise."""
+    n, agreement = metrics["n_heldout"], metrics["heldout_accuracy"]
+    if n < GATE_PAIRS or not cfg.min_rm_agreement:
+        print(f"reward model not gated: {n} held-out judged pairs (the gate needs {GATE_PAIRS})")
+        return
+    if agreement < cfg.min_rm_agreement:
+        raise UserError(
+            f"--min-rm-agreement {cfg.min_rm_agreement}: the reward model agrees with the judge on "
+            f"{agreement:.3f} of {n} held-out judged pairs, so GRPO would learn its noise; give it "
+            "more pairs (--states, --candidates, --pairs-per-state), use the judge's own score as the "
+            "reward (--reward judge), or train anyway with --min-rm-agreement 0"
+        )
+
+
+def judge_reward_fn(judge, personas: PersonaSet, format_weight: float):
+    """reward(states, raw_texts, finished) -> (rewards, components) with the judge's own score of
+    the cleaned reply in place of the reward model's (--reward judge): d-RLAIF, Lee et al. 2023
+    ("RLAIF vs. RLHF"), which skips the reward model; here the offline judge is free to ask."""
+    names = personas.names()
+
+    def reward(states: list[State], texts: list[str], finished: list[bool]):
+        cleaned = [models.clean_reply(t, s.persona, names) for s, t in zip(states, texts)]
+        scores = judge.score_many([s.judge_state(personas) for s in states], cleaned)
+        fmt = [format_score(s, t, done, names) for s, t, done in zip(states, texts, finished)]
+        total = [r + format_weight * f for r, f in zip(scores, fmt)]
+        return total, {"judge": scores, "format": fmt}
+
+    return reward
+
+
+def format_score(state: State, text: str, finished: bool, names: list[str]) -> float:
+    """The format reward of a raw reply, as its speaker wrote it."""
+    others = [n for n in names if n != state.persona]
+    return format_reward(text, state.persona, others, finished)[0]
 
 
 class RMJudge(ScoreJudge):

@@ -359,7 +359,7 @@ def simulate_settings(args, inputs, roles: dict, contexts: list, assigned: list[
     for role, name in roles.items():
         settings[f"--{role}"] = name
         settings[f"--{role}-model"] = getattr(args, f"{role}_model", None)
-        settings[f"--{role} (its files)"] = digest(runs.folder_stamp(name))
+        settings[f"--{role} (its files)"] = digest(files.folder_stamp(name))
     return settings
 
 

@@ -24,11 +24,10 @@ import itertools
 from pathlib import Path
 
 import director as dr
-import models
 import scenarios
 from extras.judges import within_state_correlation
 from metrics import paired_change
-from plumbing import common, files
+from plumbing import common, files, loading
 from plumbing.cli import flag_type
 from reward import shown
 from simulate import Cast, Conversation, Directive, LeastSpoken, Turn
@@ -180,7 +179,7 @@ def build_rollout(args, cli, inputs, out: Path) -> tuple:
     else:
         user = cli.load_role(args.user or args.model, "user", args, cache)
     cast = Cast(inputs.personas, *speaker, *user, args.max_new_tokens)
-    encoder = models.SentenceEncoder(args.device)
+    encoder = loading.SentenceEncoder(args.device)
     rollout = dr.Rollout(
         cast,
         inputs.profiles,

@@ -232,7 +232,7 @@ def pooled_states(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def probe_features(encoder, texts: list[str], batch_size: int = 64) -> torch.Tensor:
-    """(N, 5376) probe features of texts from a `models.SentenceEncoder`, on one thread (faster on a shared CPU)."""
+    """(N, 5376) probe features of texts from a `loading.SentenceEncoder`, on one thread (faster on a shared CPU)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -292,7 +292,7 @@ class CrisisFlag:
 
 
 class CrisisGuard:
-    """The four steps; encoder and probe load on the first check. encoder: "default" (models.SentenceEncoder()), None
+    """The four steps; encoder and probe load on the first check. encoder: "default" (loading.SentenceEncoder()), None
     (patterns only) or any object with a HF `.tokenizer` and BERT `.model`; probe: "default", a path, or a dict."""
 
     message = CRISIS_MESSAGE
@@ -313,9 +313,9 @@ class CrisisGuard:
             if isinstance(self._probe, (str, Path)):  # first: a missing file fails fast
                 self._probe = load_probe(PROBE_FILE if self._probe == "default" else self._probe)
             if self._encoder == "default":
-                import models  # imports torch + transformers: slow, so here
+                from plumbing import loading  # imports torch + transformers: slow, so here
 
-                self._encoder = models.SentenceEncoder()
+                self._encoder = loading.SentenceEncoder()
         except (ImportError, UserError) as err:
             warnings.warn(
                 f"extras/safety.py: the probe is unavailable ({err}); the crisis guard is running on "

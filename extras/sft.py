@@ -89,7 +89,7 @@ def check_settings(args, out: Path) -> dict:
     profiles by content) is a UserError naming it; only runs.OPERATIONAL ones may change."""
     config = {
         **vars(args),
-        "fingerprint": runs.fingerprint(
+        "fingerprint": files.fingerprint(
             contexts_path(args.data), args.personas, args.profiles_file
         ),
     }

@@ -31,10 +31,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import models
 from extras.evaluators import EQUAL_TOKENS
 from judge import StrategyClassifier, strategy_features
 from metrics import words
+from plumbing import loading
 from plumbing.cli import flag_type
 from plumbing.common import UserError
 from plumbing.files import HERE
@@ -349,7 +349,7 @@ def parse_args(argv: list[str], cli):
 def fit_judge_classifier(args, rows: dict, personas, meta: dict) -> None:
     """The judge's: MiniLM features of the reply and the message it answers, logistic regression."""
     y = {k: torch.tensor([r[3] for r in v]) for k, v in rows.items()}  # strategy indices
-    encoder = models.SentenceEncoder()
+    encoder = loading.SentenceEncoder()
     x = {
         k: strategy_features(encoder, [r[2] for r in rows[k]], [r[1] for r in rows[k]])
         for k in ("judge", "held-out")

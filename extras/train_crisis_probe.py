@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import scenarios
 from extras import safety
-from plumbing import datasets, files
+from plumbing import datasets, files, loading
 from plumbing.common import UserError
 
 TRAIN_FILE = ROOT / "data" / "safety_train.jsonl"
@@ -351,7 +351,6 @@ def main() -> None:
     if not args.esconv:
         parser.error("--esconv is required to fit the probe")
     torch.set_num_threads(args.threads)
-    import models  # torch + transformers: loaded only to fit
 
     started = time.time()
     rows = load_training_rows(args.train) + conversation_rows(args.esconv, ESCONV_LABELS, "esconv")
@@ -359,7 +358,7 @@ def main() -> None:
         rows += conversation_rows(args.ed, ED_LABELS, "empathetic_dialogues")
     # A "context" row is risky only given earlier turns, which the guard never reads: left out.
     rows = [r for r in rows if r.get("label") != "context"]
-    X, windows = window_features(models.SentenceEncoder(), rows, args.cache)
+    X, windows = window_features(loading.SentenceEncoder(), rows, args.cache)
     # The rows an explicit pattern flags whatever the probe says.
     forced = torch.tensor(
         [bool(safety.explicit_category(safety.blank(safety.normalise(r["text"])))) for r in rows]

@@ -241,3 +241,26 @@ def cached_answers(
     if first_of:
         compute_misses(list(first_of.values()), store)
     return [fresh[first_of[k]] if v is None else v for k, v in zip(keys, values)]
+
+
+def fingerprint(*paths: str | Path) -> str:
+    """sha256 (12 hex digits) of the files' bytes, a folder's files in name order: what made a run."""
+    digest = hashlib.sha256()
+    for path in map(resolve, paths):
+        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if f.is_file():
+                digest.update(f.name.encode() + f.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def folder_stamp(folder: str) -> list:
+    """(name, size, mtime) of every file of a model folder: what changes when it is trained again, so a
+    saved system result is never reused for other weights (a model name is its own identity)."""
+    path = Path(folder)
+    if not path.is_dir():
+        return [folder]  # a hub id or a served model: its name
+    return sorted(
+        [str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns]
+        for f in path.rglob("*")
+        if f.is_file()
+    )

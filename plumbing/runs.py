@@ -7,7 +7,6 @@ checkpoints (safetensors and JSON, no pickle) and the model cards of saved model
 """
 
 import fcntl
-import hashlib
 import json
 import os
 import random
@@ -21,7 +20,13 @@ from safetensors.torch import load_file, load_model, save_file
 
 from plumbing.common import UserError, warn
 from plumbing.devices import check_device
-from plumbing.files import atomic_folder, read_json, resolve, save_model, write_json
+from plumbing.files import (
+    atomic_folder,
+    fingerprint,
+    read_json,
+    save_model,
+    write_json,
+)
 
 
 @contextmanager
@@ -37,16 +42,6 @@ def run_lock(folder: str | Path):
                 f"{folder} is in use by another mascot command; wait for it, or use another --run"
             ) from None
         yield
-
-
-def fingerprint(*paths: str | Path) -> str:
-    """sha256 (12 hex digits) of the files' bytes, a folder's files in name order: what made a run."""
-    digest = hashlib.sha256()
-    for path in map(resolve, paths):
-        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
-            if f.is_file():
-                digest.update(f.name.encode() + f.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def save_config(config: dict, folder: Path) -> None:
@@ -152,19 +147,6 @@ def model_card(
 def _json_block(value) -> str:
     """A fenced JSON code block of a model card."""
     return "```json\n" + json.dumps(value, indent=1, ensure_ascii=False) + "\n```\n"
-
-
-def folder_stamp(folder: str) -> list:
-    """(name, size, mtime) of every file of a model folder: what changes when it is trained again, so a
-    saved system result is never reused for other weights (a model name is its own identity)."""
-    path = Path(folder)
-    if not path.is_dir():
-        return [folder]  # a hub id or a served model: its name
-    return sorted(
-        [str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns]
-        for f in path.rglob("*")
-        if f.is_file()
-    )
 
 
 # --- Checkpoints: safetensors + JSON only (no pickle), written atomically ----------------------

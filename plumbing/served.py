@@ -30,7 +30,8 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from judge import Judge, combine_orders, judge_messages, parse_ab, parse_rubric_score
+from judge import Judge, combine_orders, judge_messages
+from plumbing.answers import parse_ab, parse_rubric_score
 from plumbing.common import UserError
 from plumbing.files import AnswerCache, cached_answers
 

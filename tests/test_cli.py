@@ -225,6 +225,7 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
             "self_repeat",
             "meta_leak",
             "trivial",
+            "word_salad",
         )
     )
     summary = json.loads((stage1 / "summary.json").read_text())

@@ -238,7 +238,7 @@ class FakeLLMJudge:
     can_generate = True
 
     def rate_many(self, prompts, max_new_tokens=32):  # as judge.Judge.rate_many, with our parser
-        from judge import parse_rubric_score
+        from plumbing.answers import parse_rubric_score
 
         return [parse_rubric_score(self.complete(p, max_new_tokens)) for p in prompts]
 

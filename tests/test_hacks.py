@@ -90,6 +90,7 @@ def test_diagnose_hand_computed():
         "self_repeat": 0.0,
         "meta_leak": 0.0,
         "trivial": 0.0,
+        "word_salad": 0.0,
         "words": 10.0,
     }
     row = metrics.diagnose("Okay.", user, CARD, agents, NAMES)
@@ -103,6 +104,7 @@ def test_diagnose_hand_computed():
                 "self_repeat": 1.0,
                 "meta_leak": 1.0,
                 "trivial": 0.0,
+                "word_salad": 1.0,
                 "words": 10.0,
             },
             {
@@ -112,6 +114,7 @@ def test_diagnose_hand_computed():
                 "self_repeat": 0.0,
                 "meta_leak": 1.0,
                 "trivial": 1.0,
+                "word_salad": 0.0,
                 "words": 2.0,
             },
         ]
@@ -122,6 +125,7 @@ def test_diagnose_hand_computed():
         "self_repeat": 0.5,
         "meta_leak": 1.0,
         "trivial": 0.5,
+        "word_salad": 0.5,
         "words": 6.0,
     }
 
@@ -207,3 +211,29 @@ def test_generator_is_reproducible_and_skips_kinds_a_state_cannot_have():
     )
     bare = reward.make_hacks(state([Turn(USER, "Hi.")], "A bad day."), alone, 0)
     assert "echoes-agent" not in bare and "off-role" not in bare
+
+
+@pytest.mark.parametrize(
+    "reply, salad",
+    [
+        ("heard grief grandmother funeral flight goodbye safe feel guilt love heavy missed", True),
+        (
+            "Flood, photos. Mum grief, heard. Insurance sofa! Ruined feelings; safe. Valid, sad.",
+            True,
+        ),
+        ("strong brave courage wonderful proud warrior resilient survivor amazing strength", True),
+        ("why? who? what if? how know? vanishing why? really? what now?", True),
+        ("Missing that goodbye must feel like a door closing before you reached it.", False),
+        ("What part of it keeps coming back to you when you try to sleep?", False),
+        ("Stay safe and try doing naps first.", False),  # short: under SALAD_MIN_WORDS
+    ],
+)
+def test_word_salad_is_read_from_the_words_not_the_punctuation(reply, salad):
+    # A pile runs content words together (pairs of content words) or strings question words;
+    # capitals and full stops do not make it sentences. Hand-checked: the first pile's 12 words
+    # make 11 neighbouring pairs, 9 of them two content words ("feel" is a function word here):
+    # 9 / 11 = 0.818, beyond the floor of 0.8 by 0.018, / 0.2 = 0.091.
+    assert (metrics.word_salad(reply) > 0) is salad
+    if reply.startswith("heard grief"):
+        assert metrics.word_salad(reply) == pytest.approx(0.0909, abs=1e-4)
+    assert metrics.diagnose(reply, [], [], [], NAMES)["word_salad"] == float(salad)

@@ -25,7 +25,7 @@ import reward
 import scenarios
 from extras import judges
 from judge import JudgeState, Verdict
-from plumbing import served
+from plumbing import answers, served
 from plumbing.common import UserError
 from plumbing.files import AnswerCache
 from simulate import USER, Turn
@@ -464,7 +464,7 @@ def test_unreadable_answers_are_counted_in_pair_evaluation():
     ],
 )
 def test_parse_ab(text, expected):
-    assert judge.parse_ab(text) == expected
+    assert answers.parse_ab(text) == expected
 
 
 # ----------------------------------------------------------------------------------------------
@@ -606,6 +606,7 @@ def test_lexical_features_by_hand():
         "meta_leak": 0.0,
         "too_short": 0.0,
         "keyword_list": 0.0,
+        "word_salad": 0.0,
     }
     # 8 of 10 words copied from the message: share 0.8, of which the part beyond COPY_FLOOR counts
     beyond = -(0.8 - judge.COPY_FLOOR) / (1 - judge.COPY_FLOOR)  # -0.714 at the floor 0.3
@@ -883,7 +884,7 @@ def test_judge_reply_parsers_never_raise_on_fuzzed_text():
     import random as _random
     import string as _string
 
-    from judge import parse_ab, parse_rubric_score
+    from plumbing.answers import parse_ab, parse_rubric_score
 
     rng = _random.Random(1)
     alphabet = _string.printable + "ÄäÆ€🙂\u200b\u0000１２３"
@@ -1175,7 +1176,7 @@ def test_within_state_correlation_by_hand():
     ],
 )
 def test_parse_rubric_score_well_formed(text, expected):
-    assert judge.parse_rubric_score(text) == expected
+    assert answers.parse_rubric_score(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -1202,12 +1203,12 @@ def test_parse_rubric_score_well_formed(text, expected):
     ],
 )
 def test_parse_rubric_score_malformed_is_none(text):
-    assert judge.parse_rubric_score(text) is None
+    assert answers.parse_rubric_score(text) is None
 
 
 def test_parse_rubric_score_other_scale_and_non_str():
-    assert judge.parse_rubric_score("Score: 8/10", lo=1, hi=10) == 8
-    assert judge.parse_rubric_score(None) is None
+    assert answers.parse_rubric_score("Score: 8/10", lo=1, hi=10) == 8
+    assert answers.parse_rubric_score(None) is None
 
 
 def test_parse_rubric_score_fuzz_never_raises():
@@ -1244,5 +1245,5 @@ def test_parse_rubric_score_fuzz_never_raises():
                 parts.append(
                     "".join(chr(rng.randint(0, 0x10FFFF)) for _ in range(rng.randint(1, 4)))
                 )
-        result = judge.parse_rubric_score("".join(parts))
+        result = answers.parse_rubric_score("".join(parts))
         assert result is None or (type(result) is int and 1 <= result <= 5)

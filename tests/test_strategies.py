@@ -19,7 +19,6 @@ import director as dr
 import judge
 import mascot
 import metrics
-import models
 import scenarios
 import simulate
 import warmstart
@@ -252,7 +251,7 @@ def test_the_shipped_classifiers_find_the_persona_of_held_out_esconv_turns(suppo
     (0.29 on all held-out turns), near what their training run printed (0.585 and 0.611)."""
     rows = held_out_turns(300)
     y = torch.tensor([r[3] for r in rows])
-    clf = judge.StrategyClassifier(models.SentenceEncoder())
+    clf = judge.StrategyClassifier(loading.SentenceEncoder())
     for probs in (
         clf.probs([r[2] for r in rows], [r[1] for r in rows]),
         st.FunctionEvaluator(tiny[1], support).probs([r[2] for r in rows]),
@@ -486,7 +485,7 @@ def test_grounding_prefers_what_real_supporters_did_on_held_out_dialogues(suppor
     persona, asked for by that strategy's directive): the real order of the first turns is more plausible than
     the same turns shuffled, and the real speakers more compliant than random other ones without directives."""
     contexts = esconv(str(dataset("esconv/train.jsonl")))
-    g = dr.Grounding(contexts, support, models.SentenceEncoder(), 0.25, 0)
+    g = dr.Grounding(contexts, support, loading.SentenceEncoder(), 0.25, 0)
     rng, real, shuffled, wrong = random.Random(0), [], [], []
     for c in scenarios.split_contexts(contexts, 0.25, 0)[1][:80]:
         conv = warmstart.esconv_prefix(c, min(len(c.turns), 12), support)
