@@ -140,6 +140,7 @@ EXTRAS = {
     "judge-eval": ("judges", "a judge's accuracy on labelled pairs"),
     "judge-stress": ("judges", "best-of-N: does optimising a grader pick reward hacks?"),
     "director-headroom": ("director_headroom", "could any director beat the least-spoken rule?"),
+    "compare-speakers": ("compare", "two sets of speakers at the same held-out points, paired"),
 }
 
 

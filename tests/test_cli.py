@@ -189,7 +189,7 @@ def test_stage1_then_stage2_then_simulate_end_to_end_on_tiny(tmp_path):
         "1",
     )
     assert s1.returncode == 0, s1.stdout[-2000:] + s1.stderr[-2000:]
-    assert "reward model held-out accuracy" in s1.stdout
+    assert "reward model held-out agreement with the judge" in s1.stdout
     # Not a terminal: one line on stderr as each long phase ends (a bar on a terminal).
     assert all(
         f"{phase}: " in s1.stderr
