@@ -20,7 +20,8 @@ reply is scored by what training did not optimise:
 and, marked as such, by the judge stage 1 trained on (its score of the reply, 0-1).
 Each number is averaged per context first: a context's personas and seeds are not independent
 evidence, so the context is the unit of every standard error and of the 95% bootstrap interval of
-the paired change B - A. Persona function is also shown per persona.
+the paired change B - A. Per persona it shows persona function, the judge's score and length side
+by side: where the judge rose and the evaluator did not, the reward's signal was lost on the way.
     python mascot.py compare-speakers --data esconv/train.jsonl --a RUN/stage1/speakers_warm \
         --b RUN/stage1/speakers --contexts 60 --seeds 4        (writes RUN/compare_speakers.json)
 """
@@ -173,14 +174,25 @@ def compare(a_rows, b_rows, a_replies, b_replies, seed: int) -> dict:
     return table
 
 
-def by_persona(a_rows, b_rows, a_replies, b_replies, names: list[str], seed: int) -> dict:
-    """Persona function of each persona's replies, A against B, paired by context."""
+# Per persona: the evaluator's function, the judge's score (what the reward model learnt) and the
+# length. Side by side they show where a reward's signal is lost: the judge up, the evaluator not.
+PERSONA_ROWS = [
+    ("function", "persona function, per persona:"),
+    ("judge", "the judge's score, per persona:"),
+    ("words", "reply length (words), per persona:"),
+]
+
+
+def by_persona(
+    a_rows, b_rows, a_replies, b_replies, names: list[str], seed: int, key: str = "function"
+) -> dict:
+    """`key` (a row's field) of each persona's replies, A against B, paired by context."""
     out = {}
     for k, name in enumerate(names):
         a = [(r, t) for r, t in zip(a_rows, a_replies) if r["persona"] == name]
         b = [(r, t) for r, t in zip(b_rows, b_replies) if r["persona"] == name]
-        a_values = per_context([r for r, _ in a], [t for _, t in a], "function")
-        b_values = per_context([r for r, _ in b], [t for _, t in b], "function")
+        a_values = per_context([r for r, _ in a], [t for _, t in a], key)
+        b_values = per_context([r for r, _ in b], [t for _, t in b], key)
         out[name] = paired(a_values, b_values, seed + k)
     return out
 
@@ -285,9 +297,12 @@ def main(argv: list[str], cli) -> int:
         "temperature": args.temperature,
         "max_new_tokens": args.max_new_tokens,
         "table": compare(rows["a"], rows["b"], replies["a"], replies["b"], args.seed),
-        "per_persona": by_persona(
-            rows["a"], rows["b"], replies["a"], replies["b"], personas.names(), args.seed
-        ),
+        "per_persona": {
+            key: by_persona(
+                rows["a"], rows["b"], replies["a"], replies["b"], personas.names(), args.seed, key
+            )
+            for key, _ in PERSONA_ROWS
+        },
         "real_supporters_nll": real_nll(todo, personas, score),
         "samples": samples(grid, replies),
     }
@@ -336,7 +351,8 @@ def table_line(title: str, r: dict) -> str:
 
 
 def report(result: dict, names: list[str], show: int) -> str:
-    """What the command prints: the table, persona function per persona, the human reference and
+    """What the command prints: the table, per persona the function, the judge's score and the
+    length, the human reference and
     the first `show` points of each persona, A above B."""
     lines = [
         f"{result['contexts']} held-out contexts x {len(names)} personas x {result['seeds']} "
@@ -345,8 +361,9 @@ def report(result: dict, names: list[str], show: int) -> str:
         f"{'':34} {'A':>7} {'B':>7} {'B - A':>8} {'se':>6}  95% interval",
     ]
     lines += [table_line(title, result["table"][key]) for key, title in ROWS]
-    lines.append("persona function, per persona:")
-    lines += [table_line(f"  {name}", result["per_persona"][name]) for name in names]
+    for key, title in PERSONA_ROWS:
+        lines.append(title)
+        lines += [table_line(f"  {name}", result["per_persona"][key][name]) for name in names]
     real = result["real_supporters_nll"]
     lines.append(
         f"real supporters' next turns, base-model NLL: {cell(real['mean'])} ± "

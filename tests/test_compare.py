@@ -38,6 +38,23 @@ def test_per_context_averages_personas_and_draws_and_bleu_is_per_point():
     assert bleu[0] == pytest.approx(1.0) and bleu[1] == pytest.approx(0.0)
 
 
+def test_by_persona_pairs_each_personas_own_rows_for_any_field():
+    a = [
+        {**row(c, 0, p, 0.0), "judge": j}
+        for c, p, j in [(0, "A", 0.1), (0, "B", 0.5), (1, "A", 0.3)]
+    ]
+    b = [
+        {**row(c, 0, p, 1.0), "judge": j}
+        for c, p, j in [(0, "A", 0.4), (0, "B", 0.5), (1, "A", 0.6)]
+    ]
+    texts = [""] * 3
+    judged = compare.by_persona(a, b, texts, texts, ["A", "B"], seed=0, key="judge")
+    assert judged["A"]["change"] == pytest.approx(0.3) and judged["A"]["n"] == 2
+    assert judged["B"]["change"] == pytest.approx(0.0) and judged["B"]["n"] == 1
+    function = compare.by_persona(a, b, texts, texts, ["A", "B"], seed=0)
+    assert function["A"]["change"] == pytest.approx(1.0)
+
+
 def test_paired_change_is_over_the_contexts_both_sides_have():
     r = compare.paired([0.2, 0.4, None, 0.5], [0.3, 0.7, 0.9, 0.4], seed=0)
     assert r["n"] == 3 and r["a"] == pytest.approx(1.1 / 3) and r["b"] == pytest.approx(1.4 / 3)
@@ -76,9 +93,13 @@ def test_the_same_speakers_on_both_sides_change_nothing(tmp_path, capsys):
     assert result["contexts"] >= 1 and result["seeds"] == 2
     for key, _ in compare.ROWS:
         assert result["table"][key]["change"] in (0.0, None), key
+    for key, _ in compare.PERSONA_ROWS:  # function, the judge's score and length, per persona
+        assert set(result["per_persona"][key]) == {"Anchor", "Catalyst", "Beacon", "Guide"}
+        assert all(r["change"] in (0.0, None) for r in result["per_persona"][key].values()), key
     assert all(s["a"] == s["b"] for s in result["samples"])
     assert len(result["samples"]) == result["contexts"] * 4 * 2  # contexts x personas x draws
     assert "persona function (independent)" in printed and "real supporters" in printed
+    assert "the judge's score, per persona:" in printed
 
 
 def test_other_weights_sample_other_replies_with_the_same_seeds(tmp_path, capsys):
