@@ -351,9 +351,8 @@ def table_line(title: str, r: dict) -> str:
 
 
 def report(result: dict, names: list[str], show: int) -> str:
-    """What the command prints: the table, per persona the function, the judge's score and the
-    length, the human reference and
-    the first `show` points of each persona, A above B."""
+    """What the command prints: the table; per persona the function, the judge's score and the
+    length; the human reference; the first `show` points of each persona, A above B."""
     lines = [
         f"{result['contexts']} held-out contexts x {len(names)} personas x {result['seeds']} "
         f"draws, T {result['temperature']}, {result['max_new_tokens']} tokens; A = {result['a']}, "
